@@ -1,0 +1,80 @@
+"""What every method provides, and the registry of methods by name.
+
+A method is a small object around a typed ``Params`` dataclass (the paper's hyperparameters with
+its defaults). The training loop calls, in order: ``prepare`` once per corpus (picklable
+statistics), ``augment`` over column batches (a pure CPU function; Ray Data runs it in parallel),
+``build`` to wrap the encoder with the method's training-only heads, and ``loss`` every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from methods.encoder import Encoder
+
+# name -> "module:Class", imported lazily so one method's optional dependencies stay optional.
+REGISTRY = {
+    "simcse": "methods.simcse:SimCSE",
+}
+
+
+class InvalidParams(ValueError):
+    """A hyperparameter is outside its valid range."""
+
+
+@dataclasses.dataclass
+class MethodParams:
+    """Hyperparameters shared by every contrastive method."""
+
+    # Softmax temperature of InfoNCE; 0.05 in SimCSE (Gao et al., 2021, Sec. 3 / Appendix A).
+    temperature: float = 0.05
+
+    def validate(self) -> None:
+        if not self.temperature > 0:
+            raise InvalidParams(f"temperature must be > 0, got {self.temperature}")
+
+
+class Method:
+    name: str = ""
+    Params: type[MethodParams] = MethodParams
+    # Text columns the loss needs tokenised; produced by ``augment`` where not in the corpus.
+    text_columns: tuple[str, ...] = ("sentence",)
+
+    def __init__(self, params: MethodParams | None = None):
+        self.params = params if params is not None else self.Params()
+        self.params.validate()
+
+    def prepare(self, sentences: list[str]) -> Any:
+        """Corpus-level statistics computed once; must be picklable."""
+        return None
+
+    def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
+        """Add the method's columns to a batch of ``{"sentence": array_of_str}``."""
+        return batch
+
+    def build(self, encoder: Encoder) -> nn.Module:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: dict[str, dict[str, torch.Tensor]], step: int):
+        """Return ``(loss, metrics)``; ``loss`` is the global loss, identical on every worker."""
+        raise NotImplementedError
+
+    def eval_pooler(self) -> str:
+        """The pooler to evaluate with (may differ from the training pooler)."""
+        return "cls_before_pooler"
+
+    def export_encoder(self, model: nn.Module) -> Encoder:
+        """The encoder to save and evaluate, with any kept training head folded in."""
+        return model.encoder
+
+
+def method_class(name: str) -> type[Method]:
+    if name not in REGISTRY:
+        raise KeyError(f"unknown method {name!r}; choose one of {', '.join(sorted(REGISTRY))}")
+    module_name, cls_name = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)

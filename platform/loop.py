@@ -1,0 +1,279 @@
+"""``train_loop_per_worker(config)``: one worker's contrastive training, top to bottom.
+
+Plain PyTorch. Under Ray Train (``config["_ray"]``) the data comes from the worker's Ray Data
+shard and metrics/checkpoints go through ``ray.train.report``; without Ray (a GPU box with only
+torch, a debugger, ``torchrun``) the same loop reads the corpus itself, shards it by rank if
+``torch.distributed`` is initialised, and keeps the best checkpoint under ``output_dir``.
+Ray and MLflow are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import get_linear_schedule_with_warmup
+
+from methods.base import Method, method_class
+from methods.encoder import Encoder
+from platform.config import TrainConfig
+from platform.data import read_corpus, resolve_corpus
+from platform.sts import STSEvaluator
+
+DEV_METRIC = "stsb_dev_spearman"
+CHECKPOINT_STATE = "state.json"
+CHECKPOINT_MODEL = "model"
+
+
+# ------------------------------------------------------------------------------------------------
+# Where this worker runs
+
+
+class Worker:
+    """Rank, world size, device and the reporting channel of this worker."""
+
+    def __init__(self, cfg: TrainConfig, use_ray: bool):
+        self.use_ray = use_ray
+        if use_ray:
+            import ray.train
+            import ray.train.torch
+
+            ctx = ray.train.get_context()
+            self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+            self.device = ray.train.torch.get_device()
+        else:
+            initialised = dist.is_available() and dist.is_initialized()
+            self.rank = dist.get_rank() if initialised else 0
+            self.world = dist.get_world_size() if initialised else 1
+            if cfg.use_gpu and torch.cuda.is_available():
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            else:
+                self.device = torch.device("cpu")
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.use_ray:
+            import ray.train.torch
+
+            return ray.train.torch.prepare_model(model)
+        model.to(self.device)
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return model
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+
+
+def local_batches(
+    sentences: list[str], cfg: TrainConfig, rank: int, world: int, epoch: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """Global batches of a seeded per-epoch permutation; this rank takes its contiguous slice,
+    so W workers together see exactly the batches one worker would (drop_last)."""
+    perm = np.random.default_rng(cfg.seed + epoch).permutation(len(sentences))
+    local = cfg.batch_size // world
+    arr = np.asarray(sentences, dtype=object)
+    for start in range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size):
+        idx = perm[start + rank * local : start + (rank + 1) * local]
+        yield {"sentence": arr[idx]}
+
+
+def ray_batches(cfg: TrainConfig, world: int, epoch: int) -> Iterator[dict[str, np.ndarray]]:
+    import ray.train
+
+    shard = ray.train.get_dataset_shard("train")
+    yield from shard.iter_batches(
+        batch_size=cfg.batch_size // world,
+        drop_last=True,
+        batch_format="numpy",
+        local_shuffle_buffer_size=4 * cfg.batch_size,
+        local_shuffle_seed=cfg.seed + epoch,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def save_checkpoint(directory: Path, encoder: Encoder, state: dict[str, Any]) -> Path:
+    """A checkpoint folder: the encoder in Hugging Face format plus ``state.json``."""
+    encoder.save_pretrained(directory / CHECKPOINT_MODEL)
+    (directory / CHECKPOINT_STATE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+    return directory
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst`` so that ``dst`` is never half-written (rename, then clean up)."""
+    old = dst.with_name(dst.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def read_checkpoint_state(path: str | os.PathLike) -> dict[str, Any]:
+    state_file = Path(path) / CHECKPOINT_STATE
+    if not state_file.is_file() or not (Path(path) / CHECKPOINT_MODEL).is_dir():
+        raise FileNotFoundError(f"{path} is not a checkpoint (expected {CHECKPOINT_STATE} and {CHECKPOINT_MODEL}/)")
+    return json.loads(state_file.read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop
+
+
+def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
+    per_epoch = num_sentences // cfg.batch_size
+    steps = per_epoch * cfg.epochs
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+    cfg = TrainConfig.from_flat(config)
+    worker = Worker(cfg, use_ray=bool(config.get("_ray")))
+    is_chief = worker.rank == 0
+    torch.manual_seed(cfg.seed)  # identical head initialisation on every rank
+
+    method: Method = method_class(cfg.method)(cfg.params)
+    encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
+    model = worker.wrap(method.build(encoder))
+
+    if worker.use_ray:
+        num_sentences = int(config["_num_sentences"])
+        state = None  # augmentation already ran in Ray Data
+    else:
+        sentences = read_corpus(resolve_corpus(cfg.corpus), limit=cfg.max_sentences or None)
+        num_sentences = len(sentences)
+        state = method.prepare(sentences)
+    steps = total_steps(cfg, num_sentences)
+    if steps < 1:
+        raise ValueError(f"corpus has {num_sentences} sentences, fewer than one batch of {cfg.batch_size}")
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, steps)  # SimCSE: linear decay
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if worker.device.type == "cuda" and cfg.bf16
+        else contextlib.nullcontext()
+    )
+    evaluator = STSEvaluator.stsb_dev(batch_size=cfg.eval_batch_size) if is_chief else None
+    sink = _metric_sink(config) if is_chief else None
+    eval_pooler = method.eval_pooler()
+
+    best = {"stsb_dev_spearman": -math.inf, "step": 0, "checkpoint": None}
+    step, window_loss, window_n, train_time = 0, 0.0, 0, 0.0
+    model.train()
+    for epoch in range(cfg.epochs):
+        batches = (
+            ray_batches(cfg, worker.world, epoch)
+            if worker.use_ray
+            else local_batches(sentences, cfg, worker.rank, worker.world, epoch)
+        )
+        for batch in batches:
+            if step >= steps:
+                break
+            t0 = time.perf_counter()
+            if state is not None:
+                batch = method.augment(batch, state)
+            tokens = {
+                col: encoder.tokenize([str(s) for s in batch[col]], max_len=cfg.max_len, device=worker.device)
+                for col in method.text_columns
+            }
+            with autocast:
+                loss, extra = method.loss(model, tokens, step)
+            # Every worker holds the same global loss; DDP averages gradients over workers, so
+            # scaling by W makes the applied gradient that of the global loss (see gather_with_grad).
+            (loss * worker.world).backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            train_time += time.perf_counter() - t0
+            window_loss += float(loss.detach())
+            window_n += 1
+
+            if is_chief and step % cfg.log_steps == 0 and sink is not None:
+                sink({"train_loss": float(loss.detach()), "lr": schedule.get_last_lr()[0], **extra}, step)
+
+            if step % cfg.eval_steps == 0 or step == steps:
+                metrics: dict[str, Any] = {"step": step, "epoch": epoch, "train_loss": window_loss / window_n}
+                window_loss, window_n = 0.0, 0
+                checkpoint_dir = None
+                if is_chief:
+                    exported = method.export_encoder(model)
+                    dev = evaluator(exported, pooler=eval_pooler)["STSBenchmark"]
+                    metrics[DEV_METRIC] = dev
+                    if dev > best["stsb_dev_spearman"]:
+                        best.update(stsb_dev_spearman=dev, step=step)
+                        checkpoint_dir = Path(tempfile.mkdtemp(prefix="ckpt-"))
+                        save_checkpoint(
+                            checkpoint_dir,
+                            exported,
+                            {"step": step, "epoch": epoch, DEV_METRIC: dev, "method": cfg.method,
+                             "eval_pooler": eval_pooler, "config": cfg.flat()},
+                        )
+                    metrics["best_" + DEV_METRIC] = best["stsb_dev_spearman"]
+                    if sink is not None:
+                        sink({k: v for k, v in metrics.items() if k not in ("step", "epoch")}, step)
+                best["checkpoint"] = _report(worker, cfg, config, metrics, checkpoint_dir, best["checkpoint"])
+                model.train()
+        if step >= steps:
+            break
+
+    return {
+        "steps": step,
+        "train_time_s": train_time,
+        "best_" + DEV_METRIC: best["stsb_dev_spearman"],
+        "best_step": best["step"],
+        "best_checkpoint": best["checkpoint"],
+    }
+
+
+def _report(worker: Worker, cfg: TrainConfig, config: dict, metrics: dict, checkpoint_dir: Path | None, current):
+    """Hand metrics (and a new best checkpoint) to Ray Train, or keep it under output_dir."""
+    if worker.use_ray:
+        import ray.train
+
+        checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+        try:
+            ray.train.report(metrics, checkpoint=checkpoint)  # persisted before it returns
+        finally:
+            if checkpoint_dir:
+                shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        return current
+    if worker.world > 1:
+        dist.barrier()
+    if checkpoint_dir is None:
+        return current
+    target = Path(config.get("_run_dir") or Path(cfg.output_dir) / "local") / "best"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name("best.tmp")
+    if staging.exists():
+        shutil.rmtree(staging)
+    shutil.move(str(checkpoint_dir), staging)
+    replace_dir(staging, target)
+    print(f"step {metrics['step']}: {DEV_METRIC}={metrics[DEV_METRIC]:.2f} (new best, saved to {target})", flush=True)
+    return str(target)
+
+
+def _metric_sink(config: dict):
+    if not config.get("_mlflow_run_id"):
+        return None
+    from platform.tracking import MetricSink
+
+    return MetricSink(config.get("_mlflow_uri"), config["_mlflow_run_id"])

@@ -1,0 +1,78 @@
+"""STS evaluation with the SentEval protocol used by SimCSE and the methods built on it.
+
+Cosine similarity of the two sentence embeddings, Spearman correlation with the gold scores, x100.
+STS12-16 in the "all" setting (one correlation over the concatenation of a year's subsets), STS-B
+and SICK-R on their test splits, no truncation. STS-B dev is the checkpoint-selection metric.
+Plain PyTorch + SciPy: no Ray or MLflow, so it runs in-process during training and anywhere else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import spearmanr
+
+from methods.encoder import Encoder
+from platform.data import STS_TASKS, STSPairs, load_sts
+
+SHORT_NAMES = {
+    "STS12": "STS12",
+    "STS13": "STS13",
+    "STS14": "STS14",
+    "STS15": "STS15",
+    "STS16": "STS16",
+    "STSBenchmark": "STS-B",
+    "SICKRelatedness": "SICK-R",
+}
+
+
+def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> float:
+    sims = F.cosine_similarity(emb1.double(), emb2.double(), dim=-1).numpy()
+    return float(spearmanr(sims, gold).statistic * 100.0)
+
+
+class STSEvaluator:
+    """Loads the chosen tasks once; calling it on an encoder returns ``{task: spearman x100}``."""
+
+    def __init__(self, tasks=STS_TASKS, root: Path | None = None, split: str = "test", batch_size: int = 128):
+        self.pairs: list[STSPairs] = [load_sts(t, root, split=split) for t in tasks]
+        self.tasks = list(tasks)
+        self.batch_size = batch_size
+        # Encode every distinct sentence once across all tasks (STS reuses many sentences).
+        unique: dict[str, int] = {}
+        for p in self.pairs:
+            for s in p.sent1 + p.sent2:
+                unique.setdefault(s, len(unique))
+        self.sentences = list(unique)
+        self.index = [
+            (torch.tensor([unique[s] for s in p.sent1]), torch.tensor([unique[s] for s in p.sent2])) for p in self.pairs
+        ]
+
+    @classmethod
+    def stsb_dev(cls, root: Path | None = None, batch_size: int = 128) -> "STSEvaluator":
+        return cls(("STSBenchmark",), root, split="dev", batch_size=batch_size)
+
+    def __call__(self, encoder: Encoder, pooler: str | None = None) -> dict[str, float]:
+        emb = encoder.encode(self.sentences, batch_size=self.batch_size, pooler=pooler)
+        return {
+            task: spearman_x100(emb[i1], emb[i2], p.scores)
+            for task, p, (i1, i2) in zip(self.tasks, self.pairs, self.index)
+        }
+
+
+def with_mean(scores: dict[str, float]) -> dict[str, float]:
+    out = dict(scores)
+    if set(STS_TASKS) <= set(scores):
+        out["avg"] = float(np.mean([scores[t] for t in STS_TASKS]))
+    return out
+
+
+def format_table(scores: dict[str, float]) -> str:
+    names = [SHORT_NAMES.get(t, t) for t in scores]
+    widths = [max(len(n), 6) for n in names]
+    head = " | ".join(n.rjust(w) for n, w in zip(names, widths))
+    vals = " | ".join(f"{v:.2f}".rjust(w) for v, w in zip(scores.values(), widths))
+    return f"{head}\n{'-' * len(head)}\n{vals}"
