@@ -1,0 +1,42 @@
+"""Starting (or joining) Ray so that workers can import this repository's ``platform`` package.
+
+Ray workers import the standard library's ``platform`` before they see the driver's directory, so
+the job ships the repository as its ``working_dir`` (STACK-NOTES). Locally this starts a Ray with
+the machine's CPUs; with ``RAY_ADDRESS`` set (a cluster, ``ray job submit``) it joins that one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
+
+# Passed through to workers; paths are made absolute since workers run in the shipped copy.
+FORWARDED_ENV = ("PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE", "NLTK_DATA", "TRANSFORMERS_OFFLINE")
+
+
+def worker_env() -> dict[str, str]:
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    for key in FORWARDED_ENV:
+        value = os.environ.get(key)
+        if value:
+            env[key] = str(Path(value).resolve()) if key in ("PLATFORM_DATA_DIR", "HF_HOME", "NLTK_DATA") else value
+    return env
+
+
+def init_ray(num_cpus: int | None = None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init(
+        address=address or None,
+        num_cpus=None if address else num_cpus,
+        dashboard_host="127.0.0.1",
+        log_to_driver=True,
+        runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": worker_env()},
+    )
