@@ -27,7 +27,7 @@ from transformers import get_linear_schedule_with_warmup
 from methods.base import Method, method_class
 from methods.encoder import Encoder
 from platform.config import TrainConfig
-from platform.data import read_corpus, resolve_corpus
+from platform.data import DataError, read_corpus, resolve_corpus
 from platform.sts import STSEvaluator
 
 DEV_METRIC = "stsb_dev_spearman"
@@ -128,7 +128,7 @@ def replace_dir(src: Path, dst: Path) -> None:
 def read_checkpoint_state(path: str | os.PathLike) -> dict[str, Any]:
     state_file = Path(path) / CHECKPOINT_STATE
     if not state_file.is_file() or not (Path(path) / CHECKPOINT_MODEL).is_dir():
-        raise FileNotFoundError(f"{path} is not a checkpoint (expected {CHECKPOINT_STATE} and {CHECKPOINT_MODEL}/)")
+        raise DataError(f"{path} is not a checkpoint (expected {CHECKPOINT_STATE} and {CHECKPOINT_MODEL}/)")
     return json.loads(state_file.read_text(encoding="utf-8"))
 
 

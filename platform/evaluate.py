@@ -1,0 +1,96 @@
+"""``python -m platform.evaluate MODEL [--pooler P] [--tasks ...] [--json OUT]``.
+
+MODEL is a Hugging Face model name or directory, a training checkpoint (its ``model/`` folder and
+recorded evaluation pooler are used), a sentence-transformers folder, or the alias ``minilm``.
+Prints the SentEval STS table (Spearman x100 of cosine similarities) and optionally writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from methods.encoder import POOLERS, Encoder
+from platform.data import STS_TASKS
+from platform.errors import UserError, cli_main
+from platform.loop import CHECKPOINT_MODEL, CHECKPOINT_STATE, read_checkpoint_state
+
+TASK_GROUPS = {"sts": list(STS_TASKS)}
+
+
+def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
+    """(path or name to load, pooler) for any of the accepted MODEL forms."""
+    path = Path(model)
+    if (path / CHECKPOINT_STATE).is_file():
+        state = read_checkpoint_state(path)
+        return str(path / CHECKPOINT_MODEL), pooler or state["eval_pooler"]
+    if (path / "modules.json").is_file():  # sentence-transformers folder: the transformer is its first module
+        modules = json.loads((path / "modules.json").read_text())
+        first = path / modules[0].get("path", "")
+        pooling = next((path / m["path"] for m in modules if m.get("type", "").endswith("Pooling")), None)
+        default = "avg"
+        if pooling is not None and (pooling / "config.json").is_file():
+            mode = json.loads((pooling / "config.json").read_text()).get("pooling_mode", "mean")
+            mode = mode[0] if isinstance(mode, list) else mode
+            default = {"cls": "cls_before_pooler", "mean": "avg"}.get(mode, "avg")
+            if any(m.get("type", "").endswith("Dense") for m in modules) and mode == "cls":
+                default = "cls"
+        return str(first), pooler or default
+    if path.exists() and not (path / "config.json").is_file():
+        raise UserError(f"{model} is not a model directory (no config.json), checkpoint or sentence-transformers folder")
+    return model, pooler or "cls_before_pooler"
+
+
+def expand_tasks(tasks: list[str]) -> list[str]:
+    out: list[str] = []
+    for t in tasks:
+        for name in TASK_GROUPS.get(t.lower(), [t]):
+            if name not in STS_TASKS:
+                raise UserError(f"unknown task {t!r}; choose from {', '.join(['sts', *STS_TASKS])}")
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+
+
+@cli_main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m platform.evaluate", description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--pooler", choices=POOLERS, default=None, help="default: the checkpoint's, else cls_before_pooler")
+    p.add_argument("--tasks", nargs="+", default=["sts"], help="task names or the group 'sts' (default)")
+    p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
+    p.add_argument("--batch-size", type=int, default=128)
+    args = p.parse_args(argv)
+
+    from platform.sts import STSEvaluator, format_table, with_mean
+
+    tasks = expand_tasks(args.tasks)
+    evaluator = STSEvaluator(tasks, batch_size=args.batch_size)  # data errors surface before the model loads
+    name, pooler = resolve_model(args.model, args.pooler)
+    encoder = Encoder.from_pretrained(name, pooler=pooler)
+    scores = with_mean(evaluator(encoder))
+    print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
+    print(format_table(scores))
+    if args.json_out:
+        write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
