@@ -17,7 +17,7 @@ from typing import Any
 
 from methods.base import Method, method_class
 from methods.encoder import Encoder, load_tokenizer
-from platform.config import ConfigError, TrainConfig, available_profiles, parse_sets
+from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import STS_TASKS, DataError, data_dir, load_sts, read_corpus, resolve_corpus
 from platform.errors import UserError, cli_main
 from platform.loop import CHECKPOINT_MODEL, DEV_METRIC, read_checkpoint_state, train_loop_per_worker

@@ -1,0 +1,90 @@
+"""Shared fixtures: the real data folder, a tiny randomly initialised BERT with a real tokenizer,
+a real MLflow SQLite store per test, and helpers to run the CLIs as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _data_root() -> Path:
+    raw = os.environ.get("PLATFORM_DATA_DIR")
+    if not raw:
+        pytest.exit("set PLATFORM_DATA_DIR to the data folder (e.g. ../shared/data); see README", returncode=2)
+    return Path(raw).resolve()
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    return _data_root()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_env(tmp_path_factory):
+    """Ray's session files and Ray Data's caches go to a temp dir; HF never goes online."""
+    ray_tmp = tmp_path_factory.mktemp("ray")
+    os.environ["RAY_TMPDIR"] = str(ray_tmp)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["PLATFORM_DATA_DIR"] = str(_data_root())
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer, 32-d BERT with random weights and the packaged MiniLM (uncased) tokenizer."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from methods.encoder import load_tokenizer
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    BertModel(config).save_pretrained(path)
+    load_tokenizer("minilm").save_pretrained(path)
+    return path
+
+
+@pytest.fixture()
+def mlflow_uri(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory, data_root) -> Path:
+    """256 real sentences from the wiki1m prefix."""
+    from platform.data import read_corpus
+
+    sentences = read_corpus(data_root / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", limit=256)
+    path = tmp_path_factory.mktemp("corpus") / "small.txt"
+    path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return path
+
+
+def run_cli(module: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``python -m platform.<module> ...`` from the repository root, as a user would."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", f"platform.{module}", *args],
+        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """Exit code 2, one 'error:' line on stderr naming the problem, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]

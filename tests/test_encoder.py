@@ -1,0 +1,94 @@
+"""Poolers against direct computations, strict loading, and export to sentence-transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from methods.encoder import Encoder, WeightLoadError, pool, resolve_backbone
+from methods.simcse import SimCSE
+
+SENTS = ["a man is playing a guitar .", "the weather is nice today", "ok"]
+
+
+def test_poolers_match_direct_computation(tiny_model):
+    enc = Encoder.from_pretrained(str(tiny_model)).eval()
+    inputs = enc.tokenize(SENTS)
+    out = enc.backbone(**inputs, output_hidden_states=True)
+    mask = inputs["attention_mask"]
+    for i in range(len(SENTS)):
+        n = int(mask[i].sum())
+        last, first = out.last_hidden_state[i, :n], out.hidden_states[1][i, :n]
+        torch.testing.assert_close(enc(inputs, pooler="cls_before_pooler")[i], out.last_hidden_state[i, 0])
+        torch.testing.assert_close(enc(inputs, pooler="avg")[i], last.mean(0))
+        torch.testing.assert_close(enc(inputs, pooler="avg_first_last")[i], ((first + last) / 2).mean(0))
+        dense = enc.backbone.pooler.dense
+        torch.testing.assert_close(enc(inputs, pooler="cls")[i], torch.tanh(dense(out.last_hidden_state[i, 0])))
+
+
+def test_encode_restores_input_order(tiny_model):
+    enc = Encoder.from_pretrained(str(tiny_model))
+    batched = enc.encode(SENTS, batch_size=2)
+    one_by_one = torch.cat([enc.encode([s]) for s in SENTS])
+    torch.testing.assert_close(batched, one_by_one, rtol=1e-4, atol=1e-5)
+
+
+def test_unknown_pooler():
+    with pytest.raises(ValueError, match="unknown pooler"):
+        pool("max", torch.ones(1, 2), torch.ones(1, 2, 3))
+
+
+def test_alias_resolves_to_packaged_model():
+    assert resolve_backbone("minilm").endswith("model")
+    assert resolve_backbone("bert-base-uncased") == "bert-base-uncased"
+
+
+def test_strict_loading_rejects_missing_and_unexpected_weights(tiny_model, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    weights = load_file(broken / "model.safetensors")
+    key = next(k for k in weights if "encoder.layer.1" in k)
+    weights["encoder.layer.7.extra.weight"] = weights.pop(key)
+    save_file(weights, broken / "model.safetensors")
+    with pytest.raises(WeightLoadError, match="missing.*unexpected"):
+        Encoder.from_pretrained(str(broken))
+
+
+def test_pretraining_heads_are_not_unexpected(tiny_model, tmp_path):
+    """bert-base-uncased ships MLM/NSP heads (cls.*); an encoder legitimately drops them."""
+    import shutil
+
+    with_heads = tmp_path / "with_heads"
+    shutil.copytree(tiny_model, with_heads)
+    weights = load_file(with_heads / "model.safetensors")
+    weights["cls.predictions.bias"] = torch.zeros(30522)
+    save_file(weights, with_heads / "model.safetensors")
+    Encoder.from_pretrained(str(with_heads))
+
+
+def test_export_folds_mlp_into_pooler(tiny_model):
+    method = SimCSE()
+    model = method.build(Encoder.from_pretrained(str(tiny_model)))
+    torch.nn.init.normal_(model.mlp.dense.weight)
+    inputs = model.encoder.tokenize(SENTS)
+    with torch.no_grad():
+        model.eval()
+        trained_view = model(inputs)
+        exported = method.export_encoder(model)
+        torch.testing.assert_close(exported(inputs, pooler="cls"), trained_view)
+
+
+@pytest.mark.parametrize("pooler", ["cls_before_pooler", "avg", "cls"])
+def test_sentence_transformers_export_embeds_identically(tiny_model, tmp_path, pooler):
+    from sentence_transformers import SentenceTransformer
+
+    from platform.export import export_sentence_transformers
+
+    out = export_sentence_transformers(tiny_model, tmp_path / "st", pooler)
+    st = SentenceTransformer(str(out), device="cpu")
+    ours = Encoder.from_pretrained(str(tiny_model)).encode(SENTS, pooler=pooler)
+    theirs = torch.as_tensor(st.encode(SENTS))
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
