@@ -211,7 +211,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 sink({"train_loss": float(loss.detach()), "lr": schedule.get_last_lr()[0], **extra}, step)
 
             if step % cfg.eval_steps == 0 or step == steps:
-                metrics: dict[str, Any] = {"step": step, "epoch": epoch, "train_loss": window_loss / window_n}
+                metrics: dict[str, Any] = {"step": step, "epoch": epoch, "train_loss_avg": window_loss / window_n}
                 window_loss, window_n = 0.0, 0
                 checkpoint_dir = None
                 if is_chief:

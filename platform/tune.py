@@ -121,21 +121,19 @@ def trial_fn(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     run_id = tracking.start_run(
         uri, sweep["experiment"], f"trial-{trial_id}", {**run_tags(cfg), "trial_id": trial_id}, parent_run_id=sweep["parent"]
     )
-    status = "FAILED"
-    try:
-        tracking.log_params(uri, run_id, cfg.flat())
-        fit(
-            cfg,
-            sweep["sentences"],
-            uri=uri,
-            run_id=run_id,
-            storage=Path(sweep["storage"]) / "trials",
-            name=trial_id,
-            tune_callback=True,
-        )
-        status = "FINISHED"
-    finally:
-        tracking.end_run(uri, run_id, status)
+    # Only success is recorded here: a trial that ASHA stops is interrupted like one that fails,
+    # so the driver, which knows which trials errored, ends the runs still RUNNING afterwards.
+    tracking.log_params(uri, run_id, cfg.flat())
+    fit(
+        cfg,
+        sweep["sentences"],
+        uri=uri,
+        run_id=run_id,
+        storage=Path(sweep["storage"]) / "trials",
+        name=trial_id,
+        tune_callback=True,
+    )
+    tracking.end_run(uri, run_id, "FINISHED")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -148,11 +146,25 @@ def latest_sweep(storage: Path, method: str) -> Path | None:
     return sweeps[-1] if sweeps else None
 
 
-def finish_child_runs(uri: str, parent: str, results) -> None:
+def _outcomes_callback():
+    from ray import tune
+
+    class TrialOutcomes(tune.Callback):
+        """Remembers which trials errored (as opposed to being stopped by the scheduler)."""
+
+        def __init__(self):
+            self.errored: set[str] = set()
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.errored.add(trial.trial_id)
+
+    return TrialOutcomes()
+
+
+def finish_child_runs(uri: str, parent: str, errored: set[str]) -> None:
     """No child run stays RUNNING: ASHA-stopped trials end FINISHED (tagged), errored ones FAILED."""
     c = tracking.client(uri)
     exp = c.get_run(parent).info.experiment_id
-    errored = {r.metrics.get("trial_id") for r in results if r.error is not None} if results is not None else set()
     for run in c.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"):
         if run.info.status == "RUNNING":
             tid = run.data.tags.get("trial_id")
@@ -232,10 +244,10 @@ def main(argv=None) -> int:
         (sweep_dir / SWEEP_STATE).write_text(json.dumps({"parent_run_id": parent, "method": args.method}))
 
     status = "FAILED"
-    results = None
+    outcomes = _outcomes_callback()
     try:
-        results = run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume)
-        finish_child_runs(uri, parent, results)
+        run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
+        finish_child_runs(uri, parent, outcomes.errored)
         report_best(uri, parent, spec, base, sweep_dir)
         status = "FINISHED"
         return 0
@@ -245,12 +257,14 @@ def main(argv=None) -> int:
         raise
     finally:
         try:
-            finish_child_runs(uri, parent, results)
+            finish_child_runs(uri, parent, outcomes.errored)
         finally:
             tracking.end_run(uri, parent, status)
 
 
-def run_sweep(base: TrainConfig, spec: dict, sentences: list[str], uri: str, parent: str, sweep_dir: Path, resume: bool):
+def run_sweep(
+    base: TrainConfig, spec: dict, sentences: list[str], uri: str, parent: str, sweep_dir: Path, resume: bool, callbacks
+):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -305,7 +319,7 @@ def run_sweep(base: TrainConfig, spec: dict, sentences: list[str], uri: str, par
                 num_samples=spec["num_samples"],
                 max_concurrent_trials=spec["max_concurrent_trials"],
             ),
-            run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir)),
+            run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), callbacks=callbacks),
         )
     return tuner.fit()
 

@@ -1,0 +1,172 @@
+"""Each CLI end to end as a user runs it: real Ray, real MLflow store, tiny random BERT."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import assert_user_error, run_cli
+
+
+def _train_args(tiny_model, small_corpus, tmp_path, *extra):
+    sets = {
+        "model": tiny_model, "corpus": small_corpus, "batch_size": 8, "max_steps": 4, "eval_steps": 2,
+        "log_steps": 1, "output_dir": tmp_path / "runs",
+    }
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    return [*args, *extra]
+
+
+def _runs(uri, experiment="simcse"):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name(experiment)
+    return c, ([] if exp is None else c.search_runs([exp.experiment_id]))
+
+
+def test_train_cli_end_to_end(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    proc = run_cli("train", "simcse", *_train_args(tiny_model, small_corpus, tmp_path), env={"MLFLOW_TRACKING_URI": mlflow_uri})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STS12" in proc.stdout and "avg" in proc.stdout
+    c, runs = _runs(mlflow_uri)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["method"] == "simcse" and run.data.tags["profile"] == "local"
+    assert len(run.data.tags["git_commit"]) >= 7
+    assert run.data.params["batch_size"] == "8" and run.data.params["temperature"] == "0.05"
+    dev = c.get_metric_history(run.info.run_id, "stsb_dev_spearman")
+    assert [m.step for m in dev] == [2, 4]
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "train_loss")] == [1, 2, 3, 4]
+    for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"):
+        assert f"sts_{task}" in run.data.metrics
+    arts = {a.path for a in c.list_artifacts(run.info.run_id, "best_checkpoint")}
+    assert arts == {"best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
+
+    import mlflow
+    from sentence_transformers import SentenceTransformer
+
+    st_dir = mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id, artifact_path="best_checkpoint/sentence-transformers", tracking_uri=mlflow_uri,
+        dst_path=str(tmp_path / "dl"),
+    )
+    assert SentenceTransformer(st_dir, device="cpu").encode(["a test sentence ."]).shape == (1, 32)
+    results = json.loads(open(mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id, artifact_path="sts_results.json", tracking_uri=mlflow_uri, dst_path=str(tmp_path / "dl2"),
+    )).read())
+    assert results["scores"]["avg"] == pytest.approx(run.data.metrics["sts_avg"])
+
+    # The evaluator accepts the training checkpoint and recovers its evaluation pooler.
+    ckpt = run.data.tags["best_checkpoint"]
+    ev = run_cli("evaluate", ckpt, "--tasks", "STSBenchmark", "--json", str(tmp_path / "ev.json"))
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    scores = json.loads((tmp_path / "ev.json").read_text())
+    assert scores["pooler"] == "cls_before_pooler"
+    assert scores["scores"]["STSBenchmark"] == pytest.approx(run.data.metrics["sts_STSBenchmark"], abs=1e-6)
+
+
+def test_tune_cli_two_trials(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    proc = run_cli(
+        "tune", "simcse", "--num-samples", "2", *_train_args(tiny_model, small_corpus, tmp_path),
+        env={"MLFLOW_TRACKING_URI": mlflow_uri},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "best trial" in proc.stdout and "checkpoint:" in proc.stdout
+    c, runs = _runs(mlflow_uri)
+    parents = [r for r in runs if r.data.tags.get("sweep") == "true"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and len(children) == 2
+    assert all(r.info.status == "FINISHED" for r in runs)
+    parent = parents[0]
+    best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
+    assert best.data.metrics["best_stsb_dev_spearman"] == max(r.data.metrics.get("best_stsb_dev_spearman", -1e9) for r in children)
+    assert "sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
+    for child in children:
+        assert {"lr", "temperature"} <= set(child.data.params)
+    assert {a.path for a in c.list_artifacts(best.info.run_id, "best_checkpoint")} == {
+        "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
+
+
+def test_evaluate_cli_table_and_json(tiny_model, tmp_path):
+    proc = run_cli("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "STS12", "STSBenchmark", "--json", str(tmp_path / "o.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "STS12" in proc.stdout and "STS-B" in proc.stdout
+    data = json.loads((tmp_path / "o.json").read_text())
+    assert set(data["scores"]) == {"STS12", "STSBenchmark"} and data["pooler"] == "avg"
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: one line on stderr, exit code 2, and no MLflow run left RUNNING
+
+
+def _bad_corpus(tmp_path, kind):
+    p = tmp_path / f"{kind}.txt"
+    p.write_bytes({"empty": b"", "binary": b"\x00\x01\x02\x03", "undecodable": b"fine\n\xff\xfe bad\n"}[kind])
+    return p
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["nomethod"], ["unknown method 'nomethod'"]),
+        (["simcse", "--profile", "huge"], ["unknown profile 'huge'"]),
+        (["simcse", "--set", "learnrate=1"], ["unknown key 'learnrate'"]),
+        (["simcse", "--set", "lr=abc"], ["lr='abc' is not a valid float"]),
+        (["simcse", "--set", "temperature=-0.1"], ["temperature must be > 0"]),
+        (["simcse", "--set", "lr=0"], ["lr must be > 0"]),
+        (["simcse", "--set", "batch_size=1", "--set", "num_workers=1"], ["batch_size must be >= 2"]),
+        (["simcse", "--set", "corpus=/nonexistent/corpus.txt"], ["corpus '/nonexistent/corpus.txt' not found"]),
+        (["simcse", "--set", "model=/nonexistent/model"], ["neither a local model directory", "minilm"]),
+    ],
+)
+def test_train_bad_input(args, needles, tmp_path, mlflow_uri):
+    proc = run_cli("train", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri})
+    assert_user_error(proc, *needles)
+    assert all(r.info.status != "RUNNING" for r in _runs(mlflow_uri)[1])
+
+
+@pytest.mark.parametrize("kind,needle", [("empty", "no sentences"), ("binary", "binary"), ("undecodable", "line 2")])
+def test_train_bad_corpus(kind, needle, tmp_path, mlflow_uri):
+    proc = run_cli("train", "simcse", "--set", f"corpus={_bad_corpus(tmp_path, kind)}", env={"MLFLOW_TRACKING_URI": mlflow_uri})
+    assert_user_error(proc, needle)
+
+
+def test_data_dir_missing_or_incomplete(tmp_path, mlflow_uri):
+    proc = run_cli("train", "simcse", env={"PLATFORM_DATA_DIR": str(tmp_path / "nowhere"), "MLFLOW_TRACKING_URI": mlflow_uri})
+    assert_user_error(proc, "does not exist", "SentEval layout")
+    (tmp_path / "partial" / "downstream").mkdir(parents=True)
+    proc = run_cli("evaluate", "minilm", env={"PLATFORM_DATA_DIR": str(tmp_path / "partial")})
+    assert_user_error(proc, "STS.input.MSRpar.txt", "expected SentEval layout")
+
+
+def test_unreachable_tracking_uri_fails_before_ray(tiny_model, small_corpus, tmp_path):
+    proc = run_cli(
+        "train", "simcse", *_train_args(tiny_model, small_corpus, tmp_path),
+        env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},
+    )
+    assert_user_error(proc, "unreachable", "MLFLOW_TRACKING_URI")
+    assert "ray" not in proc.stderr.lower().replace("error:", "")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_tune_bad_space_and_samples(tmp_path, mlflow_uri):
+    space = tmp_path / "space.yaml"
+    space.write_text("space:\n  lr: {loguniform: [0, 1]}\n")
+    assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "loguniform")
+    space.write_text("space:\n  nonsense: {choice: [1, 2]}\n")
+    assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "unknown key 'nonsense'")
+    space.write_text("spaces: {}\n")
+    assert_user_error(run_cli("tune", "simcse", "--space", str(space)), "unknown key(s) spaces")
+    assert_user_error(run_cli("tune", "simcse", "--num-samples", "0"), "--num-samples must be >= 1")
+
+
+def test_evaluate_bad_input(tmp_path):
+    assert_user_error(run_cli("evaluate", "minilm", "--tasks", "STS99"), "unknown task 'STS99'")
+    notckpt = tmp_path / "notckpt"
+    notckpt.mkdir()
+    (notckpt / "state.json").write_text("{}")
+    assert_user_error(run_cli("evaluate", str(notckpt)), "is not a checkpoint")
+    proc = run_cli("evaluate", "minilm", "--pooler", "maxpool")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
