@@ -211,7 +211,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 sink({"train_loss": float(loss.detach()), "lr": schedule.get_last_lr()[0], **extra}, step)
 
             if step % cfg.eval_steps == 0 or step == steps:
-                metrics: dict[str, Any] = {"step": step, "epoch": epoch, "train_loss_avg": window_loss / window_n}
+                metrics: dict[str, Any] = {
+                    "step": step, "epoch": epoch, "train_loss_avg": window_loss / window_n, "train_time_s": train_time,
+                }
                 window_loss, window_n = 0.0, 0
                 checkpoint_dir = None
                 if is_chief:
@@ -229,7 +231,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                         )
                     metrics["best_" + DEV_METRIC] = best["stsb_dev_spearman"]
                     if sink is not None:
-                        sink({k: v for k, v in metrics.items() if k not in ("step", "epoch")}, step)
+                        sink({k: v for k, v in metrics.items() if k not in ("step", "epoch", "train_time_s")}, step)
                 best["checkpoint"] = _report(worker, cfg, config, metrics, checkpoint_dir, best["checkpoint"])
                 model.train()
         if step >= steps:

@@ -112,6 +112,7 @@ def fit(
         "best_" + DEV_METRIC: (result.metrics or {}).get("best_" + DEV_METRIC),
         "best_checkpoint": checkpoint.path if checkpoint is not None else None,
         "checkpoint": checkpoint,
+        "metrics": dict(result.metrics or {}),
     }
 
 

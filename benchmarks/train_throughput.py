@@ -1,0 +1,65 @@
+"""Training-step throughput: the plain loop vs the same loop under Ray Train, side by side.
+
+Same model, batch, corpus and steps; one worker each (all CPUs to it), evaluation excluded from
+the timed part (the loop reports ``train_time_s``, the sum of its step times). The runs alternate
+(plain, Ray, plain, Ray, ...) so machine noise hits both. Target: Ray / plain <= 1.10.
+
+    PLATFORM_DATA_DIR=../shared/data python benchmarks/train_throughput.py [--steps 16] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
+
+import torch  # noqa: E402
+
+from platform.config import TrainConfig  # noqa: E402
+from platform.data import read_corpus, resolve_corpus  # noqa: E402
+from platform.loop import train_loop_per_worker  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--model", default="minilm")
+    args = p.parse_args()
+    cpus = os.cpu_count() or 1
+    out = tempfile.mkdtemp()
+    cfg = TrainConfig.build(
+        "simcse", "local",
+        {"model": args.model, "batch_size": args.batch_size, "max_steps": args.steps, "eval_steps": args.steps,
+         "num_workers": 1, "cpus_per_worker": cpus, "output_dir": out, "final_eval": False},
+    )
+    cfg.corpus = str(resolve_corpus(cfg.corpus))
+    sentences = read_corpus(cfg.corpus, limit=cfg.max_sentences)
+
+    from platform.ray_env import init_ray
+    from platform.train import fit
+
+    init_ray(num_cpus=cpus)
+    plain, ray_times = [], []
+    for r in range(args.repeats):
+        torch.set_num_threads(cpus)
+        res = train_loop_per_worker(cfg.flat())
+        plain.append(res["steps"] * args.batch_size / res["train_time_s"])
+        metrics = fit(cfg, sentences, uri=None, run_id=None, storage=Path(out), name=f"bench-{r}")["metrics"]
+        ray_times.append(metrics["step"] * args.batch_size / metrics["train_time_s"])
+        print(f"repeat {r}: plain {plain[-1]:.1f} sent/s, Ray Train {ray_times[-1]:.1f} sent/s", flush=True)
+    mp, mr = statistics.median(plain), statistics.median(ray_times)
+    print(f"model={args.model} batch={args.batch_size} steps={args.steps} cpus={cpus} torch_threads={torch.get_num_threads()}")
+    print(f"plain loop: {mp:.1f} sentences/s   Ray Train: {mr:.1f} sentences/s   time ratio Ray/plain = {mp / mr:.3f}")
+
+
+if __name__ == "__main__":
+    main()
