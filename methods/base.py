@@ -20,6 +20,7 @@ from methods.encoder import Encoder
 # name -> "module:Class", imported lazily so one method's optional dependencies stay optional.
 REGISTRY = {
     "simcse": "methods.simcse:SimCSE",
+    "una": "methods.una:UNA",
 }
 
 

@@ -1,0 +1,308 @@
+"""UNA: Unsupervised hard Negative Augmentation (Shu et al.), on top of SimCSE.
+
+Step 1 (Eq. 2): TF-IDF over the training corpus, one sentence per document, lowercased, word
+tokens: ``tf(t, d) = log(1 + n_t / n)``, ``idf(t) = -log(N_t / N)``, ``Z = tf * idf`` (N x m) and
+``s_j = max_d Z[d, j]``. Step 2 (Eq. 3-4): for the terms of a sentence with scores z,
+``p_i = min(beta * (z_i - min z) / C, 1)``, ``C = mean(z - min z)``; the top term is always
+replaced. Step 3: the replacement of a term is drawn from the +-r window around its rank in the
+s-sorted vocabulary (itself excluded), with probability proportional to s (Algorithm 1).
+
+Terms are words with at least one letter (digits and punctuation are never replaced). A chosen
+term is replaced at every occurrence by the same sampled word. Untouched text keeps its casing
+and spacing and a replacement copies the casing pattern of the word it replaces (``fidelity:
+paper``); ``fidelity: authors_code`` rebuilds the negative lowercased and space-joined as the
+authors' code does. A sentence without any term gets the empty negative ``""``, which the loss
+masks out (it contributes no negative column).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from methods.base import InvalidParams
+from methods.losses import cosine_matrix, gather_with_grad, info_nce
+from methods.simcse import SimCSE, SimCSEParams
+
+WORD = re.compile(r"\w+", re.UNICODE)
+TERM = r"(?u)\b\w*[^\W\d_]\w*\b"  # a word with at least one letter
+_IS_TERM = re.compile(TERM)
+
+
+@dataclasses.dataclass
+class UNAParams(SimCSEParams):
+    # Every alpha-th batch carries its negatives (alpha = 5, Shu et al. Table C4); 0: never.
+    alpha: int = 5
+    # Expected fraction of a sentence's terms replaced (beta = 0.5, Eq. 4 and Table C5).
+    beta: float = 0.5
+    # Half-width of the replacement window in the s-sorted vocabulary (r = 4000, Table C6).
+    r: int = 4000
+    # Ablations of Table 2: how Step 2 chooses terms and Step 3 draws replacements.
+    step2: str = "tfidf"  # tfidf | random
+    step3: str = "tfidf"  # tfidf | random
+    fidelity: str = "paper"  # paper | authors_code
+
+    def validate(self) -> None:
+        super().validate()
+        if self.alpha < 0:
+            raise InvalidParams(f"alpha must be >= 0 (0 = never use negatives), got {self.alpha}")
+        if not self.beta > 0:
+            raise InvalidParams(f"beta must be > 0, got {self.beta}")
+        if self.r < 1:
+            raise InvalidParams(f"r must be >= 1, got {self.r}")
+        for key in ("step2", "step3"):
+            if getattr(self, key) not in ("tfidf", "random"):
+                raise InvalidParams(f"{key} must be 'tfidf' or 'random', got {getattr(self, key)!r}")
+        if self.fidelity not in ("paper", "authors_code"):
+            raise InvalidParams(f"fidelity must be 'paper' or 'authors_code', got {self.fidelity!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 1: corpus statistics
+
+
+@dataclasses.dataclass
+class TfIdfTable:
+    """What Steps 2-3 need from the corpus; plain arrays, so it pickles cheaply for Ray."""
+
+    vocab: np.ndarray  # term strings, column order of Z
+    idf: np.ndarray  # -log(N_t / N)
+    s: np.ndarray  # column max of Z
+    order: np.ndarray  # vocabulary indices sorted by s (ascending)
+    rank: np.ndarray  # rank[term] = position of the term in ``order``
+    cum: np.ndarray  # cum[k] = sum of s over order[:k]  (length m + 1)
+    index: dict[str, int]
+
+    @property
+    def size(self) -> int:
+        return len(self.vocab)
+
+
+def term_frequencies(counts: sp.csr_matrix) -> sp.csr_matrix:
+    """tf(t, d) = log(1 + n_t / n), n the number of terms of d (Shu et al., Eq. 2)."""
+    counts = counts.tocsr().astype(np.float64)
+    n = np.asarray(counts.sum(axis=1)).ravel()
+    rows = np.repeat(np.arange(counts.shape[0]), np.diff(counts.indptr))
+    tf = counts.copy()
+    tf.data = np.log1p(counts.data / n[rows])
+    return tf
+
+
+def fit_tfidf(sentences: list[str]) -> TfIdfTable:
+    """Step 1 over the corpus: scikit-learn counts, the paper's formula with scipy.sparse."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    if len(sentences) < 2:
+        raise InvalidParams(f"UNA needs a corpus of at least 2 sentences for TF-IDF, got {len(sentences)}")
+    vectorizer = CountVectorizer(lowercase=True, token_pattern=TERM, dtype=np.int64)
+    counts = vectorizer.fit_transform(sentences)
+    N = counts.shape[0]
+    df = np.bincount(counts.indices, minlength=counts.shape[1])
+    idf = -np.log(df / N)
+    z = term_frequencies(counts).multiply(idf).tocsc()
+    s = np.asarray(z.max(axis=0).todense()).ravel()
+    vocab = vectorizer.get_feature_names_out().astype(object)
+    order = np.argsort(s, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    cum = np.concatenate([[0.0], np.cumsum(s[order])])
+    return TfIdfTable(vocab, idf, s, order, rank, cum, {t: i for i, t in enumerate(vocab)})
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 2: which terms to replace
+
+
+def replacement_probabilities(z: np.ndarray, beta: float) -> np.ndarray:
+    """p_i = min(beta (z_i - min z) / C, 1), C = mean(z - min z) (Shu et al., Eq. 3-4); the
+    largest z gets p = 1. With all z equal (C = 0) only that top term is replaced."""
+    shifted = z - z.min()
+    c = shifted.mean()
+    p = np.minimum(beta * shifted / c, 1.0) if c > 0 else np.zeros_like(z)
+    p[int(np.argmax(z))] = 1.0
+    return p
+
+
+# ------------------------------------------------------------------------------------------------
+# Step 3: replacements
+
+
+def sample_in_windows(table: TfIdfTable, terms: np.ndarray, r: int, rng: np.random.Generator) -> np.ndarray:
+    """For each term, a word from the +-r window of its rank (itself excluded), P proportional to s.
+
+    Vectorised inverse-CDF sampling on the prefix sums of s in rank order: the term's own mass is
+    cut out of the window by shifting draws that land at or after it.
+    """
+    m = table.size
+    k = table.rank[terms]
+    lo = np.maximum(k - r, 0)
+    hi = np.minimum(k + r, m - 1)  # inclusive
+    own = table.s[terms]
+    before_lo, before_k = table.cum[lo], table.cum[k]
+    total = table.cum[hi + 1] - before_lo - own
+    u = rng.random(len(terms)) * total
+    target = before_lo + u
+    target = np.where(target >= before_k, target + own, target)
+    pos = np.searchsorted(table.cum, target, side="right") - 1
+    pos = np.clip(pos, lo, hi)
+    # All-zero windows (terms present in every sentence have s = 0) fall back to uniform.
+    flat = total <= 0
+    if flat.any():
+        width = hi[flat] - lo[flat]  # number of candidates without the term itself
+        draw = lo[flat] + (rng.random(flat.sum()) * width).astype(np.int64)
+        pos[flat] = np.where(draw >= k[flat], draw + 1, draw)
+    pos = np.where(pos == k, np.where(k > lo, k - 1, k + 1), pos)  # float round-off guard
+    return table.order[pos]
+
+
+def check_window(table: TfIdfTable, params: UNAParams) -> None:
+    if params.step3 == "tfidf" and table.size <= 2 * params.r:
+        raise InvalidParams(
+            f"UNA window r={params.r} needs a vocabulary larger than 2r={2 * params.r}; this corpus has "
+            f"{table.size} terms (set r smaller)"
+        )
+
+
+def match_case(word: str, like: str) -> str:
+    if like.isupper() and len(like) > 1:
+        return word.upper()
+    if like[:1].isupper():
+        return word[:1].upper() + word[1:]
+    return word
+
+
+# ------------------------------------------------------------------------------------------------
+# The negatives of a batch
+
+
+def make_negatives(
+    sentences: list[str], table: TfIdfTable, params: UNAParams, rng: np.random.Generator
+) -> list[str]:
+    """Steps 2-3 for a batch of sentences; terms chosen per sentence, replacements drawn in one go."""
+    check_window(table, params)
+    spans_per_sentence = []
+    chosen_terms: list[int] = []
+    owners: list[int] = []
+    for i, text in enumerate(sentences):
+        spans = [(m.start(), m.end(), m.group().lower()) for m in WORD.finditer(text)]
+        spans_per_sentence.append(spans)
+        ids, counts = np.unique(
+            np.array([table.index.get(w, -1) for _, _, w in spans if _IS_TERM.fullmatch(w)], dtype=np.int64),
+            return_counts=True,
+        )
+        keep = ids >= 0
+        ids, counts = ids[keep], counts[keep]
+        if len(ids) == 0:
+            continue
+        if params.step2 == "tfidf":
+            z = np.log1p(counts / counts.sum()) * table.idf[ids]
+            p = replacement_probabilities(z, params.beta)
+        else:  # ablation: uniform choice with the same expected fraction, one term forced
+            p = np.full(len(ids), min(params.beta, 1.0))
+            p[rng.integers(len(ids))] = 1.0
+        pick = ids[rng.random(len(ids)) < p]
+        chosen_terms.extend(pick.tolist())
+        owners.extend([i] * len(pick))
+
+    terms = np.asarray(chosen_terms, dtype=np.int64)
+    if params.step3 == "tfidf":
+        repl = sample_in_windows(table, terms, params.r, rng)
+    else:  # ablation: uniform over the vocabulary, the term itself excluded
+        draw = rng.integers(table.size - 1, size=len(terms))
+        repl = np.where(draw >= terms, draw + 1, draw)
+    by_sentence: dict[int, dict[str, str]] = {}
+    for owner, t, rep in zip(owners, terms.tolist(), repl.tolist()):
+        by_sentence.setdefault(owner, {})[table.vocab[t]] = table.vocab[rep]
+
+    out = []
+    for i, (text, spans) in enumerate(zip(sentences, spans_per_sentence)):
+        mapping = by_sentence.get(i)
+        if not mapping:
+            out.append("")
+            continue
+        if params.fidelity == "authors_code":
+            out.append(" ".join(mapping.get(w, w) for _, _, w in spans))
+            continue
+        pieces, last = [], 0
+        for start, end, w in spans:
+            if w in mapping:
+                pieces.append(text[last:start])
+                pieces.append(match_case(mapping[w], text[start:end]))
+                last = end
+        pieces.append(text[last:])
+        out.append("".join(pieces))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Loss
+
+
+def nt_xent(pairs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float) -> torch.Tensor:
+    """Symmetric NT-Xent (SimCLR) over all rows of the given positive pairs, as the UNA authors'
+    code trains: every row's positive is its partner, every other row is a negative, self excluded.
+    With [(anchor, positive), (negative, negative')] this is their 4N x 4N loss; with the first
+    pair alone, the 2N x 2N loss of the steps without negatives."""
+    n = pairs[0][0].shape[0]
+    z = torch.cat([t for pair in pairs for t in pair])
+    total = z.shape[0]
+    sim = cosine_matrix(z, z) / temperature
+    sim = sim.masked_fill(torch.eye(total, dtype=torch.bool, device=z.device), float("-inf"))
+    idx = torch.arange(n, device=z.device)
+    targets = torch.cat([torch.cat([idx + (2 * k + 1) * n, idx + 2 * k * n]) for k in range(len(pairs))])
+    return F.cross_entropy(sim, targets)
+
+
+class UNA(SimCSE):
+    name = "una"
+    Params = UNAParams
+    text_columns = ("sentence", "negative")
+
+    def prepare(self, sentences: list[str]) -> TfIdfTable:
+        table = fit_tfidf(sentences)
+        check_window(table, self.params)
+        return table
+
+    def augment(self, batch: dict[str, Any], state: TfIdfTable, seed: int | None = None) -> dict[str, Any]:
+        rng = np.random.default_rng(seed)
+        sentences = [str(s) for s in batch["sentence"]]
+        return {**batch, "negative": np.asarray(make_negatives(sentences, state, self.params, rng), dtype=object)}
+
+    def uses_negatives(self, step: int) -> bool:
+        """Every alpha-th batch (steps are 0-based: batches alpha, 2 alpha, ...); alpha = 0: never."""
+        return self.params.alpha > 0 and (step + 1) % self.params.alpha == 0
+
+    def loss(self, model, batch, step):
+        sent = batch["sentence"]
+        use_negatives = self.uses_negatives(step)
+        if not use_negatives and self.params.fidelity == "paper":
+            return super().loss(model, batch, step)  # plain SimCSE (Eq. 1) on the other batches
+        views = [sent, sent]
+        if use_negatives:
+            neg = batch["negative"]
+            views += [neg, neg] if self.params.fidelity == "authors_code" else [neg]
+        length = max(v["input_ids"].shape[1] for v in views)
+        views = [_pad(v, length) for v in views]
+        z = model({k: torch.cat([v[k] for v in views]) for k in views[0]})  # one forward, independent dropout
+        n = sent["input_ids"].shape[0]
+        parts = [gather_with_grad(z[i * n : (i + 1) * n]) for i in range(len(views))]
+        metrics = {"una_negatives": float(use_negatives)}
+        if self.params.fidelity == "authors_code":
+            pairs = [(parts[0], parts[1])] + ([(parts[2], parts[3])] if use_negatives else [])
+            return nt_xent(pairs, self.params.temperature), metrics
+        # An empty negative (a sentence without terms) tokenises to [CLS] [SEP]: no column for it.
+        valid = gather_with_grad((batch["negative"]["attention_mask"].sum(1) > 2).float()) > 0.5
+        return info_nce(parts[0], parts[1], self.params.temperature, negatives=parts[2][valid]), metrics
+
+
+def _pad(inputs: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
+    extra = length - inputs["input_ids"].shape[1]
+    if extra == 0:
+        return inputs
+    return {k: F.pad(v, (0, extra), value=0) for k, v in inputs.items()}

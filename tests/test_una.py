@@ -1,0 +1,210 @@
+"""UNA (Shu et al.): TF-IDF, Steps 2-3, reconstruction, ablations, schedule and both losses."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from methods.base import InvalidParams
+from methods.una import (
+    UNA,
+    UNAParams,
+    fit_tfidf,
+    make_negatives,
+    nt_xent,
+    replacement_probabilities,
+    sample_in_windows,
+)
+from tests.test_losses import slow_info_nce
+
+DOCS = [
+    "The cat sat on the mat.",
+    "A dog chased the cat!",
+    "Stocks fell sharply on Monday, traders said.",
+    "The meeting was postponed again.",
+    "She reads a book in the quiet garden.",
+    "Rain is expected tomorrow afternoon in Paris.",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(data_root):
+    from platform.data import read_corpus
+
+    return read_corpus(data_root / "corpus" / "brown_sentences.txt.gz", limit=3000)
+
+
+def test_tfidf_matches_the_paper_formula_term_by_term():
+    table = fit_tfidf(DOCS)
+    docs = [[w.lower() for w in __import__("re").findall(r"\b\w*[^\W\d_]\w*\b", d)] for d in DOCS]
+    N = len(docs)
+    for term, j in table.index.items():
+        n_t = sum(term in d for d in docs)
+        idf = -math.log(n_t / N)
+        assert table.idf[j] == pytest.approx(idf)
+        s = max(math.log(1 + d.count(term) / len(d)) * idf for d in docs)  # Eq. 2, column max
+        assert table.s[j] == pytest.approx(s)
+    assert table.cum[-1] == pytest.approx(table.s.sum())
+
+
+def test_step2_probabilities_reference_and_mean_beta():
+    z = np.array([0.1, 0.4, 0.25, 0.3, 0.2])
+    p = replacement_probabilities(z, 0.5)
+    c = np.mean(z - z.min())
+    expected = [min(0.5 * (zi - z.min()) / c, 1.0) for zi in z]
+    expected[int(np.argmax(z))] = 1.0
+    np.testing.assert_allclose(p, expected)
+    # Where nothing is clipped, mean p = beta (Eq. 4): beta * mean(z - min z) / C = beta. Here the
+    # top term's formula value is exactly 1, so forcing it changes nothing and the mean is beta.
+    z = np.array([0.2, 0.3, 0.4, 0.5, 0.6])
+    p = replacement_probabilities(z, 0.5)
+    assert p.max() == pytest.approx(1.0) and np.mean(p) == pytest.approx(0.5)
+    p = replacement_probabilities(z, 0.25)  # no clipping; the top term is still forced to 1
+    np.testing.assert_allclose(p[:4], 0.25 * (z[:4] - 0.2) / 0.2)
+    assert p[4] == 1.0
+
+
+def test_top_term_always_replaced_and_negatives_differ(corpus):
+    table = fit_tfidf(corpus)
+    params = UNAParams(r=50, beta=0.01)
+    rng = np.random.default_rng(0)
+    sents = corpus[:300]
+    negs = make_negatives(sents, table, params, rng)
+    for s, n in zip(sents, negs):
+        assert n != s
+        words = [w.lower() for w in __import__("re").findall(r"\b\w*[^\W\d_]\w*\b", s) if w.lower() in table.index]
+        ids = np.unique([table.index[w] for w in words])
+        counts = np.array([words.count(table.vocab[i]) for i in ids])
+        top = table.vocab[ids[np.argmax(np.log1p(counts / counts.sum()) * table.idf[ids])]]
+        assert top not in [w.lower() for w in __import__("re").findall(r"\w+", n)] or words.count(top) == 0
+
+
+def test_replacements_come_from_the_window(corpus):
+    table = fit_tfidf(corpus)
+    rng = np.random.default_rng(1)
+    terms = rng.integers(table.size, size=5000)
+    r = 30
+    repl = sample_in_windows(table, terms, r, rng)
+    dist = np.abs(table.rank[repl] - table.rank[terms])
+    assert (dist >= 1).all() and (dist <= r).all()
+
+
+def test_window_sampling_frequencies_follow_s(corpus):
+    table = fit_tfidf(corpus)
+    term = int(table.order[table.size // 2])
+    r = 5
+    draws = sample_in_windows(table, np.full(20000, term), r, np.random.default_rng(7))
+    k = table.rank[term]
+    window = [int(table.order[j]) for j in range(k - r, k + r + 1) if j != k]
+    counts = Counter(draws.tolist())
+    observed = np.array([counts[w] for w in window])
+    expected = table.s[window] / table.s[window].sum() * len(draws)
+    assert set(counts) <= set(window)
+    assert chisquare(observed, expected).pvalue > 0.01
+
+
+def test_casing_and_spacing_preserved_and_authors_mode_lowercases():
+    table = fit_tfidf(DOCS * 3 + [f"word{i} filler{i} text" for i in range(40)])
+    sent = "The  Cat sat, on the MAT."
+    neg = make_negatives([sent], table, UNAParams(r=2), np.random.default_rng(3))[0]
+    # Non-word characters and untouched words are kept verbatim.
+    assert [c for c in neg if not c.isalnum()] == [c for c in sent if not c.isalnum()]
+    assert neg != sent
+    authors = make_negatives([sent], table, UNAParams(r=2, fidelity="authors_code"), np.random.default_rng(3))[0]
+    assert authors == authors.lower() and "  " not in authors and "," not in authors
+
+
+def test_sentence_without_terms_gets_empty_negative():
+    table = fit_tfidf(DOCS * 10)
+    out = make_negatives(["123 , 456 !", "...", "The cat sat."], table, UNAParams(r=2), np.random.default_rng(0))
+    assert out[:2] == ["", ""] and out[2] not in ("", "The cat sat.")
+
+
+@pytest.mark.parametrize("which", ["step2", "step3"])
+def test_each_ablation_changes_only_its_step(corpus, which):
+    table = fit_tfidf(corpus)
+    sents = corpus[:200]
+    base = UNAParams(r=20, beta=0.5)
+    ablated = UNAParams(r=20, beta=0.5, **{which: "random"})
+
+    def chosen_and_windows(params):
+        rng = np.random.default_rng(5)
+        negs = make_negatives(sents, table, params, rng)
+        picked, in_window = [], []
+        for s, n in zip(sents, negs):
+            a, b = __import__("re").findall(r"\w+", s.lower()), __import__("re").findall(r"\w+", n.lower())
+            for x, y in zip(a, b):
+                if x != y:
+                    picked.append(x)
+                    if x in table.index and y in table.index:
+                        in_window.append(abs(table.rank[table.index[x]] - table.rank[table.index[y]]) <= 20)
+        return picked, np.mean(in_window)
+
+    p_base, w_base = chosen_and_windows(base)
+    p_abl, w_abl = chosen_and_windows(ablated)
+    if which == "step3":
+        assert p_base == p_abl  # same terms chosen (same random stream up to Step 3)
+        assert w_base == 1.0 and w_abl < 0.2  # only the replacement distribution changed
+    else:
+        assert p_base != p_abl
+        assert w_base == 1.0 and w_abl == 1.0  # replacements still from the window
+
+
+def test_alpha_schedule():
+    assert [UNA(UNAParams(alpha=3)).uses_negatives(s) for s in range(6)] == [False, False, True, False, False, True]
+    assert all(UNA(UNAParams(alpha=1)).uses_negatives(s) for s in range(4))
+    assert not any(UNA(UNAParams(alpha=0)).uses_negatives(s) for s in range(10))
+
+
+@pytest.mark.parametrize("bad,message", [({"beta": 0}, "beta"), ({"r": 0}, "r must"), ({"alpha": -1}, "alpha"), ({"step2": "x"}, "step2")])
+def test_bad_params(bad, message):
+    with pytest.raises(InvalidParams, match=message):
+        UNA(UNAParams(**bad))
+
+
+def test_tiny_corpus_and_small_vocabulary_are_rejected():
+    with pytest.raises(InvalidParams, match="at least 2"):
+        UNA().prepare(["only one"])
+    with pytest.raises(InvalidParams, match="vocabulary larger than 2r"):
+        UNA(UNAParams(r=4000)).prepare(DOCS)
+
+
+def slow_nt_xent(rows, partner, tau):
+    total = 0.0
+    for i, zi in enumerate(rows):
+        sims = [float(torch.nn.functional.cosine_similarity(zi, zj, dim=0)) / tau for zj in rows]
+        den = sum(math.exp(v) for j, v in enumerate(sims) if j != i)
+        total += -(sims[partner[i]] - math.log(den))
+    return total / len(rows)
+
+
+def test_authors_loss_matches_reference():
+    g = torch.Generator().manual_seed(0)
+    a, p, n1, n2 = (torch.randn(3, 6, generator=g) for _ in range(4))
+    rows = list(torch.cat([a, p, n1, n2]))
+    partner = [3, 4, 5, 0, 1, 2, 9, 10, 11, 6, 7, 8]
+    assert float(nt_xent([(a, p), (n1, n2)], 0.05)) == pytest.approx(slow_nt_xent(rows, partner, 0.05), rel=1e-5)
+    assert float(nt_xent([(a, p)], 0.1)) == pytest.approx(slow_nt_xent(list(torch.cat([a, p])), [3, 4, 5, 0, 1, 2], 0.1), rel=1e-5)
+
+
+def test_paper_loss_uses_negatives_as_extra_columns(tiny_model):
+    from methods.encoder import Encoder
+
+    torch.manual_seed(0)
+    method = UNA(UNAParams(alpha=1, r=2))
+    enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
+    model = method.build(enc).eval()
+    sents = ["a man plays guitar", "the cat sleeps", "rain falls"]
+    negs = ["a man plays piano", "", "snow falls"]
+    batch = {"sentence": enc.tokenize(sents), "negative": enc.tokenize(negs)}
+    loss, metrics = method.loss(model, batch, 0)
+    with torch.no_grad():
+        z1 = model(enc.tokenize(sents))
+        zn = model(enc.tokenize([negs[0], negs[2]]))
+    assert metrics["una_negatives"] == 1.0
+    assert float(loss.detach()) == pytest.approx(slow_info_nce(z1, z1, 0.05, zn), rel=1e-4)
