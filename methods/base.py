@@ -54,6 +54,24 @@ class Method:
         """Corpus-level statistics computed once; must be picklable."""
         return None
 
+    def state_cache_spec(self) -> dict[str, Any] | None:
+        """``{"kind": ..., "params": {...}}`` if ``prepare``'s result can be cached on disk: the
+        parameters it depends on besides the corpus (and a code version). None: never cached."""
+        return None
+
+    def save_state(self, state: Any, directory) -> None:
+        raise NotImplementedError
+
+    def load_state(self, directory) -> Any:
+        raise NotImplementedError
+
+    def check_state(self, state: Any) -> None:
+        """Raise ``InvalidParams`` if these parameters cannot work with this corpus' statistics."""
+
+    def space_limits(self, state: Any) -> dict[str, tuple[float, float]]:
+        """Bounds the corpus puts on searchable parameters (a sweep clips its ranges to them)."""
+        return {}
+
     def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
         """Add the method's columns to a batch of ``{"sentence": array_of_str}``."""
         return batch

@@ -107,7 +107,27 @@ def fit_tfidf(sentences: list[str]) -> TfIdfTable:
     idf = -np.log(df / N)
     z = term_frequencies(counts).multiply(idf).tocsc()
     s = np.asarray(z.max(axis=0).todense()).ravel()
-    vocab = vectorizer.get_feature_names_out().astype(object)
+    return _table(vectorizer.get_feature_names_out().astype(object), idf, s)
+
+
+TFIDF_VERSION = 1
+
+
+def save_table(table: TfIdfTable, directory) -> None:
+    """Arrays only (``.npz`` without pickle), so loading a cache never executes code."""
+    from pathlib import Path
+
+    np.savez(Path(directory) / "tfidf.npz", vocab=table.vocab.astype(str), idf=table.idf, s=table.s)
+
+
+def load_table(directory) -> TfIdfTable:
+    from pathlib import Path
+
+    with np.load(Path(directory) / "tfidf.npz", allow_pickle=False) as f:
+        return _table(f["vocab"].astype(object), f["idf"], f["s"])
+
+
+def _table(vocab: np.ndarray, idf: np.ndarray, s: np.ndarray) -> TfIdfTable:
     order = np.argsort(s, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
@@ -265,9 +285,23 @@ class UNA(SimCSE):
     text_columns = ("sentence", "negative")
 
     def prepare(self, sentences: list[str]) -> TfIdfTable:
-        table = fit_tfidf(sentences)
-        check_window(table, self.params)
-        return table
+        return fit_tfidf(sentences)
+
+    def state_cache_spec(self):
+        # The table depends on the corpus alone (tokenisation and formula are versioned here).
+        return {"kind": "una-tfidf", "params": {"version": TFIDF_VERSION}}
+
+    def save_state(self, state: TfIdfTable, directory) -> None:
+        save_table(state, directory)
+
+    def load_state(self, directory) -> TfIdfTable:
+        return load_table(directory)
+
+    def check_state(self, state: TfIdfTable) -> None:
+        check_window(state, self.params)
+
+    def space_limits(self, state: TfIdfTable) -> dict[str, tuple[float, float]]:
+        return {"r": (1, (state.size - 1) // 2)}
 
     def augment(self, batch: dict[str, Any], state: TfIdfTable, seed: int | None = None) -> dict[str, Any]:
         rng = np.random.default_rng(seed)

@@ -55,6 +55,9 @@ class TrainConfig:
     num_workers: int = 1
     use_gpu: bool = True
     cpus_per_worker: float = 1.0
+    # CPUs each Ray Data augmentation task asks for. Fractional on small machines: concurrent
+    # trials' Train workers can hold every whole CPU, and the stage would never be scheduled.
+    augment_cpus: float = 1.0
     bf16: bool = True  # autocast on GPU only
     # Where runs write checkpoints (Ray's storage_path); relative paths are under the repo root.
     output_dir: str = "runs"
@@ -128,6 +131,7 @@ class TrainConfig:
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.cpus_per_worker > 0, f"cpus_per_worker must be > 0, got {self.cpus_per_worker}"),
+            (self.augment_cpus > 0, f"augment_cpus must be > 0, got {self.augment_cpus}"),
             (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
         ]
         for ok, message in checks:

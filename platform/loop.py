@@ -26,6 +26,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from methods.base import Method, method_class
 from methods.encoder import Encoder
+from platform.cache import prepared_state
 from platform.config import TrainConfig
 from platform.data import DataError, read_corpus, resolve_corpus
 from platform.sts import STSEvaluator
@@ -158,7 +159,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     else:
         sentences = read_corpus(resolve_corpus(cfg.corpus), limit=cfg.max_sentences or None)
         num_sentences = len(sentences)
-        state = method.prepare(sentences)
+        state = prepared_state(method, sentences)
+        method.check_state(state)
     steps = total_steps(cfg, num_sentences)
     if steps < 1:
         raise ValueError(f"corpus has {num_sentences} sentences, fewer than one batch of {cfg.batch_size}")

@@ -22,13 +22,14 @@ from platform.data import STS_TASKS, DataError, data_dir, load_sts, read_corpus,
 from platform.errors import UserError, cli_main
 from platform.loop import CHECKPOINT_MODEL, DEV_METRIC, read_checkpoint_state, train_loop_per_worker
 from platform import tracking
+from platform.cache import prepared_state
 
 
 # ------------------------------------------------------------------------------------------------
 # Checks that run before any Ray work
 
 
-def preflight(cfg: TrainConfig, final_eval: bool) -> list[str]:
+def preflight(cfg: TrainConfig, final_eval: bool, check_state: bool = True) -> list[str]:
     """Validate data, corpus and backbone; return the corpus sentences (read once, here)."""
     root = data_dir()
     load_sts("STSBenchmark", root, split="dev")
@@ -41,6 +42,11 @@ def preflight(cfg: TrainConfig, final_eval: bool) -> list[str]:
     if len(sentences) < cfg.batch_size:
         raise DataError(f"corpus {corpus} has {len(sentences)} sentences, fewer than one batch of {cfg.batch_size}")
     load_tokenizer(cfg.model)
+    # Corpus statistics once, here: errors surface before Ray, and trials find them cached.
+    method = method_class(cfg.method)(cfg.params)
+    state = prepared_state(method, sentences)
+    if check_state:
+        method.check_state(state)
     return sentences
 
 
@@ -49,10 +55,13 @@ def build_dataset(method: Method, sentences: list[str], cfg: TrainConfig):
     import pyarrow as pa
     import ray.data
 
-    state = method.prepare(sentences)
+    state = prepared_state(method, sentences)
+    method.check_state(state)
     ds = ray.data.from_arrow(pa.table({"sentence": sentences}))
     if type(method).augment is not Method.augment:
-        ds = ds.map_batches(method.augment, fn_kwargs={"state": state}, batch_format="numpy", batch_size=1024)
+        ds = ds.map_batches(
+            method.augment, fn_kwargs={"state": state}, batch_format="numpy", batch_size=1024, num_cpus=cfg.augment_cpus
+        )
     return ds
 
 

@@ -20,19 +20,21 @@ import yaml
 from platform import tracking
 from platform.config import ConfigError, TrainConfig, available_profiles, parse_sets
 from platform.errors import UserError, cli_main
+from methods.base import method_class
+from platform.cache import prepared_state
 from platform.loop import DEV_METRIC
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
 SWEEP_STATE = "platform_sweep.json"
 _DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint", "grid")
-_TOP_KEYS = {"metric", "mode", "search", "num_samples", "max_concurrent_trials", "seed", "scheduler", "space", "profiles"}
+_TOP_KEYS = {"metric", "mode", "search", "num_samples", "max_concurrent_trials", "seed", "scheduler", "space", "profiles", "grids"}
 
 
 # ------------------------------------------------------------------------------------------------
 # Search-space files
 
 
-def load_space(method: str, profile: str, path: Path | None = None) -> dict[str, Any]:
+def load_space(method: str, profile: str, path: Path | None = None, grid: str | None = None) -> dict[str, Any]:
     path = path or SPACES_DIR / f"{method}.yaml"
     if not path.is_file():
         raise ConfigError(f"no search space for method {method!r} ({path} missing)")
@@ -47,6 +49,12 @@ def load_space(method: str, profile: str, path: Path | None = None) -> dict[str,
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TOP_KEYS))}")
     overrides = (spec.get("profiles") or {}).get(profile) or {}
     spec = {**spec, **overrides}
+    if grid is not None:
+        grids = spec.get("grids") or {}
+        if grid not in grids:
+            raise ConfigError(f"{path}: no grid {grid!r}; grids: {', '.join(grids) or 'none'}")
+        # One parameter at a time over its listed values; each run goes to the end.
+        spec.update(space={grid: {"grid": grids[grid]}}, search="grid", num_samples=1, scheduler={"type": "none"})
     spec.setdefault("metric", DEV_METRIC)
     spec.setdefault("mode", "max")
     spec.setdefault("search", "optuna")
@@ -75,6 +83,23 @@ def load_space(method: str, profile: str, path: Path | None = None) -> dict[str,
         elif not (isinstance(args, list) and args):
             raise ConfigError(f"{path}: {name}: {kind} takes a non-empty list")
     return spec
+
+
+def clip_space(space: dict[str, dict], limits: dict[str, tuple[float, float]]) -> None:
+    """Clip ranges and values to what the corpus allows (UNA: r below half the vocabulary)."""
+    for name, (lo, hi) in limits.items():
+        if name not in space:
+            continue
+        kind, args = next(iter(space[name].items()))
+        if kind in ("choice", "grid"):
+            clipped = list(dict.fromkeys(min(max(v, lo), hi) for v in args))
+        else:
+            clipped = [max(args[0], lo), min(args[1], hi)]
+            if clipped[0] >= clipped[1]:
+                clipped = [min(clipped[0], hi) - 1, hi] if kind == "randint" else [hi * 0.5, hi]
+        if clipped != args:
+            print(f"note: {name} {kind} {args} clipped to {clipped} for this corpus", flush=True)
+            space[name] = {kind: clipped}
 
 
 def to_ray_space(space: dict[str, dict]) -> dict[str, Any]:
@@ -208,6 +233,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="override a base config value")
     p.add_argument("--resume", action="store_true", help="resume this method's most recent sweep")
     p.add_argument("--space", type=Path, default=None, help="a search-space YAML instead of tune_spaces/METHOD.yaml")
+    p.add_argument("--grid", default=None, metavar="PARAM", help="run the space file's one-parameter grid for PARAM")
     return p.parse_args(argv)
 
 
@@ -215,7 +241,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     base = TrainConfig.build(args.method, args.profile, parse_sets(args.sets))
-    spec = load_space(args.method, args.profile, args.space)
+    spec = load_space(args.method, args.profile, args.space, grid=args.grid)
     if args.num_samples is not None:
         if args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -224,7 +250,10 @@ def main(argv=None) -> int:
 
     from platform.train import preflight, resolve_storage, run_tags
 
-    sentences = preflight(base, final_eval=base.final_eval)
+    # Searched parameters are checked against the corpus per trial, after clipping the space.
+    sentences = preflight(base, final_eval=base.final_eval, check_state=False)
+    method = method_class(base.method)(base.params)
+    clip_space(spec["space"], method.space_limits(prepared_state(method, sentences)))
     storage = resolve_storage(base)
     uri = tracking.tracking_uri()
     tracking.check_reachable(uri)
@@ -278,6 +307,8 @@ def run_sweep(
     )
     sched = spec.get("scheduler") or {}
     scheduler = None
+    if sched.get("type", "asha") not in ("asha", "none"):
+        raise ConfigError(f"scheduler type must be asha or none, got {sched.get('type')!r}")
     if sched.get("type", "asha") == "asha":
         scheduler = ASHAScheduler(
             time_attr="training_iteration",
@@ -317,7 +348,8 @@ def run_sweep(
                 search_alg=search_alg,
                 scheduler=scheduler,
                 num_samples=spec["num_samples"],
-                max_concurrent_trials=spec["max_concurrent_trials"],
+                # The Optuna limiter already caps concurrency; a grid needs the cap here.
+                max_concurrent_trials=None if search_alg is not None else spec["max_concurrent_trials"],
             ),
             run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), callbacks=callbacks),
         )

@@ -171,7 +171,8 @@ def test_tiny_corpus_and_small_vocabulary_are_rejected():
     with pytest.raises(InvalidParams, match="at least 2"):
         UNA().prepare(["only one"])
     with pytest.raises(InvalidParams, match="vocabulary larger than 2r"):
-        UNA(UNAParams(r=4000)).prepare(DOCS)
+        method = UNA(UNAParams(r=4000))
+        method.check_state(method.prepare(DOCS))
 
 
 def slow_nt_xent(rows, partner, tau):
