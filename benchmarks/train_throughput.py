@@ -53,7 +53,7 @@ def main() -> None:
         torch.set_num_threads(cpus)
         res = train_loop_per_worker(cfg.flat())
         plain.append(res["steps"] * args.batch_size / res["train_time_s"])
-        metrics = fit(cfg, sentences, uri=None, run_id=None, storage=Path(out), name=f"bench-{r}")["metrics"]
+        metrics = fit(cfg, {"sentence": sentences}, uri=None, run_id=None, storage=Path(out), name=f"bench-{r}")["metrics"]
         ray_times.append(metrics["step"] * args.batch_size / metrics["train_time_s"])
         print(f"repeat {r}: plain {plain[-1]:.1f} sent/s, Ray Train {ray_times[-1]:.1f} sent/s", flush=True)
     mp, mr = statistics.median(plain), statistics.median(ray_times)

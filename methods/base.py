@@ -65,6 +65,11 @@ class Method:
     def load_state(self, directory) -> Any:
         raise NotImplementedError
 
+    def paraphrase_spec(self) -> dict[str, Any] | None:
+        """``{"model", "num_beams", "max_length", "cache"}`` if positives are paraphrases: the
+        platform generates (or loads) a ``paraphrase`` column once per corpus. None: no paraphrases."""
+        return None
+
     def check_state(self, state: Any) -> None:
         """Raise ``InvalidParams`` if these parameters cannot work with this corpus' statistics."""
 

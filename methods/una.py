@@ -47,6 +47,12 @@ class UNAParams(SimCSEParams):
     step2: str = "tfidf"  # tfidf | random
     step3: str = "tfidf"  # tfidf | random
     fidelity: str = "paper"  # paper | authors_code
+    # Paraphrase positives: a seq2seq model name or path ("" = off; paper: tuner007/pegasus_paraphrase,
+    # beam 10, one output), or an existing Parquet cache (columns sentence, paraphrase).
+    paraphraser: str = ""
+    paraphrase_beams: int = 10
+    paraphrase_max_length: int = 60
+    paraphrase_cache: str = ""
 
     def validate(self) -> None:
         super().validate()
@@ -59,6 +65,8 @@ class UNAParams(SimCSEParams):
         for key in ("step2", "step3"):
             if getattr(self, key) not in ("tfidf", "random"):
                 raise InvalidParams(f"{key} must be 'tfidf' or 'random', got {getattr(self, key)!r}")
+        if self.paraphrase_beams < 1 or self.paraphrase_max_length < 2:
+            raise InvalidParams("paraphrase_beams must be >= 1 and paraphrase_max_length >= 2")
         if self.fidelity not in ("paper", "authors_code"):
             raise InvalidParams(f"fidelity must be 'paper' or 'authors_code', got {self.fidelity!r}")
 
@@ -181,6 +189,42 @@ def sample_in_windows(table: TfIdfTable, terms: np.ndarray, r: int, rng: np.rand
     return table.order[pos]
 
 
+class CachedWindowSampler:
+    """Step 3 as the UNA authors' code does it: for each word, 2r+1 replacements are drawn from its
+    window once (here: on the word's first use in this process) and then handed out in order,
+    cycling. Same marginal distribution as ``sample_in_windows``; successive negatives of a word
+    are correlated through the shared list."""
+
+    def __init__(self, table: TfIdfTable, r: int, seed: int = 0):
+        self.table, self.r = table, r
+        self.rng = np.random.default_rng(seed)
+        self.draws: dict[int, np.ndarray] = {}
+        self.next: dict[int, int] = {}
+
+    def __call__(self, terms: np.ndarray) -> np.ndarray:
+        out = np.empty(len(terms), dtype=np.int64)
+        for i, t in enumerate(terms.tolist()):
+            draws = self.draws.get(t)
+            if draws is None:
+                draws = self.draws[t] = sample_in_windows(self.table, np.full(2 * self.r + 1, t), self.r, self.rng)
+            k = self.next.get(t, 0)
+            out[i] = draws[k % len(draws)]
+            self.next[t] = k + 1
+        return out
+
+
+_SAMPLERS: dict[tuple, CachedWindowSampler] = {}
+
+
+def authors_sampler(table: TfIdfTable, r: int) -> CachedWindowSampler:
+    """One sampler per (table, r) and process, like the authors' start-up cache."""
+    key = (table.size, float(table.cum[-1]), r)
+    if key not in _SAMPLERS:
+        _SAMPLERS.clear()  # a new table or window replaces the old cache
+        _SAMPLERS[key] = CachedWindowSampler(table, r)
+    return _SAMPLERS[key]
+
+
 def check_window(table: TfIdfTable, params: UNAParams) -> None:
     if params.step3 == "tfidf" and table.size <= 2 * params.r:
         raise InvalidParams(
@@ -231,7 +275,9 @@ def make_negatives(
         owners.extend([i] * len(pick))
 
     terms = np.asarray(chosen_terms, dtype=np.int64)
-    if params.step3 == "tfidf":
+    if params.step3 == "tfidf" and params.fidelity == "authors_code":
+        repl = authors_sampler(table, params.r)(terms)
+    elif params.step3 == "tfidf":
         repl = sample_in_windows(table, terms, params.r, rng)
     else:  # ablation: uniform over the vocabulary, the term itself excluded
         draw = rng.integers(table.size - 1, size=len(terms))
@@ -282,7 +328,17 @@ def nt_xent(pairs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float) 
 class UNA(SimCSE):
     name = "una"
     Params = UNAParams
-    text_columns = ("sentence", "negative")
+
+    @property
+    def text_columns(self) -> tuple[str, ...]:
+        return ("sentence", "negative") + (("paraphrase",) if self.paraphrase_spec() else ())
+
+    def paraphrase_spec(self):
+        p = self.params
+        if not (p.paraphraser or p.paraphrase_cache):
+            return None
+        return {"model": p.paraphraser, "num_beams": p.paraphrase_beams, "max_length": p.paraphrase_max_length,
+                "cache": p.paraphrase_cache}
 
     def prepare(self, sentences: list[str]) -> TfIdfTable:
         return fit_tfidf(sentences)
@@ -314,10 +370,11 @@ class UNA(SimCSE):
 
     def loss(self, model, batch, step):
         sent = batch["sentence"]
+        positive = batch.get("paraphrase", sent)  # paraphrase positives, else dropout (SimCSE)
         use_negatives = self.uses_negatives(step)
-        if not use_negatives and self.params.fidelity == "paper":
+        if not use_negatives and self.params.fidelity == "paper" and positive is sent:
             return super().loss(model, batch, step)  # plain SimCSE (Eq. 1) on the other batches
-        views = [sent, sent]
+        views = [sent, positive]
         if use_negatives:
             neg = batch["negative"]
             views += [neg, neg] if self.params.fidelity == "authors_code" else [neg]
@@ -330,6 +387,8 @@ class UNA(SimCSE):
         if self.params.fidelity == "authors_code":
             pairs = [(parts[0], parts[1])] + ([(parts[2], parts[3])] if use_negatives else [])
             return nt_xent(pairs, self.params.temperature), metrics
+        if not use_negatives:
+            return info_nce(parts[0], parts[1], self.params.temperature), metrics
         # An empty negative (a sentence without terms) tokenises to [CLS] [SEP]: no column for it.
         valid = gather_with_grad((batch["negative"]["attention_mask"].sum(1) > 2).float()) > 0.5
         return info_nce(parts[0], parts[1], self.params.temperature, negatives=parts[2][valid]), metrics

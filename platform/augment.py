@@ -15,18 +15,19 @@ from pathlib import Path
 
 from methods.base import Method, method_class
 from platform.cache import prepared_state
+from platform.corpus import corpus_columns, statistics_input
 from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
 from platform.errors import UserError, cli_main
 
 
-def augment_dataset(method: Method, sentences: list[str], state, batch_size: int = 4096):
-    """The Ray Data pipeline: rows of ``sentence`` -> the method's columns, in parallel."""
+def augment_dataset(method: Method, columns: dict[str, list[str]], state, batch_size: int = 4096):
+    """The Ray Data pipeline: corpus rows -> the method's columns, in parallel."""
     import pyarrow as pa
     import ray.data
 
-    blocks = max(1, min(len(sentences) // batch_size, 64))
-    ds = ray.data.from_arrow(pa.table({"sentence": sentences})).repartition(blocks)
+    blocks = max(1, min(len(columns["sentence"]) // batch_size, 64))
+    ds = ray.data.from_arrow(pa.table(columns)).repartition(blocks)
     return ds.map_batches(method.augment, fn_kwargs={"state": state}, batch_format="numpy", batch_size=batch_size)
 
 
@@ -54,19 +55,20 @@ def main(argv=None) -> int:
     if not os.access(out.parent, os.W_OK):
         raise UserError(f"output folder {out.parent} is not writable")
     sentences = read_corpus(corpus, limit=cfg.max_sentences or None)
-    t0 = time.perf_counter()
-    state = prepared_state(method, sentences)
-    method.check_state(state)
-    t_prepare = time.perf_counter() - t0
 
     from platform.ray_env import init_ray
 
     init_ray(num_cpus=args.num_cpus)
+    t0 = time.perf_counter()
+    columns = corpus_columns(method, sentences, use_ray=True, use_gpu=cfg.use_gpu)
+    state = prepared_state(method, statistics_input(columns))
+    method.check_state(state)
+    t_prepare = time.perf_counter() - t0
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     t1 = time.perf_counter()
     try:
-        augment_dataset(method, sentences, state).write_parquet(str(tmp))
+        augment_dataset(method, columns, state).write_parquet(str(tmp))
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
     print(f"{len(sentences)} sentences -> {out}")
-    print(f"prepare (corpus statistics, cached): {t_prepare:.1f}s; augmentation with Ray Data: {seconds:.1f}s "
+    print(f"prepare (paraphrases and corpus statistics, cached): {t_prepare:.1f}s; augmentation with Ray Data: {seconds:.1f}s "
           f"= {len(sentences) / seconds:,.0f} sentences/s")
     return 0
 

@@ -28,6 +28,7 @@ from methods.base import Method, method_class
 from methods.encoder import Encoder
 from platform.cache import prepared_state
 from platform.config import TrainConfig
+from platform.corpus import corpus_columns, statistics_input
 from platform.data import DataError, read_corpus, resolve_corpus
 from platform.sts import STSEvaluator
 
@@ -78,16 +79,16 @@ class Worker:
 
 
 def local_batches(
-    sentences: list[str], cfg: TrainConfig, rank: int, world: int, epoch: int
+    columns: dict[str, list[str]], cfg: TrainConfig, rank: int, world: int, epoch: int
 ) -> Iterator[dict[str, np.ndarray]]:
     """Global batches of a seeded per-epoch permutation; this rank takes its contiguous slice,
     so W workers together see exactly the batches one worker would (drop_last)."""
-    perm = np.random.default_rng(cfg.seed + epoch).permutation(len(sentences))
+    arrays = {k: np.asarray(v, dtype=object) for k, v in columns.items()}
+    perm = np.random.default_rng(cfg.seed + epoch).permutation(len(arrays["sentence"]))
     local = cfg.batch_size // world
-    arr = np.asarray(sentences, dtype=object)
     for start in range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size):
         idx = perm[start + rank * local : start + (rank + 1) * local]
-        yield {"sentence": arr[idx]}
+        yield {k: a[idx] for k, a in arrays.items()}
 
 
 def ray_batches(cfg: TrainConfig, world: int, epoch: int) -> Iterator[dict[str, np.ndarray]]:
@@ -158,8 +159,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         state = None  # augmentation already ran in Ray Data
     else:
         sentences = read_corpus(resolve_corpus(cfg.corpus), limit=cfg.max_sentences or None)
+        columns = corpus_columns(method, sentences, use_ray=False)
         num_sentences = len(sentences)
-        state = prepared_state(method, sentences)
+        state = prepared_state(method, statistics_input(columns))
         method.check_state(state)
     steps = total_steps(cfg, num_sentences)
     if steps < 1:
@@ -184,7 +186,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         batches = (
             ray_batches(cfg, worker.world, epoch)
             if worker.use_ray
-            else local_batches(sentences, cfg, worker.rank, worker.world, epoch)
+            else local_batches(columns, cfg, worker.rank, worker.world, epoch)
         )
         for batch in batches:
             if step >= steps:

@@ -22,6 +22,7 @@ from platform.config import ConfigError, TrainConfig, available_profiles, parse_
 from platform.errors import UserError, cli_main
 from methods.base import method_class
 from platform.cache import prepared_state
+from platform.corpus import statistics_input
 from platform.loop import DEV_METRIC
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
@@ -151,7 +152,7 @@ def trial_fn(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     tracking.log_params(uri, run_id, cfg.flat())
     fit(
         cfg,
-        sweep["sentences"],
+        sweep["columns"],
         uri=uri,
         run_id=run_id,
         storage=Path(sweep["storage"]) / "trials",
@@ -248,15 +249,18 @@ def main(argv=None) -> int:
         spec["num_samples"] = args.num_samples
     check_space_against_config(base, spec["space"])
 
-    from platform.train import preflight, resolve_storage, run_tags
+    from platform.ray_env import init_ray
+    from platform.train import preflight, prepare_corpus, resolve_storage, run_tags
 
-    # Searched parameters are checked against the corpus per trial, after clipping the space.
-    sentences = preflight(base, final_eval=base.final_eval, check_state=False)
-    method = method_class(base.method)(base.params)
-    clip_space(spec["space"], method.space_limits(prepared_state(method, sentences)))
+    sentences = preflight(base, final_eval=base.final_eval)
     storage = resolve_storage(base)
     uri = tracking.tracking_uri()
     tracking.check_reachable(uri)
+    init_ray()
+    # Searched parameters are checked against the corpus per trial, after clipping the space.
+    columns = prepare_corpus(base, sentences, check_state=False)
+    method = method_class(base.method)(base.params)
+    clip_space(spec["space"], method.space_limits(prepared_state(method, statistics_input(columns))))
 
     sweep_dir = latest_sweep(storage, args.method) if args.resume else None
     if args.resume and sweep_dir is None:
@@ -275,7 +279,7 @@ def main(argv=None) -> int:
     status = "FAILED"
     outcomes = _outcomes_callback()
     try:
-        run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
+        run_sweep(base, spec, columns, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
         finish_child_runs(uri, parent, outcomes.errored)
         report_best(uri, parent, spec, base, sweep_dir)
         status = "FINISHED"
@@ -292,17 +296,16 @@ def main(argv=None) -> int:
 
 
 def run_sweep(
-    base: TrainConfig, spec: dict, sentences: list[str], uri: str, parent: str, sweep_dir: Path, resume: bool, callbacks
+    base: TrainConfig, spec: dict, columns: dict[str, list[str]], uri: str, parent: str, sweep_dir: Path, resume: bool,
+    callbacks,
 ):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from platform.ray_env import init_ray
-
-    init_ray()
     metric, mode = spec["metric"], spec["mode"]
+    n = len(columns["sentence"])
     evals_per_trial = math.ceil(
-        (min(base.max_steps, len(sentences) // base.batch_size * base.epochs) if base.max_steps else len(sentences) // base.batch_size * base.epochs)
+        (min(base.max_steps, n // base.batch_size * base.epochs) if base.max_steps else n // base.batch_size * base.epochs)
         / base.eval_steps
     )
     sched = spec.get("scheduler") or {}
@@ -328,7 +331,7 @@ def run_sweep(
         "parent": parent,
         "experiment": base.method,
         "storage": str(sweep_dir),
-        "sentences": sentences,
+        "columns": columns,
     }
     # The trial itself only waits on its Train workers: no CPU of its own (STACK-NOTES).
     # with_parameters puts the corpus in the object store once for all trials.

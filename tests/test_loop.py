@@ -25,7 +25,7 @@ def test_plain_loop_trains_and_keeps_best_checkpoint(tiny_model, small_corpus, t
 
 def test_workers_split_each_global_batch():
     cfg = TrainConfig.build("simcse", "local", {"batch_size": 4, "num_workers": 2})
-    sentences = [f"s{i}" for i in range(10)]
+    sentences = {"sentence": [f"s{i}" for i in range(10)]}
     one = [list(b["sentence"]) for b in local_batches(sentences, cfg, 0, 1, epoch=0)]
     r0 = [list(b["sentence"]) for b in local_batches(sentences, cfg, 0, 2, epoch=0)]
     r1 = [list(b["sentence"]) for b in local_batches(sentences, cfg, 1, 2, epoch=0)]

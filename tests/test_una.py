@@ -209,3 +209,16 @@ def test_paper_loss_uses_negatives_as_extra_columns(tiny_model):
         zn = model(enc.tokenize([negs[0], negs[2]]))
     assert metrics["una_negatives"] == 1.0
     assert float(loss.detach()) == pytest.approx(slow_info_nce(z1, z1, 0.05, zn), rel=1e-4)
+
+
+def test_authors_sampler_walks_cached_draws_in_order(corpus):
+    from methods.una import CachedWindowSampler
+
+    table = fit_tfidf(corpus)
+    term = int(table.order[table.size // 2])
+    sampler = CachedWindowSampler(table, r=3, seed=0)
+    first = sampler(np.full(7, term))  # 2r+1 = 7 draws: the whole cached list, in order
+    np.testing.assert_array_equal(sampler(np.full(7, term)), first)  # then it cycles
+    np.testing.assert_array_equal(first, sampler.draws[term])
+    dist = np.abs(table.rank[first] - table.rank[term])
+    assert (dist >= 1).all() and (dist <= 3).all()

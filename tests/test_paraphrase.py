@@ -1,0 +1,105 @@
+"""Paraphrase positives: a tiny random seq2seq model, generated once per corpus (with and without
+Ray Data actors), cached, fed to the TF-IDF corpus and the loss; a foreign cache is rejected."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from methods.una import UNA, UNAParams
+from platform.corpus import corpus_columns, statistics_input
+from platform.data import DataError
+from tests.conftest import assert_user_error, run_cli
+
+SENTS = ["a man plays the guitar .", "the cat sleeps on the mat .", "rain is expected tomorrow .", "stocks fell on monday ."]
+
+
+@pytest.fixture(scope="module")
+def tiny_seq2seq(tmp_path_factory):
+    """A 1-layer BART with random weights and the packaged (BERT) tokenizer: real generation, noise text."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from methods.encoder import load_tokenizer
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-bart")
+    tok = load_tokenizer("minilm")
+    config = BartConfig(
+        vocab_size=tok.vocab_size, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+        decoder_start_token_id=tok.cls_token_id, forced_bos_token_id=None, forced_eos_token_id=None,
+    )
+    BartForConditionalGeneration(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_path, monkeypatch):
+    monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path / "cache"))
+    method = UNA(UNAParams(paraphraser=str(tiny_seq2seq), paraphrase_beams=2, paraphrase_max_length=12))
+    cols = corpus_columns(method, SENTS, use_ray=False)
+    assert cols["sentence"] == SENTS and len(cols["paraphrase"]) == 4
+    assert all(isinstance(p, str) for p in cols["paraphrase"])
+    assert statistics_input(cols) == SENTS + cols["paraphrase"]
+    assert "paraphrase" in method.text_columns
+    entries = list((tmp_path / "cache").glob("paraphrase-*"))
+    assert len(entries) == 1
+    # A second call reads the cache instead of generating: with the model moved away, only the
+    # cache can answer (the key holds the model name, so the same name is used).
+    moved = tmp_path / "moved"
+    tiny_seq2seq.rename(moved)
+    try:
+        method2 = UNA(UNAParams(paraphraser=str(tiny_seq2seq), paraphrase_beams=2, paraphrase_max_length=12))
+        assert corpus_columns(method2, SENTS, use_ray=False) == cols
+    finally:
+        moved.rename(tiny_seq2seq)
+
+
+def test_foreign_cache_is_rejected(tmp_path):
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"sentence": SENTS[:3] + ["something else"], "paraphrase": ["x"] * 4}), path)
+    method = UNA(UNAParams(paraphrase_cache=str(path)))
+    with pytest.raises(DataError, match="row 4"):
+        corpus_columns(method, SENTS)
+    pq.write_table(pa.table({"sentence": SENTS[:2], "paraphrase": ["x"] * 2}), path)
+    with pytest.raises(DataError, match="2 rows for 4 sentences"):
+        corpus_columns(method, SENTS)
+    pq.write_table(pa.table({"sentence": SENTS, "paraphrase": ["p"] * 4}), path)
+    assert corpus_columns(method, SENTS)["paraphrase"] == ["p"] * 4
+
+
+def test_paraphrases_are_the_positives_in_the_loss(tiny_model):
+    from methods.encoder import Encoder
+    from methods.losses import info_nce
+
+    torch.manual_seed(0)
+    method = UNA(UNAParams(alpha=2, paraphrase_cache="unused.parquet"))
+    enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
+    model = method.build(enc).eval()
+    paras = ["a man is playing guitar", "a cat is sleeping", "it will rain", "markets dropped"]
+    batch = {"sentence": enc.tokenize(SENTS), "paraphrase": enc.tokenize(paras), "negative": enc.tokenize(["x"] * 4)}
+    loss, _ = method.loss(model, batch, 0)  # step 0 with alpha 2: no negatives
+    with torch.no_grad():
+        expected = info_nce(model(enc.tokenize(SENTS)), model(enc.tokenize(paras)), 0.05)
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tmp_path):
+    env = {"PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
+    few = tmp_path / "few.txt"
+    few.write_text("\n".join(open(small_corpus).read().split("\n")[:64]) + "\n")
+    proc = run_cli("augment", "una", "--corpus", str(few), "--out", str(tmp_path / "o"), "--num-cpus", "2",
+                   "--set", f"paraphraser={tiny_seq2seq}", "--set", "paraphrase_beams=2",
+                   "--set", "paraphrase_max_length=12", "--set", "r=20", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import pandas as pd
+
+    df = pd.read_parquet(tmp_path / "o")
+    assert set(df.columns) == {"sentence", "paraphrase", "negative"} and len(df) == 64
+    cache = next((tmp_path / "cache").glob("paraphrase-*")) / "paraphrases.parquet"
+    proc = run_cli("augment", "una", "--corpus", str(small_corpus), "--out", str(tmp_path / "o2"),
+                   "--set", f"paraphrase_cache={cache}", "--set", "r=20", env=env)
+    assert_user_error(proc, "does not match the corpus")
