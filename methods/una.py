@@ -30,9 +30,8 @@ from methods.base import InvalidParams
 from methods.losses import cosine_matrix, gather_with_grad, info_nce
 from methods.simcse import SimCSE, SimCSEParams
 
-WORD = re.compile(r"\w+", re.UNICODE)
+SPLIT = re.compile(r"(\w+)", re.UNICODE)  # split() keeps the words at odd positions
 TERM = r"(?u)\b\w*[^\W\d_]\w*\b"  # a word with at least one letter
-_IS_TERM = re.compile(TERM)
 
 
 @dataclasses.dataclass
@@ -248,62 +247,86 @@ def match_case(word: str, like: str) -> str:
 def make_negatives(
     sentences: list[str], table: TfIdfTable, params: UNAParams, rng: np.random.Generator
 ) -> list[str]:
-    """Steps 2-3 for a batch of sentences; terms chosen per sentence, replacements drawn in one go."""
+    """Steps 2-3 for a batch: words are found per sentence, everything else runs on flat arrays of
+    (sentence, term) pairs for the whole batch."""
     check_window(table, params)
-    spans_per_sentence = []
-    chosen_terms: list[int] = []
-    owners: list[int] = []
+    index_get = table.index.get
+    split_sentences = []  # per sentence: [gap, word, gap, word, ..., gap] and the lowercased words
+    sid_list: list[int] = []
+    tid_list: list[int] = []
     for i, text in enumerate(sentences):
-        spans = [(m.start(), m.end(), m.group().lower()) for m in WORD.finditer(text)]
-        spans_per_sentence.append(spans)
-        ids, counts = np.unique(
-            np.array([table.index.get(w, -1) for _, _, w in spans if _IS_TERM.fullmatch(w)], dtype=np.int64),
-            return_counts=True,
-        )
-        keep = ids >= 0
-        ids, counts = ids[keep], counts[keep]
-        if len(ids) == 0:
-            continue
-        if params.step2 == "tfidf":
-            z = np.log1p(counts / counts.sum()) * table.idf[ids]
-            p = replacement_probabilities(z, params.beta)
-        else:  # ablation: uniform choice with the same expected fraction, one term forced
-            p = np.full(len(ids), min(params.beta, 1.0))
-            p[rng.integers(len(ids))] = 1.0
-        pick = ids[rng.random(len(ids)) < p]
-        chosen_terms.extend(pick.tolist())
-        owners.extend([i] * len(pick))
+        parts = SPLIT.split(text)
+        lower = [w.lower() for w in parts[1::2]]
+        split_sentences.append((parts, lower))
+        ids = [t for t in map(index_get, lower) if t is not None]  # the vocabulary holds terms only
+        sid_list.extend([i] * len(ids))
+        tid_list.extend(ids)
 
-    terms = np.asarray(chosen_terms, dtype=np.int64)
+    m = table.size
+    keys, counts = np.unique(np.asarray(sid_list, dtype=np.int64) * m + np.asarray(tid_list, dtype=np.int64),
+                             return_counts=True)
+    sid, tid = keys // m, keys % m  # sorted by sentence: each sentence's terms are contiguous
+    if len(keys):
+        starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+        group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(keys)]))
+        if params.step2 == "tfidf":
+            n_terms = np.add.reduceat(counts, starts)[group]
+            z = np.log1p(counts / n_terms) * table.idf[tid]  # this sentence's row of Z (Eq. 2)
+            p = grouped_probabilities(z, starts, group, params.beta)
+        else:  # ablation: uniform choice with the same expected fraction, one random term forced
+            p = np.full(len(keys), min(params.beta, 1.0))
+            sizes = np.diff(np.r_[starts, len(keys)])
+            p[starts + (rng.random(len(starts)) * sizes).astype(np.int64)] = 1.0
+        pick = rng.random(len(keys)) < p
+    else:
+        pick = np.zeros(0, dtype=bool)
+    owners, terms = sid[pick], tid[pick]
+
     if params.step3 == "tfidf" and params.fidelity == "authors_code":
         repl = authors_sampler(table, params.r)(terms)
     elif params.step3 == "tfidf":
         repl = sample_in_windows(table, terms, params.r, rng)
     else:  # ablation: uniform over the vocabulary, the term itself excluded
-        draw = rng.integers(table.size - 1, size=len(terms))
+        draw = rng.integers(m - 1, size=len(terms))
         repl = np.where(draw >= terms, draw + 1, draw)
-    by_sentence: dict[int, dict[str, str]] = {}
-    for owner, t, rep in zip(owners, terms.tolist(), repl.tolist()):
-        by_sentence.setdefault(owner, {})[table.vocab[t]] = table.vocab[rep]
+    # owners is sorted (keys were): one {term: replacement} mapping per sentence, built at C speed.
+    vocab = table.vocab
+    bounds = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1], True]) if len(owners) else np.zeros(1, np.int64)
+    originals, replacements = vocab[terms].tolist(), vocab[repl].tolist()
+    by_sentence = {
+        int(owners[a]): dict(zip(originals[a:b], replacements[a:b])) for a, b in zip(bounds[:-1], bounds[1:])
+    }
 
     out = []
-    for i, (text, spans) in enumerate(zip(sentences, spans_per_sentence)):
+    for i, (parts, lower) in enumerate(split_sentences):
         mapping = by_sentence.get(i)
         if not mapping:
             out.append("")
-            continue
-        if params.fidelity == "authors_code":
-            out.append(" ".join(mapping.get(w, w) for _, _, w in spans))
-            continue
-        pieces, last = [], 0
-        for start, end, w in spans:
-            if w in mapping:
-                pieces.append(text[last:start])
-                pieces.append(match_case(mapping[w], text[start:end]))
-                last = end
-        pieces.append(text[last:])
-        out.append("".join(pieces))
+        elif params.fidelity == "authors_code":
+            out.append(" ".join([mapping.get(w, w) for w in lower]))
+        else:
+            parts = list(parts)
+            parts[1::2] = [
+                o if r is None else (r if o.islower() else match_case(r, o))
+                for r, o in zip(map(mapping.get, lower), parts[1::2])
+            ]
+            out.append("".join(parts))
     return out
+
+
+def grouped_probabilities(z: np.ndarray, starts: np.ndarray, group: np.ndarray, beta: float) -> np.ndarray:
+    """``replacement_probabilities`` for many sentences at once (contiguous groups of z)."""
+    zmin = np.minimum.reduceat(z, starts)[group]
+    shifted = z - zmin
+    sizes = np.diff(np.r_[starts, len(z)])
+    c = (np.add.reduceat(shifted, starts) / sizes)[group]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(c > 0, np.minimum(beta * shifted / c, 1.0), 0.0)
+    zmax = np.maximum.reduceat(z, starts)[group]
+    first_max = np.flatnonzero(z == zmax)
+    _, first = np.unique(group[first_max], return_index=True)
+    p[first_max[first]] = 1.0  # the top term of every sentence (the first one on ties)
+    return p
 
 
 # ------------------------------------------------------------------------------------------------

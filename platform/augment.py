@@ -26,6 +26,10 @@ def augment_dataset(method: Method, columns: dict[str, list[str]], state, batch_
     import pyarrow as pa
     import ray.data
 
+    # Ray Data reserves part of the CPUs for each operator so that long pipelines cannot starve
+    # one another; with this single map operator that reservation only idles CPUs (measured on
+    # 2 CPUs: 1.2 tasks in flight with it, 1.85 without; benchmarks/RESULTS.md).
+    ray.data.DataContext.get_current().op_resource_reservation_enabled = False
     blocks = max(1, min(len(columns["sentence"]) // batch_size, 64))
     ds = ray.data.from_arrow(pa.table(columns)).repartition(blocks)
     return ds.map_batches(method.augment, fn_kwargs={"state": state}, batch_format="numpy", batch_size=batch_size)

@@ -222,3 +222,17 @@ def test_authors_sampler_walks_cached_draws_in_order(corpus):
     np.testing.assert_array_equal(first, sampler.draws[term])
     dist = np.abs(table.rank[first] - table.rank[term])
     assert (dist >= 1).all() and (dist <= 3).all()
+
+
+def test_batched_step2_equals_per_sentence_reference():
+    from methods.una import grouped_probabilities
+
+    rng = np.random.default_rng(0)
+    z = rng.random(40)
+    z[10:14] = 0.3  # a sentence whose terms all tie: C = 0, only its first term forced
+    starts = np.array([0, 3, 4, 10, 14, 30])
+    ends = np.r_[starts[1:], len(z)]
+    group = np.repeat(np.arange(len(starts)), ends - starts)
+    reference = np.concatenate([replacement_probabilities(z[a:b], 0.4) for a, b in zip(starts, ends)])
+    np.testing.assert_allclose(grouped_probabilities(z, starts, group, 0.4), reference)
+    assert list(reference[10:14]) == [1.0, 0.0, 0.0, 0.0]

@@ -1,0 +1,147 @@
+"""UNA speed (issue 3): TF-IDF fit, negative generation per core, Ray Data scaling, step time.
+
+    PLATFORM_DATA_DIR=../shared/data python benchmarks/una_speed.py [--parts tfidf,negatives,raydata,step]
+
+- tfidf: Step 1 on the 163k-sentence corpus (the three files of $PLATFORM_DATA_DIR/corpus) and on
+  that corpus repeated to 1M sentences. Target: <= 60 s for 1M on 2 cores.
+- negatives: Steps 2-3 in one process (one core), sentences/s. Target >= 50k.
+- raydata: the same generation as a Ray Data map_batches stage with 1 CPU vs 2 CPUs (each in a fresh
+  local Ray), same input. Target >= 1.8x.
+- step: training step time UNA (alpha = 1: every batch carries its B negatives) vs SimCSE, same
+  model and batch, interleaved. Expected overhead: the extra B rows of the forward pass (3B vs 2B).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
+
+import numpy as np  # noqa: E402
+
+from methods.una import UNA, UNAParams, fit_tfidf, make_negatives  # noqa: E402
+from platform.data import data_dir, read_corpus  # noqa: E402
+
+
+def corpus() -> list[str]:
+    out: list[str] = []
+    for f in sorted((data_dir() / "corpus").glob("*.txt.gz")):
+        out.extend(read_corpus(f))
+    return out
+
+
+def bench_tfidf(sentences):
+    for n, sents in [(len(sentences), sentences), (1_000_000, (sentences * (1_000_000 // len(sentences) + 1))[:1_000_000])]:
+        t = time.perf_counter()
+        table = fit_tfidf(sents)
+        print(f"tfidf: {n:,} sentences, vocabulary {table.size:,}: {time.perf_counter() - t:.1f} s", flush=True)
+
+
+def bench_negatives(sentences, table):
+    rng = np.random.default_rng(0)
+    rates = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for i in range(0, len(sentences), 4096):
+            make_negatives(sentences[i : i + 4096], table, UNAParams(), rng)
+        rates.append(len(sentences) / (time.perf_counter() - t))
+    print(f"negatives (1 process, batches of 4096, {len(sentences):,} sentences): "
+          f"median {statistics.median(rates):,.0f} sentences/s (runs: {', '.join(f'{r:,.0f}' for r in rates)})", flush=True)
+
+
+def bench_raydata(n_cpus: int, n: int) -> float:
+    """Run in a fresh process so each measurement gets its own local Ray of n_cpus."""
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+sys.modules.pop('platform', None)
+import platform
+from methods.una import UNA, UNAParams
+from platform.augment import augment_dataset
+from platform.cache import prepared_state
+from platform.data import data_dir, read_corpus
+from platform.ray_env import init_ray
+sents = []
+for f in sorted((data_dir() / 'corpus').glob('*.txt.gz')):
+    sents.extend(read_corpus(f))
+sents = (sents * 10)[:{n}]
+method = UNA(UNAParams())
+state = prepared_state(method, sents)
+init_ray(num_cpus={n_cpus})
+augment_dataset(method, {{'sentence': sents[:20000]}}, state).materialize()  # warm the workers
+t = time.perf_counter()
+augment_dataset(method, {{'sentence': sents}}, state).materialize()
+print('RATE', {n} / (time.perf_counter() - t))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=os.environ)
+    rate = [line for line in out.stdout.splitlines() if line.startswith("RATE")]
+    if not rate:
+        raise SystemExit(out.stderr[-3000:])
+    return float(rate[0].split()[1])
+
+
+def bench_step(steps: int = 8, batch: int = 32):
+    import torch
+
+    from methods.encoder import Encoder
+    from methods.simcse import SimCSE
+
+    sents = corpus()[:2000]
+    una = UNA(UNAParams(alpha=1, r=2000))
+    table = una.prepare(sents)
+    torch.manual_seed(0)
+    enc = Encoder.from_pretrained("minilm")
+    times = {"simcse": [], "una": []}
+    methods = {"simcse": SimCSE(), "una": una}
+    models = {k: m.build(enc) for k, m in methods.items()}
+    opt = torch.optim.AdamW(enc.parameters(), lr=1e-5)
+    for step in range(steps):
+        chunk = sents[step * batch : (step + 1) * batch]
+        negs = make_negatives(chunk, table, una.params, np.random.default_rng(step))
+        for name in ("simcse", "una"):
+            t = time.perf_counter()
+            tokens = {"sentence": enc.tokenize(chunk, max_len=32)}
+            if name == "una":
+                tokens["negative"] = enc.tokenize(negs, max_len=32)
+            loss, _ = methods[name].loss(models[name], tokens, step)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if step > 0:  # the first step warms up
+                times[name].append(time.perf_counter() - t)
+    s, u = statistics.median(times["simcse"]), statistics.median(times["una"])
+    print(f"step (minilm, batch {batch}, len 32, CPU): SimCSE {s * 1e3:.0f} ms, UNA alpha=1 {u * 1e3:.0f} ms, "
+          f"ratio {u / s:.2f} (forward rows 3B vs 2B: 1.50 if all cost scaled with rows)", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--parts", default="tfidf,negatives,raydata,step")
+    p.add_argument("--raydata-n", type=int, default=300_000)
+    args = p.parse_args()
+    parts = args.parts.split(",")
+    print(f"cpus={os.cpu_count()}", flush=True)
+    sentences = corpus()
+    if "tfidf" in parts:
+        bench_tfidf(sentences)
+    if "negatives" in parts:
+        bench_negatives(sentences, UNA().prepare(sentences))
+    if "raydata" in parts:
+        one = bench_raydata(1, args.raydata_n)
+        two = bench_raydata(2, args.raydata_n)
+        print(f"ray data ({args.raydata_n:,} sentences): 1 CPU {one:,.0f}/s, 2 CPUs {two:,.0f}/s, speed-up {two / one:.2f}x", flush=True)
+    if "step" in parts:
+        bench_step()
+
+
+if __name__ == "__main__":
+    main()
