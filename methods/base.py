@@ -21,6 +21,7 @@ from methods.encoder import Encoder
 REGISTRY = {
     "simcse": "methods.simcse:SimCSE",
     "una": "methods.una:UNA",
+    "vascl": "methods.vascl:VaSCL",
 }
 
 
@@ -38,6 +39,9 @@ class MethodParams:
     def validate(self) -> None:
         if not self.temperature > 0:
             raise InvalidParams(f"temperature must be > 0, got {self.temperature}")
+
+    def validate_batch(self, batch_size: int) -> None:
+        """Checks that involve the global batch size (e.g. in-batch neighbourhoods)."""
 
 
 class Method:
@@ -83,6 +87,10 @@ class Method:
 
     def build(self, encoder: Encoder) -> nn.Module:
         raise NotImplementedError
+
+    def param_groups(self, model: nn.Module, lr: float) -> list[dict]:
+        """Optimizer parameter groups; one group at the base learning rate unless a paper says otherwise."""
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "lr": lr}]
 
     def loss(self, model: nn.Module, batch: dict[str, dict[str, torch.Tensor]], step: int):
         """Return ``(loss, metrics)``; ``loss`` is the global loss, identical on every worker."""

@@ -139,6 +139,7 @@ class TrainConfig:
                 raise ConfigError(message)
         try:
             self.params.validate()
+            self.params.validate_batch(self.batch_size)
         except InvalidParams as exc:
             raise ConfigError(str(exc)) from None
 

@@ -167,8 +167,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     if steps < 1:
         raise ValueError(f"corpus has {num_sentences} sentences, fewer than one batch of {cfg.batch_size}")
 
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(method.param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, steps)  # SimCSE: linear decay
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16)

@@ -1,0 +1,153 @@
+"""VaSCL (Zhang et al.): neighbourhoods, the virtual augmentation, the loss and its gradient flow."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from methods.base import InvalidParams
+from methods.losses import gather_with_grad
+from methods.vascl import (
+    VaSCL,
+    VaSCLParams,
+    Head,
+    neighbourhood_loss,
+    neighbours,
+    virtual_augmentation_loss,
+    virtual_perturbation,
+)
+from tests.test_losses import slow_info_nce
+
+
+def brute_neighbours(e, k):
+    out = []
+    for i in range(len(e)):
+        scores = [(float(e[i] @ e[j]), j) for j in range(len(e)) if j != i]
+        out.append(sorted(j for _, j in sorted(scores, reverse=True)[:k]))
+    return out
+
+
+def test_neighbourhood_excludes_self_and_matches_brute_force():
+    e = torch.randn(12, 5, generator=torch.Generator().manual_seed(0))
+    nb = neighbours(e, 4)
+    assert all(i not in nb[i].tolist() for i in range(12))
+    assert [sorted(r) for r in nb.tolist()] == brute_neighbours(e, 4)
+
+
+def _nbr_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    full = torch.randn(10, 6, generator=torch.Generator().manual_seed(3))
+    local = full[rank * 5 : (rank + 1) * 5].clone()
+    nb = neighbours(gather_with_grad(local), 3)
+    torch.save(nb, os.path.join(out_dir, f"nb{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_neighbourhood_over_two_gloo_workers_uses_global_indices():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_nbr_worker, args=(2, os.path.join(tmp, "init"), tmp), nprocs=2, join=True, start_method="spawn")
+        got = [torch.load(os.path.join(tmp, f"nb{r}.pt")) for r in range(2)]
+    full = torch.randn(10, 6, generator=torch.Generator().manual_seed(3))
+    for nb in got:
+        assert [sorted(r) for r in nb.tolist()] == brute_neighbours(full, 3)
+
+
+def slow_neighbourhood_loss(q, p, negs, tau):
+    """Eq. 2 one instance at a time with explicit dot products of unit vectors."""
+    total = 0.0
+    for i in range(len(q)):
+        pos = math.exp(float(q[i] @ p[i]) / tau)
+        den = pos + sum(math.exp(float(q[i] @ n) / tau) for n in negs[i])
+        total += -math.log(pos / den)
+    return total / len(q)
+
+
+def test_neighbourhood_loss_matches_reference():
+    g = torch.Generator().manual_seed(1)
+    q, p = F.normalize(torch.randn(6, 4, generator=g), dim=-1), F.normalize(torch.randn(6, 4, generator=g), dim=-1)
+    negs = F.normalize(torch.randn(6, 3, 4, generator=g), dim=-1)
+    assert float(neighbourhood_loss(q, p, negs, 0.05)) == pytest.approx(slow_neighbourhood_loss(q, p, negs, 0.05), rel=1e-5)
+
+
+def test_total_loss_matches_reference(tiny_model):
+    from methods.encoder import Encoder
+
+    torch.manual_seed(0)
+    method = VaSCL(VaSCLParams(k=3))
+    enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
+    model = method.build(enc).eval()
+    sents = ["a man plays guitar", "the cat sleeps", "rain falls", "stocks fell", "she reads", "dogs run"]
+    loss, metrics = method.loss(model, {"sentence": enc.tokenize(sents)}, step=0)
+    with torch.no_grad():
+        e = model(enc.tokenize(sents))
+        z = model.head(e)
+        nb = neighbours(e, 3)
+        delta = virtual_perturbation(model.head, e, nb, method.params, torch.Generator().manual_seed(1_000_003))
+        za = model.head(e + delta)
+    instance = 2 * slow_info_nce(z, z, 0.05)  # no dropout: the two views coincide
+    va = slow_neighbourhood_loss(za, z, z[nb], 0.05) + slow_neighbourhood_loss(z, za, za[nb], 0.05)
+    assert metrics["vascl_instance"] == pytest.approx(instance, rel=1e-4)
+    assert metrics["vascl_neighbourhood"] == pytest.approx(va, rel=1e-4)
+    assert float(loss.detach()) == pytest.approx(instance + va, rel=1e-4)
+
+
+def test_delta_has_norm_Delta_and_beats_a_random_direction():
+    torch.manual_seed(0)
+    head = Head(16, 8)
+    e = torch.randn(32, 16)
+    nb = neighbours(e, 5)
+    params = VaSCLParams(k=5, delta=2.0)
+    delta = virtual_perturbation(head, e, nb, params, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(delta.norm(dim=-1), torch.full((32,), 2.0))
+    z = head(e).detach()
+    with torch.no_grad():
+        adv = neighbourhood_loss(head(e + delta), z, z[nb], params.temperature)
+        rand = F.normalize(torch.randn(32, 16, generator=torch.Generator().manual_seed(5)), dim=-1) * 2.0
+        rnd = neighbourhood_loss(head(e + rand), z, z[nb], params.temperature)
+    assert adv > rnd
+
+
+@pytest.mark.parametrize("fidelity,reaches", [("paper", True), ("authors_code", False)])
+def test_neighbourhood_term_reaches_encoder_only_in_paper_mode(tiny_model, fidelity, reaches):
+    from methods.encoder import Encoder
+
+    torch.manual_seed(0)
+    enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
+    method = VaSCL(VaSCLParams(k=2, fidelity=fidelity))
+    model = method.build(enc)
+    e = model(enc.tokenize(["a b c", "the cat", "rain falls", "dogs run"]))
+    nb = neighbours(e, 2)
+    delta = virtual_perturbation(model.head, e, nb, method.params, torch.Generator().manual_seed(0))
+    va = virtual_augmentation_loss(model.head, e, nb, delta, 0.05, attach=fidelity == "paper")
+    grads = torch.autograd.grad(va, [p for p in enc.parameters() if p.requires_grad], allow_unused=True)
+    encoder_grad = sum(float(g.abs().sum()) for g in grads if g is not None)
+    assert (encoder_grad > 0) == reaches
+    head_grads = torch.autograd.grad(virtual_augmentation_loss(model.head, e, nb, delta, 0.05, attach=False),
+                                     list(model.head.parameters()))
+    assert all(float(g.abs().sum()) > 0 for g in head_grads)  # the head always learns from it
+
+
+def test_head_learning_rate_group(tiny_model):
+    from methods.encoder import Encoder
+
+    method = VaSCL(VaSCLParams(head_lr_scale=100.0))
+    model = method.build(Encoder.from_pretrained(str(tiny_model)))
+    groups = method.param_groups(model, 1e-5)
+    assert [g["lr"] for g in groups] == [1e-5, 1e-3]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in model.head.parameters()}
+
+
+@pytest.mark.parametrize("kw,message", [({"k": 0}, "k must be >= 1"), ({"delta": 0}, "delta must be > 0")])
+def test_bad_params(kw, message):
+    with pytest.raises(InvalidParams, match=message):
+        VaSCL(VaSCLParams(**kw))
+    with pytest.raises(InvalidParams, match="smaller than the batch size"):
+        VaSCLParams(k=16).validate_batch(16)
