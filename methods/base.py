@@ -102,7 +102,7 @@ class Method:
 
     def export_encoder(self, model: nn.Module) -> Encoder:
         """The encoder to save and evaluate, with any kept training head folded in."""
-        return model.encoder
+        return getattr(model, "module", model).encoder  # unwrap DDP
 
 
 def method_class(name: str) -> type[Method]:

@@ -15,11 +15,13 @@ import tempfile
 from pathlib import Path
 
 from methods.encoder import POOLERS, Encoder
+from platform.clustering import CLUSTER_SETS, kmeans_accuracy, load_labelled
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main
 from platform.loop import CHECKPOINT_MODEL, CHECKPOINT_STATE, read_checkpoint_state
 
-TASK_GROUPS = {"sts": list(STS_TASKS)}
+CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
+TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"]}
 
 
 def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
@@ -49,8 +51,9 @@ def expand_tasks(tasks: list[str]) -> list[str]:
     out: list[str] = []
     for t in tasks:
         for name in TASK_GROUPS.get(t.lower(), [t]):
-            if name not in STS_TASKS:
-                raise UserError(f"unknown task {t!r}; choose from {', '.join(['sts', *STS_TASKS])}")
+            if name not in STS_TASKS and name not in CLUSTER_TASKS:
+                choices = ["sts", "clustering", *STS_TASKS, *CLUSTER_TASKS]
+                raise UserError(f"unknown task {t!r}; choose from {', '.join(choices)}")
             if name not in out:
                 out.append(name)
     return out
@@ -73,7 +76,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m platform.evaluate", description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--pooler", choices=POOLERS, default=None, help="default: the checkpoint's, else cls_before_pooler")
-    p.add_argument("--tasks", nargs="+", default=["sts"], help="task names or the group 'sts' (default)")
+    p.add_argument("--tasks", nargs="+", default=["sts"],
+                   help="task names, or the groups 'sts' (default) and 'clustering' (K-means on TREC)")
     p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
     p.add_argument("--batch-size", type=int, default=128)
     args = p.parse_args(argv)
@@ -81,12 +85,21 @@ def main(argv=None) -> int:
     from platform.sts import STSEvaluator, format_table, with_mean
 
     tasks = expand_tasks(args.tasks)
-    evaluator = STSEvaluator(tasks, batch_size=args.batch_size)  # data errors surface before the model loads
+    sts_tasks = [t for t in tasks if t in STS_TASKS]
+    cluster_sets = {t.split(":", 1)[1]: load_labelled(t.split(":", 1)[1]) for t in tasks if t in CLUSTER_TASKS}
+    evaluator = STSEvaluator(sts_tasks, batch_size=args.batch_size) if sts_tasks else None  # data errors first
     name, pooler = resolve_model(args.model, args.pooler)
     encoder = Encoder.from_pretrained(name, pooler=pooler)
-    scores = with_mean(evaluator(encoder))
-    print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
-    print(format_table(scores))
+    scores: dict[str, float] = {}
+    if evaluator is not None:
+        scores.update(with_mean(evaluator(encoder)))
+        print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
+        print(format_table(scores))
+    for set_name, (texts, labels) in cluster_sets.items():
+        result = kmeans_accuracy(encoder.encode(texts, batch_size=args.batch_size).numpy(), labels)
+        scores[f"cluster:{set_name}"] = result["accuracy"]
+        print(f"clustering {set_name} ({len(texts)} sentences, {labels.max() + 1} classes): K-means accuracy "
+              f"{result['accuracy']:.2f} +- {result['std']:.2f} (Hungarian matching, 10 seeds)")
     if args.json_out:
         write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     return 0

@@ -1,0 +1,46 @@
+"""Clustering evaluation: Hungarian-matched K-means accuracy on synthetic and real labelled sets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from platform.clustering import cluster_accuracy, kmeans_accuracy, load_labelled
+from tests.conftest import assert_user_error, run_cli
+
+
+def test_matching_is_invariant_to_cluster_names():
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    assert cluster_accuracy(np.array([2, 2, 0, 0, 1, 1]), labels) == 1.0
+    assert cluster_accuracy(np.array([1, 1, 1, 0, 0, 2]), labels) == pytest.approx(4 / 6)
+
+
+def test_well_separated_synthetic_clusters_are_recovered():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(4, 16)) * 10
+    labels = np.repeat(np.arange(4), 50)
+    x = centres[labels] + rng.normal(size=(200, 16))
+    assert kmeans_accuracy(x, labels)["accuracy"] == pytest.approx(100.0)
+    noise = rng.normal(size=(200, 16))  # no structure: far from perfect
+    assert kmeans_accuracy(noise, labels)["accuracy"] < 50
+
+
+def test_trec_loader(data_root):
+    texts, labels = load_labelled("TREC", data_root)
+    assert len(texts) == 5952 and labels.max() == 5
+    texts, labels = load_labelled("SUBJ", data_root)
+    assert len(texts) == 10000 and set(labels.tolist()) == {0, 1}
+
+
+def test_evaluate_cli_clustering(tiny_model, tmp_path):
+    proc = run_cli("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "clustering", "--json", str(tmp_path / "c.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "clustering TREC (5952 sentences, 6 classes)" in proc.stdout
+    acc = json.loads((tmp_path / "c.json").read_text())["scores"]["cluster:TREC"]
+    assert 100 / 6 <= acc <= 100
+
+
+def test_unknown_clustering_set():
+    assert_user_error(run_cli("evaluate", "minilm", "--tasks", "cluster:AGNEWS"), "unknown task 'cluster:AGNEWS'")
