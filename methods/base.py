@@ -22,6 +22,7 @@ REGISTRY = {
     "simcse": "methods.simcse:SimCSE",
     "una": "methods.una:UNA",
     "vascl": "methods.vascl:VaSCL",
+    "san": "methods.san:SAN",
 }
 
 
@@ -69,10 +70,16 @@ class Method:
     def load_state(self, directory) -> Any:
         raise NotImplementedError
 
-    def paraphrase_spec(self) -> dict[str, Any] | None:
-        """``{"model", "num_beams", "max_length", "cache"}`` if positives are paraphrases: the
-        platform generates (or loads) a ``paraphrase`` column once per corpus. None: no paraphrases."""
-        return None
+    def preflight(self) -> None:
+        """Cheap checks of external resources (models, taggers) before any distributed work, so
+        bad input fails with one clear line instead of inside a Ray actor."""
+
+    def generated_columns(self) -> dict[str, dict[str, Any]]:
+        """Columns generated once per corpus (not per epoch), e.g. paraphrases or MLM negatives:
+        ``{column: {"generator": "module:Class", "kwargs": {...}}}`` where ``Class(**kwargs)`` is
+        a callable over ``{"sentence": [...]}`` batches adding ``column`` (Ray Data runs it as an
+        actor); or ``{column: {"file": path}}`` for a user's existing Parquet cache."""
+        return {}
 
     def check_state(self, state: Any) -> None:
         """Raise ``InvalidParams`` if these parameters cannot work with this corpus' statistics."""

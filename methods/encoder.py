@@ -205,3 +205,31 @@ class Encoder(nn.Module):
         self.backbone.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         return directory
+
+
+class dropout_override:  # noqa: N801  (used as a context manager, like torch.no_grad)
+    """Within the block, every dropout of ``module`` uses probability ``p``: ``nn.Dropout`` modules
+    (BERT's hidden and attention dropout both read ``Dropout.p``) and float ``*dropout*``
+    attributes that some attention implementations read. Restored on exit, also after errors."""
+
+    def __init__(self, module: nn.Module, p: float):
+        self.module, self.p = module, p
+        self.saved: list[tuple[object, str, float]] = []
+
+    def __enter__(self):
+        for m in self.module.modules():
+            if isinstance(m, nn.Dropout):
+                self.saved.append((m, "p", m.p))
+                m.p = self.p
+            for name in ("attention_dropout", "dropout_prob"):
+                value = getattr(m, name, None)
+                if isinstance(value, float):
+                    self.saved.append((m, name, value))
+                    setattr(m, name, self.p)
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, value in reversed(self.saved):
+            setattr(obj, name, value)
+        self.saved.clear()
+        return False

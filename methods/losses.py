@@ -52,3 +52,31 @@ def info_nce(
         logits = torch.cat([logits, cosine_matrix(z1, negatives)], dim=1)
     labels = torch.arange(z1.shape[0], device=z1.device)
     return F.cross_entropy(logits / temperature, labels)
+
+
+def hince(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    z3: torch.Tensor,
+    tau1: float,
+    tau2: float,
+    own_negative_weight: float = 1.0,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """HiNCE (Cai et al., Eq. 2): ``logits_i = [sim(z1_i, z2_j)/tau1]_j ++ [sim(z1_i, z3_j)/tau2]_j``,
+    target i, mean over the batch; all N aligned negatives of the batch sit in every denominator
+    at their own temperature, as the authors code it. ``own_negative_weight`` w multiplies the
+    anchor's own negative's term in the denominator (log w added to that logit, SimCSE's
+    hard-negative weight). ``valid`` (N bools) drops negatives that do not exist (their columns get
+    -inf). With tau1 = tau2 and w = 1 this is InfoNCE with the negatives as extra columns."""
+    if tau1 <= 0 or tau2 <= 0:
+        raise ValueError(f"temperatures must be > 0, got tau1={tau1}, tau2={tau2}")
+    pos = cosine_matrix(z1, z2) / tau1
+    neg = cosine_matrix(z1, z3) / tau2
+    n = z1.shape[0]
+    if own_negative_weight != 1.0:
+        neg = neg + torch.eye(n, device=neg.device) * torch.log(torch.tensor(own_negative_weight, device=neg.device))
+    if valid is not None:
+        neg = neg.masked_fill(~valid.bool().unsqueeze(0), float("-inf"))
+    labels = torch.arange(n, device=z1.device)
+    return F.cross_entropy(torch.cat([pos, neg], dim=1), labels)

@@ -354,14 +354,16 @@ class UNA(SimCSE):
 
     @property
     def text_columns(self) -> tuple[str, ...]:
-        return ("sentence", "negative") + (("paraphrase",) if self.paraphrase_spec() else ())
+        return ("sentence", "negative") + (("paraphrase",) if self.generated_columns() else ())
 
-    def paraphrase_spec(self):
+    def generated_columns(self):
         p = self.params
-        if not (p.paraphraser or p.paraphrase_cache):
-            return None
-        return {"model": p.paraphraser, "num_beams": p.paraphrase_beams, "max_length": p.paraphrase_max_length,
-                "cache": p.paraphrase_cache}
+        if p.paraphrase_cache:
+            return {"paraphrase": {"file": p.paraphrase_cache}}
+        if p.paraphraser:
+            kwargs = {"model": p.paraphraser, "num_beams": p.paraphrase_beams, "max_length": p.paraphrase_max_length}
+            return {"paraphrase": {"generator": "methods.paraphrase:Paraphraser", "kwargs": kwargs}}
+        return {}
 
     def prepare(self, sentences: list[str]) -> TfIdfTable:
         return fit_tfidf(sentences)

@@ -19,6 +19,7 @@ from platform.corpus import corpus_columns, statistics_input
 from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
 from platform.errors import UserError, cli_main
+from platform.local_models import resolve_local_models
 
 
 def augment_dataset(method: Method, columns: dict[str, list[str]], state, batch_size: int = 4096):
@@ -32,6 +33,8 @@ def augment_dataset(method: Method, columns: dict[str, list[str]], state, batch_
     ray.data.DataContext.get_current().op_resource_reservation_enabled = False
     blocks = max(1, min(len(columns["sentence"]) // batch_size, 64))
     ds = ray.data.from_arrow(pa.table(columns)).repartition(blocks)
+    if type(method).augment is Method.augment:  # generated once per corpus (e.g. SAN): nothing per epoch
+        return ds
     return ds.map_batches(method.augment, fn_kwargs={"state": state}, batch_format="numpy", batch_size=batch_size)
 
 
@@ -47,8 +50,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     cfg = TrainConfig.build(args.method, args.profile, {**parse_sets(args.sets), "corpus": args.corpus})
+    resolve_local_models(cfg.params)
     method = method_class(cfg.method)(cfg.params)
-    if type(method).augment is Method.augment:
+    method.preflight()
+    if type(method).augment is Method.augment and not method.generated_columns():
         raise UserError(f"method {cfg.method!r} has no augmentation to generate")
     corpus = resolve_corpus(cfg.corpus)
     out = Path(args.out or Path("outputs") / "augment" / f"{cfg.method}-{corpus.name.split('.')[0]}").resolve()
@@ -64,7 +69,7 @@ def main(argv=None) -> int:
 
     init_ray(num_cpus=args.num_cpus)
     t0 = time.perf_counter()
-    columns = corpus_columns(method, sentences, use_ray=True, use_gpu=cfg.use_gpu)
+    columns = corpus_columns(method, sentences, use_ray=True, use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus)
     state = prepared_state(method, statistics_input(columns))
     method.check_state(state)
     t_prepare = time.perf_counter() - t0

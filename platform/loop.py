@@ -29,6 +29,7 @@ from methods.encoder import Encoder
 from platform.cache import prepared_state
 from platform.config import TrainConfig
 from platform.corpus import corpus_columns, statistics_input
+from platform.local_models import resolve_local_models
 from platform.data import DataError, read_corpus, resolve_corpus
 from platform.sts import STSEvaluator
 
@@ -150,6 +151,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     is_chief = worker.rank == 0
     torch.manual_seed(cfg.seed)  # identical head initialisation on every rank
 
+    resolve_local_models(cfg.params)
     method: Method = method_class(cfg.method)(cfg.params)
     encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
     model = worker.wrap(method.build(encoder))

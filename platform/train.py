@@ -20,6 +20,7 @@ from methods.encoder import Encoder, load_tokenizer
 from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import STS_TASKS, DataError, data_dir, load_sts, read_corpus, resolve_corpus
 from platform.errors import UserError, cli_main
+from platform.local_models import resolve_local_models, uses_random_mlm
 from platform.loop import CHECKPOINT_MODEL, DEV_METRIC, read_checkpoint_state, train_loop_per_worker
 from platform import tracking
 from platform.cache import prepared_state
@@ -43,6 +44,8 @@ def preflight(cfg: TrainConfig, final_eval: bool) -> list[str]:
     if len(sentences) < cfg.batch_size:
         raise DataError(f"corpus {corpus} has {len(sentences)} sentences, fewer than one batch of {cfg.batch_size}")
     load_tokenizer(cfg.model)
+    resolve_local_models(cfg.params)
+    method_class(cfg.method)(cfg.params).preflight()
     return sentences
 
 
@@ -51,7 +54,7 @@ def prepare_corpus(cfg: TrainConfig, sentences: list[str], check_state: bool = T
     Ray Data actors where the method uses them) and the corpus statistics, both cached, so that
     errors surface here and every trial finds them ready."""
     method = method_class(cfg.method)(cfg.params)
-    columns = corpus_columns(method, sentences, use_ray=True, use_gpu=cfg.use_gpu)
+    columns = corpus_columns(method, sentences, use_ray=True, use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus)
     state = prepared_state(method, statistics_input(columns))
     if check_state:
         method.check_state(state)
@@ -164,7 +167,11 @@ def finalize(uri: str, run_id: str, checkpoint_dir: str | Path, log_to: list[str
 
 
 def run_tags(cfg: TrainConfig) -> dict[str, str]:
-    return {"method": cfg.method, "profile": cfg.profile, "model": cfg.model}
+    tags = {"method": cfg.method, "profile": cfg.profile, "model": cfg.model}
+    if uses_random_mlm(cfg.params):
+        tags["mlm_random_weights"] = "true"
+        tags["mlm_note"] = "negatives from a randomly initialised tiny MLM (offline local profile): noise, not real SAN negatives"
+    return tags
 
 
 def resolve_storage(cfg: TrainConfig) -> Path:

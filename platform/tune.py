@@ -22,7 +22,7 @@ from platform.config import ConfigError, TrainConfig, available_profiles, parse_
 from platform.errors import UserError, cli_main
 from methods.base import method_class
 from platform.cache import prepared_state
-from platform.corpus import statistics_input
+from platform.corpus import corpus_columns, statistics_input
 from platform.loop import DEV_METRIC
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
@@ -150,9 +150,13 @@ def trial_fn(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     # Only success is recorded here: a trial that ASHA stops is interrupted like one that fails,
     # so the driver, which knows which trials errored, ends the runs still RUNNING afterwards.
     tracking.log_params(uri, run_id, cfg.flat())
+    # A trial may search parameters that change generated columns (SAN's scale): resolve its own,
+    # from the content-keyed cache when they match the sweep's base.
+    method = method_class(cfg.method)(cfg.params)
+    columns = corpus_columns(method, sweep["columns"]["sentence"], use_ray=True, use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus)
     fit(
         cfg,
-        sweep["columns"],
+        columns,
         uri=uri,
         run_id=run_id,
         storage=Path(sweep["storage"]) / "trials",

