@@ -1,0 +1,63 @@
+"""SAN through the platform: augment to Parquet, a 2-trial sweep, bad input."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from tests.conftest import assert_user_error, run_cli
+from tests.test_cli import _runs, _train_args
+
+
+@pytest.fixture()
+def few_sentences(small_corpus, tmp_path):
+    path = tmp_path / "few.txt"
+    path.write_text("\n".join(open(small_corpus).read().split("\n")[:64]) + "\n")
+    return path
+
+
+def test_augment_san_writes_parquet(few_sentences, tmp_path):
+    out = tmp_path / "san"
+    proc = run_cli("augment", "san", "--corpus", str(few_sentences), "--out", str(out), "--num-cpus", "2",
+                   env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_parquet(out)
+    assert list(df.columns) == ["sentence", "negative"] and len(df) == 64
+    assert (df["negative"] != df["sentence"]).mean() > 0.9
+    assert any((tmp_path / "cache").glob("gen-negative-*/COMPLETE"))
+
+
+def test_tune_san_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri):
+    proc = run_cli("tune", "san", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path),
+                   env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    c, runs = _runs(mlflow_uri, "san")
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    for child in children:
+        assert {"tau2", "p2", "scale", "lr"} <= set(child.data.params)
+        assert child.data.tags["mlm_random_weights"] == "true"
+    scales = {child.data.params["scale"] for child in children}
+    assert len(list((tmp_path / "cache").glob("gen-negative-*"))) >= len(scales)  # one generation per scale
+
+
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        (["tau2=0"], "tau2 must be > 0"),
+        (["p2=1.0"], "p2 must be in [0, 1)"),
+        (["rounds=0"], "rounds must be >= 1"),
+        (["spacy_model=en_core_web_lg"], "pip install en-core-web-lg"),
+    ],
+)
+def test_san_bad_input(sets, needle, few_sentences, tmp_path):
+    args = [a for s in sets for a in ("--set", s)]
+    proc = run_cli("augment", "san", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"), *args,
+                   env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+    assert_user_error(proc, needle)
+
+
+def test_san_mlm_that_is_not_masked(tiny_model, few_sentences, tmp_path):
+    proc = run_cli("augment", "san", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"),
+                   "--set", f"mlm={tiny_model}", env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+    assert_user_error(proc, "not a masked language model")
