@@ -153,6 +153,18 @@ def load_mlm(name: str):
     return tokenizer, mlm
 
 
+def masked_logits(mlm, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MLM logits at the masked positions only. The vocabulary projection is most of a small MLM's
+    cost, so BERT- and RoBERTa-style models (``cls`` / ``lm_head`` over ``base_model``) apply their
+    head to the masked rows alone; other models compute all logits."""
+    head = getattr(mlm, "cls", None) or getattr(mlm, "lm_head", None)
+    with torch.no_grad():
+        if head is not None and getattr(mlm, "base_model", None) is not None:
+            hidden = mlm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return head(hidden[mask]).float()
+        return mlm(input_ids=input_ids, attention_mask=attention_mask).logits[mask].float()
+
+
 def mask_predict(
     mlm,
     tokenizer,
@@ -173,22 +185,22 @@ def mask_predict(
     probs = probs.masked_fill(~maskable, 0.0)
     masks = []
     for _ in range(rounds):
-        mask = (torch.rand(probs.shape, generator=generator) .to(probs.device) < probs) & maskable
+        mask = (torch.rand(probs.shape, generator=generator).to(probs.device) < probs) & maskable
         none = ~mask.any(dim=1) & maskable.any(dim=1)
         if none.any():
             top = probs.argmax(dim=1)
             mask[none.nonzero().squeeze(1), top[none]] = True
         masked = ids.masked_fill(mask, tokenizer.mask_token_id)
-        with torch.no_grad():
-            logits = mlm(input_ids=masked, attention_mask=attention_mask).logits.float()
-        logits[..., special] = float("-inf")  # never predict [CLS], [SEP], [PAD], [MASK], [UNK]
+        logits = masked_logits(mlm, masked, attention_mask, mask)  # (number of masked positions, vocab)
+        logits[:, special] = float("-inf")  # never predict [CLS], [SEP], [PAD], [MASK], [UNK]
         if sampling == "greedy":
             pred = logits.argmax(-1)
         else:
             values, idx = logits.topk(top_k, dim=-1)
-            choice = torch.multinomial(values.softmax(-1).view(-1, top_k), 1, generator=generator).view(values.shape[:-1])
-            pred = idx.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
-        ids = torch.where(mask, pred, ids)
+            choice = torch.multinomial(values.softmax(-1).cpu(), 1, generator=generator).to(idx.device)
+            pred = idx.gather(-1, choice).squeeze(-1)
+        ids = ids.clone()
+        ids[mask] = pred
         masks.append(mask)
     return (ids, masks) if return_masks else ids
 

@@ -150,7 +150,17 @@ def test_rounds_change_only_masked_positions(tiny_model, tmp_path):
         assert ((new != ids) & ~mask).sum() == 0  # only masked positions may change
         ids = new
     assert (ids != enc["input_ids"]).any()
+    from methods.san import masked_logits
+
+    with torch.no_grad():
+        full = mlm(**{k: enc[k] for k in ("input_ids", "attention_mask")}).logits[masks_any := mask]
+    torch.testing.assert_close(masked_logits(mlm, enc["input_ids"], enc["attention_mask"], masks_any), full)
     out, masks = mask_predict(mlm, tokenizer, enc["input_ids"], enc["attention_mask"], probs, 3, gen, return_masks=True)
+    topk = mask_predict(mlm, tokenizer, enc["input_ids"], enc["attention_mask"], probs, 2, gen, sampling="topk", top_k=5)
+    specials = torch.tensor(tokenizer.all_special_ids)
+    ordinary = ~torch.isin(enc["input_ids"], specials)
+    assert topk.shape == out.shape and not torch.isin(topk[ordinary], specials).any()
+    torch.testing.assert_close(topk[~ordinary], enc["input_ids"][~ordinary])  # specials and padding untouched
     assert len(masks) == 3 and ((out != enc["input_ids"]) & ~(masks[0] | masks[1] | masks[2])).sum() == 0
 
 

