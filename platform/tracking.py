@@ -27,6 +27,13 @@ def tracking_uri() -> str:
     return f"sqlite:///{store / 'mlflow.db'}"
 
 
+def redact(uri: str) -> str:
+    """The URI with any password or token masked, for messages and logs."""
+    import re
+
+    return re.sub(r"(?<=://)([^:/@]+):([^@/]+)@", r"\1:***@", uri)
+
+
 def artifact_root(uri: str) -> str | None:
     """Local stores keep artifacts beside the database; servers decide for themselves."""
     if uri.startswith("sqlite:///"):
@@ -40,10 +47,10 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
                 if resp.status >= 400:
-                    raise UserError(f"MLflow tracking server {uri} answered HTTP {resp.status}")
+                    raise UserError(f"MLflow tracking server {redact(uri)} answered HTTP {resp.status}")
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise UserError(f"MLflow tracking server {uri} is unreachable ({reason}); check MLFLOW_TRACKING_URI") from None
+            raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({reason}); check MLFLOW_TRACKING_URI") from None
     elif uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///") :])
         try:
@@ -54,7 +61,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
             raise UserError(f"MLflow store {uri}: {db} is not writable")
     elif uri.startswith("file:") or "://" not in uri:
         raise UserError(
-            f"MLflow tracking URI {uri!r}: the file store is deprecated in MLflow 3; "
+            f"MLflow tracking URI {redact(uri)!r}: the file store is deprecated in MLflow 3; "
             "use sqlite:////absolute/path/mlflow.db or an http(s) server"
         )
 

@@ -228,7 +228,7 @@ def main(argv=None) -> int:
                 finalize(uri, run_id, ckpt)
         status = "FINISHED"
         print(f"run {run_id}: best {DEV_METRIC}={out['best_' + DEV_METRIC]:.2f}, checkpoint {out['best_checkpoint']}")
-        print(f"MLflow: {uri} (experiment {cfg.method!r}, run {run_id})")
+        print(f"MLflow: {tracking.redact(uri)} (experiment {cfg.method!r}, run {run_id})")
         return 0
     except KeyboardInterrupt:
         status = "KILLED"

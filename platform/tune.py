@@ -382,7 +382,7 @@ def report_best(uri: str, parent: str, spec: dict, base: TrainConfig, sweep_dir:
     if scores:
         print(f"  STS avg:      {scores.get('avg', float('nan')):.2f}")
     print(f"  checkpoint:   {best['checkpoint']}")
-    print(f"  MLflow run:   {run.info.run_id} (parent {parent}, {uri})")
+    print(f"  MLflow run:   {run.info.run_id} (parent {parent}, {tracking.redact(uri)})")
 
 
 if __name__ == "__main__":
