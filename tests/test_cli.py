@@ -88,6 +88,15 @@ def test_tune_cli_two_trials(tiny_model, small_corpus, tmp_path, mlflow_uri):
     assert {a.path for a in c.list_artifacts(best.info.run_id, "best_checkpoint")} == {
         "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
 
+    # Resuming a finished sweep re-runs no trial and reports the same best trial.
+    again = run_cli("tune", "simcse", "--resume", *_train_args(tiny_model, small_corpus, tmp_path),
+                    env={"MLFLOW_TRACKING_URI": mlflow_uri})
+    assert again.returncode == 0, again.stderr[-3000:]
+    c, runs = _runs(mlflow_uri)
+    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId")]) == 2
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert parent.data.tags["best_run_id"] in again.stdout
+
 
 def test_evaluate_cli_table_and_json(tiny_model, tmp_path):
     proc = run_cli("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "STS12", "STSBenchmark", "--json", str(tmp_path / "o.json"))
