@@ -17,11 +17,12 @@ from pathlib import Path
 from methods.encoder import POOLERS, Encoder
 from platform.clustering import CLUSTER_SETS, kmeans_accuracy, load_labelled
 from platform.data import STS_TASKS
+from platform.transfer import TRANSFER_TASKS, evaluate_transfer
 from platform.errors import UserError, cli_main
 from platform.loop import CHECKPOINT_MODEL, CHECKPOINT_STATE, read_checkpoint_state
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
-TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"]}
+TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"], "transfer": list(TRANSFER_TASKS)}
 
 
 def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
@@ -51,8 +52,8 @@ def expand_tasks(tasks: list[str]) -> list[str]:
     out: list[str] = []
     for t in tasks:
         for name in TASK_GROUPS.get(t.lower(), [t]):
-            if name not in STS_TASKS and name not in CLUSTER_TASKS:
-                choices = ["sts", "clustering", *STS_TASKS, *CLUSTER_TASKS]
+            if name not in STS_TASKS and name not in CLUSTER_TASKS and name not in TRANSFER_TASKS:
+                choices = ["sts", "clustering", "transfer", *STS_TASKS, *CLUSTER_TASKS, *TRANSFER_TASKS]
                 raise UserError(f"unknown task {t!r}; choose from {', '.join(choices)}")
             if name not in out:
                 out.append(name)
@@ -77,9 +78,10 @@ def main(argv=None) -> int:
     p.add_argument("model")
     p.add_argument("--pooler", choices=POOLERS, default=None, help="default: the checkpoint's, else cls_before_pooler")
     p.add_argument("--tasks", nargs="+", default=["sts"],
-                   help="task names, or the groups 'sts' (default) and 'clustering' (K-means on TREC)")
+                   help="task names, or the groups 'sts' (default), 'transfer' (SentEval) and 'clustering' (K-means on TREC)")
     p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--transfer-limit", type=int, default=None, help="transfer tasks on a slice of N training sentences")
     args = p.parse_args(argv)
 
     from platform.sts import STSEvaluator, format_table, with_mean
@@ -95,6 +97,11 @@ def main(argv=None) -> int:
         scores.update(with_mean(evaluator(encoder)))
         print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
         print(format_table(scores))
+    for task in [t for t in tasks if t in TRANSFER_TASKS]:
+        acc = evaluate_transfer(task, lambda xs: encoder.encode(xs, batch_size=args.batch_size).numpy(),
+                                limit=args.transfer_limit)
+        scores[task] = acc
+        print(f"transfer {task}: accuracy {acc:.2f} (logistic regression on frozen embeddings)")
     for set_name, (texts, labels) in cluster_sets.items():
         result = kmeans_accuracy(encoder.encode(texts, batch_size=args.batch_size).numpy(), labels)
         scores[f"cluster:{set_name}"] = result["accuracy"]
