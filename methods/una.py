@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -122,14 +123,10 @@ TFIDF_VERSION = 1
 
 def save_table(table: TfIdfTable, directory) -> None:
     """Arrays only (``.npz`` without pickle), so loading a cache never executes code."""
-    from pathlib import Path
-
     np.savez(Path(directory) / "tfidf.npz", vocab=table.vocab.astype(str), idf=table.idf, s=table.s)
 
 
 def load_table(directory) -> TfIdfTable:
-    from pathlib import Path
-
     with np.load(Path(directory) / "tfidf.npz", allow_pickle=False) as f:
         return _table(f["vocab"].astype(object), f["idf"], f["s"])
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from methods.base import Method, method_class
-from platform.cache import prepared_state
+from platform.cache import prepared_state, replace_dir
 from platform.corpus import corpus_columns, statistics_input
 from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
@@ -84,12 +84,7 @@ def main(argv=None) -> int:
             raise UserError(f"cannot write {tmp}: {exc}") from None
         raise
     seconds = time.perf_counter() - t1
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out)
     print(f"{len(sentences)} sentences -> {out}")
     print(f"prepare (paraphrases and corpus statistics, cached): {t_prepare:.1f}s; augmentation with Ray Data: {seconds:.1f}s "
           f"= {len(sentences) / seconds:,.0f} sentences/s")

@@ -19,6 +19,19 @@ from typing import Any, Callable
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished folder ``src`` to ``dst`` so that ``dst`` is never half-written: the old
+    ``dst`` is renamed aside first and removed only after ``src`` took its place."""
+    old = dst.with_name(dst.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("PLATFORM_CACHE_DIR") or REPO_ROOT / ".cache" / "platform").resolve()
 

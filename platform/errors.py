@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import NoReturn
 
 from methods.base import InvalidParams
 from methods.encoder import BackboneNotFound, WeightLoadError
@@ -23,7 +24,7 @@ class UserError(Exception):
 USER_ERRORS = (UserError, ConfigError, DataError, InvalidParams, BackboneNotFound, WeightLoadError)
 
 
-def fail(message: str) -> "typing.NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
 

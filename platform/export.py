@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from platform.cache import replace_dir
+
 # Our pooler -> sentence-transformers Pooling mode. 'cls' additionally needs the pooler layer as a
 # Dense(d, d, tanh) module; avg_first_last has no sentence-transformers equivalent.
 _ST_MODES = {"cls_before_pooler": "cls", "cls": "cls", "avg": "mean"}
@@ -41,6 +43,5 @@ def export_sentence_transformers(hf_dir: str | Path, out_dir: str | Path, pooler
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     SentenceTransformer(modules=modules, device="cpu").save(str(tmp))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    replace_dir(tmp, out_dir)
     return out_dir

@@ -26,11 +26,11 @@ from transformers import get_linear_schedule_with_warmup
 
 from methods.base import Method, method_class
 from methods.encoder import Encoder
-from platform.cache import prepared_state
+from platform.cache import prepared_state, replace_dir
 from platform.config import TrainConfig
 from platform.corpus import corpus_columns, statistics_input
-from platform.local_models import resolve_local_models
 from platform.data import DataError, read_corpus, resolve_corpus
+from platform.local_models import resolve_local_models
 from platform.sts import STSEvaluator
 
 DEV_METRIC = "stsb_dev_spearman"
@@ -114,18 +114,6 @@ def save_checkpoint(directory: Path, encoder: Encoder, state: dict[str, Any]) ->
     encoder.save_pretrained(directory / CHECKPOINT_MODEL)
     (directory / CHECKPOINT_STATE).write_text(json.dumps(state, indent=2), encoding="utf-8")
     return directory
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst`` so that ``dst`` is never half-written (rename, then clean up)."""
-    old = dst.with_name(dst.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def read_checkpoint_state(path: str | os.PathLike) -> dict[str, Any]:
