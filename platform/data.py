@@ -66,11 +66,16 @@ def _open_bytes(path: Path):
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
+# A sentence corpus has no business with megabyte lines; reading them whole (a binary dump, a
+# file without newlines) could exhaust memory before anything else notices.
+MAX_LINE_BYTES = 1 << 20
+
+
 def read_corpus(path: str | os.PathLike, limit: int | None = None) -> list[str]:
     """Sentences of a ``.txt`` or ``.txt.gz`` corpus: one per line, stripped, blank lines skipped.
 
-    Raises ``DataError`` for a missing, empty or binary file and for bytes that are not UTF-8
-    (naming the line).
+    Raises ``DataError`` for a missing, empty or binary file, for bytes that are not UTF-8 and for
+    lines longer than ``MAX_LINE_BYTES`` (naming the line).
     """
     path = Path(path)
     if not path.is_file():
@@ -78,7 +83,12 @@ def read_corpus(path: str | os.PathLike, limit: int | None = None) -> list[str]:
     sentences: list[str] = []
     try:
         with _open_bytes(path) as f:
-            for lineno, raw in enumerate(f, start=1):
+            lines = iter(lambda: f.readline(MAX_LINE_BYTES + 1), b"")  # never more than the limit in memory
+            for lineno, raw in enumerate(lines, start=1):
+                if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                    raise DataError(
+                        f"corpus {path} line {lineno} is longer than {MAX_LINE_BYTES:,} bytes; expected one sentence per line"
+                    )
                 if b"\x00" in raw:
                     raise DataError(f"corpus {path} looks binary (NUL byte on line {lineno}); expected UTF-8 text")
                 try:
@@ -203,7 +213,7 @@ def load_sickr(split: str, root: Path) -> STSPairs:
 
 def load_sts(task: str, root: Path | None = None, split: str = "test") -> STSPairs:
     """One evaluation task; ``split`` applies to STS-B and SICK-R (STS12-16 are test-only)."""
-    root = data_dir(root) if root is None or not isinstance(root, Path) else root
+    root = root if isinstance(root, Path) else data_dir(root)
     if task in STS_YEARS:
         return load_sts_year(task, root)
     if task == "STSBenchmark":

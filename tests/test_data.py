@@ -92,3 +92,15 @@ def test_resolve_corpus_by_name_under_data_dir(data_root):
     assert resolve_corpus("brown_sentences.txt.gz") == data_root / "corpus" / "brown_sentences.txt.gz"
     with pytest.raises(DataError, match="not found"):
         resolve_corpus("no_such_corpus.txt")
+
+
+def test_corpus_rejects_huge_lines(tmp_path, monkeypatch):
+    import platform.data as data
+
+    monkeypatch.setattr(data, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"fine\n" + b"x" * 65 + b"\nafter\n")
+    with pytest.raises(DataError, match="line 2 is longer than 64 bytes"):
+        read_corpus(path)
+    path.write_bytes(b"fine\n" + b"x" * 64 + b"\n")  # exactly at the limit is accepted
+    assert read_corpus(path) == ["fine", "x" * 64]
