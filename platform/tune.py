@@ -23,7 +23,7 @@ from platform.errors import UserError, cli_main
 from methods.base import method_class
 from platform.cache import prepared_state
 from platform.corpus import corpus_columns, statistics_input
-from platform.loop import DEV_METRIC
+from platform.loop import DEV_METRIC, total_steps
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
 SWEEP_STATE = "platform_sweep.json"
@@ -64,6 +64,9 @@ def load_space(method: str, profile: str, path: Path | None = None, grid: str | 
     spec.setdefault("seed", 0)
     if spec["mode"] not in ("max", "min"):
         raise ConfigError(f"{path}: mode must be max or min")
+    scheduler = spec.get("scheduler") or {}
+    if not isinstance(scheduler, dict) or scheduler.get("type", "asha") not in ("asha", "none"):
+        raise ConfigError(f"{path}: scheduler must be a mapping with type asha or none, got {scheduler!r}")
     if spec["search"] not in ("optuna", "grid"):
         raise ConfigError(f"{path}: search must be optuna or grid, got {spec['search']!r}")
     for key in ("num_samples", "max_concurrent_trials"):
@@ -284,7 +287,6 @@ def main(argv=None) -> int:
     outcomes = _outcomes_callback()
     try:
         run_sweep(base, spec, columns, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
-        finish_child_runs(uri, parent, outcomes.errored)
         report_best(uri, parent, spec, base, sweep_dir)
         status = "FINISHED"
         return 0
@@ -307,15 +309,9 @@ def run_sweep(
     from ray.tune.schedulers import ASHAScheduler
 
     metric, mode = spec["metric"], spec["mode"]
-    n = len(columns["sentence"])
-    evals_per_trial = math.ceil(
-        (min(base.max_steps, n // base.batch_size * base.epochs) if base.max_steps else n // base.batch_size * base.epochs)
-        / base.eval_steps
-    )
+    evals_per_trial = math.ceil(total_steps(base, len(columns["sentence"])) / base.eval_steps)
     sched = spec.get("scheduler") or {}
     scheduler = None
-    if sched.get("type", "asha") not in ("asha", "none"):
-        raise ConfigError(f"scheduler type must be asha or none, got {sched.get('type')!r}")
     if sched.get("type", "asha") == "asha":
         scheduler = ASHAScheduler(
             time_attr="training_iteration",

@@ -166,6 +166,9 @@ def test_tune_bad_space_and_samples(tmp_path, mlflow_uri):
     assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "loguniform")
     space.write_text("space:\n  nonsense: {choice: [1, 2]}\n")
     assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "unknown key 'nonsense'")
+    space.write_text("scheduler: {type: hyperband}\nspace:\n  lr: {loguniform: [1.0e-5, 1.0e-4]}\n")
+    assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "scheduler")
+    assert _runs(mlflow_uri)[1] == []  # rejected before any MLflow run exists
     space.write_text("spaces: {}\n")
     assert_user_error(run_cli("tune", "simcse", "--space", str(space)), "unknown key(s) spaces")
     assert_user_error(run_cli("tune", "simcse", "--num-samples", "0"), "--num-samples must be >= 1")
