@@ -23,6 +23,7 @@ REGISTRY = {
     "una": "methods.una:UNA",
     "vascl": "methods.vascl:VaSCL",
     "san": "methods.san:SAN",
+    "augcse": "methods.augcse:AugCSE",
 }
 
 
@@ -78,7 +79,12 @@ class Method:
         """Columns generated once per corpus (not per epoch), e.g. paraphrases or MLM negatives:
         ``{column: {"generator": "module:Class", "kwargs": {...}}}`` where ``Class(**kwargs)`` is
         a callable over ``{"sentence": [...]}`` batches adding ``column`` (Ray Data runs it as an
-        actor); or ``{column: {"file": path}}`` for a user's existing Parquet cache."""
+        actor); or ``{column: {"file": path}}`` for a user's existing Parquet cache.
+
+        Optional keys: ``"group": {...}`` -- the missing columns with the same generator and group
+        are made in one pass by ``Class(columns=[...], **group)`` (e.g. one spaCy parse for many
+        augmentations), each still cached on its own under its ``kwargs``; ``"cpu_bound": True``
+        -- one actor per CPU instead of one per two CPUs (for pure-Python generators)."""
         return {}
 
     def check_state(self, state: Any) -> None:
@@ -91,6 +97,10 @@ class Method:
     def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
         """Add the method's columns to a batch of ``{"sentence": array_of_str}``."""
         return batch
+
+    def tensor_columns(self, batch: dict[str, Any], device) -> dict[str, torch.Tensor]:
+        """Non-text columns the loss needs as tensors (e.g. AugCSE's augmentation labels)."""
+        return {}
 
     def build(self, encoder: Encoder) -> nn.Module:
         raise NotImplementedError

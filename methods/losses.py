@@ -30,6 +30,23 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
+def global_mean(local_mean: torch.Tensor) -> torch.Tensor:
+    """The global-batch mean of a per-row loss computed on this worker's rows only.
+
+    The value is the mean over workers (equal shard sizes): the same on every worker, like the
+    losses built on ``gather_with_grad``. The gradient is this worker's share, ``local / W``:
+    after the loop's x W and DDP's averaging, the applied gradient is that of the global mean
+    -- also for parameters that only see local rows, such as a discriminator head.
+    """
+    n = world_size()
+    if n == 1:
+        return local_mean
+    total = local_mean.detach().clone()
+    dist.all_reduce(total)
+    share = local_mean / n
+    return total / n + (share - share.detach())
+
+
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``[sim(a_i, b_j)]_{ij}`` with cosine similarity, computed in float32 for stable softmax."""
     return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T

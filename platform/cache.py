@@ -49,10 +49,15 @@ def entry_key(kind: str, digest: str, params: dict[str, Any]) -> str:
     return f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
 
 
+def cache_entry(kind: str, digest: str, params: dict[str, Any]) -> Path:
+    """Where the entry lives (complete once it holds ``COMPLETE``)."""
+    return cache_root() / entry_key(kind, digest, params)
+
+
 def cached(kind: str, digest: str, params: dict[str, Any], build: Callable[[Path], None]) -> Path:
     """The folder of a complete entry; ``build(tmp_dir)`` fills a new one on a miss."""
     root = cache_root()
-    final = root / entry_key(kind, digest, params)
+    final = cache_entry(kind, digest, params)
     if (final / "COMPLETE").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """The columns a method trains on, built once per corpus: ``sentence`` plus any column the
-method generates once (UNA's ``paraphrase``, SAN's ``negative``), with Ray Data actors (a GPU each
+method generates once (UNA's ``paraphrase``, SAN's ``negative``, AugCSE's ``aug_<name>``), with Ray Data actors (a GPU each
 where the cluster has GPUs), cached by content.
 
 A cache file given by the user (e.g. ``paraphrase_cache``: Parquet with ``sentence`` and the
@@ -10,10 +10,12 @@ instead of pairing sentences with someone else's outputs.
 from __future__ import annotations
 
 import importlib
+import json
+import tempfile
 from pathlib import Path
 
 from methods.base import Method
-from platform.cache import cached, sentences_digest
+from platform.cache import cache_entry, cached, sentences_digest
 from platform.data import DataError
 
 
@@ -21,19 +23,55 @@ def corpus_columns(
     method: Method, sentences: list[str], use_ray: bool = True, use_gpu: bool = False, cpus: float = 1.0
 ) -> dict[str, list[str]]:
     columns = {"sentence": sentences}
-    for column, spec in method.generated_columns().items():
+    digest = sentences_digest(sentences)
+    specs = method.generated_columns()
+    missing: dict[str, list[str]] = {}  # one generation pass per generator (+ group)
+    for column, spec in specs.items():
         if spec.get("file"):
             columns[column] = read_generated(Path(spec["file"]), sentences, column)
             continue
-        key = {"generator": spec["generator"], **spec["kwargs"]}
-        folder = cached(
-            f"gen-{column}", sentences_digest(sentences), key,
-            lambda tmp, column=column, spec=spec: generate_column(
-                sentences, column, spec, tmp / f"{column}.parquet", use_ray, use_gpu, cpus
-            ),
-        )
-        columns[column] = read_generated(folder / f"{column}.parquet", sentences, column)
+        folder = cache_entry(f"gen-{column}", digest, _key(spec))
+        if (folder / "COMPLETE").is_file():
+            columns[column] = read_generated(folder / f"{column}.parquet", sentences, column)
+            continue
+        group = json.dumps([spec["generator"], spec.get("group")], sort_keys=True) if "group" in spec else column
+        missing.setdefault(group, []).append(column)
+
+    for names in missing.values():
+        spec = specs[names[0]]
+        with tempfile.TemporaryDirectory(prefix="generated-") as tmp:
+            path = Path(tmp) / "generated.parquet"
+            if "group" in spec:
+                generator_kwargs = {"columns": names, **spec["group"]}
+            else:
+                generator_kwargs = spec["kwargs"]
+            generate_columns(sentences, names, spec["generator"], generator_kwargs, path, use_ray, use_gpu, cpus,
+                             cpu_bound=bool(spec.get("cpu_bound")))
+            table = _read_parquet(path)
+            for column in names:
+                part = table.select(["sentence", column])
+                folder = cached(
+                    f"gen-{column}", digest, _key(specs[column]),
+                    lambda tmp_dir, part=part, column=column: _write_parquet(part, tmp_dir / f"{column}.parquet"),
+                )
+                columns[column] = read_generated(folder / f"{column}.parquet", sentences, column)
     return columns
+
+
+def _key(spec: dict) -> dict:
+    return {"generator": spec["generator"], **spec["kwargs"]}
+
+
+def _read_parquet(path: Path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path)
+
+
+def _write_parquet(table, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path)
 
 
 def statistics_input(columns: dict[str, list[str]]) -> list[str]:
@@ -46,35 +84,42 @@ def _generator_class(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def generate_column(
-    sentences: list[str], column: str, spec: dict, path: Path, use_ray: bool, use_gpu: bool, cpus: float = 1.0
+def generate_columns(
+    sentences: list[str], columns: list[str], generator: str, kwargs: dict, path: Path, use_ray: bool,
+    use_gpu: bool, cpus: float = 1.0, cpu_bound: bool = False,
 ) -> None:
+    """Run ``generator(**kwargs)`` over the sentences (in process, or as Ray Data actors) and
+    write ``sentence`` plus ``columns`` to ``path`` in corpus order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    cls = _generator_class(spec["generator"])
+    cls = _generator_class(generator)
     if not use_ray:
-        out = cls(**spec["kwargs"])({"sentence": sentences})
-        pq.write_table(pa.table({"sentence": sentences, column: list(out[column])}), path)
+        out = cls(**kwargs)({"sentence": sentences})
+        pq.write_table(pa.table({"sentence": sentences, **{c: list(out[c]) for c in columns}}), path)
         return
     import ray
     import ray.data
 
-    gpus = ray.cluster_resources().get("GPU", 0) if use_gpu else 0
-    actors = max(1, int(gpus)) if gpus else max(1, int(ray.cluster_resources().get("CPU", 1)) // 2)
+    gpus = ray.cluster_resources().get("GPU", 0) if use_gpu and not cpu_bound else 0
+    cluster_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    if gpus:
+        actors = max(1, int(gpus))
+    else:  # model-based generators use a few threads each; pure-Python ones one CPU each
+        actors = cluster_cpus if cpu_bound else max(1, cluster_cpus // 2)
     table = pa.table({"index": list(range(len(sentences))), "sentence": sentences})
     ds = ray.data.from_arrow(table).repartition(max(actors, min(len(sentences) // 256, 64)))
     ds = ds.map_batches(
         cls,
-        fn_constructor_kwargs=spec["kwargs"],
-        batch_size=64,
+        fn_constructor_kwargs=kwargs,
+        batch_size=64 if not cpu_bound else 256,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=actors),
         num_gpus=1 if gpus else 0,
         num_cpus=cpus,  # fractional inside sweeps, where trials' Train workers may hold every CPU
     )
     df = ds.to_pandas().sort_values("index")
-    pq.write_table(pa.table({"sentence": list(df["sentence"]), column: list(df[column])}), path)
+    pq.write_table(pa.table({"sentence": list(df["sentence"]), **{c: list(df[c]) for c in columns}}), path)
 
 
 def read_generated(path: Path, sentences: list[str], column: str) -> list[str]:

@@ -9,9 +9,11 @@ Users running the paper profile download ``bert-base-uncased``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from platform.cache import cached
+from platform.data import DATA_ENV
 
 TINY_MLM = "tiny-random-mlm"
 
@@ -34,9 +36,15 @@ def ensure_tiny_mlm() -> Path:
 
 
 def resolve_local_models(params) -> None:
-    """Replace the ``tiny-random-mlm`` name in a method's params by its saved folder."""
+    """Replace the ``tiny-random-mlm`` name in a method's params by its saved folder; point an
+    empty ``nltk_data`` at ``$PLATFORM_DATA_DIR/nltk_data`` when that exists and ``$NLTK_DATA``
+    is not set (the data directory is the one variable tests and CI set)."""
     if getattr(params, "mlm", None) == TINY_MLM:
         params.mlm = str(ensure_tiny_mlm())
+    if getattr(params, "nltk_data", None) == "" and not os.environ.get("NLTK_DATA"):
+        folder = Path(os.environ.get(DATA_ENV) or "nonexistent") / "nltk_data"
+        if folder.is_dir():
+            params.nltk_data = str(folder.resolve())
 
 
 def uses_random_mlm(params) -> bool:

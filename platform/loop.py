@@ -181,12 +181,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             if step >= steps:
                 break
             t0 = time.perf_counter()
-            if state is not None:
-                batch = method.augment(batch, state)
+            if not worker.use_ray and type(method).augment is not Method.augment:
+                batch = method.augment(batch, state)  # under Ray, Ray Data already did
             tokens = {
                 col: encoder.tokenize([str(s) for s in batch[col]], max_len=cfg.max_len, device=worker.device)
                 for col in method.text_columns
             }
+            tokens.update(method.tensor_columns(batch, worker.device))
             with autocast:
                 loss, extra = method.loss(model, tokens, step)
             # Every worker holds the same global loss; DDP averages gradients over workers, so

@@ -1,0 +1,244 @@
+"""AugCSE (Tang et al., 2022): SimCSE with diverse augmentations and an antagonistic discriminator.
+
+Augmentations (``methods.augmentations``) are generated once per corpus; at train time each
+sentence gets one of the set's augmentations, sampled uniformly, and the label of the pair is
+that augmentation's name, or "no augmentation" when the text came back unchanged.
+
+One forward pass encodes [x; x; x_aug] (3B rows, independent dropout masks), pools [CLS] before
+BERT's pooler and projects every row with the batch-normalised MLP g (d -> 2d -> d, DiffCSE's
+projector, training only). Then
+
+- Eq. 2, contrastive: SimCSE's InfoNCE between the two views g(h), g(h+) of the original
+  sentence (augmentations are never positives);
+- Eq. 3, discriminator: D(GRL([g(h); g(h_aug)])) predicts the augmentation type, binary cross
+  entropy against the one-hot type (incl. "no augmentation"); L = L_contrastive + lambda * L_disc.
+
+The gradient-reversal layer is the identity forward and multiplies the gradient by
+``grl_multiplier`` backward: -1 (default) makes the encoder work against the discriminator while
+the discriminator itself still learns to classify (antagonistic; Table 7 sweeps -100 ... 100).
+The authors' code spells this ``gradient_reverse_multiplier = m`` with gradient x (-m), i.e.
+``grl_multiplier = -m`` here. ``fidelity: authors_code`` adds the authors' Tanh on the
+discriminator's output logits; ``paper`` leaves the logits linear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from methods.augmentations import (
+    AUGMENTATIONS,
+    NO_AUGMENTATION,
+    load_spacy_parser,
+    require_wordnet,
+    resolve_set,
+)
+from methods.base import InvalidParams, Method, MethodParams
+from methods.encoder import POOLERS, Encoder
+from methods.losses import gather_with_grad, global_mean, info_nce
+
+# Bump when an augmentation's output changes, so cached generations are not reused.
+AUGMENTATION_VERSION = 1
+
+
+@dataclasses.dataclass
+class AugCSEParams(MethodParams):
+    # temperature (inherited) 0.05 as SimCSE. Encoder pooling under the projector: [CLS] of the
+    # last layer (the authors' 'cls'); evaluation uses the same pooling without the projector.
+    pooler: str = "cls_before_pooler"
+    augmentations: str = "8-aug"  # a set (4-aug, 8-aug, 12-aug) or comma-separated names
+    lambda_disc: float = 5e-3  # lambda, Tang et al. App. A.7 (BERT-base, STS); grid 1e-5 ... 1e-2
+    grl_multiplier: float = -1.0  # gradient x this through the GRL; -1 antagonistic (Table 7)
+    disc_dropout: float = 0.2
+    disc_layers: int = 2  # Linear(2d, 4d) + Tanh, ..., Linear(4d, types)
+    fidelity: str = "paper"  # paper | authors_code (Tanh on the discriminator's logits)
+    spacy_model: str = "en_core_web_sm"
+    nltk_data: str = ""  # a folder with corpora/wordnet.zip; empty: NLTK's search path ($NLTK_DATA)
+    generation_seed: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        resolve_set(self.augmentations)
+        checks = [
+            (self.pooler in POOLERS, f"unknown pooler {self.pooler!r}; choose one of {', '.join(POOLERS)}"),
+            (self.lambda_disc >= 0, f"lambda_disc must be >= 0, got {self.lambda_disc}"),
+            (0 <= self.disc_dropout < 1, f"disc_dropout must be in [0, 1), got {self.disc_dropout}"),
+            (self.disc_layers >= 2, f"disc_layers must be >= 2, got {self.disc_layers}"),
+            (self.fidelity in ("paper", "authors_code"), f"fidelity must be paper or authors_code, got {self.fidelity!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidParams(message)
+
+    def validate_batch(self, batch_size: int) -> None:
+        if batch_size < 2:
+            raise InvalidParams("AugCSE's batch-normalised projector needs a batch of at least 2")
+
+
+class GradientReversal(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by ``multiplier`` (Ganin & Lempitsky,
+    2015; AugCSE Eq. 3 with multiplier -1)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, multiplier: float) -> torch.Tensor:
+        ctx.multiplier = multiplier
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.multiplier, None
+
+
+def grad_reverse(x: torch.Tensor, multiplier: float) -> torch.Tensor:
+    return GradientReversal.apply(x, multiplier)
+
+
+class BatchNormProjector(nn.Module):
+    """g: Linear(d, 2d) + BN + ReLU + Linear(2d, d) + BN without affine (DiffCSE's projector,
+    used by AugCSE in training only)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(hidden, 2 * hidden, bias=False), nn.BatchNorm1d(2 * hidden), nn.ReLU(),
+            nn.Linear(2 * hidden, hidden, bias=False), nn.BatchNorm1d(hidden, affine=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class AugmentationDiscriminator(nn.Module):
+    """MLP over [g(h); g(h_aug)] (2d) predicting the augmentation type: dropout before every
+    Linear, Tanh between them (the authors' ``AugmentationDiscriminator``)."""
+
+    def __init__(self, in_dim: int, num_types: int, layers: int = 2, dropout: float = 0.2, tanh_logits: bool = False):
+        super().__init__()
+        dims = [in_dim] + [2 * in_dim] * (layers - 1) + [num_types]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.dropout = nn.Dropout(dropout)
+        self.tanh_logits = tanh_logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(self.dropout(x))
+            if i < len(self.layers) - 1 or self.tanh_logits:
+                x = torch.tanh(x)
+        return x
+
+
+def pad_cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Row-concatenate tokenised batches padded to different lengths (pad id 0, mask 0)."""
+    length = max(p["input_ids"].shape[1] for p in parts)
+    return {
+        key: torch.cat([F.pad(p[key], (0, length - p[key].shape[1])) for p in parts], dim=0)
+        for key in parts[0]
+    }
+
+
+class AugCSEModel(nn.Module):
+    def __init__(self, encoder: Encoder, params: AugCSEParams, num_types: int):
+        super().__init__()
+        self.encoder = encoder
+        self.pooler = params.pooler
+        self.projector = BatchNormProjector(encoder.hidden_size)
+        self.discriminator = AugmentationDiscriminator(
+            2 * encoder.hidden_size, num_types, params.disc_layers, params.disc_dropout,
+            tanh_logits=params.fidelity == "authors_code",
+        )
+        self.grl_multiplier = params.grl_multiplier
+        backbone_pooler = getattr(encoder.backbone, "pooler", None)
+        if backbone_pooler is not None:
+            backbone_pooler.requires_grad_(False)  # unused in training; DDP needs every trainable param used
+
+    def forward(self, inputs: dict[str, torch.Tensor], augmented: dict[str, torch.Tensor]):
+        """(z, z+, discriminator logits) for a batch and its augmentations, in one encoder pass."""
+        n = inputs["input_ids"].shape[0]
+        z = self.projector(self.encoder(pad_cat([inputs, inputs, augmented]), pooler=self.pooler))
+        z1, z2, za = z[:n], z[n : 2 * n], z[2 * n :]
+        logits = self.discriminator(grad_reverse(torch.cat([z1, za], dim=1), self.grl_multiplier))
+        return z1, z2, logits
+
+
+def discriminator_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """BCE between sigmoid(logits) and the one-hot augmentation type, averaged over rows and
+    types (AugCSE Eq. 3)."""
+    target = F.one_hot(labels, logits.shape[1]).to(logits.dtype)
+    return F.binary_cross_entropy_with_logits(logits.float(), target.float())
+
+
+class AugCSE(Method):
+    name = "augcse"
+    Params = AugCSEParams
+    text_columns = ("sentence", "augmented")
+
+    @property
+    def names(self) -> list[str]:
+        return resolve_set(self.params.augmentations)
+
+    @property
+    def labels(self) -> list[str]:
+        """Discriminator classes: "no augmentation", then the set's augmentations in order."""
+        return [NO_AUGMENTATION] + self.names
+
+    def preflight(self) -> None:
+        augs = [AUGMENTATIONS[n] for n in self.names]
+        if any(a.uses_wordnet for a in augs):
+            require_wordnet(self.params.nltk_data)
+        if any(a.uses_spacy for a in augs):
+            load_spacy_parser(self.params.spacy_model)
+
+    def generated_columns(self):
+        p = self.params
+        group = {"seed": p.generation_seed, "spacy_model": p.spacy_model, "nltk_data": p.nltk_data}
+        columns = {}
+        for name in self.names:
+            key = {"augmentation": name, "seed": p.generation_seed, "version": AUGMENTATION_VERSION}
+            if AUGMENTATIONS[name].uses_spacy:
+                key["spacy_model"] = p.spacy_model  # the parse decides the output
+            columns[f"aug_{name}"] = {
+                "generator": "methods.augmentations:AugmentationGenerator", "kwargs": key,
+                "group": group, "cpu_bound": True,
+            }
+        return columns
+
+    def augment(self, batch: dict[str, Any], state: Any, seed: int | None = None) -> dict[str, Any]:
+        """One augmentation per sentence, uniformly from the set; unchanged text is labelled
+        "no augmentation"."""
+        rng = np.random.default_rng(seed)
+        names = np.asarray(self.names, dtype=object)
+        sentences = np.asarray(batch["sentence"], dtype=object)
+        table = np.stack([np.asarray(batch[f"aug_{n}"], dtype=object) for n in names], axis=1)
+        pick = rng.integers(len(names), size=len(sentences))
+        augmented = table[np.arange(len(sentences)), pick]
+        labels = np.where(augmented == sentences, NO_AUGMENTATION, names[pick]).astype(object)
+        return {"sentence": sentences, "augmented": augmented, "aug_label": labels}
+
+    def tensor_columns(self, batch: dict[str, Any], device) -> dict[str, torch.Tensor]:
+        index = {label: i for i, label in enumerate(self.labels)}
+        try:
+            ids = [index[str(label)] for label in batch["aug_label"]]
+        except KeyError as exc:
+            raise InvalidParams(f"aug_label {exc.args[0]!r} is not one of this run's augmentations") from None
+        return {"aug_label": torch.tensor(ids, dtype=torch.long, device=device)}
+
+    def build(self, encoder: Encoder) -> nn.Module:
+        return AugCSEModel(encoder, self.params, len(self.labels))
+
+    def loss(self, model, batch, step):
+        p = self.params
+        labels = batch["aug_label"]
+        z1, z2, logits = model(batch["sentence"], batch["augmented"])
+        contrastive = info_nce(gather_with_grad(z1.float()), gather_with_grad(z2.float()), p.temperature)
+        disc = global_mean(discriminator_loss(logits, labels))
+        accuracy = global_mean((logits.detach().argmax(1) == labels).float().mean())
+        metrics = {"contrastive_loss": float(contrastive.detach()), "disc_loss": float(disc.detach()), "disc_accuracy": float(accuracy)}
+        return contrastive + p.lambda_disc * disc, metrics
+
+    def eval_pooler(self) -> str:
+        return self.params.pooler
