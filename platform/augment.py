@@ -8,7 +8,6 @@ appears complete or not at all (written beside it, then renamed). Prints the thr
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from platform.cache import prepared_state, replace_dir
 from platform.corpus import corpus_columns, statistics_input
 from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
-from platform.errors import UserError, cli_main
+from platform.errors import UserError, cli_main, writable_dir
 from platform.local_models import resolve_local_models
 
 
@@ -57,12 +56,7 @@ def main(argv=None) -> int:
         raise UserError(f"method {cfg.method!r} has no augmentation to generate")
     corpus = resolve_corpus(cfg.corpus)
     out = Path(args.out or Path("outputs") / "augment" / f"{cfg.method}-{corpus.name.split('.')[0]}").resolve()
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create {out.parent}: {exc.strerror}") from None
-    if not os.access(out.parent, os.W_OK):
-        raise UserError(f"output folder {out.parent} is not writable")
+    writable_dir(out.parent)
     sentences = read_corpus(corpus, limit=cfg.max_sentences or None)
 
     from platform.ray_env import init_ray

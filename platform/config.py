@@ -59,6 +59,13 @@ class TrainConfig:
     # trials' Train workers can hold every whole CPU, and the stage would never be scheduled.
     augment_cpus: float = 1.0
     bf16: bool = True  # autocast on GPU only
+    # Fault tolerance: a failed worker group restarts from the latest checkpoint (model, heads,
+    # optimizer, scheduler, step, RNG, data position) up to this many times (Ray Train FailureConfig).
+    max_failures: int = 3
+    # Where Ray Train workers get batches: 'ray' streams the method's augmentation through Ray Data
+    # (parallel CPUs); 'local' has every worker read the corpus and take its slice of each seeded
+    # global batch, so any worker count sees exactly the same batches (reproducibility checks).
+    data_pipeline: str = "ray"
     # Where runs write checkpoints (Ray's storage_path); relative paths are under the repo root.
     output_dir: str = "runs"
     params: MethodParams = dataclasses.field(default_factory=MethodParams)
@@ -133,6 +140,8 @@ class TrainConfig:
             (self.cpus_per_worker > 0, f"cpus_per_worker must be > 0, got {self.cpus_per_worker}"),
             (self.augment_cpus > 0, f"augment_cpus must be > 0, got {self.augment_cpus}"),
             (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
+            (self.max_failures >= 0, f"max_failures must be >= 0, got {self.max_failures}"),
+            (self.data_pipeline in ("ray", "local"), f"data_pipeline must be ray or local, got {self.data_pipeline!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -108,7 +108,11 @@ def generate_columns(
     else:  # model-based generators use a few threads each; pure-Python ones one CPU each
         actors = cluster_cpus if cpu_bound else max(1, cluster_cpus // 2)
     table = pa.table({"index": list(range(len(sentences))), "sentence": sentences})
-    ds = ray.data.from_arrow(table).repartition(max(actors, min(len(sentences) // 256, 64)))
+    # Blocks made here, not by a repartition task: with one actor per CPU holding every CPU, a
+    # task would wait forever for a CPU.
+    blocks = max(actors, min(len(sentences) // 256, 64))
+    size = -(-len(sentences) // blocks)
+    ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, len(sentences), size)])
     ds = ds.map_batches(
         cls,
         fn_constructor_kwargs=kwargs,

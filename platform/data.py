@@ -35,7 +35,7 @@ STS_YEARS = {
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 
 LAYOUT_HINT = (
-    "expected SentEval layout: $PLATFORM_DATA_DIR/downstream/STS/STS12-en-test/STS.input.MSRpar.txt, "
+    "fetch it with: python -m platform.data fetch senteval; expected SentEval layout: $PLATFORM_DATA_DIR/downstream/STS/STS12-en-test/STS.input.MSRpar.txt, "
     "$PLATFORM_DATA_DIR/downstream/STS/STSBenchmark/sts-dev.csv, "
     "$PLATFORM_DATA_DIR/downstream/SICK/SICK_test_annotated.txt"
 )
@@ -129,7 +129,8 @@ def resolve_corpus(name: str, root: Path | None = None) -> Path:
             candidate = None
         if candidate is not None and candidate.is_file():
             return candidate
-    raise DataError(f"corpus {name!r} not found (as a path, or under ${DATA_ENV}/corpus/)")
+    hint = "; fetch it with: python -m platform.data fetch wiki1m" if Path(name).name == "wiki1m_for_simcse.txt" else ""
+    raise DataError(f"corpus {name!r} not found (as a path, or under ${DATA_ENV}/corpus/){hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,3 +222,9 @@ def load_sts(task: str, root: Path | None = None, split: str = "test") -> STSPai
     if task == "SICKRelatedness":
         return load_sickr(split, root)
     raise DataError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
+
+
+if __name__ == "__main__":  # python -m platform.data fetch ...
+    from platform.fetch import main
+
+    raise SystemExit(main())

@@ -24,6 +24,23 @@ class UserError(Exception):
 USER_ERRORS = (UserError, ConfigError, DataError, InvalidParams, BackboneNotFound, WeightLoadError)
 
 
+def writable_dir(path, what: str = "output folder"):
+    """Create ``path`` and prove it takes a file (``os.access`` says yes to root on read-only
+    mounts); a full or read-only disk becomes one clear line instead of a failure mid-run."""
+    import os
+    from pathlib import Path
+
+    path = Path(path).expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"{what} {path} is not writable ({exc.strerror or exc})") from None
+    return path
+
+
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)

@@ -10,6 +10,7 @@ Ray and MLflow are imported only when asked for.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from platform.sts import STSEvaluator
 DEV_METRIC = "stsb_dev_spearman"
 CHECKPOINT_STATE = "state.json"
 CHECKPOINT_MODEL = "model"
+TRAIN_STATE = "train_state.pt"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,12 +146,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
     model = worker.wrap(method.build(encoder))
 
-    if worker.use_ray:
+    ray_data = worker.use_ray and cfg.data_pipeline == "ray"
+    if ray_data:
         num_sentences = int(config["_num_sentences"])
-        state = None  # augmentation already ran in Ray Data
+        state = None  # augmentation runs in Ray Data
     else:
         sentences = read_corpus(resolve_corpus(cfg.corpus), limit=cfg.max_sentences or None)
-        columns = corpus_columns(method, sentences, use_ray=False)
+        columns = corpus_columns(method, sentences, use_ray=False)  # from the cache the driver filled
         num_sentences = len(sentences)
         state = prepared_state(method, statistics_input(columns))
         method.check_state(state)
@@ -165,24 +168,31 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         else contextlib.nullcontext()
     )
     evaluator = STSEvaluator.stsb_dev(batch_size=cfg.eval_batch_size) if is_chief else None
-    sink = _metric_sink(config) if is_chief else None
     eval_pooler = method.eval_pooler()
 
     best = {"stsb_dev_spearman": -math.inf, "step": 0, "checkpoint": None}
-    step, window_loss, window_n, train_time = 0, 0.0, 0, 0.0
+    step, start_epoch, skip, train_time = 0, 0, 0, 0.0
+    resumed = restore(worker, model, optimizer, schedule)
+    if resumed is not None:
+        step, start_epoch, skip = resumed["step"], resumed["epoch"], resumed["batch_in_epoch"]
+        train_time = resumed["train_time_s"]
+        best.update(stsb_dev_spearman=resumed["best"], step=resumed["best_step"])
+        if is_chief:
+            print(f"resumed at step {step} (epoch {start_epoch}, batch {skip} of the epoch)", flush=True)
+    sink = _metric_sink(config, resumed=resumed is not None) if is_chief else None
+    window_loss, window_n = 0.0, 0
     model.train()
-    for epoch in range(cfg.epochs):
-        batches = (
-            ray_batches(cfg, worker.world, epoch)
-            if worker.use_ray
-            else local_batches(columns, cfg, worker.rank, worker.world, epoch)
-        )
+    for epoch in range(start_epoch, cfg.epochs):
+        batches = ray_batches(cfg, worker.world, epoch) if ray_data else local_batches(columns, cfg, worker.rank, worker.world, epoch)
+        batch_in_epoch = skip if epoch == start_epoch else 0
+        if batch_in_epoch:
+            batches = itertools.islice(batches, batch_in_epoch, None)  # the data position of the checkpoint
         for batch in batches:
             if step >= steps:
                 break
             t0 = time.perf_counter()
-            if not worker.use_ray and type(method).augment is not Method.augment:
-                batch = method.augment(batch, state)  # under Ray, Ray Data already did
+            if not ray_data and type(method).augment is not Method.augment:
+                batch = method.augment(batch, state)  # with Ray Data, the pipeline already did
             tokens = {
                 col: encoder.tokenize([str(s) for s in batch[col]], max_len=cfg.max_len, device=worker.device)
                 for col in method.text_columns
@@ -197,6 +207,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            batch_in_epoch += 1
             train_time += time.perf_counter() - t0
             window_loss += float(loss.detach())
             window_n += 1
@@ -206,24 +217,36 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
             if step % cfg.eval_steps == 0 or step == steps:
                 metrics: dict[str, Any] = {
-                    "step": step, "epoch": epoch, "train_loss_avg": window_loss / window_n, "train_time_s": train_time,
+                    "step": step, "epoch": epoch, "train_loss_avg": window_loss / max(window_n, 1), "train_time_s": train_time,
                 }
                 window_loss, window_n = 0.0, 0
-                checkpoint_dir = None
+                # Under Ray every evaluation reports a resumable checkpoint (Ray keeps the best and
+                # the latest); without Ray only a new best is kept, under output_dir.
+                checkpoint_dir = Path(tempfile.mkdtemp(prefix="ckpt-")) if worker.use_ray else None
+                if checkpoint_dir is not None:
+                    torch.save(rng_state(), checkpoint_dir / f"rng_rank{worker.rank}.pt")
                 if is_chief:
                     exported = method.export_encoder(model)
                     dev = evaluator(exported, pooler=eval_pooler)["STSBenchmark"]
                     metrics[DEV_METRIC] = dev
-                    if dev > best["stsb_dev_spearman"]:
+                    improved = dev > best["stsb_dev_spearman"]
+                    if improved:
                         best.update(stsb_dev_spearman=dev, step=step)
+                    metrics["best_" + DEV_METRIC] = best["stsb_dev_spearman"]
+                    if improved and checkpoint_dir is None:
                         checkpoint_dir = Path(tempfile.mkdtemp(prefix="ckpt-"))
+                    if checkpoint_dir is not None:
                         save_checkpoint(
                             checkpoint_dir,
                             exported,
                             {"step": step, "epoch": epoch, DEV_METRIC: dev, "method": cfg.method,
                              "eval_pooler": eval_pooler, "config": cfg.flat()},
                         )
-                    metrics["best_" + DEV_METRIC] = best["stsb_dev_spearman"]
+                    if worker.use_ray:
+                        save_train_state(checkpoint_dir, model, optimizer, schedule, {
+                            "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "train_time_s": train_time,
+                            "best": best["stsb_dev_spearman"], "best_step": best["step"],
+                        })
                     if sink is not None:
                         sink({k: v for k, v in metrics.items() if k not in ("step", "epoch", "train_time_s")}, step)
                 best["checkpoint"] = _report(worker, cfg, config, metrics, checkpoint_dir, best["checkpoint"])
@@ -240,8 +263,52 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------------------------
+# Resumable state (model with its training heads, optimizer, scheduler, position, RNG)
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def save_train_state(directory: Path, model, optimizer, schedule, position: dict[str, Any]) -> None:
+    inner = getattr(model, "module", model)
+    torch.save(
+        {"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(), **position},
+        directory / TRAIN_STATE,
+    )
+
+
+def restore(worker: Worker, model, optimizer, schedule) -> dict[str, Any] | None:
+    """Load the latest reported checkpoint (Ray Train restarts a failed worker group with it).
+    Everything is read with ``weights_only=True``: tensors and plain values, never code."""
+    if not worker.use_ray:
+        return None
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        directory = Path(directory)
+        state = torch.load(directory / TRAIN_STATE, map_location="cpu", weights_only=True)
+        rng_file = directory / f"rng_rank{worker.rank}.pt"
+        rng = torch.load(rng_file, weights_only=True) if rng_file.is_file() else None
+    getattr(model, "module", model).load_state_dict(state.pop("model"))
+    optimizer.load_state_dict(state.pop("optimizer"))
+    schedule.load_state_dict(state.pop("scheduler"))
+    if rng is not None:
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return state
+
+
 def _report(worker: Worker, cfg: TrainConfig, config: dict, metrics: dict, checkpoint_dir: Path | None, current):
-    """Hand metrics (and a new best checkpoint) to Ray Train, or keep it under output_dir."""
+    """Hand metrics and the checkpoint to Ray Train, or keep a new best under output_dir."""
     if worker.use_ray:
         import ray.train
 
@@ -267,9 +334,11 @@ def _report(worker: Worker, cfg: TrainConfig, config: dict, metrics: dict, check
     return str(target)
 
 
-def _metric_sink(config: dict):
+def _metric_sink(config: dict, resumed: bool = False):
     if not config.get("_mlflow_run_id"):
         return None
     from platform.tracking import MetricSink
 
-    return MetricSink(config.get("_mlflow_uri"), config["_mlflow_run_id"])
+    # After a restart, steps past the checkpoint run again: points already logged are kept, not
+    # duplicated.
+    return MetricSink(config.get("_mlflow_uri"), config["_mlflow_run_id"], skip_logged=resumed)

@@ -131,11 +131,28 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
 
 
 class MetricSink:
-    """Step metrics from rank 0 of the training loop straight to the run (None: print only)."""
+    """Step metrics from rank 0 of the training loop straight to the run (None: print only).
 
-    def __init__(self, uri: str | None, run_id: str | None):
-        self.uri, self.run_id = uri, run_id
+    ``skip_logged``: a worker group restarted from a checkpoint re-runs the steps after it; a
+    point whose step is not past the last one already logged for that key is dropped, so the
+    history has neither duplicates nor gaps."""
+
+    def __init__(self, uri: str | None, run_id: str | None, skip_logged: bool = False):
+        self.uri, self.run_id, self.skip_logged = uri, run_id, skip_logged
+        self.logged_until: dict[str, int] = {}
+
+    def _last_step(self, key: str) -> int:
+        if key not in self.logged_until:
+            history = client(self.uri).get_metric_history(self.run_id, key)
+            self.logged_until[key] = max((m.step for m in history), default=-1)
+        return self.logged_until[key]
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        if self.run_id:
+        if not self.run_id:
+            return
+        if self.skip_logged:
+            metrics = {k: v for k, v in metrics.items() if step > self._last_step(k)}
+            for k in metrics:
+                self.logged_until[k] = step
+        if metrics:
             log_metrics(self.uri, self.run_id, metrics, step)

@@ -19,7 +19,7 @@ from methods.base import Method, method_class
 from methods.encoder import Encoder, load_tokenizer
 from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import STS_TASKS, DataError, data_dir, load_sts, read_corpus, resolve_corpus
-from platform.errors import UserError, cli_main
+from platform.errors import UserError, cli_main, writable_dir
 from platform.local_models import resolve_local_models, uses_random_mlm
 from platform.loop import CHECKPOINT_MODEL, DEV_METRIC, read_checkpoint_state, train_loop_per_worker
 from platform import tracking
@@ -120,14 +120,19 @@ def fit(
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=str(storage),
-            # Rank 0 reports a checkpoint only when STS-B dev improves, so the one kept is the best.
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+            # Every evaluation reports a resumable checkpoint; Ray keeps the best by STS-B dev and
+            # always the latest, which a restarted worker group resumes from.
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=1, checkpoint_score_attribute=DEV_METRIC, checkpoint_score_order="max"
+            ),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
             callbacks=callbacks,
         ),
-        datasets={"train": build_dataset(method, columns, cfg)},
+        datasets={"train": build_dataset(method, columns, cfg)} if cfg.data_pipeline == "ray" else {},
     )
     result = trainer.fit()
-    checkpoint = result.checkpoint
+    scored = [(c, m) for c, m in (result.best_checkpoints or []) if DEV_METRIC in m]
+    checkpoint = max(scored, key=lambda cm: cm[1][DEV_METRIC])[0] if scored else result.checkpoint
     return {
         "best_" + DEV_METRIC: (result.metrics or {}).get("best_" + DEV_METRIC),
         "best_checkpoint": checkpoint.path if checkpoint is not None else None,
@@ -175,18 +180,7 @@ def run_tags(cfg: TrainConfig) -> dict[str, str]:
 
 
 def resolve_storage(cfg: TrainConfig) -> Path:
-    storage = Path(cfg.output_dir).expanduser().resolve()
-    try:
-        storage.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"output_dir {storage}: cannot create it ({exc.strerror})") from None
-    probe = storage / ".write-test"
-    try:
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise UserError(f"output_dir {storage} is not writable ({exc.strerror})") from None
-    return storage
+    return writable_dir(cfg.output_dir, "output_dir")
 
 
 # ------------------------------------------------------------------------------------------------

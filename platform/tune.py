@@ -194,14 +194,32 @@ def _outcomes_callback():
     return TrialOutcomes()
 
 
-def finish_child_runs(uri: str, parent: str, errored: set[str]) -> None:
-    """No child run stays RUNNING: ASHA-stopped trials end FINISHED (tagged), errored ones FAILED."""
+def expected_trials(spec: dict) -> int:
+    expected = spec["num_samples"]
+    for dist in spec["space"].values():
+        kind, args = next(iter(dist.items()))
+        if kind == "grid":
+            expected *= len(args)
+    return expected
+
+
+def _interrupted(results, expected: int) -> bool:
+    """Tune returns (instead of raising) after Ctrl-C, having saved its state: trials that are
+    neither terminated nor errored, or fewer trials than the sweep asked for, say so."""
+    return results.num_terminated + results.num_errors < len(results) or len(results) < expected
+
+
+def finish_child_runs(uri: str, parent: str, errored: set[str], interrupted: bool = False) -> None:
+    """No child run stays RUNNING: ASHA-stopped trials end FINISHED (tagged), errored ones FAILED,
+    and after Ctrl-C the trials still running end KILLED (``--resume`` runs them again)."""
     c = tracking.client(uri)
     exp = c.get_run(parent).info.experiment_id
     for run in c.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"):
         if run.info.status == "RUNNING":
             tid = run.data.tags.get("trial_id")
-            if tid in errored:
+            if interrupted:
+                c.set_terminated(run.info.run_id, "KILLED")
+            elif tid in errored:
                 c.set_terminated(run.info.run_id, "FAILED")
             else:
                 c.set_tag(run.info.run_id, "stopped_by_scheduler", "true")
@@ -209,10 +227,12 @@ def finish_child_runs(uri: str, parent: str, errored: set[str]) -> None:
 
 
 def trial_checkpoint(sweep_dir: Path, trial_id: str) -> str | None:
-    """The trial's kept checkpoint. Rank 0 reports one only when STS-B dev improves and Ray Train
-    keeps one, so it is the trial's best, also for a trial that the scheduler stopped mid-fit."""
-    found = sorted(p for p in (sweep_dir / "trials" / trial_id).glob("checkpoint_*") if (p / "state.json").is_file())
-    return str(found[-1]) if found else None
+    """The trial's best kept checkpoint. Ray Train keeps the best by STS-B dev and the latest,
+    also for a trial that the scheduler stopped mid-fit; the best is read from ``state.json``."""
+    found = [p for p in (sweep_dir / "trials" / trial_id).glob("checkpoint_*") if (p / "state.json").is_file()]
+    if not found:
+        return None
+    return str(max(found, key=lambda p: json.loads((p / "state.json").read_text(encoding="utf-8")).get(DEV_METRIC, -math.inf)))
 
 
 def best_trial(uri: str, parent: str, metric: str, mode: str, sweep_dir: Path) -> dict[str, Any] | None:
@@ -272,7 +292,7 @@ def main(argv=None) -> int:
     sweep_dir = latest_sweep(storage, args.method) if args.resume else None
     if args.resume and sweep_dir is None:
         raise UserError(f"--resume: no earlier {args.method} sweep under {storage}")
-    if sweep_dir is not None:
+    if sweep_dir is not None:  # Tune restores the sweep as it was started (its num_samples)
         state = json.loads((sweep_dir / SWEEP_STATE).read_text())
         parent = state["parent_run_id"]
         tracking.client(uri).update_run(parent, status="RUNNING")
@@ -281,12 +301,17 @@ def main(argv=None) -> int:
         sweep_dir.mkdir(parents=True)
         parent = tracking.start_run(uri, args.method, sweep_dir.name, {**run_tags(base), "sweep": "true"})
         tracking.log_params(uri, parent, {**base.flat(), **{f"space.{k}": v for k, v in spec["space"].items()}})
-        (sweep_dir / SWEEP_STATE).write_text(json.dumps({"parent_run_id": parent, "method": args.method}))
+        state = {"parent_run_id": parent, "method": args.method, "expected_trials": expected_trials(spec)}
+        (sweep_dir / SWEEP_STATE).write_text(json.dumps(state))
 
     status = "FAILED"
     outcomes = _outcomes_callback()
     try:
-        run_sweep(base, spec, columns, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
+        results = run_sweep(base, spec, columns, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
+        # A restored Tuner brings its own copy of the callback: errors are read from the results too.
+        outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
+        if _interrupted(results, state.get("expected_trials", expected_trials(spec))):
+            raise KeyboardInterrupt
         report_best(uri, parent, spec, base, sweep_dir)
         status = "FINISHED"
         return 0
@@ -296,7 +321,7 @@ def main(argv=None) -> int:
         raise
     finally:
         try:
-            finish_child_runs(uri, parent, outcomes.errored)
+            finish_child_runs(uri, parent, outcomes.errored, interrupted=status == "KILLED")
         finally:
             tracking.end_run(uri, parent, status)
 

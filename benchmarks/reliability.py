@@ -1,0 +1,152 @@
+"""Reliability costs (issue 7): checkpoint save/restore, time to resume after a killed worker,
+Tune's per-trial overhead.
+
+    PLATFORM_DATA_DIR=../shared/data python benchmarks/reliability.py [--skip-resume]
+
+- checkpoint: the packaged backbone (MiniLM, 22M parameters) in SimCSE's model after one AdamW
+  step: writing a resumable checkpoint (HF export + model/heads + optimizer + scheduler + RNG) and
+  loading it back into a fresh model and optimizer; median of 5, sizes on disk.
+- resume: ``platform.train simcse`` (local profile: MiniLM, 2 gloo workers) in a fresh local Ray;
+  one training worker is SIGKILLed after the first checkpoint; the time from the kill to the first
+  step the restarted group logs to MLflow (its timestamp), and the run's end status.
+- tune: trials per minute for a trainable that returns at once (Ray Tune's own overhead), 2 CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.modules.pop("platform", None)
+
+import torch  # noqa: E402
+
+
+def folder_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+def checkpoint_costs() -> None:
+    from transformers import get_linear_schedule_with_warmup
+
+    from methods.encoder import Encoder
+    from methods.simcse import SimCSE
+    from platform.loop import TRAIN_STATE, rng_state, save_checkpoint, save_train_state
+
+    method = SimCSE()
+    model = method.build(Encoder.from_pretrained("minilm"))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-5)
+    sched = get_linear_schedule_with_warmup(opt, 0, 100)
+    batch = {"sentence": model.encoder.tokenize(["a first sentence .", "another one here ."] * 8, max_len=32)}
+    method.loss(model, batch, 0)[0].backward()
+    opt.step()
+    sched.step()
+    saves, loads = [], []
+    for _ in range(5):
+        d = Path(tempfile.mkdtemp())
+        t0 = time.perf_counter()
+        save_checkpoint(d, method.export_encoder(model), {"step": 1})
+        save_train_state(d, model, opt, sched, {"step": 1})
+        torch.save(rng_state(), d / "rng_rank0.pt")
+        saves.append(time.perf_counter() - t0)
+        fresh = method.build(Encoder.from_pretrained("minilm"))
+        fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=3e-5)
+        fresh_sched = get_linear_schedule_with_warmup(fresh_opt, 0, 100)
+        t0 = time.perf_counter()
+        state = torch.load(d / TRAIN_STATE, map_location="cpu", weights_only=True)
+        fresh.load_state_dict(state["model"])
+        fresh_opt.load_state_dict(state["optimizer"])
+        fresh_sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(torch.load(d / "rng_rank0.pt", weights_only=True)["torch"])
+        loads.append(time.perf_counter() - t0)
+        size = folder_mb(d)
+        shutil.rmtree(d)
+    print(f"checkpoint (MiniLM + SimCSE head + AdamW): {size:.0f} MiB; save median {statistics.median(saves):.2f}s, "
+          f"restore median {statistics.median(loads):.2f}s (5 repeats)")
+
+
+def resume_time() -> None:
+    from mlflow.tracking import MlflowClient
+    from ray.cluster_utils import Cluster
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    tmp = Path(tempfile.mkdtemp())
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 2})
+    eval_steps = 8
+    sets = {"max_steps": 40, "eval_steps": eval_steps, "log_steps": 1, "batch_size": 16, "final_eval": "false",
+            "output_dir": tmp / "runs", "max_sentences": 1024}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    proc = subprocess.Popen([sys.executable, "-m", "platform.train", "simcse", *args], cwd=ROOT,
+                            env={**os.environ, "RAY_ADDRESS": cluster.address, "MLFLOW_TRACKING_URI": uri},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    import psutil
+
+    c = MlflowClient(uri)
+    kill_time, killed_step = None, None
+    while proc.poll() is None and kill_time is None:
+        time.sleep(0.2)
+        exp = c.get_experiment_by_name("simcse")
+        runs = c.search_runs([exp.experiment_id]) if exp else []
+        if not runs:
+            continue
+        steps = [m.step for m in c.get_metric_history(runs[0].info.run_id, "train_loss")]
+        if steps and max(steps) >= eval_steps + 2:
+            workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+            if workers:
+                killed_step = max(steps)
+                kill_time = time.time()
+                workers[-1].send_signal(signal.SIGKILL)
+    out, _ = proc.communicate()
+    run = c.search_runs([c.get_experiment_by_name("simcse").experiment_id])[0]
+    after = [m for m in c.get_metric_history(run.info.run_id, "train_loss") if m.timestamp / 1000 > kill_time]
+    first = min(after, key=lambda m: m.timestamp)
+    print(f"resume: worker killed at step {killed_step}; next step logged (step {first.step}) "
+          f"{first.timestamp / 1000 - kill_time:.1f}s after the kill; run {run.info.status}, exit {proc.returncode}")
+    cluster.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tune_overhead(n: int = 40) -> None:
+    import ray
+    from ray import tune
+
+    ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1")
+
+    def trainable(config):
+        return {"score": config["x"]}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        tune.Tuner(
+            trainable, param_space={"x": tune.uniform(0, 1)},
+            tune_config=tune.TuneConfig(num_samples=n, metric="score", mode="max"),
+            run_config=tune.RunConfig(storage_path=tmp, name="overhead", verbose=0),
+        ).fit()
+        sec = time.perf_counter() - t0
+    ray.shutdown()
+    print(f"tune: {n} instant trials in {sec:.1f}s = {n / sec * 60:.0f} trials/min ({sec / n:.2f}s per trial)")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--skip-resume", action="store_true")
+    args = p.parse_args()
+    checkpoint_costs()
+    tune_overhead()
+    if not args.skip_resume:
+        resume_time()
+
+
+if __name__ == "__main__":
+    main()

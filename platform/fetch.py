@@ -1,0 +1,181 @@
+"""``python -m platform.data fetch senteval|wiki1m|all [--data-dir DIR]``: the papers' data.
+
+Downloads SimCSE's copies (huggingface.co/datasets/princeton-nlp/datasets-for-simcse):
+``wiki1m_for_simcse.txt`` into ``<data>/corpus/`` and ``senteval.tar`` unpacked into
+``<data>/downstream/`` (SentEval's layout). ``$PLATFORM_DATA_MIRROR`` replaces the base URL (a
+mirror, or the loopback server of the tests).
+
+Each file is downloaded to ``<name>.part`` (an interrupted download resumes from there with an
+HTTP Range request), verified by sha256 and only then renamed into place; the tar is unpacked into
+a temporary folder that replaces ``downstream/`` in one rename. The expected sha256 is the one
+pinned in ``SOURCES`` or, where none is pinned, the one the server states: Hugging Face serves
+LFS files with their sha256 as ETag (``X-Linked-Etag``). A file that can be verified neither way
+is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from platform.data import DATA_ENV
+from platform.errors import UserError, cli_main, writable_dir
+
+BASE_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+MIRROR_ENV = "PLATFORM_DATA_MIRROR"
+
+# name -> (file, sha256 or None: taken from the server's LFS ETag). Not pinned: this repository
+# was written offline; pin the values printed by the first verified download.
+SOURCES = {
+    "wiki1m": ("wiki1m_for_simcse.txt", None),
+    "senteval": ("senteval.tar", None),
+}
+CHUNK = 1 << 20
+_SHA = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
+
+
+def _server_sha256(headers) -> str | None:
+    for key in ("X-Linked-Etag", "ETag"):
+        value = headers.get(key)
+        if value and _SHA.match(value.strip()):
+            return _SHA.match(value.strip()).group(1)
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(url: str, target: Path, sha256: str | None = None, timeout: float = 30.0) -> Path:
+    """``url`` -> ``target`` via ``target.part``: resumed, verified, renamed. Returns ``target``."""
+    from tqdm import tqdm
+
+    part = target.with_name(target.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and have:  # the part file is already complete
+            response = None
+        else:
+            raise UserError(f"download of {url} failed: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"cannot reach {url} ({reason}); run the same command again to resume") from None
+
+    expected = sha256
+    if response is not None:
+        with response:
+            expected = expected or _server_sha256(response.headers)
+            if have and response.status != 206:  # the server ignored the Range: start over
+                have = 0
+            length = response.headers.get("Content-Length")
+            total = have + int(length) if length is not None else None
+            try:
+                with open(part, "ab" if have else "wb") as out, tqdm(
+                    total=total, initial=have, unit="B", unit_scale=True, desc=target.name, disable=None
+                ) as bar:
+                    while True:
+                        block = response.read(CHUNK)
+                        if not block:
+                            break
+                        out.write(block)
+                        bar.update(len(block))
+            except OSError as exc:  # the connection dropped mid-file (incl. http.client.IncompleteRead)
+                raise UserError(
+                    f"download of {url} interrupted after {part.stat().st_size:,} bytes ({exc.__class__.__name__}); "
+                    "run the same command again to resume"
+                ) from None
+            if total is not None and part.stat().st_size < total:
+                raise UserError(
+                    f"download of {url} interrupted after {part.stat().st_size:,} of {total:,} bytes; "
+                    "run the same command again to resume"
+                )
+    if expected is None:
+        raise UserError(f"cannot verify {url}: no sha256 pinned and the server states none; the file was not installed")
+    actual = _sha256(part)
+    if actual != expected:
+        part.unlink()
+        raise UserError(f"checksum mismatch for {target.name}: sha256 {actual}, expected {expected}; the download was discarded")
+    os.replace(part, target)
+    print(f"{target}: sha256 {actual} verified")
+    return target
+
+
+def _safe_members(tar: tarfile.TarFile):
+    for member in tar.getmembers():
+        name = Path(member.name)
+        if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+            raise UserError(f"refusing tar member {member.name!r} (absolute path, '..', or a link)")
+        yield member
+
+
+def install_senteval(tar_path: Path, root: Path) -> Path:
+    """Unpack ``senteval.tar`` and put its ``downstream/`` folder in place in one rename."""
+    from platform.cache import replace_dir
+
+    with tempfile.TemporaryDirectory(dir=root, prefix=".senteval-") as tmp:
+        try:
+            with tarfile.open(tar_path) as tar:
+                tar.extractall(tmp, members=list(_safe_members(tar)), filter="data")
+        except tarfile.TarError as exc:
+            raise UserError(f"{tar_path} is not a readable tar file ({exc})") from None
+        found = sorted(Path(tmp).rglob("downstream"), key=lambda p: len(p.parts))
+        if not found or not found[0].is_dir():
+            raise UserError(f"{tar_path} has no downstream/ folder")
+        staging = root / ".downstream.new"
+        if staging.exists():
+            shutil.rmtree(staging)
+        os.replace(found[0], staging)
+        replace_dir(staging, root / "downstream")
+    return root / "downstream"
+
+
+def fetch(what: str, root: Path) -> list[Path]:
+    base = os.environ.get(MIRROR_ENV, BASE_URL).rstrip("/")
+    names = list(SOURCES) if what == "all" else [what]
+    done = []
+    for name in names:
+        filename, sha = SOURCES[name]
+        folder = root / "corpus" if name == "wiki1m" else root
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / filename
+        if not target.exists():
+            download(f"{base}/{filename}", target, sha)
+        else:
+            print(f"{target} already present")
+        if name == "senteval":
+            done.append(install_senteval(target, root))
+        else:
+            done.append(target)
+    return done
+
+
+@cli_main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m platform.data", description="Fetch the papers' data.")
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download and verify the papers' training corpus and SentEval data")
+    f.add_argument("what", choices=[*SOURCES, "all"])
+    f.add_argument("--data-dir", default=None, help=f"target folder (default ${DATA_ENV})")
+    args = p.parse_args(argv)
+    raw = args.data_dir or os.environ.get(DATA_ENV)
+    if not raw:
+        raise UserError(f"no data directory: pass --data-dir or set {DATA_ENV}")
+    root = writable_dir(raw, "data directory")
+    for path in fetch(args.what, root):
+        print(f"ready: {path}")
+    return 0

@@ -1,0 +1,167 @@
+"""``python -m platform.data fetch`` against a loopback HTTP server started here: complete,
+truncated and resumed, checksum mismatch, server gone mid-file, SentEval tar install."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.conftest import assert_user_error, run_cli
+
+
+class Server:
+    """Serves ``files`` with HF-style sha256 ETags and Range support; ``mode`` injects faults."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files, self.mode, self.ranges = files, "ok", []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                name = self.path.rsplit("/", 1)[-1]
+                if name not in outer.files:
+                    self.send_error(404)
+                    return
+                data = outer.files[name]
+                start = 0
+                if "Range" in self.headers:
+                    start = int(self.headers["Range"].split("=")[1].split("-")[0])
+                    outer.ranges.append(start)
+                body = data[start:]
+                self.send_response(206 if start else 200)
+                etag = hashlib.sha256(data).hexdigest() if outer.mode != "bad_etag" else "0" * 64
+                if outer.mode != "no_etag":
+                    self.send_header("X-Linked-Etag", f'"{etag}"')
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if outer.mode == "truncate":
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/datasets-for-simcse"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+WIKI = "".join(f"sentence number {i} of a small wiki copy .\n" for i in range(50_000)).encode()
+
+
+def _senteval_tar(extra_member: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, text in {
+            "SentEval/data/downstream/STS/STSBenchmark/sts-dev.csv": b"x\n",
+            "SentEval/data/downstream/SICK/SICK_test_annotated.txt": b"y\n",
+            **({extra_member: b"evil"} if extra_member else {}),
+        }.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    return buf.getvalue()
+
+
+@pytest.fixture()
+def server():
+    s = Server({"wiki1m_for_simcse.txt": WIKI, "senteval.tar": _senteval_tar()})
+    yield s
+    s.stop()
+
+
+def fetch(what, data_dir, url):
+    return run_cli("data", "fetch", what, "--data-dir", str(data_dir), env={"PLATFORM_DATA_MIRROR": url})
+
+
+def test_fetch_complete_then_already_present(server, tmp_path):
+    proc = fetch("wiki1m", tmp_path, server.url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    target = tmp_path / "corpus" / "wiki1m_for_simcse.txt"
+    assert target.read_bytes() == WIKI
+    assert "verified" in proc.stdout and not list(tmp_path.rglob("*.part"))
+    again = fetch("wiki1m", tmp_path, server.url)
+    assert again.returncode == 0 and "already present" in again.stdout
+
+
+def test_truncated_download_resumes_with_a_range_request(server, tmp_path):
+    server.mode = "truncate"
+    proc = fetch("wiki1m", tmp_path, server.url)
+    assert_user_error(proc, "interrupted", "run the same command again to resume")
+    part = tmp_path / "corpus" / "wiki1m_for_simcse.txt.part"
+    assert 0 < part.stat().st_size < len(WIKI)
+    assert not (tmp_path / "corpus" / "wiki1m_for_simcse.txt").exists()
+    have = part.stat().st_size
+    server.mode = "ok"
+    proc = fetch("wiki1m", tmp_path, server.url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert server.ranges == [have]
+    assert (tmp_path / "corpus" / "wiki1m_for_simcse.txt").read_bytes() == WIKI
+
+
+def test_checksum_mismatch_discards_the_download(server, tmp_path):
+    server.mode = "bad_etag"
+    assert_user_error(fetch("wiki1m", tmp_path, server.url), "checksum mismatch", "discarded")
+    assert not list((tmp_path / "corpus").iterdir())
+
+
+def test_unverifiable_file_is_refused(server, tmp_path):
+    server.mode = "no_etag"
+    assert_user_error(fetch("wiki1m", tmp_path, server.url), "cannot verify")
+    assert not (tmp_path / "corpus" / "wiki1m_for_simcse.txt").exists()
+
+
+def test_server_gone_mid_file_then_back(tmp_path):
+    s = Server({"wiki1m_for_simcse.txt": WIKI})
+    s.mode = "truncate"
+    url = s.url
+    assert_user_error(fetch("wiki1m", tmp_path, url), "interrupted")
+    s.stop()  # the server goes away
+    assert_user_error(fetch("wiki1m", tmp_path, url), "cannot reach", "resume")
+    part = tmp_path / "corpus" / "wiki1m_for_simcse.txt.part"
+    assert part.exists()
+    back = Server({"wiki1m_for_simcse.txt": WIKI})
+    try:
+        proc = fetch("wiki1m", tmp_path, back.url)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert back.ranges and back.ranges[0] > 0
+        assert (tmp_path / "corpus" / "wiki1m_for_simcse.txt").read_bytes() == WIKI
+    finally:
+        back.stop()
+
+
+def test_senteval_installs_downstream_atomically(server, tmp_path):
+    proc = fetch("senteval", tmp_path, server.url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "downstream" / "STS" / "STSBenchmark" / "sts-dev.csv").read_bytes() == b"x\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_senteval_tar_with_path_traversal_is_refused(tmp_path):
+    s = Server({"senteval.tar": _senteval_tar("../../escape.txt")})
+    try:
+        assert_user_error(fetch("senteval", tmp_path, s.url), "refusing tar member")
+        assert not (tmp_path / "downstream").exists() and not (tmp_path.parent / "escape.txt").exists()
+    finally:
+        s.stop()
+
+
+def test_no_data_dir(tmp_path):
+    proc = run_cli("data", "fetch", "wiki1m", env={"PLATFORM_DATA_DIR": ""})
+    assert_user_error(proc, "no data directory")
