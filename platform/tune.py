@@ -147,6 +147,14 @@ def trial_fn(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     cfg = TrainConfig.from_flat(flat)
     uri = sweep["uri"]
     trial_id = ctx.get_trial_id()
+    done = _finished_child_run(uri, sweep["parent"], trial_id)
+    if done is not None:
+        # A resumed sweep: this trial finished (its MLflow run says so) just before Tune could
+        # record it. Report its result again instead of training it twice.
+        best = done.data.metrics.get("best_" + DEV_METRIC)
+        if best is not None:
+            ray.tune.report({DEV_METRIC: best, "best_" + DEV_METRIC: best, "resumed_finished_trial": 1})
+            return
     run_id = tracking.start_run(
         uri, sweep["experiment"], f"trial-{trial_id}", {**run_tags(cfg), "trial_id": trial_id}, parent_run_id=sweep["parent"]
     )
@@ -167,6 +175,15 @@ def trial_fn(config: dict[str, Any], sweep: dict[str, Any]) -> None:
         tune_callback=True,
     )
     tracking.end_run(uri, run_id, "FINISHED")
+
+
+def _finished_child_run(uri: str, parent: str, trial_id: str):
+    c = tracking.client(uri)
+    exp = c.get_run(parent).info.experiment_id
+    runs = c.search_runs(
+        [exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.trial_id = '{trial_id}' and attributes.status = 'FINISHED'"
+    )
+    return runs[0] if runs else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,10 +220,14 @@ def expected_trials(spec: dict) -> int:
     return expected
 
 
-def _interrupted(results, expected: int) -> bool:
-    """Tune returns (instead of raising) after Ctrl-C, having saved its state: trials that are
-    neither terminated nor errored, or fewer trials than the sweep asked for, say so."""
-    return results.num_terminated + results.num_errors < len(results) or len(results) < expected
+def _interrupted(experiment_dir: Path, expected: int) -> bool:
+    """Tune returns (instead of raising) after Ctrl-C, having saved its state; in memory it then
+    marks the pending trials terminated, so the saved state is what tells: trials neither
+    terminated nor errored, or fewer trials than the sweep asked for."""
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(str(experiment_dir)).trials
+    return len(trials) < expected or any(t.status not in ("TERMINATED", "ERROR") for t in trials)
 
 
 def finish_child_runs(uri: str, parent: str, errored: set[str], interrupted: bool = False) -> None:
@@ -310,7 +331,7 @@ def main(argv=None) -> int:
         results = run_sweep(base, spec, columns, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
         # A restored Tuner brings its own copy of the callback: errors are read from the results too.
         outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
-        if _interrupted(results, state.get("expected_trials", expected_trials(spec))):
+        if _interrupted(sweep_dir / "tune", state.get("expected_trials", expected_trials(spec))):
             raise KeyboardInterrupt
         report_best(uri, parent, spec, base, sweep_dir)
         status = "FINISHED"
