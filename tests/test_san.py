@@ -180,6 +180,20 @@ def test_not_a_masked_lm_and_missing_spacy_model(tiny_model):
         load_spacy("en_core_web_lg")
 
 
+def test_tokenizer_without_mask_token_is_refused(tiny_model, tmp_path):
+    """A real masked LM whose tokenizer lost its mask token (e.g. a GPT-style tokenizer saved
+    beside it): refused before any generation, naming the problem."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    tok = Encoder.from_pretrained(str(tiny_model)).tokenizer
+    BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(tmp_path / "mlm")
+    tok.mask_token = None
+    tok.save_pretrained(tmp_path / "mlm")
+    with pytest.raises(InvalidParams, match="has no mask token"):
+        load_mlm(str(tmp_path / "mlm"))
+
+
 @pytest.mark.parametrize("kw,message", [({"tau2": 0}, "tau2"), ({"p2": 1.0}, "p2"), ({"rounds": 0}, "rounds"), ({"scale": 5}, "scale")])
 def test_bad_params(kw, message):
     with pytest.raises(InvalidParams, match=message):
