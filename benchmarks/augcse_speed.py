@@ -82,10 +82,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--full", action="store_true")
+    p.add_argument("--full-only", action="store_true", help="skip the per-augmentation table")
     args = p.parse_args()
     os.environ.setdefault("NLTK_DATA", str(data_dir() / "nltk_data"))
     require_wordnet()
-    per_augmentation(args.n)
+    if not args.full_only:
+        per_augmentation(args.n)
+    args.full = args.full or args.full_only
     if args.full:
         full_generation()
 

@@ -122,8 +122,10 @@ def generate_columns(
         num_gpus=1 if gpus else 0,
         num_cpus=cpus,  # fractional inside sweeps, where trials' Train workers may hold every CPU
     )
-    df = ds.to_pandas().sort_values("index")
-    pq.write_table(pa.table({"sentence": list(df["sentence"]), **{c: list(df[c]) for c in columns}}), path)
+    # Collected and reordered as Arrow (C++), not as Python strings: on a small machine the
+    # driver shares the CPUs with the actors.
+    table = pa.concat_tables(ray.get(ds.to_arrow_refs())).sort_by("index")
+    pq.write_table(table.select(["sentence", *columns]), path)
 
 
 def read_generated(path: Path, sentences: list[str], column: str) -> list[str]:
