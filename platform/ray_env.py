@@ -18,7 +18,12 @@ FORWARDED_ENV = ("PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_
 
 
 def worker_env() -> dict[str, str]:
-    env = {"TOKENIZERS_PARALLELISM": "false"}
+    # Workers run in a copy of the repository (the job's working_dir), where the default cache
+    # folder would be a new, empty one: they read the driver's cache, so corpus statistics and
+    # generated columns are made once (on another node the folder is created and filled there).
+    from platform.cache import cache_root
+
+    env = {"TOKENIZERS_PARALLELISM": "false", "PLATFORM_CACHE_DIR": str(cache_root())}
     for key in FORWARDED_ENV:
         value = os.environ.get(key)
         if value:

@@ -54,5 +54,17 @@ def test_ray_tasks_and_data_import_the_package(small_corpus):
         ds = ray.data.from_items([{"path": str(small_corpus)}] * 2)
         rows = ds.map(lambda r: {"n": len(read_corpus(r["path"]))}).take_all()
         assert [r["n"] for r in rows] == [256, 256]
+
+        @ray.remote
+        def worker_cache_root():
+            from platform.cache import cache_root
+
+            return str(cache_root())
+
+        from platform.cache import cache_root
+
+        # Workers run in a copy of the repository; they must share the driver's cache, not
+        # start an empty one in that copy.
+        assert ray.get(worker_cache_root.remote()) == str(cache_root())
     finally:
         ray.shutdown()
