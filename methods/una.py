@@ -91,6 +91,28 @@ class TfIdfTable:
     def size(self) -> int:
         return len(self.vocab)
 
+    def word_ids(self) -> "WordIds":
+        """Word as written -> term index (-1: not a term), filled as words are met."""
+        if "_word_ids" not in self.__dict__:
+            self.__dict__["_word_ids"] = WordIds(self.index)
+        return self.__dict__["_word_ids"]
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_word_ids"}
+
+
+class WordIds(dict):
+    """A dict whose misses lower-case the word once and look it up in the vocabulary, so the
+    per-word look-up of a batch is one C-level ``map`` and each written form is lowered once."""
+
+    def __init__(self, index: dict[str, int]):
+        super().__init__()
+        self.index = index
+
+    def __missing__(self, word: str) -> int:
+        self[word] = term = self.index.get(word.lower(), -1)
+        return term
+
 
 def term_frequencies(counts: sp.csr_matrix) -> sp.csr_matrix:
     """tf(t, d) = log(1 + n_t / n), n the number of terms of d (Shu et al., Eq. 2)."""
@@ -244,24 +266,27 @@ def match_case(word: str, like: str) -> str:
 def make_negatives(
     sentences: list[str], table: TfIdfTable, params: UNAParams, rng: np.random.Generator
 ) -> list[str]:
-    """Steps 2-3 for a batch: words are found per sentence, everything else runs on flat arrays of
-    (sentence, term) pairs for the whole batch."""
+    """Steps 2-3 for a batch. The batch is split into words in one regex pass over the joined text
+    and everything after that runs on flat arrays of words and (sentence, term) pairs; Python only
+    touches the replaced words."""
     check_window(table, params)
-    index_get = table.index.get
-    split_sentences = []  # per sentence: [gap, word, gap, word, ..., gap] and the lowercased words
-    sid_list: list[int] = []
-    tid_list: list[int] = []
-    for i, text in enumerate(sentences):
-        parts = SPLIT.split(text)
-        lower = [w.lower() for w in parts[1::2]]
-        split_sentences.append((parts, lower))
-        ids = [t for t in map(index_get, lower) if t is not None]  # the vocabulary holds terms only
-        sid_list.extend([i] * len(ids))
-        tid_list.extend(ids)
+    if not sentences:
+        return []
+    joined, sep = _join(sentences)
+    parts = SPLIT.split(joined)  # [gap, word, gap, ..., word, gap]; sep only in gaps
+    words = parts[1::2]
+    lookup = table.word_ids()
+    word_tid = np.fromiter(map(lookup.__getitem__, words), dtype=np.int64, count=len(words))
+    # The sentence of each word: its offset in the joined text against the sentences' offsets.
+    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    word_start = np.cumsum(lengths)[0::2][:-1]
+    sentence_start = np.cumsum([0] + [len(s) + 1 for s in sentences[:-1]])
+    word_sid = np.searchsorted(sentence_start, word_start, side="right") - 1
+    is_term = word_tid >= 0  # the vocabulary holds terms only (a word with a letter)
 
     m = table.size
-    keys, counts = np.unique(np.asarray(sid_list, dtype=np.int64) * m + np.asarray(tid_list, dtype=np.int64),
-                             return_counts=True)
+    keys, inverse, counts = np.unique(word_sid[is_term] * m + word_tid[is_term], return_inverse=True,
+                                      return_counts=True)
     sid, tid = keys // m, keys % m  # sorted by sentence: each sentence's terms are contiguous
     if len(keys):
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
@@ -277,7 +302,7 @@ def make_negatives(
         pick = rng.random(len(keys)) < p
     else:
         pick = np.zeros(0, dtype=bool)
-    owners, terms = sid[pick], tid[pick]
+    terms = tid[pick]
 
     if params.step3 == "tfidf" and params.fidelity == "authors_code":
         repl = authors_sampler(table, params.r)(terms)
@@ -286,29 +311,37 @@ def make_negatives(
     else:  # ablation: uniform over the vocabulary, the term itself excluded
         draw = rng.integers(m - 1, size=len(terms))
         repl = np.where(draw >= terms, draw + 1, draw)
-    # owners is sorted (keys were): one {term: replacement} mapping per sentence, built at C speed.
-    vocab = table.vocab
-    bounds = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1], True]) if len(owners) else np.zeros(1, np.int64)
-    originals, replacements = vocab[terms].tolist(), vocab[repl].tolist()
-    by_sentence = {
-        int(owners[a]): dict(zip(originals[a:b], replacements[a:b])) for a, b in zip(bounds[:-1], bounds[1:])
-    }
+    # Every occurrence of a chosen term in its sentence gets the same replacement.
+    key_repl = np.full(len(keys), -1, dtype=np.int64)
+    key_repl[pick] = repl
+    word_repl = np.full(len(words), -1, dtype=np.int64)
+    word_repl[is_term] = key_repl[inverse]
+    at = np.flatnonzero(word_repl >= 0)
+    new = table.vocab[word_repl[at]].tolist()
+    has_negative = np.zeros(len(sentences), dtype=bool)
+    has_negative[sid[pick]] = True
 
-    out = []
-    for i, (parts, lower) in enumerate(split_sentences):
-        mapping = by_sentence.get(i)
-        if not mapping:
-            out.append("")
-        elif params.fidelity == "authors_code":
-            out.append(" ".join([mapping.get(w, w) for w in lower]))
-        else:
-            parts = list(parts)
-            parts[1::2] = [
-                o if r is None else (r if o.islower() else match_case(r, o))
-                for r, o in zip(map(mapping.get, lower), parts[1::2])
-            ]
-            out.append("".join(parts))
-    return out
+    if params.fidelity == "authors_code":  # lowercased words, space-joined, punctuation dropped
+        lowered = list(map(str.lower, words))
+        for i, w in zip(at.tolist(), new):
+            lowered[i] = w
+        bounds = np.searchsorted(word_sid, np.arange(len(sentences) + 1)).tolist()
+        return [" ".join(lowered[a:b]) if has_negative[j] else ""
+                for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    for i, w in zip(at.tolist(), new):
+        original = parts[2 * i + 1]
+        parts[2 * i + 1] = w if original.islower() else match_case(w, original)
+    out = "".join(parts).split(sep)
+    return [text if keep else "" for text, keep in zip(out, has_negative.tolist())]
+
+
+def _join(sentences: list[str]) -> tuple[str, str]:
+    """The batch as one string, joined by a non-word character that no sentence contains."""
+    for sep in ("\x00", "\x01", "\x02", "\x03", "\ufdd0", "\ufdd1"):
+        joined = sep.join(sentences)
+        if joined.count(sep) == len(sentences) - 1:
+            return joined, sep
+    raise InvalidParams("UNA cannot find a separator character that no sentence of this batch contains")
 
 
 def grouped_probabilities(z: np.ndarray, starts: np.ndarray, group: np.ndarray, beta: float) -> np.ndarray:

@@ -23,6 +23,7 @@ from platform.errors import UserError, cli_main, writable_dir
 from platform.local_models import resolve_local_models, uses_random_mlm
 from platform.loop import CHECKPOINT_MODEL, DEV_METRIC, read_checkpoint_state, train_loop_per_worker
 from platform import tracking
+from platform.augment import augment_dataset
 from platform.cache import prepared_state
 from platform.corpus import corpus_columns, statistics_input
 
@@ -63,17 +64,9 @@ def prepare_corpus(cfg: TrainConfig, sentences: list[str], check_state: bool = T
 
 def build_dataset(method: Method, columns: dict[str, list[str]], cfg: TrainConfig):
     """The Ray Data pipeline feeding the workers: corpus rows -> the method's CPU augmentation."""
-    import pyarrow as pa
-    import ray.data
-
     state = prepared_state(method, statistics_input(columns))
     method.check_state(state)
-    ds = ray.data.from_arrow(pa.table(columns))
-    if type(method).augment is not Method.augment:
-        ds = ds.map_batches(
-            method.augment, fn_kwargs={"state": state}, batch_format="numpy", batch_size=1024, num_cpus=cfg.augment_cpus
-        )
-    return ds
+    return augment_dataset(method, columns, state, batch_size=1024, num_cpus=cfg.augment_cpus)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -125,6 +125,34 @@ def test_sentence_without_terms_gets_empty_negative():
     assert out[:2] == ["", ""] and out[2] not in ("", "The cat sat.")
 
 
+def test_batch_split_keeps_sentence_boundaries_and_gaps(corpus):
+    """The batch is split in one pass over the joined text: sentences holding the separator
+    candidates, newlines, no words or only edge punctuation must come back aligned and verbatim
+    outside the replaced words; every occurrence of a term gets the same replacement."""
+    import pickle
+    import re
+
+    table = fit_tfidf(corpus)
+    batch = ["", "\x00The cat\x00 sat.", "...", "Line one\nline two, the END", "\x01The \ufdd0dog",
+             "!Stocks fell!", "the The THE the"] + corpus[:50]
+    negs = make_negatives(batch, table, UNAParams(r=20), np.random.default_rng(4))
+    assert len(negs) == len(batch)
+    for s, n in zip(batch, negs):
+        words = re.findall(r"\w+", s)
+        if not any(w.lower() in table.index for w in words):
+            assert n == ""
+            continue
+        assert re.split(r"\w+", n) == re.split(r"\w+", s)  # gaps verbatim, same number of words
+        mapping = {}
+        for o, r in zip(words, re.findall(r"\w+", n)):
+            if r != o:
+                assert o.lower() in table.index and mapping.setdefault(o.lower(), r.lower()) == r.lower()
+                assert r == (r.upper() if o.isupper() and len(o) > 1 else r[:1].upper() + r[1:] if o[0].isupper() else r)
+        assert mapping and all(o not in mapping for o in map(str.lower, words) if o not in table.index)
+    # The per-process word cache does not travel with the table.
+    assert "_word_ids" in table.__dict__ and "_word_ids" not in pickle.loads(pickle.dumps(table)).__dict__
+
+
 @pytest.mark.parametrize("which", ["step2", "step3"])
 def test_each_ablation_changes_only_its_step(corpus, which):
     table = fit_tfidf(corpus)
