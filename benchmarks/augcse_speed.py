@@ -55,13 +55,13 @@ def per_augmentation(n: int) -> None:
         print(f"{name:32s} {n / sec:10,.0f} {incl:>12s} {changed:8.0%}")
 
 
-def full_generation() -> None:
+def full_generation(limit: int | None = None) -> None:
     import ray
 
     from platform.corpus import generate_columns
     from platform.ray_env import init_ray
 
-    sentences = corpus()
+    sentences = corpus(limit)
     columns = [f"aug_{n}" for n in AUGMENTATION_SETS["8-aug"]]
     kwargs = {"columns": columns, "seed": 0, "spacy_model": SPACY, "nltk_data": str(data_dir() / "nltk_data")}
     times = {}
@@ -83,6 +83,7 @@ def main():
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--full", action="store_true")
     p.add_argument("--full-only", action="store_true", help="skip the per-augmentation table")
+    p.add_argument("--full-n", type=int, default=None, help="the first N corpus sentences only (default: all)")
     args = p.parse_args()
     os.environ.setdefault("NLTK_DATA", str(data_dir() / "nltk_data"))
     require_wordnet()
@@ -90,7 +91,7 @@ def main():
         per_augmentation(args.n)
     args.full = args.full or args.full_only
     if args.full:
-        full_generation()
+        full_generation(args.full_n)
 
 
 if __name__ == "__main__":
