@@ -6,8 +6,9 @@ Downloads SimCSE's copies (huggingface.co/datasets/princeton-nlp/datasets-for-si
 mirror, or the loopback server of the tests).
 
 Each file is downloaded to ``<name>.part`` (an interrupted download resumes from there with an
-HTTP Range request), verified by sha256 and only then renamed into place; the tar is unpacked into
-a temporary folder that replaces ``downstream/`` in one rename. The expected sha256 is the one
+HTTP Range request; a part file that is already whole, left by a run stopped before the rename,
+is checked against a HEAD request's size and checksum), verified by sha256 and only then renamed
+into place; the tar is unpacked into a temporary folder that replaces ``downstream/`` in one rename. The expected sha256 is the one
 pinned in ``SOURCES`` or, where none is pinned, the one the server states: Hugging Face serves
 LFS files with their sha256 as ETag (``X-Linked-Etag``). A file that can be verified neither way
 is refused.
@@ -50,6 +51,11 @@ def _server_sha256(headers) -> str | None:
     return None
 
 
+def _head(url: str, timeout: float):
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout) as response:
+        return response.headers
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -65,18 +71,34 @@ def download(url: str, target: Path, sha256: str | None = None, timeout: float =
     part = target.with_name(target.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    expected = sha256
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
-        if exc.code == 416 and have:  # the part file is already complete
-            response = None
-        else:
+        if exc.code != 416 or not have:
             raise UserError(f"download of {url} failed: HTTP {exc.code} {exc.reason}") from None
+        response = None  # nothing past the part file: it is complete, or longer than the file
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"cannot reach {url} ({reason}); run the same command again to resume") from None
 
-    expected = sha256
+    if response is None:
+        # A 416 answer carries neither the checksum nor always the size: ask with a HEAD request.
+        try:
+            head = _head(url, timeout)
+        except urllib.error.HTTPError as exc:
+            raise UserError(f"cannot check {part.name} against {url}: HEAD answered HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UserError(f"cannot reach {url} ({reason}); run the same command again to resume") from None
+        expected = expected or _server_sha256(head)
+        size = head.get("Content-Length")
+        if size is not None and int(size) != have:
+            part.unlink()
+            raise UserError(
+                f"{part.name} holds {have:,} bytes but the file has {int(size):,}; discarded it, "
+                "run the same command again to download it afresh"
+            )
     if response is not None:
         with response:
             expected = expected or _server_sha256(response.headers)

@@ -18,14 +18,18 @@ class Server:
     """Serves ``files`` with HF-style sha256 ETags and Range support; ``mode`` injects faults."""
 
     def __init__(self, files: dict[str, bytes]):
-        self.files, self.mode, self.ranges = files, "ok", []
+        self.files, self.mode, self.ranges, self.heads = files, "ok", [], 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):
+            def do_HEAD(self):
+                outer.heads += 1
+                self.do_GET(head=True)
+
+            def do_GET(self, head=False):
                 name = self.path.rsplit("/", 1)[-1]
                 if name not in outer.files:
                     self.send_error(404)
@@ -35,6 +39,12 @@ class Server:
                 if "Range" in self.headers:
                     start = int(self.headers["Range"].split("=")[1].split("-")[0])
                     outer.ranges.append(start)
+                if start >= len(data):  # as real servers answer: no body, no checksum
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = data[start:]
                 self.send_response(206 if start else 200)
                 etag = hashlib.sha256(data).hexdigest() if outer.mode != "bad_etag" else "0" * 64
@@ -42,6 +52,8 @@ class Server:
                     self.send_header("X-Linked-Etag", f'"{etag}"')
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if head:
+                    return
                 if outer.mode == "truncate":
                     self.wfile.write(body[: len(body) // 2])
                     self.wfile.flush()
@@ -125,6 +137,28 @@ def test_unverifiable_file_is_refused(server, tmp_path):
     server.mode = "no_etag"
     assert_user_error(fetch("wiki1m", tmp_path, server.url), "cannot verify")
     assert not (tmp_path / "corpus" / "wiki1m_for_simcse.txt").exists()
+
+
+def test_complete_part_file_is_verified_through_a_head_request(server, tmp_path):
+    """A run stopped after the last byte but before the rename: the Range request gets 416 with no
+    checksum, so the checksum comes from a HEAD request and the file is installed."""
+    part = tmp_path / "corpus" / "wiki1m_for_simcse.txt.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(WIKI)
+    proc = fetch("wiki1m", tmp_path, server.url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert server.ranges == [len(WIKI)] and server.heads == 1 and "verified" in proc.stdout
+    assert (tmp_path / "corpus" / "wiki1m_for_simcse.txt").read_bytes() == WIKI and not part.exists()
+
+
+def test_part_file_longer_than_the_file_is_discarded(server, tmp_path):
+    part = tmp_path / "corpus" / "wiki1m_for_simcse.txt.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(WIKI + b"junk")
+    assert_user_error(fetch("wiki1m", tmp_path, server.url), "discarded it", "afresh")
+    assert not part.exists() and not (tmp_path / "corpus" / "wiki1m_for_simcse.txt").exists()
+    proc = fetch("wiki1m", tmp_path, server.url)
+    assert proc.returncode == 0 and (tmp_path / "corpus" / "wiki1m_for_simcse.txt").read_bytes() == WIKI
 
 
 def test_server_gone_mid_file_then_back(tmp_path):
