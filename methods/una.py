@@ -179,11 +179,15 @@ def replacement_probabilities(z: np.ndarray, beta: float) -> np.ndarray:
 # Step 3: replacements
 
 
-def sample_in_windows(table: TfIdfTable, terms: np.ndarray, r: int, rng: np.random.Generator) -> np.ndarray:
+def sample_in_windows(
+    table: TfIdfTable, terms: np.ndarray, r: int, rng: np.random.Generator | None = None,
+    uniforms: np.ndarray | None = None,
+) -> np.ndarray:
     """For each term, a word from the +-r window of its rank (itself excluded), P proportional to s.
 
     Vectorised inverse-CDF sampling on the prefix sums of s in rank order: the term's own mass is
-    cut out of the window by shifting draws that land at or after it.
+    cut out of the window by shifting draws that land at or after it. The uniforms come from
+    ``rng``, or are given (one per term, in [0, 1)).
     """
     m = table.size
     k = table.rank[terms]
@@ -192,7 +196,8 @@ def sample_in_windows(table: TfIdfTable, terms: np.ndarray, r: int, rng: np.rand
     own = table.s[terms]
     before_lo, before_k = table.cum[lo], table.cum[k]
     total = table.cum[hi + 1] - before_lo - own
-    u = rng.random(len(terms)) * total
+    given = uniforms is not None
+    u = (uniforms if given else rng.random(len(terms))) * total
     target = before_lo + u
     target = np.where(target >= before_k, target + own, target)
     pos = np.searchsorted(table.cum, target, side="right") - 1
@@ -201,34 +206,58 @@ def sample_in_windows(table: TfIdfTable, terms: np.ndarray, r: int, rng: np.rand
     flat = total <= 0
     if flat.any():
         width = hi[flat] - lo[flat]  # number of candidates without the term itself
-        draw = lo[flat] + (rng.random(flat.sum()) * width).astype(np.int64)
+        draw = lo[flat] + ((uniforms[flat] if given else rng.random(flat.sum())) * width).astype(np.int64)
         pos[flat] = np.where(draw >= k[flat], draw + 1, draw)
     pos = np.where(pos == k, np.where(k > lo, k - 1, k + 1), pos)  # float round-off guard
     return table.order[pos]
 
 
+def counter_uniforms(seed: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Uniforms in [0, 1) that are a fixed function of (seed, a, b): SplitMix64 (Steele et al.,
+    2014) over the three, so a list of draws can be recomputed instead of stored."""
+    def mix(x):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        x = mix(mix(mix(np.full(len(a), seed, dtype=np.uint64)) ^ a.astype(np.uint64)) ^ b.astype(np.uint64))
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 class CachedWindowSampler:
-    """Step 3 as the UNA authors' code does it: for each word, 2r+1 replacements are drawn from its
-    window once (here: on the word's first use in this process) and then handed out in order,
-    cycling. Same marginal distribution as ``sample_in_windows``; successive negatives of a word
-    are correlated through the shared list."""
+    """Step 3 as the UNA authors' code does it: each word has a list of 2r+1 replacements drawn from
+    its window once, handed out in order and cycling. Same marginal distribution as
+    ``sample_in_windows``; successive negatives of a word are correlated through the shared list.
+
+    The authors draw every list at start-up and keep them (2r+1 entries for each of the ~70k words);
+    here entry j of word t is recomputed from counter-based uniforms of (seed, t, j), so the lists are
+    the same fixed lists without being stored, and a batch is sampled without a per-word loop. One
+    position counter per word is all the state."""
 
     def __init__(self, table: TfIdfTable, r: int, seed: int = 0):
-        self.table, self.r = table, r
-        self.rng = np.random.default_rng(seed)
-        self.draws: dict[int, np.ndarray] = {}
-        self.next: dict[int, int] = {}
+        self.table, self.r, self.seed = table, r, seed
+        self.length = 2 * r + 1
+        self.next = np.zeros(table.size, dtype=np.int64)
+
+    def cached_list(self, term: int) -> np.ndarray:
+        """The 2r+1 replacements of ``term``, in the order they are handed out."""
+        return self._entries(np.full(self.length, term, dtype=np.int64), np.arange(self.length))
+
+    def _entries(self, terms: np.ndarray, j: np.ndarray) -> np.ndarray:
+        return sample_in_windows(self.table, terms, self.r, uniforms=counter_uniforms(self.seed, terms, j))
 
     def __call__(self, terms: np.ndarray) -> np.ndarray:
-        out = np.empty(len(terms), dtype=np.int64)
-        for i, t in enumerate(terms.tolist()):
-            draws = self.draws.get(t)
-            if draws is None:
-                draws = self.draws[t] = sample_in_windows(self.table, np.full(2 * self.r + 1, t), self.r, self.rng)
-            k = self.next.get(t, 0)
-            out[i] = draws[k % len(draws)]
-            self.next[t] = k + 1
-        return out
+        terms = np.asarray(terms, dtype=np.int64)
+        order = np.argsort(terms, kind="stable")  # a word's occurrences stay in batch order
+        ordered = terms[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        sizes = np.diff(np.r_[starts, len(terms)])
+        position = np.empty(len(terms), dtype=np.int64)
+        position[order] = self.next[ordered] + np.arange(len(terms)) - np.repeat(starts, sizes)
+        self.next[ordered[starts]] += sizes
+        return self._entries(terms, position % self.length)
 
 
 _SAMPLERS: dict[tuple, CachedWindowSampler] = {}

@@ -243,13 +243,43 @@ def test_authors_sampler_walks_cached_draws_in_order(corpus):
     from methods.una import CachedWindowSampler
 
     table = fit_tfidf(corpus)
-    term = int(table.order[table.size // 2])
+    term, other = int(table.order[table.size // 2]), int(table.order[table.size // 3])
     sampler = CachedWindowSampler(table, r=3, seed=0)
-    first = sampler(np.full(7, term))  # 2r+1 = 7 draws: the whole cached list, in order
+    first = sampler(np.full(7, term))  # 2r+1 = 7 draws: the whole list, in order
+    np.testing.assert_array_equal(first, sampler.cached_list(term))
     np.testing.assert_array_equal(sampler(np.full(7, term)), first)  # then it cycles
-    np.testing.assert_array_equal(first, sampler.draws[term])
     dist = np.abs(table.rank[first] - table.rank[term])
     assert (dist >= 1).all() and (dist <= 3).all()
+    # Interleaved with another word, each word walks its own list from where it stopped.
+    mixed = sampler(np.array([other, term, other, term, term]))
+    np.testing.assert_array_equal(mixed[[0, 2]], sampler.cached_list(other)[:2])
+    np.testing.assert_array_equal(mixed[[1, 3, 4]], first[:3])
+    assert sampler.next[term] == 17 and sampler.next[other] == 2
+    # A per-occurrence slow reference over a random stream of words.
+    stream = np.random.default_rng(2).choice([term, other], size=40)
+    ref_sampler, fast = CachedWindowSampler(table, r=3, seed=5), CachedWindowSampler(table, r=3, seed=5)
+    lists = {t: ref_sampler.cached_list(t) for t in (term, other)}
+    seen = Counter()
+    expected = []
+    for t in stream.tolist():
+        expected.append(lists[t][seen[t] % 7])
+        seen[t] += 1
+    np.testing.assert_array_equal(np.concatenate([fast(stream[:13]), fast(stream[13:])]), expected)
+
+
+def test_authors_lists_follow_s(corpus):
+    """Entries of the per-word lists are window draws proportional to s (chi-square over seeds)."""
+    from methods.una import CachedWindowSampler
+
+    table = fit_tfidf(corpus)
+    term, r = int(table.order[table.size // 2]), 5
+    draws = np.concatenate([CachedWindowSampler(table, r, seed=s).cached_list(term) for s in range(2000)])
+    k = table.rank[term]
+    window = [int(table.order[j]) for j in range(k - r, k + r + 1) if j != k]
+    counts = Counter(draws.tolist())
+    assert set(counts) <= set(window)
+    expected = table.s[window] / table.s[window].sum() * len(draws)
+    assert chisquare(np.array([counts[w] for w in window]), expected).pvalue > 0.01
 
 
 def test_batched_step2_equals_per_sentence_reference():
