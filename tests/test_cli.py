@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -130,9 +131,16 @@ def _bad_corpus(tmp_path, kind):
         (["simcse", "--set", "model=/nonexistent/model"], ["neither a local model directory", "minilm"]),
     ],
 )
-def test_train_bad_input(args, needles, tmp_path, mlflow_uri):
-    proc = run_cli("train", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri})
-    assert_user_error(proc, *needles)
+def test_train_bad_input(args, needles, tmp_path, mlflow_uri, monkeypatch, capsys):
+    """In this process, through ``main(argv)`` as ``python -m`` calls it (nine interpreter starts
+    cost ~30 s); the subprocess path of the same handler is covered by ``test_train_bad_corpus``."""
+    from platform.train import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert_user_error(subprocess.CompletedProcess(args, exit_info.value.code, "", err), *needles)
     assert all(r.info.status != "RUNNING" for r in _runs(mlflow_uri)[1])
 
 
