@@ -15,7 +15,7 @@ from typing import Any
 
 from methods.base import Method, method_class
 from platform.cache import prepared_state, replace_dir
-from platform.corpus import corpus_columns, statistics_input
+from platform.corpus import arrow_blocks, corpus_columns, statistics_input
 from platform.config import TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
 from platform.errors import UserError, cli_main, writable_dir
@@ -46,6 +46,7 @@ class BoundAugment:
 
 
 _STATES: dict[str, Any] = {}
+_KEEP = 4  # concurrent trials of a sweep share worker processes; each has its own reference
 
 
 def _fetch(ref):
@@ -53,7 +54,8 @@ def _fetch(ref):
     if key not in _STATES:
         import ray
 
-        _STATES.clear()  # one corpus state per process: a new run's replaces the last one's
+        while len(_STATES) >= _KEEP:
+            _STATES.pop(next(iter(_STATES)))  # the oldest: a finished run's
         _STATES[key] = ray.get(ref)
     return _STATES[key]
 
@@ -70,11 +72,7 @@ def augment_dataset(
     # 2 CPUs: 1.2 tasks in flight with it, 1.85 without; benchmarks/RESULTS.md).
     ray.data.DataContext.get_current().op_resource_reservation_enabled = False
     table = pa.table(columns)
-    # Blocks cut here rather than by a repartition task (no extra pass over the data, and no task
-    # that waits for a CPU while augmentation holds them all).
-    blocks = max(1, min(table.num_rows // batch_size, 64))
-    size = -(-table.num_rows // blocks)
-    ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, table.num_rows, size)])
+    ds = arrow_blocks(table, min(table.num_rows // batch_size, 64))
     if type(method).augment is Method.augment:  # generated once per corpus (e.g. SAN): nothing per epoch
         return ds
     return ds.map_batches(

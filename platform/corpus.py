@@ -110,9 +110,7 @@ def generate_columns(
     table = pa.table({"index": list(range(len(sentences))), "sentence": sentences})
     # Blocks made here, not by a repartition task: with one actor per CPU holding every CPU, a
     # task would wait forever for a CPU.
-    blocks = max(actors, min(len(sentences) // 256, 64))
-    size = -(-len(sentences) // blocks)
-    ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, len(sentences), size)])
+    ds = arrow_blocks(table, max(actors, min(len(sentences) // 256, 64)))
     ds = ds.map_batches(
         cls,
         fn_constructor_kwargs=kwargs,
@@ -126,6 +124,16 @@ def generate_columns(
     # driver shares the CPUs with the actors.
     table = pa.concat_tables(ray.get(ds.to_arrow_refs())).sort_by("index")
     pq.write_table(table.select(["sentence", *columns]), path)
+
+
+def arrow_blocks(table, blocks: int):
+    """A Ray Dataset of ``table`` in ``blocks`` nearly equal blocks, cut here on the driver rather
+    than by a repartition task: no extra pass over the data, and no task left waiting for a CPU
+    while actors or augmentation tasks hold them all."""
+    import ray.data
+
+    size = max(1, -(-table.num_rows // max(1, blocks)))
+    return ray.data.from_arrow([table.slice(i, size) for i in range(0, table.num_rows, size)])
 
 
 def read_generated(path: Path, sentences: list[str], column: str) -> list[str]:

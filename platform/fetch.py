@@ -8,10 +8,10 @@ mirror, or the loopback server of the tests).
 Each file is downloaded to ``<name>.part`` (an interrupted download resumes from there with an
 HTTP Range request; a part file that is already whole, left by a run stopped before the rename,
 is checked against a HEAD request's size and checksum), verified by sha256 and only then renamed
-into place; the tar is unpacked into a temporary folder that replaces ``downstream/`` in one rename. The expected sha256 is the one
-pinned in ``SOURCES`` or, where none is pinned, the one the server states: Hugging Face serves
-LFS files with their sha256 as ETag (``X-Linked-Etag``). A file that can be verified neither way
-is refused.
+into place; the tar is unpacked into a temporary folder that replaces ``downstream/`` in one
+rename. The expected sha256 is the one pinned in ``SOURCES`` or, where none is pinned, the one the
+server states: Hugging Face serves LFS files with their sha256 as ETag (``X-Linked-Etag``). A file
+that can be verified neither way is refused.
 """
 
 from __future__ import annotations
