@@ -1,11 +1,25 @@
-"""The `platform` package re-exports the standard module; Ray workers import it via working_dir."""
+"""The `platform` package re-exports the standard module; Ray workers import it via working_dir,
+and the Ray Data generation pipeline built on it returns the corpus in order."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    from platform.ray_env import init_ray
+
+    init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
 
 
 def test_heavy_libraries_import_under_the_shim():
@@ -33,38 +47,76 @@ def test_stdlib_api_is_complete():
     assert platform.python_version() == std.python_version()
 
 
-def test_ray_tasks_and_data_import_the_package(small_corpus):
-    import ray
+def test_ray_tasks_and_data_import_the_package(small_corpus, local_ray):
+    ray = local_ray
 
-    from platform.ray_env import init_ray
+    @ray.remote
+    def count(path):
+        import platform
+        from platform.data import read_corpus
 
-    init_ray(num_cpus=2)
-    try:
-        @ray.remote
-        def count(path):
-            import platform
-            from platform.data import read_corpus
+        return platform.system(), len(read_corpus(path))
 
-            return platform.system(), len(read_corpus(path))
+    assert ray.get(count.remote(str(small_corpus))) == ("Linux", 256)
 
-        assert ray.get(count.remote(str(small_corpus))) == ("Linux", 256)
+    from platform.data import read_corpus  # pickled by reference: the worker must import it
 
-        from platform.data import read_corpus  # pickled by reference: the worker must import it
+    ds = ray.data.from_items([{"path": str(small_corpus)}] * 2)
+    rows = ds.map(lambda r: {"n": len(read_corpus(r["path"]))}).take_all()
+    assert [r["n"] for r in rows] == [256, 256]
 
-        ds = ray.data.from_items([{"path": str(small_corpus)}] * 2)
-        rows = ds.map(lambda r: {"n": len(read_corpus(r["path"]))}).take_all()
-        assert [r["n"] for r in rows] == [256, 256]
-
-        @ray.remote
-        def worker_cache_root():
-            from platform.cache import cache_root
-
-            return str(cache_root())
-
+    @ray.remote
+    def worker_cache_root():
         from platform.cache import cache_root
 
-        # Workers run in a copy of the repository; they must share the driver's cache, not
-        # start an empty one in that copy.
-        assert ray.get(worker_cache_root.remote()) == str(cache_root())
-    finally:
-        ray.shutdown()
+        return str(cache_root())
+
+    from platform.cache import cache_root
+
+    # Workers run in a copy of the repository; they must share the driver's cache, not
+    # start an empty one in that copy.
+    assert ray.get(worker_cache_root.remote()) == str(cache_root())
+
+
+class SlowFirstBlock:
+    """A generator whose first block finishes last (it sleeps), so rows come back out of order
+    unless the pipeline puts them back."""
+
+    def __init__(self, columns):
+        self.columns = columns
+
+    def __call__(self, batch):
+        import time
+
+        import numpy as np
+
+        sentences = [str(s) for s in batch["sentence"]]
+        if sentences[0].endswith(" 0."):
+            time.sleep(3)
+        return {**batch, self.columns[0]: np.asarray([s.upper() for s in sentences], dtype=object)}
+
+
+def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_ray, tmp_path):
+    """Two actors, three blocks: rows come back in corpus order, each with its own outputs, the
+    same as one process gives."""
+    import pyarrow.parquet as pq
+
+    from platform.corpus import BLOCK_SENTENCES, generate_columns
+    from platform.data import read_corpus
+
+    base = read_corpus(small_corpus)
+    sentences = [f"{s} It's {i}." for i, s in enumerate(base * 6)][: 2 * BLOCK_SENTENCES + 100]
+    columns = ["aug_contraction_expansion", "aug_number_to_word"]
+    generator = "methods.augmentations:AugmentationGenerator"
+    for use_ray in (False, True):
+        generate_columns(sentences, columns, generator, {"columns": columns}, tmp_path / f"{use_ray}.parquet",
+                         use_ray=use_ray, use_gpu=False, cpu_bound=True)
+    alone, pooled = (pq.read_table(tmp_path / f"{r}.parquet").to_pydict() for r in (False, True))
+    assert pooled["sentence"] == sentences
+    assert pooled == alone
+    assert sum(a != s for a, s in zip(pooled["aug_number_to_word"], sentences)) > 500
+
+    generate_columns(sentences, ["upper"], "tests.test_shim:SlowFirstBlock", {"columns": ["upper"]},
+                     tmp_path / "slow.parquet", use_ray=True, use_gpu=False, cpu_bound=True)
+    slow = pq.read_table(tmp_path / "slow.parquet").to_pydict()
+    assert slow["sentence"] == sentences and slow["upper"] == [s.upper() for s in sentences]
