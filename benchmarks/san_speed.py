@@ -96,5 +96,6 @@ def main():
           f"SAN {b * 1e3:.0f} ms, +{100 * (b / a - 1):.0f}%; padded tokens through the encoder "
           f"+{100 * (tokens['san'] / tokens['simcse'] - 1):.0f}%", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -56,6 +56,10 @@ def _head(url: str, timeout: float):
         return response.headers
 
 
+def _unreachable(url: str, exc: Exception) -> UserError:
+    return UserError(f"cannot reach {url} ({getattr(exc, 'reason', exc)}); run the same command again to resume")
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -79,8 +83,7 @@ def download(url: str, target: Path, sha256: str | None = None, timeout: float =
             raise UserError(f"download of {url} failed: HTTP {exc.code} {exc.reason}") from None
         response = None  # nothing past the part file: it is complete, or longer than the file
     except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise UserError(f"cannot reach {url} ({reason}); run the same command again to resume") from None
+        raise _unreachable(url, exc) from None
 
     if response is None:
         # A 416 answer carries neither the checksum nor always the size: ask with a HEAD request.
@@ -89,8 +92,7 @@ def download(url: str, target: Path, sha256: str | None = None, timeout: float =
         except urllib.error.HTTPError as exc:
             raise UserError(f"cannot check {part.name} against {url}: HEAD answered HTTP {exc.code}") from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise UserError(f"cannot reach {url} ({reason}); run the same command again to resume") from None
+            raise _unreachable(url, exc) from None
         expected = expected or _server_sha256(head)
         size = head.get("Content-Length")
         if size is not None and int(size) != have:
