@@ -1,0 +1,148 @@
+"""Fixed inputs for the named recipes' loss and gradients, and a summary that can be compared.
+
+``python -m tests.recipe_reference record OUT.json`` wrote ``tests/fixtures/recipe_reference.json``
+with the code as it was before the methods became recipes of ingredients (commit noted in the
+file); ``tests/test_recipes.py`` checks that each named recipe still gives the same loss, metrics
+and gradients on the same inputs and seeds.
+
+A gradient is summarised per parameter tensor by its sum, its L2 norm and its projection on a
+fixed random direction: any change to a loss term's value or its gradient flow moves them.
+Encoder parameters are keyed by name; training-head parameters (whose attribute names are free
+to change) are compared as a multiset of (shape, summary).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+TINY_BERT = dict(
+    vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+    max_position_embeddings=512,
+)
+
+SENTENCES = [
+    "a man is playing a guitar .", "the cat sleeps on the mat .", "stocks fell sharply on monday .",
+    "she reads a book in the garden .", "two dogs run across the field .", "the meeting was postponed again .",
+    "rain is expected tomorrow afternoon .", "he cooked pasta for dinner .",
+]
+NEGATIVES = [
+    "a man is playing a violin .", "the dog sleeps on the mat .", "stocks rose sharply on friday .",
+    "", "two cats walk across the road .", "the meeting was held again .",
+    "snow is expected tomorrow morning .", "he cooked rice for lunch .",
+]
+PARAPHRASES = [
+    "a guy plays the guitar .", "on the mat the cat is sleeping .", "shares dropped hard on monday .",
+    "in the garden she is reading a book .", "a pair of dogs runs over the field .", "they delayed the meeting once more .",
+    "tomorrow afternoon it should rain .", "for dinner he made pasta .",
+]
+AUGMENTED = [
+    "a man is playing a guitar .", "the cat doesn't sleep on the mat .", "fell stocks sharply on monday .",
+    "she read a book in the garden .", "two dogs run the field .", "the meeting was not postponed again .",
+    "rain is expected tomorrow afternoon .", "he cooks pasta for dinner .",
+]
+AUG_LABELS = [
+    "no_augmentation", "auxiliary_negation_removal", "random_swap", "tense_transformation", "random_delete",
+    "auxiliary_negation_removal", "no_augmentation", "tense_transformation",
+]
+
+# name -> (method, params, step). Steps select UNA's negative batches (every alpha-th).
+CASES = {
+    "simcse": ("simcse", {}, 0),
+    "una_negatives": ("una", {"alpha": 1}, 0),
+    "una_plain_step": ("una", {"alpha": 5}, 0),
+    "una_authors_negatives": ("una", {"alpha": 1, "fidelity": "authors_code"}, 0),
+    "una_authors_plain_step": ("una", {"alpha": 5, "fidelity": "authors_code"}, 0),
+    "una_paraphrase_negatives": ("una", {"alpha": 1, "paraphrase_cache": "paraphrases.parquet"}, 0),
+    "una_paraphrase_plain_step": ("una", {"alpha": 5, "paraphrase_cache": "paraphrases.parquet"}, 0),
+    "san": ("san", {}, 0),
+    "san_weighted": ("san", {"tau2": 0.06, "own_negative_weight": 2.0, "p2": 0.3}, 0),
+    "augcse": ("augcse", {"augmentations": "12-aug"}, 0),
+    "augcse_authors": ("augcse", {"augmentations": "12-aug", "fidelity": "authors_code", "grl_multiplier": -10.0}, 0),
+    "vascl": ("vascl", {"k": 4}, 3),
+    "vascl_authors": ("vascl", {"k": 4, "fidelity": "authors_code"}, 3),
+}
+
+COLUMNS = {"sentence": SENTENCES, "negative": NEGATIVES, "paraphrase": PARAPHRASES, "augmented": AUGMENTED,
+           "aug_label": AUG_LABELS}
+
+
+def build_tiny_bert(path: Path) -> Path:
+    """The tests' 2-layer, 32-d random BERT (seed 0) with the packaged MiniLM tokenizer."""
+    from transformers import BertConfig, BertModel
+
+    from methods.encoder import load_tokenizer
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(**TINY_BERT)).save_pretrained(path)
+    load_tokenizer("minilm").save_pretrained(path)
+    return path
+
+
+def summarise(model: torch.nn.Module, loss: torch.Tensor, metrics: dict) -> dict:
+    encoder, heads = {}, []
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.detach().double().flatten()
+        direction = torch.randn(g.numel(), generator=torch.Generator().manual_seed(g.numel()), dtype=torch.float64)
+        summary = [float(g.sum()), float(g.norm()), float(g @ direction)]
+        if name.startswith("encoder."):
+            encoder[name[len("encoder."):]] = summary
+        else:
+            heads.append([list(p.shape), summary])
+    heads.sort(key=lambda item: (item[0], item[1][1]))
+    return {"loss": float(loss.detach()), "metrics": {k: float(v) for k, v in metrics.items()},
+            "encoder_grads": encoder, "head_grads": heads}
+
+
+def run_case(name: str, model_dir: Path, build) -> dict:
+    """``build(method, params, encoder) -> (model, loss_fn(model, columns, step))``; seeds fixed."""
+    from methods.encoder import Encoder
+
+    method, params, step = CASES[name]
+    encoder = Encoder.from_pretrained(str(model_dir), dropout=0.1)
+    torch.manual_seed(1)
+    model, loss_fn = build(method, params, encoder)
+    model.train()
+    torch.manual_seed(2)
+    loss, metrics = loss_fn(model, COLUMNS, step)
+    loss.backward()
+    return summarise(model, loss, metrics)
+
+
+def legacy_build(method: str, params: dict, encoder):
+    """The pre-recipe API (``methods.base.Method``), used once to record the reference."""
+    from methods.base import method_class
+
+    cls = method_class(method)
+    m = cls(cls.Params(**params))
+    model = m.build(encoder)
+
+    def loss_fn(model, columns, step):
+        tokens = {c: encoder.tokenize(columns[c], max_len=32) for c in m.text_columns}
+        tokens.update(m.tensor_columns(columns, None))
+        return m.loss(model, tokens, step)
+
+    return model, loss_fn
+
+
+def record(out: Path) -> None:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_bert(Path(tmp) / "tiny")
+        results = {name: run_case(name, model_dir, legacy_build) for name in CASES}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"recorded_at_commit": commit, "torch": torch.__version__, "cases": results}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "record":
+        raise SystemExit("usage: python -m tests.recipe_reference record OUT.json")
+    record(Path(sys.argv[2]))
