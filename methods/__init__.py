@@ -1,8 +1,5 @@
-"""The science: encoders, augmentations and losses in plain PyTorch and text processing.
+"""The science: encoders, augmentations, losses and the recipes that combine them, in plain PyTorch
+and text processing (``methods.recipe`` is the entry point).
 
-Nothing here imports Ray or MLflow, so every method runs on a machine that has neither.
+Nothing here imports Ray or MLflow, so every recipe runs on a machine that has neither.
 """
-
-from methods.base import REGISTRY, InvalidParams, Method, MethodParams, method_class
-
-__all__ = ["REGISTRY", "InvalidParams", "Method", "MethodParams", "method_class"]

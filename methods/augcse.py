@@ -1,12 +1,14 @@
-"""AugCSE (Tang et al., 2022): SimCSE with diverse augmentations and an antagonistic discriminator.
+"""AugCSE (Tang et al., 2022) as ``aux=augcse``: diverse augmentations and an antagonistic
+discriminator on top of the recipe's contrastive loss.
 
 Augmentations (``methods.augmentations``) are generated once per corpus; at train time each
 sentence gets one of the set's augmentations, sampled uniformly, and the label of the pair is
 that augmentation's name, or "no augmentation" when the text came back unchanged.
 
-One forward pass encodes [x; x; x_aug] (3B rows, independent dropout masks), pools [CLS] before
-BERT's pooler and projects every row with the batch-normalised MLP g (d -> 2d -> d, DiffCSE's
-projector, training only). Then
+The augmented rows join the anchors' and positives' forward pass ([x; x; x_aug], 3B rows,
+independent dropout masks), every row pooled with [CLS] before BERT's pooler and projected by the
+batch-normalised MLP g (d -> 2d -> d, DiffCSE's projector, training only), which this term brings
+as the recipe's projection. Then
 
 - Eq. 2, contrastive: SimCSE's InfoNCE between the two views g(h), g(h+) of the original
   sentence (augmentations are never positives);
@@ -38,46 +40,34 @@ from methods.augmentations import (
     require_wordnet,
     resolve_set,
 )
-from methods.base import InvalidParams, Method, MethodParams
-from methods.encoder import POOLERS, Encoder
-from methods.losses import gather_with_grad, global_mean, info_nce
+from methods.ingredients import GeneratedColumn, Ingredient, InvalidParams, Params, StepOutputs, check
+from methods.losses import global_mean
 
 # Bump when an augmentation's output changes, so cached generations are not reused.
 AUGMENTATION_VERSION = 1
 
 
 @dataclasses.dataclass
-class AugCSEParams(MethodParams):
-    # temperature (inherited) 0.05 as SimCSE. Encoder pooling under the projector: [CLS] of the
-    # last layer (the authors' 'cls'); evaluation uses the same pooling without the projector.
-    pooler: str = "cls_before_pooler"
+class AugCSEParams(Params):
     augmentations: str = "8-aug"  # a set (4-aug, 8-aug, 12-aug) or comma-separated names
     lambda_disc: float = 5e-3  # lambda, Tang et al. App. A.7 (BERT-base, STS); grid 1e-5 ... 1e-2
     grl_multiplier: float = -1.0  # gradient x this through the GRL; -1 antagonistic (Table 7)
     disc_dropout: float = 0.2
     disc_layers: int = 2  # Linear(2d, 4d) + Tanh, ..., Linear(4d, types)
-    fidelity: str = "paper"  # paper | authors_code (Tanh on the discriminator's logits)
     spacy_model: str = "en_core_web_sm"
     nltk_data: str = ""  # a folder with corpora/wordnet.zip; empty: NLTK's search path ($NLTK_DATA)
     generation_seed: int = 0
 
     def validate(self) -> None:
-        super().validate()
         resolve_set(self.augmentations)
-        checks = [
-            (self.pooler in POOLERS, f"unknown pooler {self.pooler!r}; choose one of {', '.join(POOLERS)}"),
+        check([
             (self.lambda_disc >= 0, f"lambda_disc must be >= 0, got {self.lambda_disc}"),
             (0 <= self.disc_dropout < 1, f"disc_dropout must be in [0, 1), got {self.disc_dropout}"),
             (self.disc_layers >= 2, f"disc_layers must be >= 2, got {self.disc_layers}"),
-            (self.fidelity in ("paper", "authors_code"), f"fidelity must be paper or authors_code, got {self.fidelity!r}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidParams(message)
+        ])
 
     def validate_batch(self, batch_size: int) -> None:
-        if batch_size < 2:
-            raise InvalidParams("AugCSE's batch-normalised projector needs a batch of at least 2")
+        check([(batch_size >= 2, "AugCSE's batch-normalised projector needs a batch of at least 2")])
 
 
 class GradientReversal(torch.autograd.Function):
@@ -132,39 +122,6 @@ class AugmentationDiscriminator(nn.Module):
         return x
 
 
-def pad_cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Row-concatenate tokenised batches padded to different lengths (pad id 0, mask 0)."""
-    length = max(p["input_ids"].shape[1] for p in parts)
-    return {
-        key: torch.cat([F.pad(p[key], (0, length - p[key].shape[1])) for p in parts], dim=0)
-        for key in parts[0]
-    }
-
-
-class AugCSEModel(nn.Module):
-    def __init__(self, encoder: Encoder, params: AugCSEParams, num_types: int):
-        super().__init__()
-        self.encoder = encoder
-        self.pooler = params.pooler
-        self.projector = BatchNormProjector(encoder.hidden_size)
-        self.discriminator = AugmentationDiscriminator(
-            2 * encoder.hidden_size, num_types, params.disc_layers, params.disc_dropout,
-            tanh_logits=params.fidelity == "authors_code",
-        )
-        self.grl_multiplier = params.grl_multiplier
-        backbone_pooler = getattr(encoder.backbone, "pooler", None)
-        if backbone_pooler is not None:
-            backbone_pooler.requires_grad_(False)  # unused in training; DDP needs every trainable param used
-
-    def forward(self, inputs: dict[str, torch.Tensor], augmented: dict[str, torch.Tensor]):
-        """(z, z+, discriminator logits) for a batch and its augmentations, in one encoder pass."""
-        n = inputs["input_ids"].shape[0]
-        z = self.projector(self.encoder(pad_cat([inputs, inputs, augmented]), pooler=self.pooler))
-        z1, z2, za = z[:n], z[n : 2 * n], z[2 * n :]
-        logits = self.discriminator(grad_reverse(torch.cat([z1, za], dim=1), self.grl_multiplier))
-        return z1, z2, logits
-
-
 def discriminator_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """BCE between sigmoid(logits) and the one-hot augmentation type, averaged over rows and
     types (AugCSE Eq. 3)."""
@@ -172,10 +129,19 @@ def discriminator_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return F.binary_cross_entropy_with_logits(logits.float(), target.float())
 
 
-class AugCSE(Method):
+class AugCSE(Ingredient):
+    """``aux=augcse``: brings the projector g, adds the augmented rows to the shared forward pass
+    and lambda * BCE of the discriminator behind gradient reversal."""
+
+    kind = "aux"
     name = "augcse"
     Params = AugCSEParams
-    text_columns = ("sentence", "augmented")
+    cites = "Tang et al. (2022), AugCSE, Sec. 3, Eq. 2-3, App. A"
+    # Encoder pooling under the projector: [CLS] of the last layer (the authors' 'cls'); evaluation
+    # uses the same pooling without the projector.
+    default_pooler = "cls_before_pooler"
+    augments_per_epoch = True
+    projection_lr_scale = 1.0
 
     @property
     def names(self) -> list[str]:
@@ -193,23 +159,21 @@ class AugCSE(Method):
         if any(a.uses_spacy for a in augs):
             load_spacy_parser(self.params.spacy_model)
 
-    def generated_columns(self):
+    def generated_columns(self) -> list[GeneratedColumn]:
         p = self.params
         group = {"seed": p.generation_seed, "spacy_model": p.spacy_model, "nltk_data": p.nltk_data}
-        columns = {}
+        columns = []
         for name in self.names:
             key = {"augmentation": name, "seed": p.generation_seed, "version": AUGMENTATION_VERSION}
             if AUGMENTATIONS[name].uses_spacy:
                 key["spacy_model"] = p.spacy_model  # the parse decides the output
-            columns[f"aug_{name}"] = {
-                "generator": "methods.augmentations:AugmentationGenerator", "kwargs": key,
-                "group": group, "cpu_bound": True,
-            }
+            columns.append(GeneratedColumn(f"aug_{name}", generator="methods.augmentations:AugmentationGenerator",
+                                           kwargs=key, group=group, cpu_bound=True))
         return columns
 
     def augment(self, batch: dict[str, Any], state: Any, seed: int | None = None) -> dict[str, Any]:
         """One augmentation per sentence, uniformly from the set; unchanged text is labelled
-        "no augmentation"."""
+        "no augmentation". The generated ``aug_*`` columns are dropped: the step needs only these."""
         rng = np.random.default_rng(seed)
         names = np.asarray(self.names, dtype=object)
         sentences = np.asarray(batch["sentence"], dtype=object)
@@ -217,7 +181,11 @@ class AugCSE(Method):
         pick = rng.integers(len(names), size=len(sentences))
         augmented = table[np.arange(len(sentences)), pick]
         labels = np.where(augmented == sentences, NO_AUGMENTATION, names[pick]).astype(object)
-        return {"sentence": sentences, "augmented": augmented, "aug_label": labels}
+        kept = {k: v for k, v in batch.items() if not k.startswith("aug_")}
+        return {**kept, "sentence": sentences, "augmented": augmented, "aug_label": labels}
+
+    def text_columns(self) -> tuple[str, ...]:
+        return ("augmented",)
 
     def tensor_columns(self, batch: dict[str, Any], device) -> dict[str, torch.Tensor]:
         index = {label: i for i, label in enumerate(self.labels)}
@@ -227,18 +195,23 @@ class AugCSE(Method):
             raise InvalidParams(f"aug_label {exc.args[0]!r} is not one of this run's augmentations") from None
         return {"aug_label": torch.tensor(ids, dtype=torch.long, device=device)}
 
-    def build(self, encoder: Encoder) -> nn.Module:
-        return AugCSEModel(encoder, self.params, len(self.labels))
+    def projection(self, hidden: int) -> nn.Module:
+        return BatchNormProjector(hidden)
 
-    def loss(self, model, batch, step):
+    def heads(self, hidden: int) -> nn.Module:
+        return AugmentationDiscriminator(
+            2 * hidden, len(self.labels), self.params.disc_layers, self.params.disc_dropout,
+            tanh_logits=self.shared.fidelity == "authors_code",
+        )
+
+    def extra_rows(self, batch: dict[str, Any]) -> list:
+        return [batch["augmented"]]
+
+    def forward(self, out: StepOutputs) -> tuple[torch.Tensor, dict[str, float]]:
         p = self.params
-        labels = batch["aug_label"]
-        z1, z2, logits = model(batch["sentence"], batch["augmented"])
-        contrastive = info_nce(gather_with_grad(z1.float()), gather_with_grad(z2.float()), p.temperature)
+        labels = out.batch["aug_label"]
+        features = grad_reverse(torch.cat([out.z["anchor"], out.z["augcse"]], dim=1), p.grl_multiplier)
+        logits = out.model.heads["augcse"](features)
         disc = global_mean(discriminator_loss(logits, labels))
         accuracy = global_mean((logits.detach().argmax(1) == labels).float().mean())
-        metrics = {"contrastive_loss": float(contrastive.detach()), "disc_loss": float(disc.detach()), "disc_accuracy": float(accuracy)}
-        return contrastive + p.lambda_disc * disc, metrics
-
-    def eval_pooler(self) -> str:
-        return self.params.pooler
+        return p.lambda_disc * disc, {"disc_loss": float(disc.detach()), "disc_accuracy": float(accuracy)}

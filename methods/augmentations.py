@@ -77,7 +77,7 @@ def require_wordnet(nltk_data: str = "") -> None:
         try:
             nltk.data.find("corpora/wordnet")
         except LookupError:
-            from methods.base import InvalidParams
+            from methods.ingredients import InvalidParams
 
             raise InvalidParams(
                 "NLTK's WordNet data was not found: run python -c \"import nltk; nltk.download('wordnet')\" "
@@ -591,7 +591,7 @@ SUBSTITUTIONS = {
 
 def resolve_set(spec: str) -> list[str]:
     """A set name (``4-aug``, ``8-aug``, ``12-aug``) or comma-separated augmentation names."""
-    from methods.base import InvalidParams
+    from methods.ingredients import InvalidParams
 
     if spec in AUGMENTATION_SETS:
         return list(AUGMENTATION_SETS[spec])
@@ -612,7 +612,7 @@ def resolve_set(spec: str) -> list[str]:
 def load_spacy_parser(name: str):
     import spacy
 
-    from methods.base import InvalidParams
+    from methods.ingredients import InvalidParams
 
     try:
         return spacy.load(name, disable=["ner"])

@@ -207,6 +207,15 @@ class Encoder(nn.Module):
         return directory
 
 
+def pad_cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Row-concatenate tokenised batches padded to different lengths (pad id 0, mask 0)."""
+    length = max(p["input_ids"].shape[1] for p in parts)
+    return {
+        key: torch.cat([F.pad(p[key], (0, length - p[key].shape[1])) for p in parts], dim=0)
+        for key in parts[0]
+    }
+
+
 class dropout_override:  # noqa: N801  (used as a context manager, like torch.no_grad)
     """Within the block, every dropout of ``module`` uses probability ``p``: ``nn.Dropout`` modules
     (BERT's hidden and attention dropout both read ``Dropout.p``) and float ``*dropout*``

@@ -1,14 +1,27 @@
-"""Contrastive losses shared by the methods, and the DDP all-gather they rely on."""
+"""The contrastive losses of the recipes (``loss=infonce | hince | ntxent``) and the DDP all-gather
+they rely on. Each loss is one small module over ``Views`` (the all-gathered anchors, positives and
+negatives of a step), its math in ``forward`` and its paper in the docstring; the functions below
+it compute the equations and are tested against slow references.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
+
+from methods.ingredients import Ingredient, Params, check
 
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
@@ -84,16 +97,134 @@ def hince(
     target i, mean over the batch; all N aligned negatives of the batch sit in every denominator
     at their own temperature, as the authors code it. ``own_negative_weight`` w multiplies the
     anchor's own negative's term in the denominator (log w added to that logit, SimCSE's
-    hard-negative weight). ``valid`` (N bools) drops negatives that do not exist (their columns get
-    -inf). With tau1 = tau2 and w = 1 this is InfoNCE with the negatives as extra columns."""
+    hard-negative weight). ``valid`` (one bool per row of z3) drops negatives that do not exist
+    (their columns get -inf). With tau1 = tau2 and w = 1 this is InfoNCE with the negatives as
+    extra columns. ``z3`` may stack several sources' aligned negatives (k*N rows, source after
+    source): each block's row i is anchor i's own negative."""
     if tau1 <= 0 or tau2 <= 0:
         raise ValueError(f"temperatures must be > 0, got tau1={tau1}, tau2={tau2}")
     pos = cosine_matrix(z1, z2) / tau1
     neg = cosine_matrix(z1, z3) / tau2
     n = z1.shape[0]
     if own_negative_weight != 1.0:
-        neg = neg + torch.eye(n, device=neg.device) * torch.log(torch.tensor(own_negative_weight, device=neg.device))
+        own = torch.eye(n, device=neg.device).repeat(1, z3.shape[0] // n)
+        neg = neg + own * torch.log(torch.tensor(own_negative_weight, device=neg.device))
     if valid is not None:
         neg = neg.masked_fill(~valid.bool().unsqueeze(0), float("-inf"))
     labels = torch.arange(n, device=z1.device)
     return F.cross_entropy(torch.cat([pos, neg], dim=1), labels)
+
+
+def nt_xent(pairs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float) -> torch.Tensor:
+    """Symmetric NT-Xent (SimCLR, Chen et al., 2020, Eq. 1) over all rows of the given positive
+    pairs, as the UNA authors' code trains: every row's positive is its partner, every other row is
+    a negative, itself excluded. With [(anchor, positive), (negative, negative')] this is their
+    4N x 4N loss; with the first pair alone, the 2N x 2N loss of the steps without negatives."""
+    n = pairs[0][0].shape[0]
+    z = torch.cat([t for pair in pairs for t in pair])
+    total = z.shape[0]
+    sim = cosine_matrix(z, z) / temperature
+    sim = sim.masked_fill(torch.eye(total, dtype=torch.bool, device=z.device), float("-inf"))
+    idx = torch.arange(n, device=z.device)
+    targets = torch.cat([torch.cat([idx + (2 * k + 1) * n, idx + 2 * k * n]) for k in range(len(pairs))])
+    return F.cross_entropy(sim, targets)
+
+
+# ------------------------------------------------------------------------------------------------
+# The loss ingredients
+
+
+@dataclasses.dataclass
+class Negative:
+    """One source's negatives of a step, all-gathered: row i belongs to anchor i. ``valid`` marks
+    the rows that exist (an empty negative has none); ``second`` is a second dropout view of the
+    same negatives, for losses that pair them (NT-Xent)."""
+
+    z: torch.Tensor
+    valid: torch.Tensor
+    second: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Views:
+    """What a contrastive loss sees: all-gathered anchors, positives and the active negatives."""
+
+    anchor: torch.Tensor
+    positive: torch.Tensor
+    negatives: list[Negative]
+
+
+class Loss(Ingredient, nn.Module):
+    kind = "loss"
+    needs_negatives = False
+    # NT-Xent treats each negative as a pair of dropout views: the step encodes it twice.
+    pairs_negatives = False
+
+    def __init__(self, params: Params, shared):
+        nn.Module.__init__(self)
+        Ingredient.__init__(self, params, shared)
+
+
+@dataclasses.dataclass
+class InfoNCEParams(Params):
+    # Both directions, InfoNCE(z, z') + InfoNCE(z', z): VaSCL's instance loss (Zhang et al., Eq. 1).
+    symmetric: bool = False
+
+
+class InfoNCE(Loss):
+    """SimCSE's InfoNCE (Gao et al., 2021, Eq. 1 and 4; hard-negative form Eq. 5 with weight 1):
+    the positives of the batch, plus every valid negative of every source as an extra column."""
+
+    name = "infonce"
+    Params = InfoNCEParams
+    cites = "Gao et al. (2021), SimCSE, Eq. 1, 4 and 5"
+
+    def forward(self, v: Views) -> torch.Tensor:
+        tau = self.shared.temperature
+        columns = torch.cat([n.z[n.valid] for n in v.negatives]) if v.negatives else None
+        loss = info_nce(v.anchor, v.positive, tau, negatives=columns)
+        if self.params.symmetric:
+            loss = loss + info_nce(v.positive, v.anchor, tau, negatives=columns)
+        return loss
+
+
+@dataclasses.dataclass
+class HiNCEParams(Params):
+    # Temperature of the negatives' columns; tau1 is the shared ``temperature`` (Cai et al.:
+    # tau1 0.05, tau2 0.08 for SimCSE-BERT-base, grid 0.05-0.1).
+    tau2: float = 0.08
+    own_negative_weight: float = 1.0
+
+    def validate(self) -> None:
+        check([(self.tau2 > 0, f"tau2 must be > 0, got {self.tau2}"),
+               (self.own_negative_weight > 0, f"own_negative_weight must be > 0, got {self.own_negative_weight}")])
+
+
+class HiNCE(Loss):
+    """HiNCE (Cai et al., Eq. 2): positives at tau1, every source's aligned negatives at tau2."""
+
+    name = "hince"
+    Params = HiNCEParams
+    cites = "Cai et al., SAN + HiNCE, Eq. 2"
+    needs_negatives = True
+
+    def forward(self, v: Views) -> torch.Tensor:
+        p = self.params
+        return hince(v.anchor, v.positive, torch.cat([n.z for n in v.negatives]), self.shared.temperature, p.tau2,
+                     p.own_negative_weight, torch.cat([n.valid for n in v.negatives]))
+
+
+class NTXent(Loss):
+    """The UNA authors' symmetric NT-Xent: (anchor, positive) and each negative with its second
+    dropout view are positive pairs; every other row of the 2(1 + k)N is a negative."""
+
+    name = "ntxent"
+    cites = "Shu et al., UNA, authors' code (SimCLR's NT-Xent, Chen et al., 2020, Eq. 1)"
+    pairs_negatives = True
+
+    def forward(self, v: Views) -> torch.Tensor:
+        pairs = [(v.anchor, v.positive)] + [(n.z, n.second) for n in v.negatives]
+        return nt_xent(pairs, self.shared.temperature)
+
+
+LOSSES = {cls.name: cls for cls in (InfoNCE, HiNCE, NTXent)}

@@ -13,9 +13,9 @@ out) or replaced by a negation-based soft negative (``guard: negation``): "not" 
 or inserted after, the main auxiliary found by spaCy's parser; without an auxiliary the negative
 is dropped.
 
-Training: anchors and positives are SimCSE's two dropout views (p1, the model's dropout); the
-negatives' forward pass uses dropout p2 (0.2); HiNCE (Eq. 2) contrasts positives at tau1 and the
-batch's negatives at tau2.
+In a recipe (``negatives=san``): the negatives' forward pass uses dropout p2 (0.2) instead of the
+model's p1; the paper pairs them with HiNCE (``loss=hince``, ``methods.losses``), which contrasts
+positives at tau1 and the batch's negatives at tau2.
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from methods.base import InvalidParams
-from methods.encoder import dropout_override
-from methods.losses import gather_with_grad, hince
-from methods.simcse import SimCSE, SimCSEParams, two_views
+from methods.ingredients import GeneratedColumn, Ingredient, InvalidParams, Params, check
 
 # Cai et al., Table 2: importance of each universal POS tag.
 POS_IMPORTANCE = {
@@ -40,9 +37,7 @@ POS_IMPORTANCE = {
 
 
 @dataclasses.dataclass
-class SANParams(SimCSEParams):
-    # temperature (inherited) is tau1 = 0.05; tau2 for the negatives (0.08 for SimCSE-BERT-base).
-    tau2: float = 0.08
+class SANParams(Params):
     p2: float = 0.2  # dropout of the negatives' forward pass
     scale: float = 20.0  # mask probability = importance / scale (10-40 tested, 20 best)
     rounds: int = 4  # mask-predict rounds (authors: 4, greedy)
@@ -54,14 +49,11 @@ class SANParams(SimCSEParams):
     guard: str = "negation"  # negation | drop
     min_chars: int = 50
     max_punct_ratio: float = 0.3
-    own_negative_weight: float = 1.0
     generation_batch_size: int = 64
     generation_seed: int = 0
 
     def validate(self) -> None:
-        super().validate()
-        checks = [
-            (self.tau2 > 0, f"tau2 must be > 0, got {self.tau2}"),
+        check([
             (0 <= self.p2 < 1, f"p2 must be in [0, 1), got {self.p2}"),
             (self.rounds >= 1, f"rounds must be >= 1, got {self.rounds}"),
             (self.scale >= max(POS_IMPORTANCE.values()), f"scale must be >= 9 (probabilities <= 1), got {self.scale}"),
@@ -69,12 +61,8 @@ class SANParams(SimCSEParams):
             (self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
             (self.tagging in ("dynamic", "static"), f"tagging must be dynamic or static, got {self.tagging!r}"),
             (self.guard in ("negation", "drop"), f"guard must be negation or drop, got {self.guard!r}"),
-            (self.own_negative_weight > 0, f"own_negative_weight must be > 0, got {self.own_negative_weight}"),
             (0 < self.max_punct_ratio <= 1, f"max_punct_ratio must be in (0, 1], got {self.max_punct_ratio}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidParams(message)
+        ])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,7 +230,7 @@ def negation_negative(doc) -> str:
 
 
 class SANNegatives:
-    """Callable over ``{"sentence": [...]}`` batches: adds ``negative`` (mask-predict + guard)."""
+    """Callable over ``{"sentence": [...]}`` batches: adds ``san_negative`` (mask-predict + guard)."""
 
     def __init__(self, params: dict[str, Any], device: str | None = None):
         from transformers.utils import logging as hf_logging
@@ -287,37 +275,40 @@ class SANNegatives:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         sentences = [str(s) for s in batch["sentence"]]
-        return {**batch, "negative": np.asarray(self.generate(sentences), dtype=object)}
+        return {**batch, SAN.column: np.asarray(self.generate(sentences), dtype=object)}
 
 
 # ------------------------------------------------------------------------------------------------
-# The method
+# The ingredient
 
 
 _GENERATION_KEYS = ("scale", "rounds", "sampling", "top_k", "mlm", "spacy_model", "tagging", "guard", "min_chars",
                     "max_punct_ratio", "generation_batch_size", "generation_seed")
 
 
-class SAN(SimCSE):
+class SAN(Ingredient):
+    """``negatives=san``: MLM negatives generated once per corpus, encoded with dropout p2."""
+
+    kind = "negatives"
     name = "san"
     Params = SANParams
-    text_columns = ("sentence", "negative")
+    cites = "Cai et al., SAN + HiNCE, Sec. 3, Table 2"
+    column = "san_negative"
+
+    @property
+    def dropout(self) -> float:
+        return self.params.p2
 
     def preflight(self) -> None:
         load_spacy(self.params.spacy_model, parser=self.params.guard == "negation")
         load_mlm(self.params.mlm)
 
-    def generated_columns(self):
+    def generated_columns(self) -> list[GeneratedColumn]:
         kwargs = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}}
-        return {"negative": {"generator": "methods.san:SANNegatives", "kwargs": kwargs}}
+        return [GeneratedColumn(self.column, generator="methods.san:SANNegatives", kwargs=kwargs)]
 
-    def loss(self, model, batch, step):
-        p = self.params
-        z1, z2 = two_views(model, batch["sentence"])
-        with dropout_override(model, p.p2):  # the negatives' pass alone uses p2
-            z3 = model(batch["negative"])
-        # An empty negative (dropped by the guard) tokenises to [CLS] [SEP]: no column for it.
-        valid = gather_with_grad((batch["negative"]["attention_mask"].sum(1) > 2).float()) > 0.5
-        loss = hince(gather_with_grad(z1), gather_with_grad(z2), gather_with_grad(z3), p.temperature, p.tau2,
-                     p.own_negative_weight, valid)
-        return loss, {}
+    def active(self, step: int) -> bool:
+        return True
+
+    def text_columns(self) -> tuple[str, ...]:
+        return (self.column,)

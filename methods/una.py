@@ -24,19 +24,15 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-import torch
-import torch.nn.functional as F
 
-from methods.base import InvalidParams
-from methods.losses import cosine_matrix, gather_with_grad, info_nce
-from methods.simcse import SimCSE, SimCSEParams
+from methods.ingredients import CorpusStatistics, Ingredient, InvalidParams, Params, check
 
 SPLIT = re.compile(r"(\w+)", re.UNICODE)  # split() keeps the words at odd positions
 TERM = r"(?u)\b\w*[^\W\d_]\w*\b"  # a word with at least one letter
 
 
 @dataclasses.dataclass
-class UNAParams(SimCSEParams):
+class UNAParams(Params):
     # Every alpha-th batch carries its negatives (alpha = 5, Shu et al. Table C4); 0: never.
     alpha: int = 5
     # Expected fraction of a sentence's terms replaced (beta = 0.5, Eq. 4 and Table C5).
@@ -46,29 +42,14 @@ class UNAParams(SimCSEParams):
     # Ablations of Table 2: how Step 2 chooses terms and Step 3 draws replacements.
     step2: str = "tfidf"  # tfidf | random
     step3: str = "tfidf"  # tfidf | random
-    fidelity: str = "paper"  # paper | authors_code
-    # Paraphrase positives: a seq2seq model name or path ("" = off; paper: tuner007/pegasus_paraphrase,
-    # beam 10, one output), or an existing Parquet cache (columns sentence, paraphrase).
-    paraphraser: str = ""
-    paraphrase_beams: int = 10
-    paraphrase_max_length: int = 60
-    paraphrase_cache: str = ""
 
     def validate(self) -> None:
-        super().validate()
-        if self.alpha < 0:
-            raise InvalidParams(f"alpha must be >= 0 (0 = never use negatives), got {self.alpha}")
-        if not self.beta > 0:
-            raise InvalidParams(f"beta must be > 0, got {self.beta}")
-        if self.r < 1:
-            raise InvalidParams(f"r must be >= 1, got {self.r}")
-        for key in ("step2", "step3"):
-            if getattr(self, key) not in ("tfidf", "random"):
-                raise InvalidParams(f"{key} must be 'tfidf' or 'random', got {getattr(self, key)!r}")
-        if self.paraphrase_beams < 1 or self.paraphrase_max_length < 2:
-            raise InvalidParams("paraphrase_beams must be >= 1 and paraphrase_max_length >= 2")
-        if self.fidelity not in ("paper", "authors_code"):
-            raise InvalidParams(f"fidelity must be 'paper' or 'authors_code', got {self.fidelity!r}")
+        check([
+            (self.alpha >= 0, f"alpha must be >= 0 (0 = never use negatives), got {self.alpha}"),
+            (self.beta > 0, f"beta must be > 0, got {self.beta}"),
+            (self.r >= 1, f"r must be >= 1, got {self.r}"),
+        ] + [(getattr(self, key) in ("tfidf", "random"), f"{key} must be 'tfidf' or 'random', got {getattr(self, key)!r}")
+             for key in ("step2", "step3")])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +274,7 @@ def match_case(word: str, like: str) -> str:
 
 
 def make_negatives(
-    sentences: list[str], table: TfIdfTable, params: UNAParams, rng: np.random.Generator
+    sentences: list[str], table: TfIdfTable, params: UNAParams, rng: np.random.Generator, fidelity: str = "paper"
 ) -> list[str]:
     """Steps 2-3 for a batch. The batch is split into words in one regex pass over the joined text
     and everything after that runs on flat arrays of words and (sentence, term) pairs; Python only
@@ -333,7 +314,7 @@ def make_negatives(
         pick = np.zeros(0, dtype=bool)
     terms = tid[pick]
 
-    if params.step3 == "tfidf" and params.fidelity == "authors_code":
+    if params.step3 == "tfidf" and fidelity == "authors_code":
         repl = authors_sampler(table, params.r)(terms)
     elif params.step3 == "tfidf":
         repl = sample_in_windows(table, terms, params.r, rng)
@@ -350,7 +331,7 @@ def make_negatives(
     has_negative = np.zeros(len(sentences), dtype=bool)
     has_negative[sid[pick]] = True
 
-    if params.fidelity == "authors_code":  # lowercased words, space-joined, punctuation dropped
+    if fidelity == "authors_code":  # lowercased words, space-joined, punctuation dropped
         lowered = list(map(str.lower, words))
         for i, w in zip(at.tolist(), new):
             lowered[i] = w
@@ -389,55 +370,26 @@ def grouped_probabilities(z: np.ndarray, starts: np.ndarray, group: np.ndarray, 
 
 
 # ------------------------------------------------------------------------------------------------
-# Loss
+# The ingredient
 
 
-def nt_xent(pairs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float) -> torch.Tensor:
-    """Symmetric NT-Xent (SimCLR) over all rows of the given positive pairs, as the UNA authors'
-    code trains: every row's positive is its partner, every other row is a negative, self excluded.
-    With [(anchor, positive), (negative, negative')] this is their 4N x 4N loss; with the first
-    pair alone, the 2N x 2N loss of the steps without negatives."""
-    n = pairs[0][0].shape[0]
-    z = torch.cat([t for pair in pairs for t in pair])
-    total = z.shape[0]
-    sim = cosine_matrix(z, z) / temperature
-    sim = sim.masked_fill(torch.eye(total, dtype=torch.bool, device=z.device), float("-inf"))
-    idx = torch.arange(n, device=z.device)
-    targets = torch.cat([torch.cat([idx + (2 * k + 1) * n, idx + 2 * k * n]) for k in range(len(pairs))])
-    return F.cross_entropy(sim, targets)
+class UNA(Ingredient):
+    """``negatives=una``: fresh TF-IDF negatives every epoch (Ray Data runs ``augment`` on the CPUs),
+    used on every alpha-th batch, encoded in the anchors' forward pass (same dropout)."""
 
-
-class UNA(SimCSE):
+    kind = "negatives"
     name = "una"
     Params = UNAParams
+    cites = "Shu et al., UNA, Sec. 3, Eq. 2-4, Algorithm 1"
+    column = "una_negative"
+    dropout = None  # the negatives share the anchors' pass
+    augments_per_epoch = True
 
-    @property
-    def text_columns(self) -> tuple[str, ...]:
-        return ("sentence", "negative") + (("paraphrase",) if self.generated_columns() else ())
-
-    def generated_columns(self):
-        p = self.params
-        if p.paraphrase_cache:
-            return {"paraphrase": {"file": p.paraphrase_cache}}
-        if p.paraphraser:
-            kwargs = {"model": p.paraphraser, "num_beams": p.paraphrase_beams, "max_length": p.paraphrase_max_length}
-            return {"paraphrase": {"generator": "methods.paraphrase:Paraphraser", "kwargs": kwargs}}
-        return {}
-
-    def prepare(self, sentences: list[str]) -> TfIdfTable:
-        return fit_tfidf(sentences)
-
-    def state_cache_spec(self):
+    def statistics(self) -> CorpusStatistics:
         # The table depends on the corpus alone (tokenisation and formula are versioned here).
-        return {"kind": "una-tfidf", "params": {"version": TFIDF_VERSION}}
+        return CorpusStatistics("una-tfidf", TFIDF_VERSION, fit_tfidf, save_table, load_table)
 
-    def save_state(self, state: TfIdfTable, directory) -> None:
-        save_table(state, directory)
-
-    def load_state(self, directory) -> TfIdfTable:
-        return load_table(directory)
-
-    def check_state(self, state: TfIdfTable) -> None:
+    def check_statistics(self, state: TfIdfTable) -> None:
         check_window(state, self.params)
 
     def space_limits(self, state: TfIdfTable) -> dict[str, tuple[float, float]]:
@@ -446,40 +398,12 @@ class UNA(SimCSE):
     def augment(self, batch: dict[str, Any], state: TfIdfTable, seed: int | None = None) -> dict[str, Any]:
         rng = np.random.default_rng(seed)
         sentences = [str(s) for s in batch["sentence"]]
-        return {**batch, "negative": np.asarray(make_negatives(sentences, state, self.params, rng), dtype=object)}
+        negatives = make_negatives(sentences, state, self.params, rng, self.shared.fidelity)
+        return {**batch, self.column: np.asarray(negatives, dtype=object)}
 
-    def uses_negatives(self, step: int) -> bool:
+    def active(self, step: int) -> bool:
         """Every alpha-th batch (steps are 0-based: batches alpha, 2 alpha, ...); alpha = 0: never."""
         return self.params.alpha > 0 and (step + 1) % self.params.alpha == 0
 
-    def loss(self, model, batch, step):
-        sent = batch["sentence"]
-        positive = batch.get("paraphrase", sent)  # paraphrase positives, else dropout (SimCSE)
-        use_negatives = self.uses_negatives(step)
-        if not use_negatives and self.params.fidelity == "paper" and positive is sent:
-            return super().loss(model, batch, step)  # plain SimCSE (Eq. 1) on the other batches
-        views = [sent, positive]
-        if use_negatives:
-            neg = batch["negative"]
-            views += [neg, neg] if self.params.fidelity == "authors_code" else [neg]
-        length = max(v["input_ids"].shape[1] for v in views)
-        views = [_pad(v, length) for v in views]
-        z = model({k: torch.cat([v[k] for v in views]) for k in views[0]})  # one forward, independent dropout
-        n = sent["input_ids"].shape[0]
-        parts = [gather_with_grad(z[i * n : (i + 1) * n]) for i in range(len(views))]
-        metrics = {"una_negatives": float(use_negatives)}
-        if self.params.fidelity == "authors_code":
-            pairs = [(parts[0], parts[1])] + ([(parts[2], parts[3])] if use_negatives else [])
-            return nt_xent(pairs, self.params.temperature), metrics
-        if not use_negatives:
-            return info_nce(parts[0], parts[1], self.params.temperature), metrics
-        # An empty negative (a sentence without terms) tokenises to [CLS] [SEP]: no column for it.
-        valid = gather_with_grad((batch["negative"]["attention_mask"].sum(1) > 2).float()) > 0.5
-        return info_nce(parts[0], parts[1], self.params.temperature, negatives=parts[2][valid]), metrics
-
-
-def _pad(inputs: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
-    extra = length - inputs["input_ids"].shape[1]
-    if extra == 0:
-        return inputs
-    return {k: F.pad(v, (0, extra), value=0) for k, v in inputs.items()}
+    def text_columns(self) -> tuple[str, ...]:
+        return (self.column,)

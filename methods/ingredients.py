@@ -1,0 +1,148 @@
+"""What an ingredient of a recipe is, and the typed contracts between ingredients and the platform.
+
+A recipe (``methods.recipe``) is one choice per kind:
+
+- ``positives``: what a sentence is contrasted *with* (a second dropout view, or a paraphrase);
+- ``negatives``: zero or more sources of hard negatives (UNA's TF-IDF replacements, SAN's MLM fills),
+  each with its own schedule and the dropout of its forward pass;
+- ``loss``: the one contrastive loss over anchors, positives and negatives (InfoNCE, HiNCE, NT-Xent);
+- ``aux``: zero or more auxiliary terms with their own heads (VaSCL's neighbourhood term, AugCSE's
+  discriminator behind gradient reversal).
+
+Every ingredient has a typed ``Params`` dataclass holding its paper's hyperparameters and defaults;
+its keys share one flat namespace with the run's configuration (a key two ingredients both declare,
+such as ``spacy_model``, is one shared setting). What an ingredient needs from the data pipeline is
+declared with the dataclasses below, never with untyped dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, ClassVar
+
+KINDS = ("positives", "negatives", "loss", "aux")
+
+
+class InvalidParams(ValueError):
+    """A hyperparameter, or a combination of ingredients, is invalid; the message says which."""
+
+
+def import_by_name(spec: str) -> Any:
+    """``"package.module:Attribute"`` -> the attribute (generators, ingredients, trainables)."""
+    module, _, attribute = spec.partition(":")
+    if not module or not attribute:
+        raise ValueError(f"expected 'module:Attribute', got {spec!r}")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def check(conditions: list[tuple[bool, str]]) -> None:
+    """Raise ``InvalidParams`` with the first failed condition's message."""
+    for ok, message in conditions:
+        if not ok:
+            raise InvalidParams(message)
+
+
+@dataclasses.dataclass
+class Params:
+    """An ingredient's hyperparameters (subclasses add fields with their paper's defaults)."""
+
+    def validate(self) -> None:
+        """Raise ``InvalidParams`` for values outside their valid range."""
+
+    def validate_batch(self, batch_size: int) -> None:
+        """Checks that involve the global batch size (e.g. in-batch neighbourhoods)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedColumn:
+    """A column made once per corpus (not per epoch) by ``generator``, a class ``"module:Class"``
+    whose instances are callables over ``{"sentence": [...]}`` batches (Ray Data runs them as
+    actors), built with ``kwargs``; cached on disk keyed by the corpus and ``kwargs``.
+
+    ``file``: the column comes from a user's Parquet file (columns ``sentence`` and the column)
+    instead. ``group``: the missing columns of one generator with the same group are made in one
+    pass by ``Class(columns=[...], **group)`` (one spaCy parse for many augmentations).
+    ``cpu_bound``: one actor per CPU rather than per two CPUs (pure-Python generators)."""
+
+    column: str
+    generator: str = ""
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    file: str = ""
+    group: dict | None = None
+    cpu_bound: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusStatistics:
+    """Corpus-level statistics an ingredient computes once (e.g. UNA's TF-IDF table). ``fit`` takes
+    the sentences (plus paraphrases where the recipe has them) and returns a picklable state;
+    ``save``/``load`` write it to and read it from a cache folder keyed by the corpus, ``kind``
+    and ``version`` (a code version: bump it when ``fit`` changes)."""
+
+    kind: str
+    version: int
+    fit: Callable[[list[str]], Any]
+    save: Callable[[Any, Any], None]
+    load: Callable[[Any], Any]
+
+
+@dataclasses.dataclass
+class StepOutputs:
+    """What an auxiliary term sees of a training step: the unwrapped model (its projection and
+    heads), the step, this worker's pooled embeddings ``e`` and projections ``z`` by role
+    (``anchor``, ``positive``, and the rows an aux term added under its own name), and the batch
+    (tokenised text columns and tensor columns)."""
+
+    model: Any
+    step: int
+    e: dict[str, Any]
+    z: dict[str, Any]
+    batch: dict[str, Any]
+
+
+class Ingredient:
+    """One named part of a recipe. Subclasses set ``kind``, ``name`` and ``Params`` and override
+    the hooks their paper needs; the defaults do nothing."""
+
+    kind: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[Params]] = Params
+    # The paper and section the ingredient implements, shown by ``--print-config`` and the README.
+    cites: ClassVar[str] = ""
+
+    def __init__(self, params: Params, shared):
+        self.params = params
+        self.shared = shared  # the recipe's shared parameters (temperature, pooler, fidelity)
+
+    # -- data pipeline --------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Cheap checks of external resources (models, taggers) before any distributed work."""
+
+    def generated_columns(self) -> list[GeneratedColumn]:
+        return []
+
+    def statistics(self) -> CorpusStatistics | None:
+        return None
+
+    def check_statistics(self, state: Any) -> None:
+        """Raise ``InvalidParams`` if these parameters cannot work with this corpus' statistics."""
+
+    def space_limits(self, state: Any) -> dict[str, tuple[float, float]]:
+        """Bounds the corpus puts on searchable parameters (a sweep clips its ranges to them)."""
+        return {}
+
+    # True when ``augment`` adds columns to every epoch's batches (e.g. UNA's fresh negatives).
+    augments_per_epoch: ClassVar[bool] = False
+
+    def augment(self, batch: dict[str, Any], state: Any, seed: int | None = None) -> dict[str, Any]:
+        return batch
+
+    def text_columns(self) -> tuple[str, ...]:
+        """Columns the training step needs tokenised."""
+        return ()
+
+    def tensor_columns(self, batch: dict[str, Any], device) -> dict[str, Any]:
+        """Non-text columns the training step needs as tensors."""
+        return {}

@@ -1,0 +1,381 @@
+"""A recipe: one choice of positives, negatives, loss and auxiliary terms, and its training step.
+
+The five papers are five named recipes (``NAMED``); any valid combination of ingredients is a
+recipe too (``python -m platform.train recipe --set negatives=una,san --set loss=hince --set
+aux=vascl``). One training step, for every recipe:
+
+1. one forward pass over [anchors; positives; negatives that share the anchors' dropout; rows an
+   aux term adds], padded to a common length, every row with its own dropout mask (SimCSE);
+   negatives with a dropout of their own (SAN's p2) get a pass each, after it;
+2. pooling (``pooler``) then the projection: SimCSE's MLP on [CLS] when ``pooler=cls`` (training
+   only unless ``mlp_only_train=false``), or the head an aux term brings (VaSCL's h, AugCSE's g);
+3. all-gather over DDP workers, the contrastive loss over the views, plus each aux term.
+
+Ingredients (``methods.positives``, ``methods.una``, ``methods.san``, ``methods.losses``,
+``methods.vascl``, ``methods.augcse``) keep their paper's equations; this module only composes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from methods.augcse import AugCSE
+from methods.encoder import POOLERS, Encoder, dropout_override, pad_cat
+from methods.ingredients import KINDS, Ingredient, InvalidParams, Params, StepOutputs, check
+from methods.losses import LOSSES, Negative, Views, gather_with_grad
+from methods.positives import POSITIVES
+from methods.san import SAN
+from methods.una import UNA
+from methods.vascl import VaSCL
+
+INGREDIENTS: dict[str, dict[str, type[Ingredient]]] = {
+    "positives": POSITIVES,
+    "negatives": {cls.name: cls for cls in (UNA, SAN)},
+    "loss": LOSSES,
+    "aux": {cls.name: cls for cls in (VaSCL, AugCSE)},
+}
+MULTIPLE = ("negatives", "aux")  # kinds that take a comma-separated list (possibly empty)
+
+
+@dataclasses.dataclass
+class SharedParams(Params):
+    """Settings every ingredient of a recipe reads."""
+
+    # Softmax temperature of the contrastive loss (tau1 of HiNCE); 0.05 in SimCSE (Gao et al.,
+    # 2021, Sec. 3 / Appendix A), UNA, SAN (tau1), AugCSE and VaSCL.
+    temperature: float = 0.05
+    # Training pooler; 'cls' is [CLS] followed by SimCSE's MLP. Default: the aux term's choice
+    # (VaSCL avg, AugCSE cls_before_pooler), else SimCSE's 'cls'.
+    pooler: str = "cls"
+    # Use the MLP in training only and evaluate [CLS] before it (SimCSE, Sec. 6.3, Table 6).
+    mlp_only_train: bool = True
+    # 'paper' follows the paper; 'authors_code' the authors' released code where the two differ.
+    fidelity: str = "paper"
+
+    def validate(self) -> None:
+        check([
+            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+            (self.pooler in POOLERS, f"unknown pooler {self.pooler!r}; choose one of {', '.join(POOLERS)}"),
+            (self.fidelity in ("paper", "authors_code"), f"fidelity must be 'paper' or 'authors_code', got {self.fidelity!r}"),
+        ])
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeSpec:
+    """The ingredient names of a recipe, one per kind (negatives and aux: zero or more)."""
+
+    positives: str = "dropout"
+    negatives: tuple[str, ...] = ()
+    loss: str = "infonce"
+    aux: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, values: dict[str, Any]) -> "RecipeSpec":
+        """From ``{"negatives": "una,san", ...}`` (``--set`` strings, YAML lists or tuples)."""
+        fields: dict[str, Any] = {}
+        for kind, raw in values.items():
+            items = [x.strip() for x in (raw.split(",") if isinstance(raw, str) else raw or []) if x.strip()]
+            choices = INGREDIENTS[kind]
+            for item in items:
+                if item not in choices:
+                    raise InvalidParams(f"unknown {kind} {item!r}; choose from {', '.join(choices)}")
+            if kind in MULTIPLE:
+                if len(set(items)) != len(items):
+                    raise InvalidParams(f"{kind}={','.join(items)} names an ingredient twice")
+                fields[kind] = tuple(items)
+            elif len(items) != 1:
+                raise InvalidParams(f"invalid recipe: {kind} takes exactly one of {', '.join(choices)}, got {raw!r}")
+            else:
+                fields[kind] = items[0]
+        return cls(**fields)
+
+    def validate(self) -> None:
+        projections = [a for a in self.aux if hasattr(INGREDIENTS["aux"][a], "projection")]
+        check([
+            (not INGREDIENTS["loss"][self.loss].needs_negatives or bool(self.negatives),
+             f"invalid recipe: loss={self.loss} needs negatives (negatives={' or '.join(INGREDIENTS['negatives'])} "
+             "or both); use loss=infonce or ntxent without them"),
+            (len(projections) <= 1,
+             f"invalid recipe: aux={','.join(projections)} each bring their own projection head; choose one of them"),
+        ])
+
+    def describe(self) -> str:
+        return (f"positives={self.positives} negatives={','.join(self.negatives) or 'none'} loss={self.loss} "
+                f"aux={','.join(self.aux) or 'none'}")
+
+    def default_pooler(self) -> str:
+        for name in self.aux:
+            pooler = getattr(INGREDIENTS["aux"][name], "default_pooler", None)
+            if pooler:
+                return pooler
+        return "cls"
+
+    def classes(self) -> Iterator[type[Ingredient]]:
+        yield INGREDIENTS["positives"][self.positives]
+        yield from (INGREDIENTS["negatives"][n] for n in self.negatives)
+        yield INGREDIENTS["loss"][self.loss]
+        yield from (INGREDIENTS["aux"][a] for a in self.aux)
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedRecipe:
+    """A paper's recipe: its ingredients, and parameter values that differ from the ingredients'
+    defaults. ``loss_by_fidelity`` names the loss where paper and authors' code differ."""
+
+    spec: RecipeSpec
+    paper: str
+    params: dict = dataclasses.field(default_factory=dict)
+    loss_by_fidelity: dict = dataclasses.field(default_factory=dict)
+
+    def resolve(self, fidelity: str) -> RecipeSpec:
+        loss = self.loss_by_fidelity.get(fidelity)
+        return dataclasses.replace(self.spec, loss=loss) if loss else self.spec
+
+
+NAMED: dict[str, NamedRecipe] = {
+    "simcse": NamedRecipe(RecipeSpec(), "Gao et al. (2021), SimCSE, unsupervised"),
+    "una": NamedRecipe(RecipeSpec(negatives=("una",)), "Shu et al., UNA",
+                       loss_by_fidelity={"authors_code": "ntxent"}),  # the authors' 4N x 4N loss
+    "san": NamedRecipe(RecipeSpec(negatives=("san",), loss="hince"), "Cai et al., SAN + HiNCE"),
+    "augcse": NamedRecipe(RecipeSpec(aux=("augcse",)), "Tang et al. (2022), AugCSE"),
+    "vascl": NamedRecipe(RecipeSpec(aux=("vascl",)), "Zhang et al. (2021), VaSCL",
+                         params={"symmetric": True}),  # Eq. 1: the instance loss in both directions
+}
+CUSTOM = "recipe"  # the method name of a recipe put together with --set
+
+
+# ------------------------------------------------------------------------------------------------
+# The model
+
+
+class ProjectionMLP(nn.Module):
+    """SimCSE's ``MLPLayer``: Linear(d, d) + Tanh on the [CLS] vector, BERT-style init."""
+
+    def __init__(self, hidden: int, init_std: float = 0.02):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.activation = nn.Tanh()
+        nn.init.normal_(self.dense.weight, std=init_std)
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(x))
+
+
+class RecipeModel(nn.Module):
+    """The encoder, the projection the loss sees, and the aux terms' own heads. ``forward``
+    returns the pooled embeddings ``e`` and their projections ``z`` for a tokenised batch."""
+
+    def __init__(self, encoder: Encoder, pooler: str, projection: nn.Module | None, heads: dict[str, nn.Module]):
+        super().__init__()
+        self.encoder = encoder
+        self.projection = projection
+        self.heads = nn.ModuleDict(heads)
+        # SimCSE's MLP replaces BERT's pooler layer on [CLS] (and is folded into it on export).
+        self.pool_with = "cls_before_pooler" if isinstance(projection, ProjectionMLP) else pooler
+        backbone_pooler = getattr(encoder.backbone, "pooler", None)
+        if backbone_pooler is not None and self.pool_with != "cls":
+            # Unused in training; frozen so DDP sees no trainable parameter without a gradient.
+            backbone_pooler.requires_grad_(False)
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        e = self.encoder(inputs, pooler=self.pool_with)
+        return e, (self.projection(e) if self.projection is not None else e)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)  # DDP keeps the model in .module
+
+
+# ------------------------------------------------------------------------------------------------
+# The recipe
+
+
+class Recipe:
+    """The ingredients of a run, built from a spec and their typed parameters."""
+
+    def __init__(self, spec: RecipeSpec, params: dict[str, Params], shared: SharedParams | None = None):
+        spec.validate()
+        self.spec = spec
+        self.shared = shared or SharedParams(pooler=spec.default_pooler())
+        self.shared.validate()
+
+        def make(cls):
+            p = params.get(cls.name) or cls.Params()
+            p.validate()
+            return cls(p, self.shared)
+
+        self.positives = make(INGREDIENTS["positives"][spec.positives])
+        self.negatives = [make(INGREDIENTS["negatives"][n]) for n in spec.negatives]
+        self.loss_fn = make(INGREDIENTS["loss"][spec.loss])
+        self.aux = [make(INGREDIENTS["aux"][a]) for a in spec.aux]
+
+    @classmethod
+    def named(cls, name: str, **values: Any) -> "Recipe":
+        """A paper's recipe, with ``values`` overriding any ingredient's or shared parameter."""
+        named = NAMED[name]
+        spec = named.resolve(values.get("fidelity", "paper"))
+        kinds = {k: values.pop(k) for k in KINDS if k in values}
+        if kinds:
+            parsed = RecipeSpec.parse(kinds)
+            spec = dataclasses.replace(spec, **{k: getattr(parsed, k) for k in kinds})
+        shared = SharedParams(pooler=spec.default_pooler())
+        params = {c.name: c.Params() for c in spec.classes()}
+        for key, value in {**named.params, **values}.items():
+            owners = [p for p in (shared, *params.values()) if key in {f.name for f in dataclasses.fields(p)}]
+            if not owners:
+                raise InvalidParams(f"unknown parameter {key!r} for recipe {name!r}")
+            for owner in owners:
+                setattr(owner, key, value)
+        return cls(spec, params, shared)
+
+    @property
+    def ingredients(self) -> list[Ingredient]:
+        return [self.positives, *self.negatives, self.loss_fn, *self.aux]
+
+    def validate_batch(self, batch_size: int) -> None:
+        for ingredient in self.ingredients:
+            ingredient.params.validate_batch(batch_size)
+
+    # -- data pipeline --------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        for ingredient in self.ingredients:
+            ingredient.preflight()
+
+    def generated_columns(self):
+        return [c for ingredient in self.ingredients for c in ingredient.generated_columns()]
+
+    def with_statistics(self) -> list[Ingredient]:
+        """The ingredients that fit corpus statistics (their state is keyed by ingredient name)."""
+        return [i for i in self.ingredients if i.statistics() is not None]
+
+    def check_statistics(self, states: dict[str, Any]) -> None:
+        for ingredient in self.with_statistics():
+            ingredient.check_statistics(states[ingredient.name])
+
+    def space_limits(self, states: dict[str, Any]) -> dict[str, tuple[float, float]]:
+        limits: dict[str, tuple[float, float]] = {}
+        for ingredient in self.with_statistics():
+            limits.update(ingredient.space_limits(states[ingredient.name]))
+        return limits
+
+    @property
+    def augments_per_epoch(self) -> bool:
+        return any(i.augments_per_epoch for i in self.ingredients)
+
+    def augment(self, batch: dict[str, Any], states: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
+        """Every epoch's columns (UNA's negatives, AugCSE's drawn augmentation) for a batch."""
+        for ingredient in self.ingredients:
+            if ingredient.augments_per_epoch:
+                batch = ingredient.augment(batch, states.get(ingredient.name), seed)
+        return batch
+
+    @property
+    def text_columns(self) -> tuple[str, ...]:
+        columns = ["sentence"]
+        for ingredient in self.ingredients:
+            columns += [c for c in ingredient.text_columns() if c not in columns]
+        return tuple(columns)
+
+    def tensor_columns(self, batch: dict[str, Any], device) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for ingredient in self.ingredients:
+            out.update(ingredient.tensor_columns(batch, device))
+        return out
+
+    # -- model ----------------------------------------------------------------------------------
+
+    def build(self, encoder: Encoder) -> RecipeModel:
+        hidden = encoder.hidden_size
+        projection = next((a.projection(hidden) for a in self.aux if hasattr(a, "projection")), None)
+        if projection is None and self.shared.pooler == "cls":
+            projection = ProjectionMLP(hidden, getattr(encoder.backbone.config, "initializer_range", 0.02))
+        heads = {a.name: a.heads(hidden) for a in self.aux if hasattr(a, "heads")}
+        return RecipeModel(encoder, self.shared.pooler, projection, heads)
+
+    def param_groups(self, model: nn.Module, lr: float) -> list[dict]:
+        """One group at the base learning rate, and the projection's at its aux term's scale
+        (VaSCL: the head at 100x, Appendix A)."""
+        model = unwrap(model)
+        scale = next((a.projection_lr_scale for a in self.aux if hasattr(a, "projection")), 1.0)
+        if scale == 1.0 or model.projection is None:
+            return [{"params": [p for p in model.parameters() if p.requires_grad], "lr": lr}]
+        head = [p for p in model.projection.parameters() if p.requires_grad]
+        ids = {id(p) for p in head}
+        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+        return [{"params": rest, "lr": lr}, {"params": head, "lr": lr * scale}]
+
+    def eval_pooler(self) -> str:
+        """The pooler to evaluate with: [CLS] before the MLP when the MLP is training-only."""
+        if self.shared.pooler == "cls" and self.shared.mlp_only_train and not any(hasattr(a, "projection") for a in self.aux):
+            return "cls_before_pooler"
+        return self.shared.pooler
+
+    def export_encoder(self, model: nn.Module) -> Encoder:
+        """The encoder to save and evaluate. SimCSE's trained MLP is folded into the backbone's
+        pooler layer (SimCSE's simcse_to_huggingface), so pooler 'cls' of the export is [CLS] + MLP."""
+        model = unwrap(model)
+        encoder = model.encoder
+        pooler = getattr(encoder.backbone, "pooler", None)
+        if isinstance(model.projection, ProjectionMLP) and pooler is not None and hasattr(pooler, "dense"):
+            with torch.no_grad():
+                pooler.dense.weight.copy_(model.projection.dense.weight)
+                pooler.dense.bias.copy_(model.projection.dense.bias)
+        return encoder
+
+    # -- the training step ----------------------------------------------------------------------
+
+    def loss(self, model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(loss, metrics)`` of one step; ``loss`` is the global loss, identical on every worker."""
+        twice = 2 if self.loss_fn.pairs_negatives else 1
+        active = [n for n in self.negatives if n.active(step)]
+        roles = ["anchor", "positive"]
+        rows = [batch["sentence"], batch[self.positives.column]]
+        for n in active:
+            if n.dropout is None:
+                roles += [f"{n.name}:{i}" for i in range(twice)]
+                rows += [batch[n.column]] * twice
+        for a in self.aux:
+            extra = a.extra_rows(batch) if hasattr(a, "extra_rows") else []
+            roles += [a.name] * len(extra)
+            rows += extra
+        e, z = _split(model(pad_cat(rows)), roles, batch["sentence"]["input_ids"].shape[0])
+        for n in active:
+            if n.dropout is not None:
+                with dropout_override(model, n.dropout):
+                    own = _split(model(pad_cat([batch[n.column]] * twice)), [f"{n.name}:{i}" for i in range(twice)],
+                                 batch[n.column]["input_ids"].shape[0])
+                e.update(own[0])
+                z.update(own[1])
+
+        negatives = []
+        for n in active:
+            # An empty negative tokenises to [CLS] [SEP]: it exists for no anchor.
+            valid = gather_with_grad((batch[n.column]["attention_mask"].sum(1) > 2).float()) > 0.5
+            second = gather_with_grad(z[f"{n.name}:1"]) if twice == 2 else None
+            negatives.append(Negative(gather_with_grad(z[f"{n.name}:0"]), valid, second))
+        views = Views(gather_with_grad(z["anchor"]), gather_with_grad(z["positive"]), negatives)
+        contrastive = self.loss_fn(views)
+        metrics = {"contrastive_loss": float(contrastive.detach())}
+        metrics.update({f"{n.name}_negatives": float(n in active) for n in self.negatives})
+        total = contrastive
+        outputs = StepOutputs(unwrap(model), step, e, z, batch)
+        for a in self.aux:
+            term, extra = a.forward(outputs)
+            total = total + term
+            metrics.update(extra)
+        return total, metrics
+
+
+def _split(ez: tuple[torch.Tensor, torch.Tensor], roles: list[str], n: int):
+    e, z = ez
+    return ({role: e[i * n : (i + 1) * n] for i, role in enumerate(roles)},
+            {role: z[i * n : (i + 1) * n] for i, role in enumerate(roles)})
+
+
+__all__ = ["INGREDIENTS", "KINDS", "NAMED", "CUSTOM", "Recipe", "RecipeSpec", "SharedParams", "RecipeModel"]
