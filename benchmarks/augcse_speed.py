@@ -62,8 +62,8 @@ def _generate(sentences: list[str], cpus: int) -> float:
     not counted; the actors' start, imports and model loading counted)."""
     import ray
 
-    from platform.corpus import generate_columns
-    from platform.ray_env import init_ray
+    from platform.data.columns import generate_columns
+    from platform.run.ray_env import init_ray
 
     columns = [f"aug_{n}" for n in AUGMENTATION_SETS["8-aug"]]
     kwargs = {"columns": columns, "seed": 0, "spacy_model": SPACY, "nltk_data": str(data_dir() / "nltk_data")}

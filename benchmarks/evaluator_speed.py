@@ -18,7 +18,7 @@ if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"
 import torch  # noqa: E402
 
 from methods.encoder import Encoder  # noqa: E402
-from platform.sts import STSEvaluator, format_table, with_mean  # noqa: E402
+from platform.evaluation.sts import STSEvaluator, format_table, with_mean  # noqa: E402
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ def checkpoint_costs() -> None:
 
     from methods.encoder import Encoder
     from methods.simcse import SimCSE
-    from platform.loop import TRAIN_STATE, rng_state, save_checkpoint, save_train_state
+    from platform.run.loop import TRAIN_STATE, rng_state, save_checkpoint, save_train_state
 
     method = SimCSE()
     model = method.build(Encoder.from_pretrained("minilm"))

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from platform.config import TrainConfig  # noqa: E402
 from platform.data import read_corpus, resolve_corpus  # noqa: E402
-from platform.loop import train_loop_per_worker  # noqa: E402
+from platform.run.loop import train_loop_per_worker  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
     cfg.corpus = str(resolve_corpus(cfg.corpus))
     sentences = read_corpus(cfg.corpus, limit=cfg.max_sentences)
 
-    from platform.ray_env import init_ray
+    from platform.run.ray_env import init_ray
     from platform.train import fit
 
     init_ray(num_cpus=cpus)

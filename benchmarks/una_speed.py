@@ -68,9 +68,9 @@ sys.modules.pop('platform', None)
 import platform
 from methods.una import UNA, UNAParams
 from platform.augment import augment_dataset
-from platform.cache import prepared_state
+from platform.data.cache import prepared_state
 from platform.data import data_dir, read_corpus
-from platform.ray_env import init_ray
+from platform.run.ray_env import init_ray
 sents = []
 for f in sorted((data_dir() / 'corpus').glob('*.txt.gz')):
     sents.extend(read_corpus(f))

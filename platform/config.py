@@ -1,10 +1,14 @@
 """The one source of truth for a run's configuration: typed, validated, papers' defaults.
 
-Resolution order (later wins): the dataclass defaults below (the SimCSE paper's BERT-base values,
-Gao et al., 2021, Sec. 3 and Appendix A) and the method's ``Params`` defaults (its paper), then the
-profile file ``platform/profiles/<profile>.yaml`` (its top level, then its ``methods.<method>``
-section), then ``--set key=value`` overrides. Keys are flat: common fields and the method's
-parameters share one namespace (they never collide; a test checks it).
+A run is a recipe (``methods.recipe``): a named paper recipe (``simcse``, ``una``, ``san``,
+``augcse``, ``vascl``) or ``recipe``, put together with ``--set positives=... negatives=...
+loss=... aux=...``. Resolution order (later wins): the dataclass defaults below (the SimCSE
+paper's BERT-base values, Gao et al., 2021, Sec. 3 and Appendix A) and each ingredient's
+``Params`` defaults (its paper), then the profile file ``platform/profiles/<profile>.yaml``: its
+top level, its ``ingredients.<name>`` section for each ingredient of the recipe, its
+``methods.<method>`` section; then ``--set key=value`` overrides. Keys are flat: common fields,
+the recipe's four kinds, the shared recipe parameters and the ingredients' parameters share one
+namespace (a key two ingredients both declare, such as ``spacy_model``, is one shared setting).
 """
 
 from __future__ import annotations
@@ -18,18 +22,19 @@ from typing import Any
 
 import yaml
 
-from methods.base import REGISTRY, InvalidParams, MethodParams, method_class
+from methods.ingredients import KINDS, InvalidParams, Params
+from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams
+from platform.errors import ConfigError
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-
-
-class ConfigError(Exception):
-    """A configuration value, key, profile or method is invalid; the message says which."""
+METHODS = sorted(NAMED) + [CUSTOM]
 
 
 @dataclasses.dataclass
 class TrainConfig:
-    method: str = "simcse"
+    method: str = "simcse"  # a named recipe, or 'recipe'
+    # Fields and their sources (paper section, authors' script, or our choice) are what
+    # ``--print-config`` shows; the comments here are that source.
     profile: str = "paper"
     # Backbone: a Hugging Face name or local path, or the alias 'minilm' (packaged, offline).
     model: str = "bert-base-uncased"
@@ -62,62 +67,127 @@ class TrainConfig:
     # Fault tolerance: a failed worker group restarts from the latest checkpoint (model, heads,
     # optimizer, scheduler, step, RNG, data position) up to this many times (Ray Train FailureConfig).
     max_failures: int = 3
-    # Where Ray Train workers get batches: 'ray' streams the method's augmentation through Ray Data
+    # Where Ray Train workers get batches: 'ray' streams the recipe's augmentation through Ray Data
     # (parallel CPUs); 'local' has every worker read the corpus and take its slice of each seeded
     # global batch, so any worker count sees exactly the same batches (reproducibility checks).
+    # The process runtime always reads locally.
     data_pipeline: str = "ray"
+    # 'ray': Ray Train workers (DDP over num_workers), Ray Data, Ray Tune. 'process': this process
+    # alone, no Ray at all (a GPU box without Ray, a debugger); train only, num_workers 1.
+    runtime: str = "ray"
     # Where runs write checkpoints (Ray's storage_path); relative paths are under the repo root.
     output_dir: str = "runs"
-    params: MethodParams = dataclasses.field(default_factory=MethodParams)
+    recipe: RecipeSpec = dataclasses.field(default_factory=RecipeSpec)
+    shared: SharedParams = dataclasses.field(default_factory=SharedParams)
+    # Each ingredient's parameters, by ingredient name.
+    params: dict[str, Params] = dataclasses.field(default_factory=dict)
 
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
     def build(cls, method: str, profile: str = "local", overrides: dict[str, Any] | None = None) -> "TrainConfig":
-        if method not in REGISTRY:
-            raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(sorted(REGISTRY))}")
-        layers = load_profile(profile)
-        section = layers.pop("methods", {}) or {}
-        if not isinstance(section, dict):
-            raise ConfigError(f"profile {profile!r}: 'methods' must be a mapping of method -> overrides")
-        cfg = cls(method=method, profile=profile, params=method_class(method).Params())
-        cfg.update(layers, source=f"profile {profile!r}")
-        cfg.update(section.get(method) or {}, source=f"profile {profile!r} (methods.{method})")
-        cfg.update(overrides or {}, source="--set")
+        """The profile's layers and ``--set`` overrides on top of the recipe's defaults."""
+        data = load_profile(profile)
+        sections = {}
+        for section in ("methods", "ingredients"):
+            sections[section] = data.pop(section, None) or {}
+            if not isinstance(sections[section], dict):
+                raise ConfigError(f"profile {profile!r}: {section!r} must be a mapping of name -> overrides")
+        overrides = overrides or {}
+        method_layer = sections["methods"].get(method) or {}
+        # The recipe's kinds (and fidelity, which picks a named recipe's loss) are read first.
+        recipe_keys = {k: v for layer in (data, method_layer, overrides) for k, v in layer.items() if k in (*KINDS, "fidelity")}
+        cfg = cls.for_recipe(method, recipe_keys)
+        cfg.profile = profile
+        layers = [(data, f"profile {profile!r}")]
+        layers += [(sections["ingredients"].get(c.name) or {}, f"profile {profile!r} (ingredients.{c.name})")
+                   for c in cfg.recipe.classes()]
+        layers += [(method_layer, f"profile {profile!r} (methods.{method})"), (overrides, "--set")]
+        for values, source in layers:
+            cfg.update({k: v for k, v in values.items() if k not in KINDS}, source=source)
         cfg.validate()
+        return cfg
+
+    @classmethod
+    def for_recipe(cls, method: str, recipe_keys: dict[str, Any]) -> "TrainConfig":
+        """Defaults of a named recipe (or of ``recipe``) with the given kinds, before any layer."""
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        kinds = {k: v for k, v in recipe_keys.items() if k in KINDS}
+        try:
+            if method == CUSTOM:
+                spec = RecipeSpec.parse(kinds)
+                defaults: dict[str, Any] = {}
+            else:
+                named = NAMED[method]
+                spec = named.resolve(str(recipe_keys.get("fidelity", "paper")))
+                if kinds:
+                    parsed = RecipeSpec.parse(kinds)
+                    spec = dataclasses.replace(spec, **{k: getattr(parsed, k) for k in kinds})
+                defaults = named.params
+            spec.validate()
+        except InvalidParams as exc:
+            raise ConfigError(str(exc)) from None
+        cfg = cls(method=method, recipe=spec, shared=SharedParams(pooler=spec.default_pooler()),
+                  params={c.name: c.Params() for c in spec.classes()})
+        cfg.update({k: v for k, v in defaults.items() if k in cfg.fields()}, source=f"recipe {method!r}")
         return cfg
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any]) -> "TrainConfig":
         """Inverse of ``flat()``: rebuild a config inside a worker or trial."""
-        method = flat.get("method", "simcse")
-        cfg = cls(method=method, params=method_class(method).Params())
-        cfg.update({k: v for k, v in flat.items() if k != "method" and not k.startswith("_")}, source="config")
+        cfg = cls.for_recipe(flat.get("method", "simcse"), {k: v for k, v in flat.items() if k in (*KINDS, "fidelity")})
+        cfg.update({k: v for k, v in flat.items() if k not in ("method", *KINDS)}, source="config")
         cfg.validate()
         return cfg
 
-    def fields(self) -> dict[str, tuple[object, dataclasses.Field]]:
-        """Every settable key -> (owner object, field)."""
-        out = {f.name: (self, f) for f in dataclasses.fields(self) if f.name not in ("params", "method")}
-        for f in dataclasses.fields(self.params):
-            out[f.name] = (self.params, f)
+    def owners(self) -> dict[str, list[object]]:
+        """Every settable key -> the objects holding it (several for a shared ingredient key)."""
+        out: dict[str, list[object]] = {}
+        skip = ("params", "method", "recipe", "shared")
+        for owner in (self, self.shared, *self.params.values()):
+            for f in dataclasses.fields(owner):
+                if owner is not self or f.name not in skip:
+                    out.setdefault(f.name, []).append(owner)
         return out
 
+    def fields(self) -> list[str]:
+        return list(self.owners())
+
     def update(self, values: dict[str, Any], source: str) -> None:
-        known = self.fields()
+        known = self.owners()
         for key, raw in values.items():
+            if key in KINDS:
+                raise ConfigError(f"{source}: {key} is part of the recipe; give it on the command line (--set {key}=...)")
             if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"{source}: unknown key {key!r} for method {self.method!r}{hint}")
-            owner, field = known[key]
-            setattr(owner, key, coerce(key, raw, field_type(owner, field), source))
+                raise ConfigError(f"{source}: {self.unknown_key(key)}")
+            for owner in known[key]:
+                setattr(owner, key, coerce(key, raw, field_type(owner, key), source))
+
+    def unknown_key(self, key: str) -> str:
+        """The message for a key this recipe does not have, saying which ingredient has it."""
+        for kind, choices in INGREDIENTS.items():
+            for name, ingredient in choices.items():
+                if key in {f.name for f in dataclasses.fields(ingredient.Params)}:
+                    return (f"{key!r} belongs to {kind}={name}, which this {self.method!r} recipe does not use "
+                            f"(add --set {kind}={name})")
+        close = difflib.get_close_matches(key, self.fields(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown key {key!r} for method {self.method!r}{hint}"
 
     def flat(self) -> dict[str, Any]:
         """Flat key -> value, for MLflow params, Ray configs and ``from_flat``."""
-        out = {"method": self.method}
-        out.update({k: getattr(owner, k) for k, (owner, _) in self.fields().items()})
+        out: dict[str, Any] = {"method": self.method}
+        out.update({k: ",".join(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self.recipe).items()})
+        out.update({k: getattr(owners[0], k) for k, owners in self.owners().items()})
         return out
+
+    def build_recipe(self) -> Recipe:
+        return Recipe(self.recipe, self.params, self.shared)
+
+    @property
+    def ingredient_params(self) -> list[Params]:
+        return list(self.params.values())
 
     def validate(self) -> None:
         checks = [
@@ -142,20 +212,24 @@ class TrainConfig:
             (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
             (self.max_failures >= 0, f"max_failures must be >= 0, got {self.max_failures}"),
             (self.data_pipeline in ("ray", "local"), f"data_pipeline must be ray or local, got {self.data_pipeline!r}"),
+            (self.runtime in ("ray", "process"), f"runtime must be ray or process, got {self.runtime!r}"),
+            (self.runtime == "ray" or self.num_workers == 1,
+             f"runtime=process trains in this one process: num_workers must be 1, got {self.num_workers}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
         try:
-            self.params.validate()
-            self.params.validate_batch(self.batch_size)
+            self.shared.validate()
+            for params in self.params.values():
+                params.validate()
+                params.validate_batch(self.batch_size)
         except InvalidParams as exc:
             raise ConfigError(str(exc)) from None
 
 
-def field_type(owner: object, field: dataclasses.Field) -> type:
-    hints = typing.get_type_hints(type(owner))
-    return hints[field.name]
+def field_type(owner: object, name: str) -> type:
+    return typing.get_type_hints(type(owner))[name]
 
 
 def coerce(key: str, raw: Any, typ: type, source: str) -> Any:

@@ -1,35 +1,42 @@
-"""One clear line and exit code 2 for bad input, instead of a traceback.
+"""The one root of the platform's user errors, and how a CLI reports them: one ``error:`` line on
+stderr and exit code 2, never a traceback. This module imports nothing else of the platform, so
+every module can raise these.
 
-Every CLI's ``main`` runs inside ``cli_main``: the exception types below are user errors (bad
-data, bad configuration, a model that cannot be found, an unreachable tracking server); anything
-else is a bug and keeps its traceback.
+``UserError`` and its kinds (``ConfigError``, ``DataError``) are bad input detected by the
+platform; the errors ``methods/`` raises for bad parameters or backbones are user errors too.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
-from methods.base import InvalidParams
 from methods.encoder import BackboneNotFound, WeightLoadError
-from platform.config import ConfigError
-from platform.data import DataError
+from methods.ingredients import InvalidParams
 
 
 class UserError(Exception):
-    """Any other bad input detected by the platform."""
+    """Bad input; the message says what is wrong and, where it can, what to do."""
 
 
-USER_ERRORS = (UserError, ConfigError, DataError, InvalidParams, BackboneNotFound, WeightLoadError)
+class ConfigError(UserError):
+    """A configuration value, key, profile, recipe or search space is invalid."""
 
 
-def writable_dir(path, what: str = "output folder"):
+class DataError(UserError):
+    """Input data is missing or malformed; the message names the file and what is wrong."""
+
+
+USER_ERRORS = (UserError, InvalidParams, BackboneNotFound, WeightLoadError)
+
+
+def writable_dir(path, what: str = "output folder") -> Path:
     """Create ``path`` and prove it takes a file (``os.access`` says yes to root on read-only
     mounts); a full or read-only disk becomes one clear line instead of a failure mid-run."""
-    import os
-    from pathlib import Path
-
     path = Path(path).expanduser().resolve()
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 
 from methods.encoder import POOLERS, Encoder
-from platform.clustering import CLUSTER_SETS, kmeans_accuracy, load_labelled
 from platform.data import STS_TASKS
-from platform.transfer import TRANSFER_TASKS, evaluate_transfer
 from platform.errors import UserError, cli_main
-from platform.loop import CHECKPOINT_MODEL, CHECKPOINT_STATE, read_checkpoint_state
+from platform.evaluation.clustering import CLUSTER_SETS, kmeans_accuracy, load_labelled
+from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer
+from platform.run import checkpoint
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
 TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"], "transfer": list(TRANSFER_TASKS)}
@@ -28,9 +28,9 @@ TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"], "transfer
 def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
     """(path or name to load, pooler) for any of the accepted MODEL forms."""
     path = Path(model)
-    if (path / CHECKPOINT_STATE).is_file():
-        state = read_checkpoint_state(path)
-        return str(path / CHECKPOINT_MODEL), pooler or state["eval_pooler"]
+    if checkpoint.is_checkpoint(path):
+        state = checkpoint.read_state(path)
+        return str(checkpoint.model_dir(path)), pooler or state["eval_pooler"]
     if (path / "modules.json").is_file():  # sentence-transformers folder: the transformer is its first module
         modules = json.loads((path / "modules.json").read_text())
         first = path / modules[0].get("path", "")
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--transfer-limit", type=int, default=None, help="transfer tasks on a slice of N training sentences")
     args = p.parse_args(argv)
 
-    from platform.sts import STSEvaluator, format_table, with_mean
+    from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 
     tasks = expand_tasks(args.tasks)
     sts_tasks = [t for t in tasks if t in STS_TASKS]

@@ -130,6 +130,62 @@ def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(uri).set_terminated(run_id, status=status)
 
 
+def set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
+    c = client(uri)
+    for key, value in tags.items():
+        c.set_tag(run_id, key, value)
+
+
+def reopen_run(uri: str, run_id: str) -> None:
+    client(uri).update_run(run_id, status="RUNNING")
+
+
+def log_file(uri: str, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+    client(uri).log_artifact(run_id, str(path), artifact_path)
+
+
+def log_folder(uri: str, run_id: str, folder: Path, artifact_path: str) -> None:
+    client(uri).log_artifacts(run_id, str(folder), artifact_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# A sweep's runs: one parent, one child per trial (tagged with Tune's trial id)
+
+
+def child_runs(uri: str, parent: str, extra_filter: str = "", order_by: list[str] | None = None) -> list:
+    c = client(uri)
+    exp = c.get_run(parent).info.experiment_id
+    query = f"tags.`mlflow.parentRunId` = '{parent}'" + (f" and {extra_filter}" if extra_filter else "")
+    return c.search_runs([exp], filter_string=query, order_by=order_by)
+
+
+def finished_trial_run(uri: str, parent: str, trial_id: str):
+    """The trial's child run if it finished (a resumed sweep reports it instead of training again)."""
+    runs = child_runs(uri, parent, f"tags.trial_id = '{trial_id}' and attributes.status = 'FINISHED'")
+    return runs[0] if runs else None
+
+
+def close_child_runs(uri: str, parent: str, errored: set[str], interrupted: bool = False) -> None:
+    """No child run stays RUNNING: trials the scheduler stopped end FINISHED (tagged), errored
+    ones FAILED, and after Ctrl-C the ones still running end KILLED (``--resume`` runs them again)."""
+    c = client(uri)
+    for run in child_runs(uri, parent, "attributes.status = 'RUNNING'"):
+        if interrupted:
+            c.set_terminated(run.info.run_id, "KILLED")
+        elif run.data.tags.get("trial_id") in errored:
+            c.set_terminated(run.info.run_id, "FAILED")
+        else:
+            c.set_tag(run.info.run_id, "stopped_by_scheduler", "true")
+            c.set_terminated(run.info.run_id, "FINISHED")
+
+
+def ranked_child_runs(uri: str, parent: str, metric: str, mode: str) -> list:
+    """Child runs that logged ``best_<metric>``, best first."""
+    order = "DESC" if mode == "max" else "ASC"
+    runs = child_runs(uri, parent, order_by=[f"metrics.best_{metric} {order}"])
+    return [r for r in runs if f"best_{metric}" in r.data.metrics]
+
+
 class MetricSink:
     """Step metrics from rank 0 of the training loop straight to the run (None: print only).
 

@@ -21,7 +21,7 @@ from methods.augcse import (
     pad_cat,
 )
 from methods.augmentations import NO_AUGMENTATION
-from methods.base import InvalidParams
+from methods.ingredients import InvalidParams
 from methods.encoder import Encoder
 from methods.losses import global_mean, info_nce
 

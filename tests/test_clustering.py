@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from platform.clustering import cluster_accuracy, kmeans_accuracy, load_labelled
+from platform.evaluation.clustering import cluster_accuracy, kmeans_accuracy, load_labelled
 from tests.conftest import assert_user_error, run_cli
 
 

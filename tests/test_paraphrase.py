@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods.una import UNA, UNAParams
-from platform.corpus import corpus_columns, statistics_input
+from platform.data.columns import corpus_columns, statistics_input
 from platform.data import DataError
 from tests.conftest import assert_user_error, run_cli
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from methods.base import InvalidParams
+from methods.ingredients import InvalidParams
 from methods.encoder import Encoder, dropout_override
 from methods.losses import hince, info_nce
 from methods.san import (

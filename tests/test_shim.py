@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 def local_ray():
     import ray
 
-    from platform.ray_env import init_ray
+    from platform.run.ray_env import init_ray
 
     init_ray(num_cpus=2)
     yield ray
@@ -67,11 +67,11 @@ def test_ray_tasks_and_data_import_the_package(small_corpus, local_ray):
 
     @ray.remote
     def worker_cache_root():
-        from platform.cache import cache_root
+        from platform.data.cache import cache_root
 
         return str(cache_root())
 
-    from platform.cache import cache_root
+    from platform.data.cache import cache_root
 
     # Workers run in a copy of the repository; they must share the driver's cache, not
     # start an empty one in that copy.
@@ -101,7 +101,7 @@ def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_r
     same as one process gives."""
     import pyarrow.parquet as pq
 
-    from platform.corpus import BLOCK_SENTENCES, generate_columns
+    from platform.data.columns import BLOCK_SENTENCES, generate_columns
     from platform.data import read_corpus
 
     base = read_corpus(small_corpus)

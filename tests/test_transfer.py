@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from platform.transfer import kfold_accuracy
+from platform.evaluation.transfer import kfold_accuracy
 from tests.conftest import assert_user_error, run_cli
 
 

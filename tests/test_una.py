@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from methods.base import InvalidParams
+from methods.ingredients import InvalidParams
 from methods.una import (
     UNA,
     UNAParams,

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from methods.base import InvalidParams
+from methods.ingredients import InvalidParams
 from methods.losses import gather_with_grad
 from methods.vascl import (
     VaSCL,

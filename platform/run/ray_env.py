@@ -1,7 +1,7 @@
 """Starting (or joining) Ray so that workers can import this repository's ``platform`` package.
 
 Ray workers import the standard library's ``platform`` before they see the driver's directory, so
-the job ships the repository as its ``working_dir`` (STACK-NOTES). Locally this starts a Ray with
+the job ships the repository as its ``working_dir``. Locally this starts a Ray with
 the machine's CPUs; with ``RAY_ADDRESS`` set (a cluster, ``ray job submit``) it joins that one.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 
 # Passed through to workers; paths are made absolute since workers run in the shipped copy.
@@ -21,7 +21,7 @@ def worker_env() -> dict[str, str]:
     # Workers run in a copy of the repository (the job's working_dir), where the default cache
     # folder would be a new, empty one: they read the driver's cache, so corpus statistics and
     # generated columns are made once (on another node the folder is created and filled there).
-    from platform.cache import cache_root
+    from platform.data.cache import cache_root
 
     env = {"TOKENIZERS_PARALLELISM": "false", "PLATFORM_CACHE_DIR": str(cache_root())}
     for key in FORWARDED_ENV:

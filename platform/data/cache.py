@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def replace_dir(src: Path, dst: Path) -> None:
@@ -73,13 +73,3 @@ def cached(kind: str, digest: str, params: dict[str, Any], build: Callable[[Path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def prepared_state(method, sentences: list[str]):
-    """``method.prepare(sentences)``, through the cache when the method can save its state."""
-    spec = method.state_cache_spec()
-    if spec is None:
-        return method.prepare(sentences)
-    folder = cached(spec["kind"], sentences_digest(sentences), spec["params"],
-                    lambda tmp: method.save_state(method.prepare(sentences), tmp))
-    return method.load_state(folder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from platform.cache import replace_dir
+from platform.data.cache import replace_dir
 
 # Our pooler -> sentence-transformers Pooling mode. 'cls' additionally needs the pooler layer as a
 # Dense(d, d, tanh) module; avg_first_last has no sentence-transformers equivalent.

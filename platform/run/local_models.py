@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from platform.cache import cached
+from platform.data.cache import cached
 from platform.data import DATA_ENV
 
 TINY_MLM = "tiny-random-mlm"
@@ -35,18 +35,18 @@ def ensure_tiny_mlm() -> Path:
     return cached(TINY_MLM, "v1", {"hidden": 64, "layers": 2, "seed": 0}, build)
 
 
-def resolve_local_models(params) -> None:
-    """Replace the ``tiny-random-mlm`` name in a method's params by its saved folder; point an
-    empty ``nltk_data`` at ``$PLATFORM_DATA_DIR/nltk_data`` when that exists and ``$NLTK_DATA``
+def resolve_local_models(ingredient_params) -> None:
+    """Replace the ``tiny-random-mlm`` name in the ingredients' params by its saved folder; point
+    an empty ``nltk_data`` at ``$PLATFORM_DATA_DIR/nltk_data`` when that exists and ``$NLTK_DATA``
     is not set (the data directory is the one variable tests and CI set)."""
-    if getattr(params, "mlm", None) == TINY_MLM:
-        params.mlm = str(ensure_tiny_mlm())
-    if getattr(params, "nltk_data", None) == "" and not os.environ.get("NLTK_DATA"):
-        folder = Path(os.environ.get(DATA_ENV) or "nonexistent") / "nltk_data"
-        if folder.is_dir():
-            params.nltk_data = str(folder.resolve())
+    for params in ingredient_params:
+        if getattr(params, "mlm", None) == TINY_MLM:
+            params.mlm = str(ensure_tiny_mlm())
+        if getattr(params, "nltk_data", None) == "" and not os.environ.get("NLTK_DATA"):
+            folder = Path(os.environ.get(DATA_ENV) or "nonexistent") / "nltk_data"
+            if folder.is_dir():
+                params.nltk_data = str(folder.resolve())
 
 
-def uses_random_mlm(params) -> bool:
-    mlm = getattr(params, "mlm", None)
-    return bool(mlm) and Path(mlm).name.startswith(TINY_MLM)
+def uses_random_mlm(ingredient_params) -> bool:
+    return any(Path(getattr(p, "mlm", "") or "x").name.startswith(TINY_MLM) for p in ingredient_params)

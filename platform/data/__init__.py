@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from platform.errors import DataError
+
 DATA_ENV = "PLATFORM_DATA_DIR"
 
 STS_YEARS = {
@@ -39,10 +41,6 @@ LAYOUT_HINT = (
     "$PLATFORM_DATA_DIR/downstream/STS/STSBenchmark/sts-dev.csv, "
     "$PLATFORM_DATA_DIR/downstream/SICK/SICK_test_annotated.txt"
 )
-
-
-class DataError(Exception):
-    """Input data is missing or malformed; the message names the file and what is wrong."""
 
 
 def data_dir(path: str | os.PathLike | None = None) -> Path:
@@ -224,7 +222,4 @@ def load_sts(task: str, root: Path | None = None, split: str = "test") -> STSPai
     raise DataError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
 
 
-if __name__ == "__main__":  # python -m platform.data fetch ...
-    from platform.fetch import main
-
-    raise SystemExit(main())
+__all__ = ["DATA_ENV", "STS_TASKS", "DataError", "data_dir", "load_sts", "read_corpus", "resolve_corpus"]

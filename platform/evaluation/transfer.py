@@ -14,8 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from platform.clustering import load_labelled
-from platform.data import DataError, data_dir
+from platform.evaluation.clustering import load_labelled
+from platform.data import data_dir
+from platform.errors import DataError
 
 TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 C_GRID = [2.0**k for k in range(-2, 5)]

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from platform.data import DataError, data_dir
+from platform.data import data_dir
+from platform.errors import DataError
 
 CLUSTER_SETS = ("TREC", "MR", "CR", "SUBJ", "MPQA")
 _BINARY = {

@@ -149,7 +149,7 @@ def _safe_members(tar: tarfile.TarFile):
 
 def install_senteval(tar_path: Path, root: Path) -> Path:
     """Unpack ``senteval.tar`` and put its ``downstream/`` folder in place in one rename."""
-    from platform.cache import replace_dir
+    from platform.data.cache import replace_dir
 
     with tempfile.TemporaryDirectory(dir=root, prefix=".senteval-") as tmp:
         try:

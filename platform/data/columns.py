@@ -1,0 +1,132 @@
+"""The columns a recipe trains on and the corpus statistics it needs, built once per corpus and
+cached by content: ``sentence`` plus every column an ingredient generates once (paraphrases, SAN's
+negatives, AugCSE's ``aug_<name>``; Ray Data actors, a GPU each where the cluster has GPUs), and
+each ingredient's statistics (UNA's TF-IDF table, fitted on the sentences and their paraphrases).
+
+A cache file given by the user (e.g. ``paraphrase_cache``: Parquet with ``sentence`` and the
+column) must hold exactly the corpus' sentences in order, or the run stops with a clear error
+instead of pairing sentences with someone else's outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from methods.ingredients import GeneratedColumn
+from methods.recipe import Recipe
+from platform.data.cache import cache_entry, cached, sentences_digest
+from platform.errors import DataError
+
+
+@dataclasses.dataclass
+class CorpusData:
+    """What every worker of a run needs from the corpus: the columns and the statistics states
+    (by ingredient name)."""
+
+    columns: dict[str, list[str]]
+    states: dict[str, Any]
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.columns["sentence"])
+
+
+def prepare_corpus(recipe: Recipe, sentences: list[str], use_ray: bool, use_gpu: bool = False,
+                   cpus: float = 1.0) -> CorpusData:
+    columns = corpus_columns(recipe, sentences, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus)
+    return CorpusData(columns, prepared_states(recipe, columns))
+
+
+def prepared_states(recipe: Recipe, columns: dict[str, list[str]]) -> dict[str, Any]:
+    """Each ingredient's corpus statistics, through the cache (fitted once per corpus)."""
+    text = statistics_input(columns)
+    states = {}
+    for ingredient in recipe.with_statistics():
+        spec = ingredient.statistics()
+        folder = cached(spec.kind, sentences_digest(text), {"version": spec.version},
+                        lambda tmp, spec=spec: spec.save(spec.fit(text), tmp))
+        states[ingredient.name] = spec.load(folder)
+    return states
+
+
+def corpus_columns(
+    recipe: Recipe, sentences: list[str], use_ray: bool = True, use_gpu: bool = False, cpus: float = 1.0
+) -> dict[str, list[str]]:
+    from platform.data.pipeline import generate_columns
+
+    columns = {"sentence": sentences}
+    digest = sentences_digest(sentences)
+    specs = {spec.column: spec for spec in recipe.generated_columns()}
+    missing: dict[str, list[str]] = {}  # one generation pass per generator (+ group)
+    for column, spec in specs.items():
+        if spec.file:
+            columns[column] = read_generated(Path(spec.file), sentences, column)
+            continue
+        folder = cache_entry(f"gen-{column}", digest, _key(spec))
+        if (folder / "COMPLETE").is_file():
+            columns[column] = read_generated(folder / f"{column}.parquet", sentences, column)
+            continue
+        group = json.dumps([spec.generator, spec.group], sort_keys=True) if spec.group is not None else column
+        missing.setdefault(group, []).append(column)
+
+    for names in missing.values():
+        spec = specs[names[0]]
+        with tempfile.TemporaryDirectory(prefix="generated-") as tmp:
+            path = Path(tmp) / "generated.parquet"
+            kwargs = {"columns": names, **spec.group} if spec.group is not None else spec.kwargs
+            generate_columns(sentences, names, spec.generator, kwargs, path, use_ray, use_gpu, cpus,
+                             cpu_bound=spec.cpu_bound)
+            table = _read_parquet(path)
+            for column in names:
+                part = table.select(["sentence", column])
+                folder = cached(
+                    f"gen-{column}", digest, _key(specs[column]),
+                    lambda tmp_dir, part=part, column=column: _write_parquet(part, tmp_dir / f"{column}.parquet"),
+                )
+                columns[column] = read_generated(folder / f"{column}.parquet", sentences, column)
+    return columns
+
+
+def _key(spec: GeneratedColumn) -> dict:
+    return {"generator": spec.generator, **spec.kwargs}
+
+
+def _read_parquet(path: Path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path)
+
+
+def _write_parquet(table, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path)
+
+
+def statistics_input(columns: dict[str, list[str]]) -> list[str]:
+    """What corpus statistics are fitted on: the sentences plus their paraphrases (UNA, Sec. 3)."""
+    return columns["sentence"] + columns.get("paraphrase", [])
+
+
+def read_generated(path: Path, sentences: list[str], column: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise DataError(f"{column} cache {path} not found")
+    try:
+        table = pq.read_table(path, columns=["sentence", column])
+    except Exception as exc:  # not Parquet, or missing columns
+        raise DataError(f"{column} cache {path} is not a Parquet file with columns sentence, {column} ({exc})") from None
+    cached_sentences = table.column("sentence").to_pylist()
+    if len(cached_sentences) != len(sentences):
+        raise DataError(
+            f"{column} cache {path} does not match the corpus: {len(cached_sentences)} rows for {len(sentences)} sentences"
+        )
+    for i, (a, b) in enumerate(zip(cached_sentences, sentences)):
+        if a != b:
+            raise DataError(f"{column} cache {path} does not match the corpus: row {i + 1} is {a[:40]!r}, corpus has {b[:40]!r}")
+    return [str(p) for p in table.column(column).to_pylist()]

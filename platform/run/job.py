@@ -1,0 +1,159 @@
+"""One training job, in the order it happens: ``preflight`` (everything that can be checked before
+Ray starts), ``start`` (Ray, when the runtime uses it), ``prepare`` (the corpus' generated columns
+and statistics, once), ``fit`` (Ray Train's ``TorchTrainer``, or the loop in this process), and
+``finalize`` (the 7 STS tasks on the best checkpoint, its export, MLflow). ``platform.train``,
+``platform.tune`` and ``platform.augment`` are thin commands over these steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from methods.encoder import Encoder, load_tokenizer
+from platform import tracking
+from platform.config import TrainConfig
+from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
+from platform.data.columns import CorpusData, prepare_corpus
+from platform.errors import DataError, writable_dir
+from platform.run import checkpoint
+from platform.run.local_models import resolve_local_models, uses_random_mlm
+from platform.run.loop import DEV_METRIC, train_loop_per_worker
+from platform.run.runtime import RunContext
+
+
+def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
+    """Validate data, corpus, backbone, the ingredients' resources, output folder and MLflow;
+    return the corpus sentences (read once, here)."""
+    root = data_dir()
+    load_sts("STSBenchmark", root, split="dev")
+    if cfg.final_eval if final_eval is None else final_eval:
+        for task in STS_TASKS:
+            load_sts(task, root)
+    corpus = resolve_corpus(cfg.corpus)
+    cfg.corpus = str(corpus)  # absolute: workers run in a copy of the repository
+    sentences = read_corpus(corpus, limit=cfg.max_sentences or None)
+    if len(sentences) < cfg.batch_size:
+        raise DataError(f"corpus {corpus} has {len(sentences)} sentences, fewer than one batch of {cfg.batch_size}")
+    load_tokenizer(cfg.model)
+    resolve_local_models(cfg.ingredient_params)
+    cfg.build_recipe().preflight()
+    writable_dir(cfg.output_dir, "output_dir")
+    tracking.check_reachable(tracking.tracking_uri())
+    return sentences
+
+
+def start(cfg: TrainConfig, num_cpus: int | None = None) -> None:
+    if cfg.runtime == "ray":
+        from platform.run.ray_env import init_ray
+
+        init_ray(num_cpus=num_cpus)
+
+
+def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True) -> CorpusData:
+    """Once per corpus, on the driver: the generated columns (Ray Data actors under the Ray
+    runtime) and the corpus statistics, both cached, so errors surface here and every worker and
+    trial finds them ready."""
+    recipe = cfg.build_recipe()
+    corpus = prepare_corpus(recipe, sentences, use_ray=cfg.runtime == "ray", use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus)
+    if check:
+        recipe.check_statistics(corpus.states)
+    return corpus
+
+
+@dataclasses.dataclass
+class FitResult:
+    best_dev: float | None
+    checkpoint: str | None  # the best checkpoint's folder (persisted by Ray, or under output_dir)
+    ray_checkpoint: Any = None  # ray.train.Checkpoint under the Ray runtime (may live in remote storage)
+
+
+def fit(cfg: TrainConfig, corpus: CorpusData, *, uri: str | None, run_id: str | None, storage: Path, name: str,
+        tune_callback: bool = False) -> FitResult:
+    """Train with the configured runtime; the best checkpoint by STS-B dev."""
+    ctx = RunContext(config=cfg.flat(), runtime=cfg.runtime, num_sentences=corpus.num_sentences,
+                     tracking_uri=uri, run_id=run_id)
+    if cfg.runtime == "process":
+        ctx.corpus, ctx.run_dir = corpus, str(storage / name)
+        out = train_loop_per_worker(ctx.loop_config())
+        best = storage / name / "best"
+        return FitResult(out["best_" + DEV_METRIC], str(best) if checkpoint.is_checkpoint(best) else None)
+    return _fit_ray(cfg, corpus, ctx, storage, name, tune_callback)
+
+
+def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Path, name: str,
+             tune_callback: bool) -> FitResult:
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from platform.data.pipeline import augment_dataset
+
+    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
+    callbacks = []
+    if tune_callback:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        callbacks.append(TuneReportCallback())
+    datasets = {}
+    if cfg.data_pipeline == "ray":
+        datasets["train"] = augment_dataset(cfg.build_recipe(), corpus.columns, corpus.states, batch_size=1024, num_cpus=cfg.augment_cpus)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=ctx.loop_config(),
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                               resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=str(storage),
+            # Every evaluation reports a resumable checkpoint; Ray keeps the best by STS-B dev and
+            # always the latest, which a restarted worker group resumes from.
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=1, checkpoint_score_attribute=DEV_METRIC, checkpoint_score_order="max"),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
+            callbacks=callbacks,
+        ),
+        datasets=datasets,
+    )
+    result = trainer.fit()
+    scored = [(c, m) for c, m in (result.best_checkpoints or []) if DEV_METRIC in m]
+    best = max(scored, key=lambda cm: cm[1][DEV_METRIC])[0] if scored else result.checkpoint
+    return FitResult((result.metrics or {}).get("best_" + DEV_METRIC), best.path if best else None, best)
+
+
+def finalize(uri: str, run_id: str, checkpoint_dir: str | Path, log_to: list[str] | None = None) -> dict[str, float]:
+    """Evaluate a checkpoint on the 7 STS tasks; log the table and the model in both formats."""
+    from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
+    from platform.evaluation.sts import STSEvaluator, format_table, with_mean
+
+    state = checkpoint.read_state(checkpoint_dir)
+    model = checkpoint.model_dir(checkpoint_dir)
+    pooler = state["eval_pooler"]
+    scores = with_mean(STSEvaluator()(Encoder.from_pretrained(str(model), pooler=pooler)))
+    print(format_table(scores), flush=True)
+    for target in [run_id, *(log_to or [])]:
+        tracking.log_metrics(uri, target, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "sts_results.json"
+        results.write_text(json.dumps({"scores": scores, "pooler": pooler, "step": state["step"],
+                                       DEV_METRIC: state[DEV_METRIC]}, indent=2))
+        tracking.log_file(uri, run_id, results)
+        tracking.log_folder(uri, run_id, model, "best_checkpoint/hf")
+        try:
+            st_dir = export_sentence_transformers(model, Path(tmp) / "st", pooler)
+            tracking.log_folder(uri, run_id, st_dir, "best_checkpoint/sentence-transformers")
+        except ExportUnsupported as exc:
+            tracking.set_tags(uri, run_id, {"sentence_transformers_export": f"skipped: {exc}"})
+    tracking.set_tags(uri, run_id, {"best_step": str(state["step"])})
+    return scores
+
+
+def run_tags(cfg: TrainConfig) -> dict[str, str]:
+    tags = {"method": cfg.method, "recipe": cfg.recipe.describe(), "profile": cfg.profile, "model": cfg.model}
+    if uses_random_mlm(cfg.ingredient_params):
+        tags["mlm_random_weights"] = "true"
+        tags["mlm_note"] = "negatives from a randomly initialised tiny MLM (offline local profile): noise, not real SAN negatives"
+    return tags

@@ -1,0 +1,177 @@
+"""Search spaces: ``tune_spaces/<method>.yaml`` read, validated against the run's configuration,
+combined for recipes, clipped to the corpus and translated to Ray Tune's, all here.
+
+A space file holds the sweep's settings (``metric``, ``mode``, ``search``: optuna | grid,
+``num_samples``, ``max_concurrent_trials``, ``seed``, ``scheduler``: asha | none), its ``space``
+(``name: {loguniform|uniform|randint|choice|grid: [...]}``), per-profile overrides of the settings
+(``profiles``) and the paper's one-parameter grids (``grids``, for ``--grid NAME``).
+
+A combined recipe (``python -m platform.tune recipe --set ...``) searches the union of the spaces
+of the papers its ingredients come from (the SimCSE file for the shared settings; UNA's for
+``negatives=una``; SAN's for ``san`` and ``hince``; VaSCL's; AugCSE's), keeping the parameters
+the recipe has. A parameter in several files gets the union of their ranges (or values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from methods.recipe import CUSTOM
+from platform.config import TrainConfig
+from platform.errors import ConfigError
+
+SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
+DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint", "grid")
+SETTINGS = ("metric", "mode", "search", "num_samples", "max_concurrent_trials", "seed", "scheduler")
+TOP_KEYS = {*SETTINGS, "space", "profiles", "grids"}
+# The space file each ingredient's parameters come from (the shared ones: simcse.yaml).
+INGREDIENT_FILES = {"una": "una", "san": "san", "hince": "san", "vascl": "vascl", "augcse": "augcse"}
+
+
+@dataclasses.dataclass
+class SearchSpace:
+    space: dict[str, tuple[str, list]]  # name -> (distribution, arguments)
+    metric: str = "stsb_dev_spearman"
+    mode: str = "max"
+    search: str = "optuna"
+    num_samples: int = 4
+    max_concurrent_trials: int = 1
+    seed: int = 0
+    scheduler: dict = dataclasses.field(default_factory=dict)
+    grids: dict[str, list] = dataclasses.field(default_factory=dict)
+    source: str = ""
+
+    def expected_trials(self) -> int:
+        expected = self.num_samples
+        for kind, args in self.space.values():
+            if kind == "grid":
+                expected *= len(args)
+        return expected
+
+    def use_grid(self, name: str) -> None:
+        """The paper's one-parameter grid: every value, each run to the end (no early stopping)."""
+        if name not in self.grids:
+            raise ConfigError(f"{self.source}: no grid {name!r}; grids: {', '.join(self.grids) or 'none'}")
+        self.space = {name: ("grid", list(self.grids[name]))}
+        self.search, self.num_samples, self.scheduler = "grid", 1, {"type": "none"}
+
+    def check(self, base: TrainConfig) -> None:
+        """Every searched key must be a config key of the run, and each end point a valid value."""
+        for name, (kind, args) in self.space.items():
+            for value in args if kind in ("choice", "grid") else args[:2]:
+                probe = TrainConfig.from_flat(base.flat())
+                probe.update({name: value}, source=f"tune space {name}")
+                probe.validate()
+
+    def clip(self, limits: dict[str, tuple[float, float]]) -> None:
+        """Clip ranges and values to what the corpus allows (UNA: r below half the vocabulary)."""
+        for name, (lo, hi) in limits.items():
+            if name not in self.space:
+                continue
+            kind, args = self.space[name]
+            if kind in ("choice", "grid"):
+                clipped = list(dict.fromkeys(min(max(v, lo), hi) for v in args))
+            else:
+                clipped = [max(args[0], lo), min(args[1], hi)]
+                if clipped[0] >= clipped[1]:
+                    clipped = [min(clipped[0], hi) - 1, hi] if kind == "randint" else [hi * 0.5, hi]
+            if clipped != args:
+                print(f"note: {name} {kind} {args} clipped to {clipped} for this corpus", flush=True)
+                self.space[name] = (kind, clipped)
+
+    def to_ray(self) -> dict[str, Any]:
+        from ray import tune
+
+        make = {
+            "loguniform": lambda a: tune.loguniform(*a),
+            "uniform": lambda a: tune.uniform(*a),
+            "randint": lambda a: tune.randint(a[0], a[1] + 1),
+            "choice": tune.choice,
+            "grid": tune.grid_search,
+        }
+        return {name: make[kind](args) for name, (kind, args) in self.space.items()}
+
+    def as_params(self) -> dict[str, str]:
+        return {f"space.{name}": f"{kind} {args}" for name, (kind, args) in self.space.items()}
+
+
+def load_space(base: TrainConfig, path: Path | None = None, grid: str | None = None) -> SearchSpace:
+    """The sweep of ``base``'s method (or ``path``), for its profile; checked against ``base``."""
+    if path is not None or base.method != CUSTOM:
+        spec = read_file(path or SPACES_DIR / f"{base.method}.yaml", base.profile)
+    else:
+        spec = recipe_space(base)
+    if grid is not None:
+        spec.use_grid(grid)
+    spec.check(base)
+    return spec
+
+
+def recipe_space(base: TrainConfig) -> SearchSpace:
+    names = ["simcse"] + [INGREDIENT_FILES[c.name] for c in base.recipe.classes() if c.name in INGREDIENT_FILES]
+    files = [read_file(SPACES_DIR / f"{name}.yaml", base.profile) for name in dict.fromkeys(names)]
+    combined = dataclasses.replace(files[0], space={}, grids={}, source=", ".join(f.source for f in files))
+    keys = set(base.fields())
+    for f in files:
+        for name, (kind, args) in f.space.items():
+            if name in keys:
+                combined.space[name] = union(name, combined.space.get(name), (kind, args), combined.source)
+        combined.grids.update({k: v for k, v in f.grids.items() if k in keys})
+    return combined
+
+
+def union(name: str, a: tuple[str, list] | None, b: tuple[str, list], source: str) -> tuple[str, list]:
+    if a is None:
+        return b
+    if a[0] != b[0]:
+        raise ConfigError(f"{source}: {name} is {a[0]} in one space file and {b[0]} in another; they cannot be combined")
+    if a[0] in ("choice", "grid"):
+        return a[0], list(dict.fromkeys([*a[1], *b[1]]))
+    return a[0], [min(a[1][0], b[1][0]), max(a[1][1], b[1][1])]
+
+
+def read_file(path: Path, profile: str) -> SearchSpace:
+    if not path.is_file():
+        raise ConfigError(f"no search space {path} (a YAML file; see tune_spaces/)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
+    raw = {**raw, **((raw.get("profiles") or {}).get(profile) or {})}
+    settings = {k: raw[k] for k in SETTINGS if k in raw}
+    spec = SearchSpace(space={}, grids=dict(raw.get("grids") or {}), source=str(path), **settings)
+    if spec.mode not in ("max", "min"):
+        raise ConfigError(f"{path}: mode must be max or min")
+    if not isinstance(spec.scheduler, dict) or spec.scheduler.get("type", "asha") not in ("asha", "none"):
+        raise ConfigError(f"{path}: scheduler must be a mapping with type asha or none, got {spec.scheduler!r}")
+    if spec.search not in ("optuna", "grid"):
+        raise ConfigError(f"{path}: search must be optuna or grid, got {spec.search!r}")
+    for key in ("num_samples", "max_concurrent_trials"):
+        if not isinstance(getattr(spec, key), int) or getattr(spec, key) < 1:
+            raise ConfigError(f"{path}: {key} must be a positive integer")
+    space = raw.get("space")
+    if not isinstance(space, dict) or not space:
+        raise ConfigError(f"{path}: 'space' must map parameter names to distributions")
+    for name, dist in space.items():
+        if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+            raise ConfigError(f"{path}: {name}: expected one of {{{', '.join(DISTRIBUTIONS)}: ...}}, got {dist!r}")
+        kind, args = next(iter(dist.items()))
+        if kind in ("loguniform", "uniform", "randint"):
+            if not (isinstance(args, list) and len(args) == 2 and all(isinstance(a, (int, float)) for a in args)):
+                raise ConfigError(f"{path}: {name}: {kind} takes [low, high]")
+            if not args[0] < args[1] or (kind == "loguniform" and args[0] <= 0):
+                raise ConfigError(f"{path}: {name}: {kind} needs 0 < low < high" if kind == "loguniform"
+                                  else f"{path}: {name}: needs low < high")
+        elif not (isinstance(args, list) and args):
+            raise ConfigError(f"{path}: {name}: {kind} takes a non-empty list")
+        spec.space[name] = (kind, list(args))
+    return spec
