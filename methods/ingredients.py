@@ -111,9 +111,10 @@ class Ingredient:
     # The paper and section the ingredient implements, shown by ``--print-config`` and the README.
     cites: ClassVar[str] = ""
 
-    def __init__(self, params: Params, shared):
-        self.params = params
-        self.shared = shared  # the recipe's shared parameters (temperature, pooler, fidelity)
+    def __init__(self, params: Params | None = None, shared=None):
+        self.params = params if params is not None else self.Params()
+        self.params.validate()
+        self.shared = shared  # the recipe's SharedParams (temperature, pooler, fidelity)
 
     # -- data pipeline --------------------------------------------------------------------------
 

@@ -160,7 +160,7 @@ class Loss(Ingredient, nn.Module):
     # NT-Xent treats each negative as a pair of dropout views: the step encodes it twice.
     pairs_negatives = False
 
-    def __init__(self, params: Params, shared):
+    def __init__(self, params: Params | None = None, shared=None):
         nn.Module.__init__(self)
         Ingredient.__init__(self, params, shared)
 

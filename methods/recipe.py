@@ -205,9 +205,7 @@ class Recipe:
         self.shared.validate()
 
         def make(cls):
-            p = params.get(cls.name) or cls.Params()
-            p.validate()
-            return cls(p, self.shared)
+            return cls(params.get(cls.name), self.shared)
 
         self.positives = make(INGREDIENTS["positives"][spec.positives])
         self.negatives = [make(INGREDIENTS["negatives"][n]) for n in spec.negatives]

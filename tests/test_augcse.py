@@ -18,11 +18,11 @@ from methods.augcse import (
     AugmentationDiscriminator,
     discriminator_loss,
     grad_reverse,
-    pad_cat,
 )
 from methods.augmentations import NO_AUGMENTATION
 from methods.ingredients import InvalidParams
-from methods.encoder import Encoder
+from methods.encoder import Encoder, pad_cat
+from methods.recipe import Recipe, SharedParams
 from methods.losses import global_mean, info_nce
 
 
@@ -92,12 +92,13 @@ def test_augment_samples_uniformly_and_labels_unchanged_text_as_no_augmentation(
 @pytest.mark.parametrize(
     "kwargs,needle",
     [({"lambda_disc": -1e-3}, "lambda_disc must be >= 0"), ({"augmentations": ""}, "augmentations is empty"),
-     ({"augmentations": "nope"}, "unknown augmentation 'nope'"), ({"fidelity": "x"}, "fidelity must be"),
-     ({"disc_dropout": 1.0}, "disc_dropout must be in")],
+     ({"augmentations": "nope"}, "unknown augmentation 'nope'"), ({"disc_dropout": 1.0}, "disc_dropout must be in")],
 )
 def test_params_validation(kwargs, needle):
     with pytest.raises(InvalidParams, match=needle):
         AugCSEParams(**kwargs).validate()
+    with pytest.raises(InvalidParams, match="fidelity must be"):
+        SharedParams(fidelity="x").validate()
 
 
 def test_pad_cat_pads_to_the_longest():
@@ -114,7 +115,7 @@ LABELS = ["subject_object_switch", NO_AUGMENTATION, "tense_transformation", "ran
 
 def _setup(model_dir, **params):
     torch.manual_seed(0)
-    method = AugCSE(AugCSEParams(augmentations="subject_object_switch,tense_transformation,random_swap", **params))
+    method = Recipe.named("augcse", augmentations="subject_object_switch,tense_transformation,random_swap", **params)
     encoder = Encoder.from_pretrained(str(model_dir), dropout=0.0)
     model = method.build(encoder)
     batch = {
@@ -130,16 +131,24 @@ def test_loss_is_contrastive_plus_lambda_disc(tiny_model):
     torch.manual_seed(1)
     loss, metrics = method.loss(model, batch, 0)
     torch.manual_seed(1)
-    z1, z2, logits = model(batch["sentence"], batch["augmented"])
+    z1, z2, logits = _forward(model, batch, method.aux[0].params.grl_multiplier)
     expected = info_nce(z1, z2, 0.05) + 0.3 * discriminator_loss(logits, batch["aug_label"])
     assert float(loss.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
     assert set(metrics) == {"contrastive_loss", "disc_loss", "disc_accuracy"} and 0 <= metrics["disc_accuracy"] <= 1
 
 
+def _forward(model, batch, multiplier):
+    """[x; x; x_aug] in one pass through encoder and projector, the discriminator behind the GRL."""
+    n = batch["sentence"]["input_ids"].shape[0]
+    _, z = model(pad_cat([batch["sentence"], batch["sentence"], batch["augmented"]]))
+    z1, z2, za = z[:n], z[n : 2 * n], z[2 * n :]
+    return z1, z2, model.heads["augcse"](grad_reverse(torch.cat([z1, za], dim=1), multiplier))
+
+
 def _grads(model_dir, multiplier):
     method, model, batch = _setup(model_dir, grl_multiplier=multiplier, lambda_disc=1.0, disc_dropout=0.0)
     model.train()
-    _, _, logits = model(batch["sentence"], batch["augmented"])
+    _, _, logits = _forward(model, batch, multiplier)
     discriminator_loss(logits, batch["aug_label"]).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -148,8 +157,8 @@ def test_grl_makes_the_encoder_work_against_the_discriminator(tiny_model):
     """The discriminator learns the same way under +1 and -1; the encoder and projector get the
     opposite gradient (antagonistic), and none at all under 0."""
     plus, minus, zero = _grads(tiny_model, 1.0), _grads(tiny_model, -1.0), _grads(tiny_model, 0.0)
-    disc = [n for n in plus if n.startswith("discriminator.")]
-    body = [n for n in plus if not n.startswith("discriminator.")]
+    disc = [n for n in plus if n.startswith("heads.augcse.")]
+    body = [n for n in plus if not n.startswith("heads.augcse.")]
     assert disc and body
     for n in disc:
         torch.testing.assert_close(minus[n], plus[n])

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
-from platform.tune import load_space
+from platform.config import TrainConfig
+from platform.space import load_space
 from tests.conftest import assert_user_error, run_cli
 from tests.test_cli import _runs, _train_args
 
@@ -57,9 +58,9 @@ def test_tune_augcse_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri)
 
 
 def test_grl_grid_is_the_table7_ablation():
-    spec = load_space("augcse", "local", grid="grl_multiplier")
-    assert spec["space"] == {"grl_multiplier": {"grid": [-100, -10, -1, 0, 1, 10, 100]}}
-    assert spec["search"] == "grid"
+    spec = load_space(TrainConfig.build("augcse", "local"), grid="grl_multiplier")
+    assert spec.space == {"grl_multiplier": ("grid", [-100, -10, -1, 0, 1, 10, 100])}
+    assert spec.search == "grid"
 
 
 @pytest.mark.parametrize(

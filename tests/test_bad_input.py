@@ -66,7 +66,7 @@ def files(tmp_path_factory, tiny_model, small_corpus):
 
 
 def _entry(module: str):
-    return importlib.import_module("platform.fetch" if module == "data" else f"platform.{module}").main
+    return importlib.import_module("platform.data.fetch" if module == "data" else f"platform.{module}").main
 
 
 @pytest.mark.parametrize("command,needle", table_rows(), ids=[r[0][:60] for r in table_rows()])

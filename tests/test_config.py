@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from methods.base import REGISTRY, method_class
+from methods.recipe import INGREDIENTS, NAMED, SharedParams
 from platform.config import ConfigError, TrainConfig, parse_sets
 
 
@@ -14,13 +14,13 @@ def test_paper_defaults_are_simcse_bert_base():
     cfg = TrainConfig.build("simcse", "paper")
     assert (cfg.model, cfg.batch_size, cfg.lr, cfg.max_len, cfg.epochs, cfg.eval_steps) == (
         "bert-base-uncased", 64, 3e-5, 32, 1, 125)
-    assert cfg.params.temperature == 0.05 and cfg.dropout == 0.1 and cfg.use_gpu
+    assert cfg.shared.temperature == 0.05 and cfg.dropout == 0.1 and cfg.use_gpu
 
 
 def test_local_profile_and_set_overrides():
     cfg = TrainConfig.build("simcse", "local", parse_sets(["lr=1e-4", "temperature=0.1", "use_gpu=false"]))
     assert cfg.model == "minilm" and cfg.num_workers == 2
-    assert cfg.lr == 1e-4 and cfg.params.temperature == 0.1 and cfg.use_gpu is False
+    assert cfg.lr == 1e-4 and cfg.shared.temperature == 0.1 and cfg.use_gpu is False
 
 
 def test_flat_round_trip():
@@ -63,8 +63,51 @@ def test_set_needs_key_value():
         parse_sets(["lr"])
 
 
-@pytest.mark.parametrize("method", sorted(REGISTRY))
-def test_method_params_never_shadow_common_keys(method):
-    common = {f.name for f in dataclasses.fields(TrainConfig)}
-    own = {f.name for f in dataclasses.fields(method_class(method).Params)}
-    assert not common & own
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def test_ingredient_params_never_shadow_common_or_shared_keys():
+    common = set(_fields(TrainConfig)) | set(_fields(SharedParams))
+    for kind, choices in INGREDIENTS.items():
+        for name, ingredient in choices.items():
+            assert not common & set(_fields(ingredient.Params)), (kind, name)
+
+
+def test_a_key_two_ingredients_declare_is_one_setting_of_one_type_and_default():
+    """Such a key (spacy_model, generation_seed) is set on both at once; it must mean the same."""
+    seen: dict[str, tuple] = {}
+    for choices in INGREDIENTS.values():
+        for ingredient in choices.values():
+            for name, field in _fields(ingredient.Params).items():
+                here = (field.type, field.default)
+                assert seen.setdefault(name, here) == here, name
+    cfg = TrainConfig.build("recipe", "local", {"negatives": "san", "aux": "augcse", "spacy_model": "x_model"})
+    assert cfg.params["san"].spacy_model == cfg.params["augcse"].spacy_model == "x_model"
+
+
+@pytest.mark.parametrize("method", sorted(NAMED))
+def test_named_recipes_round_trip_and_record_their_ingredients(method):
+    cfg = TrainConfig.build(method, "paper")
+    flat = cfg.flat()
+    assert {"positives", "negatives", "loss", "aux"} <= set(flat)
+    assert TrainConfig.from_flat(flat).flat() == flat
+
+
+def test_recipe_keys_and_their_errors():
+    cfg = TrainConfig.build("recipe", "local", {"negatives": "una,san", "loss": "hince", "aux": "vascl"})
+    assert cfg.recipe.negatives == ("una", "san") and cfg.shared.pooler == "avg"  # VaSCL's pooling
+    assert cfg.flat()["negatives"] == "una,san" and cfg.params["vascl"].k == 16
+    with pytest.raises(ConfigError, match="'tau2' belongs to loss=hince"):
+        TrainConfig.build("una", "local", {"tau2": "0.1"})
+    with pytest.raises(ConfigError, match="loss=hince needs negatives"):
+        TrainConfig.build("recipe", "local", {"loss": "hince"})
+    # A named recipe's loss follows fidelity where paper and authors' code differ (UNA).
+    assert TrainConfig.build("una", "local", {"fidelity": "authors_code"}).recipe.loss == "ntxent"
+    assert TrainConfig.build("una", "local").recipe.loss == "infonce"
+
+
+def test_runtime_process_is_one_worker():
+    with pytest.raises(ConfigError, match="num_workers must be 1"):
+        TrainConfig.build("simcse", "local", {"runtime": "process"})
+    assert TrainConfig.build("simcse", "local", {"runtime": "process", "num_workers": "1"}).runtime == "process"

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from methods.encoder import Encoder, WeightLoadError, pool, resolve_backbone
-from methods.simcse import SimCSE
+from methods.recipe import Recipe
 
 SENTS = ["a man is playing a guitar .", "the weather is nice today", "ok"]
 
@@ -70,13 +70,13 @@ def test_pretraining_heads_are_not_unexpected(tiny_model, tmp_path):
 
 
 def test_export_folds_mlp_into_pooler(tiny_model):
-    method = SimCSE()
+    method = Recipe.named("simcse")
     model = method.build(Encoder.from_pretrained(str(tiny_model)))
-    torch.nn.init.normal_(model.mlp.dense.weight)
+    torch.nn.init.normal_(model.projection.dense.weight)
     inputs = model.encoder.tokenize(SENTS)
     with torch.no_grad():
         model.eval()
-        trained_view = model(inputs)
+        trained_view = model(inputs)[1]  # z: [CLS] through the trained MLP
         exported = method.export_encoder(model)
         torch.testing.assert_close(exported(inputs, pooler="cls"), trained_view)
 

@@ -55,12 +55,12 @@ def test_gather_is_identity_without_distributed():
 # Two gloo processes vs one process on the concatenated batch
 
 
-def _build(model_dir):
+def _build(model_dir, recipe="simcse"):
     from methods.encoder import Encoder
-    from methods.simcse import SimCSE
+    from methods.recipe import Recipe
 
     torch.manual_seed(0)
-    method = SimCSE()
+    method = Recipe.named(recipe, **({"k": 3} if recipe == "vascl" else {}))
     encoder = Encoder.from_pretrained(str(model_dir), dropout=0.0)  # no dropout: deterministic views
     return method, encoder, method.build(encoder)
 
@@ -72,11 +72,11 @@ SENTENCES = [
 ]
 
 
-def _worker(rank, world, model_dir, init_file, out_dir):
+def _worker(rank, world, model_dir, init_file, out_dir, recipe):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    method, encoder, model = _build(model_dir)
+    method, encoder, model = _build(model_dir, recipe)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     local = len(SENTENCES) // world
     batch = {"sentence": encoder.tokenize(SENTENCES[rank * local : (rank + 1) * local], max_len=32)}
@@ -87,8 +87,11 @@ def _worker(rank, world, model_dir, init_file, out_dir):
     dist.destroy_process_group()
 
 
-def test_ddp_two_workers_equal_one_process(tiny_model):
-    method, encoder, model = _build(tiny_model)
+@pytest.mark.parametrize("recipe", ["simcse", "vascl"])
+def test_ddp_two_workers_equal_one_process(tiny_model, recipe):
+    """Also for VaSCL, whose head sees the all-gathered batch: applied to local rows and gathered,
+    its gradient counts every row once (applied to the gathered rows, it was W times too large)."""
+    method, encoder, model = _build(tiny_model, recipe)
     # Pad to the longest sentence of the whole batch in both runs, so inputs are identical.
     batch = {"sentence": encoder.tokenize(SENTENCES, max_len=32)}
     loss, _ = method.loss(model, batch, 0)
@@ -97,7 +100,8 @@ def test_ddp_two_workers_equal_one_process(tiny_model):
 
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
-            _worker, args=(2, str(tiny_model), os.path.join(tmp, "init"), tmp), nprocs=2, join=True, start_method="spawn"
+            _worker, args=(2, str(tiny_model), os.path.join(tmp, "init"), tmp, recipe), nprocs=2, join=True,
+            start_method="spawn"
         )
         outs = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
     for out in outs:

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from methods.una import UNA, UNAParams
+from methods.recipe import Recipe
 from platform.data.columns import corpus_columns, statistics_input
 from platform.data import DataError
 from tests.conftest import assert_user_error, run_cli
@@ -39,7 +39,8 @@ def tiny_seq2seq(tmp_path_factory):
 
 def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_path, monkeypatch):
     monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path / "cache"))
-    method = UNA(UNAParams(paraphraser=str(tiny_seq2seq), paraphrase_beams=2, paraphrase_max_length=12))
+    method = Recipe.named("una", positives="paraphrase", paraphraser=str(tiny_seq2seq), paraphrase_beams=2,
+                          paraphrase_max_length=12)
     cols = corpus_columns(method, SENTS, use_ray=False)
     assert cols["sentence"] == SENTS and len(cols["paraphrase"]) == 4
     assert all(isinstance(p, str) for p in cols["paraphrase"])
@@ -52,7 +53,8 @@ def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_
     moved = tmp_path / "moved"
     tiny_seq2seq.rename(moved)
     try:
-        method2 = UNA(UNAParams(paraphraser=str(tiny_seq2seq), paraphrase_beams=2, paraphrase_max_length=12))
+        method2 = Recipe.named("una", positives="paraphrase", paraphraser=str(tiny_seq2seq), paraphrase_beams=2,
+                               paraphrase_max_length=12)
         assert corpus_columns(method2, SENTS, use_ray=False) == cols
     finally:
         moved.rename(tiny_seq2seq)
@@ -61,7 +63,7 @@ def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_
 def test_foreign_cache_is_rejected(tmp_path):
     path = tmp_path / "p.parquet"
     pq.write_table(pa.table({"sentence": SENTS[:3] + ["something else"], "paraphrase": ["x"] * 4}), path)
-    method = UNA(UNAParams(paraphrase_cache=str(path)))
+    method = Recipe.named("una", positives="paraphrase", paraphrase_cache=str(path))
     with pytest.raises(DataError, match="row 4"):
         corpus_columns(method, SENTS)
     pq.write_table(pa.table({"sentence": SENTS[:2], "paraphrase": ["x"] * 2}), path)
@@ -76,14 +78,14 @@ def test_paraphrases_are_the_positives_in_the_loss(tiny_model):
     from methods.losses import info_nce
 
     torch.manual_seed(0)
-    method = UNA(UNAParams(alpha=2, paraphrase_cache="unused.parquet"))
+    method = Recipe.named("una", positives="paraphrase", alpha=2, paraphrase_cache="unused.parquet")
     enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
     model = method.build(enc).eval()
     paras = ["a man is playing guitar", "a cat is sleeping", "it will rain", "markets dropped"]
-    batch = {"sentence": enc.tokenize(SENTS), "paraphrase": enc.tokenize(paras), "negative": enc.tokenize(["x"] * 4)}
+    batch = {"sentence": enc.tokenize(SENTS), "paraphrase": enc.tokenize(paras), "una_negative": enc.tokenize(["x"] * 4)}
     loss, _ = method.loss(model, batch, 0)  # step 0 with alpha 2: no negatives
     with torch.no_grad():
-        expected = info_nce(model(enc.tokenize(SENTS)), model(enc.tokenize(paras)), 0.05)
+        expected = info_nce(model(enc.tokenize(SENTS))[1], model(enc.tokenize(paras))[1], 0.05)
     assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-4)
 
 
@@ -92,14 +94,14 @@ def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tm
     few = tmp_path / "few.txt"
     few.write_text("\n".join(open(small_corpus).read().split("\n")[:64]) + "\n")
     proc = run_cli("augment", "una", "--corpus", str(few), "--out", str(tmp_path / "o"), "--num-cpus", "2",
-                   "--set", f"paraphraser={tiny_seq2seq}", "--set", "paraphrase_beams=2",
+                   "--set", "positives=paraphrase", "--set", f"paraphraser={tiny_seq2seq}", "--set", "paraphrase_beams=2",
                    "--set", "paraphrase_max_length=12", "--set", "r=20", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import pandas as pd
 
     df = pd.read_parquet(tmp_path / "o")
-    assert set(df.columns) == {"sentence", "paraphrase", "negative"} and len(df) == 64
+    assert set(df.columns) == {"sentence", "paraphrase", "una_negative"} and len(df) == 64
     cache = next((tmp_path / "cache").glob("gen-paraphrase-*")) / "paraphrase.parquet"
     proc = run_cli("augment", "una", "--corpus", str(small_corpus), "--out", str(tmp_path / "o2"),
-                   "--set", f"paraphrase_cache={cache}", "--set", "r=20", env=env)
+                   "--set", "positives=paraphrase", "--set", f"paraphrase_cache={cache}", "--set", "r=20", env=env)
     assert_user_error(proc, "does not match the corpus")

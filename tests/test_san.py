@@ -10,7 +10,8 @@ import torch
 
 from methods.ingredients import InvalidParams
 from methods.encoder import Encoder, dropout_override
-from methods.losses import hince, info_nce
+from methods.losses import HiNCE, HiNCEParams, hince, info_nce
+from methods.recipe import Recipe
 from methods.san import (
     POS_IMPORTANCE,
     SAN,
@@ -51,6 +52,27 @@ def test_hince_matches_reference():
         slow_hince(z1, z2, z3, 0.05, 0.1, valid=valid.tolist()), rel=1e-5)
 
 
+def test_hince_with_two_negative_sources_matches_reference():
+    """Two sources' aligned negatives (a recipe with negatives=una,san): every column of both at
+    tau2, the own-negative weight on each source's row i, invalid rows left out."""
+    g = torch.Generator().manual_seed(2)
+    z1, z2, za, zb = (torch.randn(4, 6, generator=g) for _ in range(4))
+    valid = torch.tensor([True, False, True, True, True, True, False, True])
+
+    def cos(a, b):
+        return float(a @ b) / (math.sqrt(float(a @ a)) * math.sqrt(float(b @ b)))
+
+    total = 0.0
+    for i in range(4):
+        terms = [math.exp(cos(z1[i], z2[j]) / 0.05) for j in range(4)]
+        for block, zn in enumerate((za, zb)):
+            terms += [(2.0 if j == i else 1.0) * math.exp(cos(z1[i], zn[j]) / 0.08)
+                      for j in range(4) if valid[4 * block + j]]
+        total += -math.log(math.exp(cos(z1[i], z2[i]) / 0.05) / sum(terms))
+    got = hince(z1, z2, torch.cat([za, zb]), 0.05, 0.08, own_negative_weight=2.0, valid=valid)
+    assert float(got) == pytest.approx(total / 4, rel=1e-5)
+
+
 def test_hince_with_equal_temperatures_is_infonce_with_extra_columns():
     g = torch.Generator().manual_seed(1)
     z1, z2, z3 = (torch.randn(6, 4, generator=g) for _ in range(3))
@@ -75,10 +97,10 @@ def test_p2_applies_only_inside_the_block_and_is_restored(tiny_model):
 def test_negatives_pass_uses_p2(tiny_model):
     """The loss encodes negatives under p2: with p1 = 0 and p2 = 0.5 only that pass is noisy."""
     torch.manual_seed(0)
-    method = SAN(SANParams(p2=0.5))
+    method = Recipe.named("san", p2=0.5)
     enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
     model = method.build(enc).train()
-    batch = {"sentence": enc.tokenize(["a b", "c d", "e f"]), "negative": enc.tokenize(["x y", "z w", "u v"])}
+    batch = {"sentence": enc.tokenize(["a b", "c d", "e f"]), "san_negative": enc.tokenize(["x y", "z w", "u v"])}
     seen = []
     hook = model.register_forward_hook(lambda m, i, o: seen.append([d.p for d in m.modules() if isinstance(d, torch.nn.Dropout)]))
     method.loss(model, batch, 0)
@@ -194,7 +216,9 @@ def test_tokenizer_without_mask_token_is_refused(tiny_model, tmp_path):
         load_mlm(str(tmp_path / "mlm"))
 
 
-@pytest.mark.parametrize("kw,message", [({"tau2": 0}, "tau2"), ({"p2": 1.0}, "p2"), ({"rounds": 0}, "rounds"), ({"scale": 5}, "scale")])
+@pytest.mark.parametrize("kw,message", [({"p2": 1.0}, "p2"), ({"rounds": 0}, "rounds"), ({"scale": 5}, "scale")])
 def test_bad_params(kw, message):
     with pytest.raises(InvalidParams, match=message):
         SAN(SANParams(**kw))
+    with pytest.raises(InvalidParams, match="tau2 must be > 0"):
+        HiNCE(HiNCEParams(tau2=0))

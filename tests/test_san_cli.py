@@ -22,8 +22,8 @@ def test_augment_san_writes_parquet(few_sentences, tmp_path):
                    env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_parquet(out)
-    assert list(df.columns) == ["sentence", "negative"] and len(df) == 64
-    assert (df["negative"] != df["sentence"]).mean() > 0.9
+    assert list(df.columns) == ["sentence", "san_negative"] and len(df) == 64
+    assert (df["san_negative"] != df["sentence"]).mean() > 0.9
     assert any((tmp_path / "cache").glob("gen-negative-*/COMPLETE"))
 
 

@@ -11,12 +11,13 @@ import torch
 from scipy.stats import chisquare
 
 from methods.ingredients import InvalidParams
+from methods.losses import nt_xent
+from methods.recipe import Recipe
 from methods.una import (
     UNA,
     UNAParams,
     fit_tfidf,
     make_negatives,
-    nt_xent,
     replacement_probabilities,
     sample_in_windows,
 )
@@ -115,7 +116,7 @@ def test_casing_and_spacing_preserved_and_authors_mode_lowercases():
     # Non-word characters and untouched words are kept verbatim.
     assert [c for c in neg if not c.isalnum()] == [c for c in sent if not c.isalnum()]
     assert neg != sent
-    authors = make_negatives([sent], table, UNAParams(r=2, fidelity="authors_code"), np.random.default_rng(3))[0]
+    authors = make_negatives([sent], table, UNAParams(r=2), np.random.default_rng(3), fidelity="authors_code")[0]
     assert authors == authors.lower() and "  " not in authors and "," not in authors
 
 
@@ -184,9 +185,9 @@ def test_each_ablation_changes_only_its_step(corpus, which):
 
 
 def test_alpha_schedule():
-    assert [UNA(UNAParams(alpha=3)).uses_negatives(s) for s in range(6)] == [False, False, True, False, False, True]
-    assert all(UNA(UNAParams(alpha=1)).uses_negatives(s) for s in range(4))
-    assert not any(UNA(UNAParams(alpha=0)).uses_negatives(s) for s in range(10))
+    assert [UNA(UNAParams(alpha=3)).active(s) for s in range(6)] == [False, False, True, False, False, True]
+    assert all(UNA(UNAParams(alpha=1)).active(s) for s in range(4))
+    assert not any(UNA(UNAParams(alpha=0)).active(s) for s in range(10))
 
 
 @pytest.mark.parametrize("bad,message", [({"beta": 0}, "beta"), ({"r": 0}, "r must"), ({"alpha": -1}, "alpha"), ({"step2": "x"}, "step2")])
@@ -197,10 +198,9 @@ def test_bad_params(bad, message):
 
 def test_tiny_corpus_and_small_vocabulary_are_rejected():
     with pytest.raises(InvalidParams, match="at least 2"):
-        UNA().prepare(["only one"])
+        fit_tfidf(["only one"])
     with pytest.raises(InvalidParams, match="vocabulary larger than 2r"):
-        method = UNA(UNAParams(r=4000))
-        method.check_state(method.prepare(DOCS))
+        UNA(UNAParams(r=4000)).check_statistics(fit_tfidf(DOCS))
 
 
 def slow_nt_xent(rows, partner, tau):
@@ -225,16 +225,16 @@ def test_paper_loss_uses_negatives_as_extra_columns(tiny_model):
     from methods.encoder import Encoder
 
     torch.manual_seed(0)
-    method = UNA(UNAParams(alpha=1, r=2))
+    method = Recipe.named("una", alpha=1, r=2)
     enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
     model = method.build(enc).eval()
     sents = ["a man plays guitar", "the cat sleeps", "rain falls"]
     negs = ["a man plays piano", "", "snow falls"]
-    batch = {"sentence": enc.tokenize(sents), "negative": enc.tokenize(negs)}
+    batch = {"sentence": enc.tokenize(sents), "una_negative": enc.tokenize(negs)}
     loss, metrics = method.loss(model, batch, 0)
     with torch.no_grad():
-        z1 = model(enc.tokenize(sents))
-        zn = model(enc.tokenize([negs[0], negs[2]]))
+        z1 = model(enc.tokenize(sents))[1]
+        zn = model(enc.tokenize([negs[0], negs[2]]))[1]
     assert metrics["una_negatives"] == 1.0
     assert float(loss.detach()) == pytest.approx(slow_info_nce(z1, z1, 0.05, zn), rel=1e-4)
 

@@ -16,8 +16,8 @@ def test_augment_una_writes_parquet(small_corpus, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sentences/s" in proc.stdout
     df = pd.read_parquet(out)
-    assert list(df.columns) == ["sentence", "negative"] and len(df) == 256
-    assert (df["sentence"] != df["negative"]).all()
+    assert list(df.columns) == ["sentence", "una_negative"] and len(df) == 256
+    assert (df["sentence"] != df["una_negative"]).all()
     assert sorted(df["sentence"]) == sorted(open(small_corpus).read().split("\n")[:-1])
     entries = list((tmp_path / "cache").iterdir())
     assert len(entries) == 1 and (entries[0] / "COMPLETE").is_file() and (entries[0] / "tfidf.npz").is_file()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from methods.ingredients import InvalidParams
 from methods.losses import gather_with_grad
+from methods.recipe import Recipe
 from methods.vascl import (
     VaSCL,
     VaSCLParams,
@@ -81,20 +82,21 @@ def test_total_loss_matches_reference(tiny_model):
     from methods.encoder import Encoder
 
     torch.manual_seed(0)
-    method = VaSCL(VaSCLParams(k=3))
+    method = Recipe.named("vascl", k=3)
     enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
     model = method.build(enc).eval()
     sents = ["a man plays guitar", "the cat sleeps", "rain falls", "stocks fell", "she reads", "dogs run"]
     loss, metrics = method.loss(model, {"sentence": enc.tokenize(sents)}, step=0)
     with torch.no_grad():
-        e = model(enc.tokenize(sents))
-        z = model.head(e)
+        e = model(enc.tokenize(sents))[0]
+        z = model.projection(e)
         nb = neighbours(e, 3)
-        delta = virtual_perturbation(model.head, e, nb, method.params, torch.Generator().manual_seed(1_000_003))
-        za = model.head(e + delta)
+        delta = virtual_perturbation(model.projection, e, nb, VaSCLParams(k=3), 0.05,
+                                     torch.Generator().manual_seed(1_000_003))
+        za = model.projection(e + delta)
     instance = 2 * slow_info_nce(z, z, 0.05)  # no dropout: the two views coincide
     va = slow_neighbourhood_loss(za, z, z[nb], 0.05) + slow_neighbourhood_loss(z, za, za[nb], 0.05)
-    assert metrics["vascl_instance"] == pytest.approx(instance, rel=1e-4)
+    assert metrics["contrastive_loss"] == pytest.approx(instance, rel=1e-4)
     assert metrics["vascl_neighbourhood"] == pytest.approx(va, rel=1e-4)
     assert float(loss.detach()) == pytest.approx(instance + va, rel=1e-4)
 
@@ -105,13 +107,13 @@ def test_delta_has_norm_Delta_and_beats_a_random_direction():
     e = torch.randn(32, 16)
     nb = neighbours(e, 5)
     params = VaSCLParams(k=5, delta=2.0)
-    delta = virtual_perturbation(head, e, nb, params, torch.Generator().manual_seed(0))
+    delta = virtual_perturbation(head, e, nb, params, 0.05, torch.Generator().manual_seed(0))
     torch.testing.assert_close(delta.norm(dim=-1), torch.full((32,), 2.0))
     z = head(e).detach()
     with torch.no_grad():
-        adv = neighbourhood_loss(head(e + delta), z, z[nb], params.temperature)
+        adv = neighbourhood_loss(head(e + delta), z, z[nb], 0.05)
         rand = F.normalize(torch.randn(32, 16, generator=torch.Generator().manual_seed(5)), dim=-1) * 2.0
-        rnd = neighbourhood_loss(head(e + rand), z, z[nb], params.temperature)
+        rnd = neighbourhood_loss(head(e + rand), z, z[nb], 0.05)
     assert adv > rnd
 
 
@@ -121,28 +123,40 @@ def test_neighbourhood_term_reaches_encoder_only_in_paper_mode(tiny_model, fidel
 
     torch.manual_seed(0)
     enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
-    method = VaSCL(VaSCLParams(k=2, fidelity=fidelity))
+    method = Recipe.named("vascl", k=2, fidelity=fidelity)
     model = method.build(enc)
-    e = model(enc.tokenize(["a b c", "the cat", "rain falls", "dogs run"]))
+    e = model(enc.tokenize(["a b c", "the cat", "rain falls", "dogs run"]))[0]
     nb = neighbours(e, 2)
-    delta = virtual_perturbation(model.head, e, nb, method.params, torch.Generator().manual_seed(0))
-    va = virtual_augmentation_loss(model.head, e, nb, delta, 0.05, attach=fidelity == "paper")
+    head = model.projection
+    delta = virtual_perturbation(head, e, nb, VaSCLParams(k=2), 0.05, torch.Generator().manual_seed(0))
+    # The recipe's own step, and the equation with its attach flag, both per fidelity.
+    step_grads = torch.autograd.grad(method.aux[0].forward(_outputs(model, e))[0],
+                                     [p for p in enc.parameters() if p.requires_grad], allow_unused=True,
+                                     retain_graph=True)
+    assert (sum(float(g.abs().sum()) for g in step_grads if g is not None) > 0) == reaches
+    va = virtual_augmentation_loss(head, e, nb, delta, 0.05, attach=fidelity == "paper")
     grads = torch.autograd.grad(va, [p for p in enc.parameters() if p.requires_grad], allow_unused=True)
     encoder_grad = sum(float(g.abs().sum()) for g in grads if g is not None)
     assert (encoder_grad > 0) == reaches
-    head_grads = torch.autograd.grad(virtual_augmentation_loss(model.head, e, nb, delta, 0.05, attach=False),
-                                     list(model.head.parameters()))
+    head_grads = torch.autograd.grad(virtual_augmentation_loss(head, e, nb, delta, 0.05, attach=False),
+                                     list(head.parameters()))
     assert all(float(g.abs().sum()) > 0 for g in head_grads)  # the head always learns from it
+
+
+def _outputs(model, e):
+    from methods.ingredients import StepOutputs
+
+    return StepOutputs(model, 0, {"anchor": e}, {}, {})
 
 
 def test_head_learning_rate_group(tiny_model):
     from methods.encoder import Encoder
 
-    method = VaSCL(VaSCLParams(head_lr_scale=100.0))
+    method = Recipe.named("vascl", head_lr_scale=100.0)
     model = method.build(Encoder.from_pretrained(str(tiny_model)))
     groups = method.param_groups(model, 1e-5)
     assert [g["lr"] for g in groups] == [1e-5, 1e-3]
-    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in model.head.parameters()}
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in model.projection.parameters()}
 
 
 @pytest.mark.parametrize("kw,message", [({"k": 0}, "k must be >= 1"), ({"delta": 0}, "delta must be > 0")])
