@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from transformers import BertConfig, BertModel  # noqa: E402
 
 from methods.encoder import Encoder  # noqa: E402
-from methods.simcse import SimCSE  # noqa: E402
+from methods.recipe import Recipe  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
 
     config = BertConfig()  # bert-base: 12 layers, 768 hidden, 30522 vocab
     backbone = BertModel(config)
-    method = SimCSE()
+    method = Recipe.named("simcse")
     model = method.build(Encoder(backbone, tokenizer=None)).to(device)
     if args.compile:
         model = torch.compile(model)

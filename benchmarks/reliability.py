@@ -41,10 +41,11 @@ def checkpoint_costs() -> None:
     from transformers import get_linear_schedule_with_warmup
 
     from methods.encoder import Encoder
-    from methods.simcse import SimCSE
-    from platform.run.loop import TRAIN_STATE, rng_state, save_checkpoint, save_train_state
+    from methods.recipe import Recipe
+    from platform.run import checkpoint
+    from platform.run.checkpoint import Position
 
-    method = SimCSE()
+    method = Recipe.named("simcse")
     model = method.build(Encoder.from_pretrained("minilm"))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-5)
     sched = get_linear_schedule_with_warmup(opt, 0, 100)
@@ -56,19 +57,15 @@ def checkpoint_costs() -> None:
     for _ in range(5):
         d = Path(tempfile.mkdtemp())
         t0 = time.perf_counter()
-        save_checkpoint(d, method.export_encoder(model), {"step": 1})
-        save_train_state(d, model, opt, sched, {"step": 1})
-        torch.save(rng_state(), d / "rng_rank0.pt")
+        checkpoint.save(d, method.export_encoder(model), {"step": 1})
+        checkpoint.save_train_state(d, model, opt, sched, Position(step=1))
+        checkpoint.save_rng(d, 0)
         saves.append(time.perf_counter() - t0)
         fresh = method.build(Encoder.from_pretrained("minilm"))
         fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=3e-5)
         fresh_sched = get_linear_schedule_with_warmup(fresh_opt, 0, 100)
         t0 = time.perf_counter()
-        state = torch.load(d / TRAIN_STATE, map_location="cpu", weights_only=True)
-        fresh.load_state_dict(state["model"])
-        fresh_opt.load_state_dict(state["optimizer"])
-        fresh_sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(torch.load(d / "rng_rank0.pt", weights_only=True)["torch"])
+        checkpoint.load_train_state(d, 0, fresh, fresh_opt, fresh_sched)
         loads.append(time.perf_counter() - t0)
         size = folder_mb(d)
         shutil.rmtree(d)

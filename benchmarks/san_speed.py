@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from methods.encoder import Encoder, load_tokenizer  # noqa: E402
-from methods.san import SAN, SANNegatives, SANParams, dynamic_scores, load_spacy, static_lexicon  # noqa: E402
-from methods.simcse import SimCSE  # noqa: E402
+from methods.recipe import Recipe  # noqa: E402
+from methods.san import SANNegatives, SANParams, dynamic_scores, load_spacy, static_lexicon  # noqa: E402
 from platform.data import data_dir, read_corpus  # noqa: E402
 from platform.run.local_models import resolve_local_models  # noqa: E402
 
@@ -58,7 +58,7 @@ def main():
           f"(lexicon of {len(lexicon):,} entries built once in {build:.1f} s)", flush=True)
 
     params = SANParams(spacy_model=SPACY, mlm=args.mlm, guard="negation")
-    resolve_local_models(params)
+    resolve_local_models([params])
     gen = SANNegatives({k: getattr(params, k) for k in ("mlm", "spacy_model", "guard", "rounds", "scale")})
     t = time.perf_counter()
     gen.generate(sents[:500])
@@ -71,7 +71,7 @@ def main():
     enc_model = Encoder.from_pretrained("minilm")
     steps = args.steps + 1  # the first step of each method warms up and is not timed
     negs = gen.generate(sents[:32 * steps])
-    methods = {"simcse": SimCSE(), "san": SAN(SANParams())}
+    methods = {"simcse": Recipe.named("simcse"), "san": Recipe.named("san")}
     models = {k: m.build(enc_model) for k, m in methods.items()}
     opt = torch.optim.AdamW(enc_model.parameters(), lr=1e-5)
     times = {k: [] for k in methods}
@@ -82,7 +82,7 @@ def main():
             t = time.perf_counter()
             batch = {"sentence": enc_model.tokenize(chunk, max_len=32)}
             if k == "san":
-                batch["negative"] = enc_model.tokenize(nchunk, max_len=32)
+                batch["san_negative"] = enc_model.tokenize(nchunk, max_len=32)
             loss, _ = methods[k].loss(models[k], batch, s)
             loss.backward()
             opt.step()
@@ -90,7 +90,7 @@ def main():
             if s:
                 times[k].append(time.perf_counter() - t)
                 tokens[k] += 2 * batch["sentence"]["input_ids"].numel() + (
-                    batch["negative"]["input_ids"].numel() if k == "san" else 0)
+                    batch["san_negative"]["input_ids"].numel() if k == "san" else 0)
     a, b = statistics.median(times["simcse"]), statistics.median(times["san"])
     print(f"step (minilm, batch 32, len 32, 2 threads, median of {args.steps}): SimCSE {a * 1e3:.0f} ms, "
           f"SAN {b * 1e3:.0f} ms, +{100 * (b / a - 1):.0f}%; padded tokens through the encoder "

@@ -44,8 +44,9 @@ def main() -> None:
     cfg.corpus = str(resolve_corpus(cfg.corpus))
     sentences = read_corpus(cfg.corpus, limit=cfg.max_sentences)
 
+    from platform.data.columns import CorpusData
+    from platform.run.job import fit
     from platform.run.ray_env import init_ray
-    from platform.train import fit
 
     init_ray(num_cpus=cpus)
     plain, ray_times = [], []
@@ -53,7 +54,9 @@ def main() -> None:
         torch.set_num_threads(cpus)
         res = train_loop_per_worker(cfg.flat())
         plain.append(res["steps"] * args.batch_size / res["train_time_s"])
-        metrics = fit(cfg, {"sentence": sentences}, uri=None, run_id=None, storage=Path(out), name=f"bench-{r}")["metrics"]
+        result = fit(cfg, CorpusData({"sentence": sentences}, {}), uri=None, run_id=None, storage=Path(out),
+                     name=f"bench-{r}")
+        metrics = result.metrics
         ray_times.append(metrics["step"] * args.batch_size / metrics["train_time_s"])
         print(f"repeat {r}: plain {plain[-1]:.1f} sent/s, Ray Train {ray_times[-1]:.1f} sent/s", flush=True)
     mp, mr = statistics.median(plain), statistics.median(ray_times)

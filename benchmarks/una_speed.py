@@ -29,7 +29,8 @@ if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"
 
 import numpy as np  # noqa: E402
 
-from methods.una import UNA, UNAParams, fit_tfidf, make_negatives  # noqa: E402
+from methods.recipe import Recipe  # noqa: E402
+from methods.una import UNAParams, fit_tfidf, make_negatives  # noqa: E402
 from platform.data import data_dir, read_corpus  # noqa: E402
 
 
@@ -66,17 +67,17 @@ import sys, time
 sys.path.insert(0, {str(ROOT)!r})
 sys.modules.pop('platform', None)
 import platform
-from methods.una import UNA, UNAParams
-from platform.augment import augment_dataset
-from platform.data.cache import prepared_state
+from methods.recipe import Recipe
+from platform.data.columns import prepared_states
+from platform.data.pipeline import augment_dataset
 from platform.data import data_dir, read_corpus
 from platform.run.ray_env import init_ray
 sents = []
 for f in sorted((data_dir() / 'corpus').glob('*.txt.gz')):
     sents.extend(read_corpus(f))
 sents = (sents * ({n} // len(sents) + 1))[:{n}]
-method = UNA(UNAParams())
-state = prepared_state(method, sents)
+method = Recipe.named('una')
+state = prepared_states(method, {{'sentence': sents}})
 init_ray(num_cpus={n_cpus})
 augment_dataset(method, {{'sentence': sents[:20000]}}, state).materialize()  # warm the workers
 t0 = time.perf_counter()
@@ -98,25 +99,23 @@ def bench_step(steps: int = 8, batch: int = 32):
     import torch
 
     from methods.encoder import Encoder
-    from methods.simcse import SimCSE
-
     sents = corpus()[:2000]
-    una = UNA(UNAParams(alpha=1, r=2000))
-    table = una.prepare(sents)
+    una = Recipe.named("una", alpha=1, r=2000)
+    table = fit_tfidf(sents)
     torch.manual_seed(0)
     enc = Encoder.from_pretrained("minilm")
     times = {"simcse": [], "una": []}
-    methods = {"simcse": SimCSE(), "una": una}
+    methods = {"simcse": Recipe.named("simcse"), "una": una}
     models = {k: m.build(enc) for k, m in methods.items()}
     opt = torch.optim.AdamW(enc.parameters(), lr=1e-5)
     for step in range(steps):
         chunk = sents[step * batch : (step + 1) * batch]
-        negs = make_negatives(chunk, table, una.params, np.random.default_rng(step))
+        negs = make_negatives(chunk, table, una.negatives[0].params, np.random.default_rng(step))
         for name in ("simcse", "una"):
             t = time.perf_counter()
             tokens = {"sentence": enc.tokenize(chunk, max_len=32)}
             if name == "una":
-                tokens["negative"] = enc.tokenize(negs, max_len=32)
+                tokens["una_negative"] = enc.tokenize(negs, max_len=32)
             loss, _ = methods[name].loss(models[name], tokens, step)
             loss.backward()
             opt.step()
@@ -140,7 +139,7 @@ def main():
     if "tfidf" in parts:
         bench_tfidf(sentences)
     if "negatives" in parts:
-        bench_negatives(sentences, UNA().prepare(sentences))
+        bench_negatives(sentences, fit_tfidf(sentences))
     if "raydata" in parts:
         for _ in range(args.repeats):  # interleaved, so that drifts of the machine hit both
             (one, one_all), (two, two_all) = bench_raydata(1, args.raydata_n), bench_raydata(2, args.raydata_n)

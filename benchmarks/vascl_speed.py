@@ -27,8 +27,7 @@ sys.modules.pop("platform", None)
 import torch  # noqa: E402
 
 from methods.encoder import Encoder  # noqa: E402
-from methods.simcse import SimCSE  # noqa: E402
-from methods.vascl import VaSCL, VaSCLParams  # noqa: E402
+from methods.recipe import Recipe  # noqa: E402
 from platform.data import data_dir, read_corpus  # noqa: E402
 
 
@@ -47,7 +46,7 @@ def bench_steps(batch: int, steps: int):
     sents = sentences(batch * (steps + 1))
     torch.manual_seed(0)
     enc = Encoder.from_pretrained("minilm")
-    methods = {"simcse": SimCSE(), "vascl": VaSCL(VaSCLParams(pooler="cls_before_pooler"))}
+    methods = {"simcse": Recipe.named("simcse"), "vascl": Recipe.named("vascl", pooler="cls_before_pooler")}
     models = {k: m.build(enc) for k, m in methods.items()}
     opts = {k: torch.optim.AdamW(m.param_groups(models[k], 1e-5)) for k, m in methods.items()}
     times = {k: [] for k in methods}
@@ -66,7 +65,7 @@ def bench_steps(batch: int, steps: int):
 def memory_child(name: str, batch: int) -> None:
     torch.manual_seed(0)
     enc = Encoder.from_pretrained("minilm")
-    method = SimCSE() if name == "simcse" else VaSCL(VaSCLParams(pooler="cls_before_pooler", k=16))
+    method = Recipe.named("simcse") if name == "simcse" else Recipe.named("vascl", pooler="cls_before_pooler", k=16)
     model = method.build(enc)
     opt = torch.optim.AdamW(method.param_groups(model, 1e-5))
     chunk = sentences(batch)

@@ -3,8 +3,8 @@
 The name shadows the standard library's ``platform`` module for the whole process, and torch, ray,
 mlflow and transformers all call ``platform.system()`` and friends. So this file executes the
 standard library's ``platform.py`` in this package's namespace (re-exporting all of it) and does
-nothing else. See ../shared/STACK-NOTES.md. No submodule may be named like a function of the
-standard module (``system``, ``node``, ``release``, ``version``, ``machine``, ``uname``, ...).
+nothing else. No submodule may be named like a function of the standard module (``system``,
+``node``, ``release``, ``version``, ``machine``, ``uname``, ...): it would replace that function.
 """
 
 import os as _os

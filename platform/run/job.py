@@ -69,6 +69,7 @@ class FitResult:
     best_dev: float | None
     checkpoint: str | None  # the best checkpoint's folder (persisted by Ray, or under output_dir)
     ray_checkpoint: Any = None  # ray.train.Checkpoint under the Ray runtime (may live in remote storage)
+    metrics: dict = dataclasses.field(default_factory=dict)  # the last report (Ray) or the loop's summary
 
 
 def fit(cfg: TrainConfig, corpus: CorpusData, *, uri: str | None, run_id: str | None, storage: Path, name: str,
@@ -80,7 +81,7 @@ def fit(cfg: TrainConfig, corpus: CorpusData, *, uri: str | None, run_id: str | 
         ctx.corpus, ctx.run_dir = corpus, str(storage / name)
         out = train_loop_per_worker(ctx.loop_config())
         best = storage / name / "best"
-        return FitResult(out["best_" + DEV_METRIC], str(best) if checkpoint.is_checkpoint(best) else None)
+        return FitResult(out["best_" + DEV_METRIC], str(best) if checkpoint.is_checkpoint(best) else None, metrics=out)
     return _fit_ray(cfg, corpus, ctx, storage, name, tune_callback)
 
 
@@ -121,7 +122,8 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Pat
     result = trainer.fit()
     scored = [(c, m) for c, m in (result.best_checkpoints or []) if DEV_METRIC in m]
     best = max(scored, key=lambda cm: cm[1][DEV_METRIC])[0] if scored else result.checkpoint
-    return FitResult((result.metrics or {}).get("best_" + DEV_METRIC), best.path if best else None, best)
+    metrics = dict(result.metrics or {})
+    return FitResult(metrics.get("best_" + DEV_METRIC), best.path if best else None, best, metrics)
 
 
 def finalize(uri: str, run_id: str, checkpoint_dir: str | Path, log_to: list[str] | None = None) -> dict[str, float]:

@@ -1,0 +1,102 @@
+"""The shape of the code: imports go one way (no cycles, ``methods/`` without Ray or MLflow), the
+repository stands alone, and the training loop stays readable on one screen."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import subprocess
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGES = ("platform", "methods")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def _imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Project modules imported anywhere in the file (top level or inside functions)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name.split(".")[0] in PACKAGES:
+                out.add(name)
+    return out
+
+
+def test_no_import_cycles():
+    known = _modules()
+    graph = {m: _imports(p, known) - {m} for m, p in known.items()}
+    # A package's __init__ that only re-exports (platform) is no edge of its own.
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n] if n in stack else [m, n])
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, cycles
+
+
+def test_methods_import_neither_ray_nor_mlflow_nor_platform():
+    for path in (ROOT / "methods").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in ("ray", "mlflow", "platform"), (path, name)
+
+
+def test_errors_is_the_bottom_of_the_platform():
+    known = _modules()
+    assert not {m for m in _imports(known["platform.errors"], known) if m.startswith("platform")}
+
+
+def test_the_repository_stands_alone():
+    """No file points at material outside the repository; the one exception is the default data
+    folder the tests and CI use (the README's commands and the test fixture's hint)."""
+    pattern = re.compile(r"\.\./shared|STACK-NOTES|METHODS\.md|DESIGN\.md")
+    allowed = re.compile(r"PLATFORM_DATA_DIR=\.\./shared/data|\(e\.g\. \.\./shared/data\)|`\.\./shared/data`")
+    offenders = []
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    for rel in map(Path, files):
+        path = ROOT / rel
+        if not path.is_file() or path.suffix in (".json", ".parquet") or rel == Path("tests/test_architecture.py"):
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if pattern.search(allowed.sub("", line)):
+                offenders.append(f"{rel}:{lineno}: {line.strip()[:100]}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_train_loop_fits_on_one_screen():
+    from platform.run.loop import train_loop_per_worker
+
+    lines = inspect.getsource(train_loop_per_worker).splitlines()
+    assert len(lines) <= 62, len(lines)

@@ -1,0 +1,160 @@
+"""Combined recipes through the CLIs: every pair of ingredients that can combine trains (a covering
+set of recipes, one ``python -m platform.train recipe`` each, in the process runtime), the paper
+combination of the issue sweeps on Ray with 2 trials, and invalid recipes are refused before Ray."""
+
+from __future__ import annotations
+
+import itertools
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from methods.ingredients import InvalidParams
+from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
+from tests.conftest import assert_user_error, run_cli
+from tests.test_cli import _runs
+
+# Each row: positives, negatives, loss, aux. Together they hold every combinable pair (checked below).
+COVERING = [
+    ("paraphrase", "una", "infonce", "vascl"),
+    ("paraphrase", "san", "hince", "augcse"),
+    ("paraphrase", "una,san", "ntxent", "augcse"),
+    ("dropout", "una", "hince", "augcse"),
+    ("dropout", "san", "ntxent", "vascl"),
+    ("dropout", "una,san", "hince", "vascl"),
+    ("dropout", "san", "infonce", "augcse"),
+]
+
+
+def _items(spec: RecipeSpec) -> set[tuple[str, str]]:
+    return {("positives", spec.positives), ("loss", spec.loss), *(("negatives", n) for n in spec.negatives),
+            *(("aux", a) for a in spec.aux)}
+
+
+def _valid(spec: RecipeSpec) -> bool:
+    try:
+        spec.validate()
+        return True
+    except InvalidParams:
+        return False
+
+
+def combinable_pairs() -> set[frozenset]:
+    """Pairs of ingredients that appear together in at least one valid recipe."""
+    multi = {k: [()] + [c for r in (1, 2) for c in itertools.combinations(INGREDIENTS[k], r)] for k in MULTIPLE}
+    pairs = set()
+    for pos, loss, negs, aux in itertools.product(INGREDIENTS["positives"], INGREDIENTS["loss"], multi["negatives"],
+                                                  multi["aux"]):
+        spec = RecipeSpec(pos, negs, loss, aux)
+        if _valid(spec):
+            pairs |= {frozenset(p) for p in itertools.combinations(sorted(_items(spec)), 2)}
+    return pairs
+
+
+def test_the_covering_recipes_are_valid_and_hold_every_combinable_pair():
+    covered = set()
+    for pos, negs, loss, aux in COVERING:
+        spec = RecipeSpec.parse({"positives": pos, "negatives": negs, "loss": loss, "aux": aux})
+        spec.validate()
+        covered |= {frozenset(p) for p in itertools.combinations(sorted(_items(spec)), 2)}
+    missing = combinable_pairs() - covered
+    assert not missing, sorted(tuple(sorted(p)) for p in missing)
+    assert frozenset({("aux", "vascl"), ("aux", "augcse")}) not in combinable_pairs()  # two projections
+
+
+@pytest.fixture(scope="module")
+def corpus_and_paraphrases(tmp_path_factory, small_corpus):
+    folder = tmp_path_factory.mktemp("recipe-corpus")
+    sentences = open(small_corpus, encoding="utf-8").read().split("\n")[:48]
+    corpus = folder / "few.txt"
+    corpus.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    paraphrases = folder / "paraphrases.parquet"
+    pq.write_table(pa.table({"sentence": sentences, "paraphrase": [" ".join(s.split()[::-1]) for s in sentences]}),
+                   paraphrases)
+    return corpus, paraphrases
+
+
+@pytest.mark.parametrize("row", COVERING, ids=["+".join(r) for r in COVERING])
+def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_paraphrases, tmp_path, mlflow_uri):
+    pos, negs, loss, aux = row
+    corpus, paraphrases = corpus_and_paraphrases
+    sets = {
+        "positives": pos, "negatives": negs, "loss": loss, "aux": aux, "runtime": "process", "num_workers": 1,
+        "model": tiny_model, "corpus": corpus, "batch_size": 16, "max_steps": 2, "eval_steps": 2, "log_steps": 1,
+        "final_eval": "false", "output_dir": tmp_path / "runs", "r": 20, "k": 4, "augmentations": "4-aug",
+        "alpha": 1,
+    }
+    if pos == "paraphrase":
+        sets["paraphrase_cache"] = paraphrases
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    proc = run_cli("train", "recipe", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri,
+                                                  "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    c, runs = _runs(mlflow_uri, "recipe")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    run = runs[0]
+    want = f"positives={pos} negatives={negs} loss={loss} aux={aux}"
+    assert run.data.tags["recipe"] == want and run.data.tags["method"] == "recipe"
+    assert (run.data.params["positives"], run.data.params["negatives"], run.data.params["loss"],
+            run.data.params["aux"]) == row
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
+    for name in negs.split(","):  # every source's negatives were used (alpha 1)
+        assert [m.value for m in c.get_metric_history(run.info.run_id, f"{name}_negatives")] == [1.0, 1.0]
+    extra = {"vascl": "vascl_neighbourhood", "augcse": "disc_loss"}[aux]
+    assert len(c.get_metric_history(run.info.run_id, extra)) == 2
+
+
+def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """The issue's example: UNA's and SAN's negatives under HiNCE with VaSCL's term, 2 trials."""
+    sets = {"model": tiny_model, "corpus": small_corpus, "batch_size": 16, "max_steps": 2, "eval_steps": 1,
+            "log_steps": 1, "output_dir": tmp_path / "runs", "max_sentences": 128, "final_eval": "false"}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    proc = run_cli("tune", "recipe", "--set", "negatives=una,san", "--set", "loss=hince", "--set", "aux=vascl",
+                   "--num-samples", "2", *args,
+                   env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    c, runs = _runs(mlflow_uri, "recipe")
+    parents = [r for r in runs if r.data.tags.get("sweep") == "true"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and len(children) == 2
+    assert all(r.info.status == "FINISHED" for r in runs)
+    want = "positives=dropout negatives=una,san loss=hince aux=vascl"
+    assert all(r.data.tags["recipe"] == want for r in runs)
+    # The union of UNA's, SAN's (with HiNCE's tau2), VaSCL's and SimCSE's spaces, recorded on the parent.
+    searched = {k.split(".", 1)[1] for k in parents[0].data.params if k.startswith("space.")}
+    assert {"alpha", "beta", "r", "tau2", "p2", "scale", "delta", "k", "head_lr_scale", "lr", "temperature"} == searched
+    for child in children:
+        assert 1e-6 <= float(child.data.params["lr"]) <= 1e-4 and int(child.data.params["k"]) in (8, 16, 32)
+        assert "best_stsb_dev_spearman" in child.data.metrics
+    assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
+
+
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        (["loss=hince"], "loss=hince needs negatives"),
+        (["loss=infonce,hince"], "loss takes exactly one of infonce, hince, ntxent"),
+        (["aux=vascl,augcse"], "each bring their own projection head"),
+        (["negatives=tfidf"], "unknown negatives 'tfidf'; choose from una, san"),
+        (["tau2=0.1"], "'tau2' belongs to loss=hince"),
+    ],
+)
+def test_invalid_recipes_are_one_line_before_ray(sets, needle, tmp_path, mlflow_uri, monkeypatch, capsys):
+    from platform.tune import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["recipe", *[a for s in sets for a in ("--set", s)]])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and needle in lines[0], err
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_named_recipe_is_refused_a_missing_ingredient_setting():
+    proc = run_cli("train", "una", "--set", "tau2=0.1")
+    assert_user_error(proc, "'tau2' belongs to loss=hince", "--set loss=hince")
