@@ -10,7 +10,7 @@ from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
 from platform.config import TrainConfig
 from platform.space import load_space
 from tests.conftest import assert_user_error, run_cli
-from tests.test_cli import _runs, _train_args
+from tests.test_cli import ONE_WORKER, _runs, _train_args
 
 
 @pytest.fixture()
@@ -44,7 +44,7 @@ def test_augment_augcse_writes_parquet_and_caches_each_augmentation(few_sentence
 
 
 def test_tune_augcse_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri):
-    proc = run_cli("tune", "augcse", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path),
+    proc = run_cli("tune", "augcse", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path, *ONE_WORKER),
                    env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     c, runs = _runs(mlflow_uri, "augcse")

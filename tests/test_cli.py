@@ -19,6 +19,11 @@ def _train_args(tiny_model, small_corpus, tmp_path, *extra):
     return [*args, *extra]
 
 
+# Sweeps in the tests run one Train worker per trial: starting workers is most of a trial's time on
+# 2 CPUs. DDP across workers is tested by the train and reliability tests.
+ONE_WORKER = ("--set", "num_workers=1")
+
+
 def _runs(uri, experiment="simcse"):
     from mlflow.tracking import MlflowClient
 
@@ -70,7 +75,7 @@ def test_train_cli_end_to_end(tiny_model, small_corpus, tmp_path, mlflow_uri):
 
 def test_tune_cli_two_trials(tiny_model, small_corpus, tmp_path, mlflow_uri):
     proc = run_cli(
-        "tune", "simcse", "--num-samples", "2", *_train_args(tiny_model, small_corpus, tmp_path),
+        "tune", "simcse", "--num-samples", "2", *_train_args(tiny_model, small_corpus, tmp_path, *ONE_WORKER),
         env={"MLFLOW_TRACKING_URI": mlflow_uri},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,7 +95,7 @@ def test_tune_cli_two_trials(tiny_model, small_corpus, tmp_path, mlflow_uri):
         "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
 
     # Resuming a finished sweep re-runs no trial and reports the same best trial.
-    again = run_cli("tune", "simcse", "--resume", *_train_args(tiny_model, small_corpus, tmp_path),
+    again = run_cli("tune", "simcse", "--resume", *_train_args(tiny_model, small_corpus, tmp_path, *ONE_WORKER),
                     env={"MLFLOW_TRACKING_URI": mlflow_uri})
     assert again.returncode == 0, again.stderr[-3000:]
     c, runs = _runs(mlflow_uri)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import assert_user_error, run_cli
-from tests.test_cli import _runs, _train_args
+from tests.test_cli import ONE_WORKER, _runs, _train_args
 
 
 @pytest.fixture()
@@ -24,11 +24,11 @@ def test_augment_san_writes_parquet(few_sentences, tmp_path):
     df = pd.read_parquet(out)
     assert list(df.columns) == ["sentence", "san_negative"] and len(df) == 64
     assert (df["san_negative"] != df["sentence"]).mean() > 0.9
-    assert any((tmp_path / "cache").glob("gen-negative-*/COMPLETE"))
+    assert any((tmp_path / "cache").glob("gen-san_negative-*/COMPLETE"))
 
 
 def test_tune_san_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri):
-    proc = run_cli("tune", "san", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path),
+    proc = run_cli("tune", "san", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path, *ONE_WORKER),
                    env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     c, runs = _runs(mlflow_uri, "san")
@@ -38,7 +38,7 @@ def test_tune_san_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri):
         assert {"tau2", "p2", "scale", "lr"} <= set(child.data.params)
         assert child.data.tags["mlm_random_weights"] == "true"
     scales = {child.data.params["scale"] for child in children}
-    assert len(list((tmp_path / "cache").glob("gen-negative-*"))) >= len(scales)  # one generation per scale
+    assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) >= len(scales)  # one generation per scale
 
 
 @pytest.mark.parametrize(

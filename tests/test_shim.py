@@ -101,7 +101,7 @@ def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_r
     same as one process gives."""
     import pyarrow.parquet as pq
 
-    from platform.data.columns import BLOCK_SENTENCES, generate_columns
+    from platform.data.pipeline import BLOCK_SENTENCES, generate_columns
     from platform.data import read_corpus
 
     base = read_corpus(small_corpus)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import assert_user_error, run_cli
-from tests.test_cli import _runs, _train_args
+from tests.test_cli import ONE_WORKER, _runs, _train_args
 
 
 def test_augment_una_writes_parquet(small_corpus, tmp_path):
@@ -25,7 +25,7 @@ def test_augment_una_writes_parquet(small_corpus, tmp_path):
 
 def test_tune_una_two_trials(tiny_model, small_corpus, tmp_path, mlflow_uri):
     proc = run_cli(
-        "tune", "una", "--num-samples", "2", *_train_args(tiny_model, small_corpus, tmp_path), "--set", "alpha=1",
+        "tune", "una", "--num-samples", "2", *_train_args(tiny_model, small_corpus, tmp_path, *ONE_WORKER), "--set", "alpha=1",
         env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,25 +1,11 @@
-"""VaSCL through the platform: a 2-trial sweep and its bad input."""
+"""VaSCL through the platform: its bad input (its sweep runs in the combined recipe sweep,
+``tests/test_recipe_cli.py``, which searches VaSCL's space with UNA's and SAN's)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.conftest import assert_user_error, run_cli
-from tests.test_cli import _runs, _train_args
-
-
-def test_tune_vascl_two_trials(tiny_model, small_corpus, tmp_path, mlflow_uri):
-    args = _train_args(tiny_model, small_corpus, tmp_path)
-    proc = run_cli("tune", "vascl", "--num-samples", "2", *args, "--set", "batch_size=64",
-                   env={"MLFLOW_TRACKING_URI": mlflow_uri})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    c, runs = _runs(mlflow_uri, "vascl")
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    for child in children:
-        assert {"delta", "k", "lr", "head_lr_scale"} <= set(child.data.params)
-        history = c.get_metric_history(child.info.run_id, "vascl_neighbourhood")
-        assert history and all(m.value > 0 for m in history)
 
 
 @pytest.mark.parametrize(

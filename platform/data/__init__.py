@@ -183,31 +183,29 @@ def load_sts_year(task: str, root: Path) -> STSPairs:
     return STSPairs(task, s1, s2, np.asarray(scores, dtype=np.float64))
 
 
+def _tsv_pairs(name: str, path: Path, columns: tuple[int, int, int], header: bool = False) -> STSPairs:
+    """Sentence pairs and scores from the given (sentence, sentence, score) columns of a TSV."""
+    s1, s2, scores = [], [], []
+    a, b, score = columns
+    first = 2 if header else 1
+    for lineno, line in enumerate(_read_lines(path)[first - 1 :], start=first):
+        cols = line.strip().split("\t")
+        if len(cols) <= max(columns):
+            raise DataError(f"{path} line {lineno}: expected at least {max(columns) + 1} tab-separated columns")
+        s1.append(_detok(cols[a]))
+        s2.append(_detok(cols[b]))
+        scores.append(float(cols[score]))
+    return STSPairs(name, s1, s2, np.asarray(scores))
+
+
 def load_stsb(split: str, root: Path) -> STSPairs:
     path = root / "downstream" / "STS" / "STSBenchmark" / f"sts-{split}.csv"
-    s1, s2, scores = [], [], []
-    for lineno, line in enumerate(_read_lines(path), start=1):
-        cols = line.strip().split("\t")
-        if len(cols) < 7:
-            raise DataError(f"{path} line {lineno}: expected at least 7 tab-separated columns")
-        s1.append(_detok(cols[5]))
-        s2.append(_detok(cols[6]))
-        scores.append(float(cols[4]))
-    return STSPairs(f"STSBenchmark-{split}", s1, s2, np.asarray(scores))
+    return _tsv_pairs(f"STSBenchmark-{split}", path, (5, 6, 4))
 
 
 def load_sickr(split: str, root: Path) -> STSPairs:
     files = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
-    path = root / "downstream" / "SICK" / files[split]
-    s1, s2, scores = [], [], []
-    for lineno, line in enumerate(_read_lines(path)[1:], start=2):
-        cols = line.strip().split("\t")
-        if len(cols) < 4:
-            raise DataError(f"{path} line {lineno}: expected at least 4 tab-separated columns")
-        s1.append(_detok(cols[1]))
-        s2.append(_detok(cols[2]))
-        scores.append(float(cols[3]))
-    return STSPairs(f"SICKRelatedness-{split}", s1, s2, np.asarray(scores))
+    return _tsv_pairs(f"SICKRelatedness-{split}", root / "downstream" / "SICK" / files[split], (1, 2, 3), header=True)
 
 
 def load_sts(task: str, root: Path | None = None, split: str = "test") -> STSPairs:
