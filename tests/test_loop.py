@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from platform.config import TrainConfig
-from platform.run.loop import train_loop_per_worker
-from platform.run.runtime import local_batches
+from platform.run.loop import local_batches, train_loop_per_worker
 
 
 def test_plain_loop_trains_and_keeps_best_checkpoint(tiny_model, small_corpus, tmp_path):

@@ -21,8 +21,7 @@ from platform.data.columns import CorpusData, prepare_corpus
 from platform.errors import DataError, writable_dir
 from platform.run import checkpoint
 from platform.run.local_models import resolve_local_models, uses_random_mlm
-from platform.run.loop import DEV_METRIC, train_loop_per_worker
-from platform.run.runtime import RunContext
+from platform.run.loop import DEV_METRIC, RunContext, train_loop_per_worker
 
 
 def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:

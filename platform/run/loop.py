@@ -1,31 +1,42 @@
-"""``train_loop_per_worker(config)``: one worker's contrastive training, top to bottom.
+"""``train_loop_per_worker(config)``: one worker's contrastive training, top to bottom, and the
+small ``Runtime`` it is written against.
 
-Plain PyTorch against a small ``Runtime`` (``platform.run.runtime``): under Ray Train the batches
-come from the worker's Ray Data shard and every evaluation reports a resumable checkpoint;
-without Ray the same loop reads the corpus itself, shards it by rank if ``torch.distributed`` is
-initialised, and keeps the best checkpoint under ``output_dir``. The recipe's ``loss`` is the
-science (``methods.recipe``); everything here is plumbing around it.
+The loop is plain PyTorch; the recipe's ``loss`` is the science (``methods.recipe``) and everything
+here is plumbing around it. Where it runs is chosen once, from the ``RunContext`` the job hands
+it: a Ray Train worker (batches from its Ray Data shard, every evaluation reported with a
+resumable checkpoint that Ray persists) or a plain process (a GPU box without Ray, a debugger,
+``torchrun``: it reads the corpus itself, shards it by rank if ``torch.distributed`` is
+initialised, and keeps the best checkpoint under ``output_dir``). Ray and MLflow are imported
+only by the runtime that uses them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from transformers import get_linear_schedule_with_warmup
 
 from methods.encoder import Encoder
 from methods.recipe import Recipe
 from platform.config import TrainConfig
+from platform.data import read_corpus, resolve_corpus
+from platform.data.cache import replace_dir
+from platform.data.columns import CorpusData, prepare_corpus
 from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position
 from platform.run.local_models import resolve_local_models
-from platform.run.runtime import RunContext, Runtime, make_runtime
 
 DEV_METRIC = "stsb_dev_spearman"
 
@@ -115,3 +126,193 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
 
         log({k: v for k, v in metrics.items() if k not in ("step", "epoch", "train_time_s")}, pos.step)
     rt.report(metrics, write, improved)
+
+
+# ------------------------------------------------------------------------------------------------
+# Where the loop runs
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What a training worker gets besides its configuration."""
+
+    config: dict[str, Any]  # TrainConfig.flat()
+    runtime: str = "process"  # "ray": inside a Ray Train worker group
+    num_sentences: int = 0  # the corpus size, when batches come from the Ray Data pipeline
+    corpus: CorpusData | None = None  # the prepared corpus, when the driver runs the loop itself
+    tracking_uri: str | None = None  # MLflow run that rank 0 logs step metrics to (None: print only)
+    run_id: str | None = None
+    run_dir: str | None = None  # process runtime: where the best checkpoint is kept
+
+    def loop_config(self) -> dict[str, Any]:
+        """For Ray's ``train_loop_config``: plain values only. Ray's Train controller unpickles it
+        in a process where ``platform`` is still the standard module, so no class of this package
+        may travel in it."""
+        return {"context": {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+    @classmethod
+    def of(cls, loop_config: dict[str, Any]) -> "RunContext":
+        """From ``loop_config()`` or a plain flat config (the loop called by hand)."""
+        if "context" in loop_config:
+            return cls(**loop_config["context"])
+        return cls(config=loop_config)
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return TrainConfig.from_flat(self.config)
+
+
+class Runtime:
+    """Rank, world size and device of this worker; its batches, checkpoints and metric log."""
+
+    resumable = False  # whether reports carry the full training state (and a restart resumes it)
+
+    def __init__(self, ctx: RunContext, cfg: TrainConfig):
+        self.ctx, self.cfg = ctx, cfg
+        self.rank, self.world, self.device = 0, 1, torch.device("cpu")
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def batches(self, recipe: Recipe, epoch: int) -> Iterator[dict[str, np.ndarray]]:
+        """This worker's share of the epoch's global batches, with the recipe's per-epoch columns."""
+        corpus = self.ctx.corpus or self._read_corpus(recipe)
+        for batch in local_batches(corpus.columns, self.cfg, self.rank, self.world, epoch):
+            yield recipe.augment(batch, corpus.states) if recipe.augments_per_epoch else batch
+
+    def _read_corpus(self, recipe: Recipe) -> CorpusData:
+        # Generated columns and statistics come from the cache the driver filled.
+        if not hasattr(self, "_corpus"):
+            sentences = read_corpus(resolve_corpus(self.cfg.corpus), limit=self.cfg.max_sentences or None)
+            self._corpus = prepare_corpus(recipe, sentences, use_ray=False)
+        return self._corpus
+
+    def num_sentences(self, recipe: Recipe) -> int:
+        return (self.ctx.corpus or self._read_corpus(recipe)).num_sentences
+
+    def restore(self, model, optimizer, schedule) -> Position | None:
+        return None
+
+    def report(self, metrics: dict[str, Any], write: Callable[[Path], None] | None, improved: bool) -> None:
+        """Hand an evaluation's metrics on, with a checkpoint that ``write(folder)`` fills (rank 0)."""
+        raise NotImplementedError
+
+    def metric_log(self, resumed: bool) -> Callable[[dict[str, float], int], None]:
+        """Rank 0's step metrics to the run's MLflow run; after a restart, points already logged
+        are kept, not duplicated (steps after the checkpoint run again)."""
+        if not (self.is_chief and self.ctx.run_id):
+            return lambda metrics, step: None
+        from platform.tracking import MetricSink
+
+        return MetricSink(self.ctx.tracking_uri, self.ctx.run_id, skip_logged=resumed)
+
+
+class ProcessRuntime(Runtime):
+    """This process (``torch.distributed`` ranks if initialised); keeps a new best checkpoint
+    under ``run_dir`` (default ``output_dir/local``)."""
+
+    def __init__(self, ctx: RunContext, cfg: TrainConfig):
+        super().__init__(ctx, cfg)
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if cfg.use_gpu and torch.cuda.is_available():
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+    def wrap(self, model):
+        model.to(self.device)
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    def report(self, metrics, write, improved):
+        if self.world > 1:
+            dist.barrier()
+        if not (self.is_chief and improved and write):
+            return
+        target = Path(self.ctx.run_dir or Path(self.cfg.output_dir) / "local") / "best"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="best.tmp-", dir=target.parent))
+        write(staging)
+        replace_dir(staging, target)
+        dev = metrics.get("stsb_dev_spearman", float("nan"))
+        print(f"step {metrics['step']}: stsb_dev_spearman={dev:.2f} (new best, saved to {target})", flush=True)
+
+
+class RayTrainRuntime(Runtime):
+    """A Ray Train worker: DDP through Ray, batches from its Ray Data shard (or read locally),
+    every evaluation reported with a resumable checkpoint that Ray persists to storage."""
+
+    resumable = True
+
+    def __init__(self, ctx: RunContext, cfg: TrainConfig):
+        super().__init__(ctx, cfg)
+        import ray.train
+        import ray.train.torch
+
+        context = ray.train.get_context()
+        self.rank, self.world = context.get_world_rank(), context.get_world_size()
+        self.device = ray.train.torch.get_device()
+
+    def wrap(self, model):
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(model)
+
+    def batches(self, recipe, epoch):
+        if self.cfg.data_pipeline == "local":
+            yield from super().batches(recipe, epoch)
+            return
+        import ray.train
+
+        shard = ray.train.get_dataset_shard("train")  # augmented by the Ray Data pipeline
+        yield from shard.iter_batches(
+            batch_size=self.cfg.batch_size // self.world, drop_last=True, batch_format="numpy",
+            local_shuffle_buffer_size=4 * self.cfg.batch_size, local_shuffle_seed=self.cfg.seed + epoch,
+        )
+
+    def num_sentences(self, recipe):
+        return self.ctx.num_sentences if self.cfg.data_pipeline == "ray" else super().num_sentences(recipe)
+
+    def restore(self, model, optimizer, schedule):
+        """The latest reported checkpoint: Ray Train restarts a failed worker group with it."""
+        import ray.train
+
+        found = ray.train.get_checkpoint()
+        if found is None:
+            return None
+        with found.as_directory() as directory:
+            return checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule)
+
+    def report(self, metrics, write, improved):
+        import ray.train
+
+        folder = Path(tempfile.mkdtemp(prefix="ckpt-"))
+        try:
+            checkpoint.save_rng(folder, self.rank)
+            if self.is_chief and write:
+                write(folder)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))  # persisted on return
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def make_runtime(ctx: RunContext, cfg: TrainConfig) -> Runtime:
+    return RayTrainRuntime(ctx, cfg) if ctx.runtime == "ray" else ProcessRuntime(ctx, cfg)
+
+
+def local_batches(
+    columns: dict[str, list[str]], cfg: TrainConfig, rank: int, world: int, epoch: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """Global batches of a seeded per-epoch permutation; this rank takes its contiguous slice,
+    so W workers together see exactly the batches one worker would (drop_last)."""
+    arrays = {k: np.asarray(v, dtype=object) for k, v in columns.items()}
+    perm = np.random.default_rng(cfg.seed + epoch).permutation(len(arrays["sentence"]))
+    local = cfg.batch_size // world
+    for start in range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size):
+        idx = perm[start + rank * local : start + (rank + 1) * local]
+        yield {k: a[idx] for k, a in arrays.items()}
