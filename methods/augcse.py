@@ -17,10 +17,14 @@ as the recipe's projection. Then
 
 The gradient-reversal layer is the identity forward and multiplies the gradient by
 ``grl_multiplier`` backward: -1 (default) makes the encoder work against the discriminator while
-the discriminator itself still learns to classify (antagonistic; Table 7 sweeps -100 ... 100).
-The authors' code spells this ``gradient_reverse_multiplier = m`` with gradient x (-m), i.e.
-``grl_multiplier = -m`` here. ``fidelity: authors_code`` adds the authors' Tanh on the
-discriminator's output logits; ``paper`` leaves the logits linear.
+the discriminator itself still learns to classify (antagonistic; Table 7 sweeps -100 ... 100;
+App. A.4). The authors' code spells this ``gradient_reverse_multiplier = m`` with gradient x (-m),
+i.e. ``grl_multiplier = -m`` here. The discriminator (App. A.5) has dropout 0.2 before each Linear,
+Tanh between them and a Tanh on its output logits, as the paper's listing and the authors' code
+both end it.
+
+Sampling (footnote 6, fixed sampling): each sentence's augmentation is drawn once, from a hash of
+the sentence and ``generation_seed``, so every epoch pairs a sentence with the same augmentation.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from methods.augmentations import (
     load_spacy_parser,
     require_wordnet,
     resolve_set,
+    sentence_seed,
 )
 from methods.ingredients import GeneratedColumn, Ingredient, InvalidParams, Params, StepOutputs, check
 from methods.losses import global_mean
@@ -52,11 +57,11 @@ class AugCSEParams(Params):
     augmentations: str = "8-aug"  # a set (4-aug, 8-aug, 12-aug) or comma-separated names
     lambda_disc: float = 5e-3  # lambda, Tang et al. App. A.7 (BERT-base, STS); grid 1e-5 ... 1e-2
     grl_multiplier: float = -1.0  # gradient x this through the GRL; -1 antagonistic (Table 7)
-    disc_dropout: float = 0.2
+    disc_dropout: float = 0.2  # dropout before each of the discriminator's Linear layers (App. A.5)
     disc_layers: int = 2  # Linear(2d, 4d) + Tanh, ..., Linear(4d, types)
-    spacy_model: str = "en_core_web_sm"
+    spacy_model: str = "en_core_web_sm"  # the parser of the rule-based augmentations (NL-Augmenter's)
     nltk_data: str = ""  # a folder with corpora/wordnet.zip; empty: NLTK's search path ($NLTK_DATA)
-    generation_seed: int = 0
+    generation_seed: int = 0  # seeds the masks (and AugCSE's augmentations): generation is reproducible
 
     def validate(self) -> None:
         resolve_set(self.augmentations)
@@ -107,7 +112,7 @@ class AugmentationDiscriminator(nn.Module):
     """MLP over [g(h); g(h_aug)] (2d) predicting the augmentation type: dropout before every
     Linear, Tanh between them (the authors' ``AugmentationDiscriminator``)."""
 
-    def __init__(self, in_dim: int, num_types: int, layers: int = 2, dropout: float = 0.2, tanh_logits: bool = False):
+    def __init__(self, in_dim: int, num_types: int, layers: int = 2, dropout: float = 0.2, tanh_logits: bool = True):
         super().__init__()
         dims = [in_dim] + [2 * in_dim] * (layers - 1) + [num_types]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
@@ -172,13 +177,14 @@ class AugCSE(Ingredient):
         return columns
 
     def augment(self, batch: dict[str, Any], state: Any, seed: int | None = None) -> dict[str, Any]:
-        """One augmentation per sentence, uniformly from the set; unchanged text is labelled
-        "no augmentation". The generated ``aug_*`` columns are dropped: the step needs only these."""
-        rng = np.random.default_rng(seed)
+        """One augmentation per sentence, uniformly from the set and fixed across epochs (footnote
+        6: a hash of the sentence and ``generation_seed``); unchanged text is labelled "no
+        augmentation". The generated ``aug_*`` columns are dropped: the step needs only these."""
         names = np.asarray(self.names, dtype=object)
         sentences = np.asarray(batch["sentence"], dtype=object)
         table = np.stack([np.asarray(batch[f"aug_{n}"], dtype=object) for n in names], axis=1)
-        pick = rng.integers(len(names), size=len(sentences))
+        pick = np.fromiter((sentence_seed(self.params.generation_seed, "augcse-pick", str(s)) % len(names)
+                            for s in sentences), dtype=np.int64, count=len(sentences))
         augmented = table[np.arange(len(sentences)), pick]
         labels = np.where(augmented == sentences, NO_AUGMENTATION, names[pick]).astype(object)
         kept = {k: v for k, v in batch.items() if not k.startswith("aug_")}
@@ -199,10 +205,7 @@ class AugCSE(Ingredient):
         return BatchNormProjector(hidden)
 
     def heads(self, hidden: int) -> nn.Module:
-        return AugmentationDiscriminator(
-            2 * hidden, len(self.labels), self.params.disc_layers, self.params.disc_dropout,
-            tanh_logits=self.shared.fidelity == "authors_code",
-        )
+        return AugmentationDiscriminator(2 * hidden, len(self.labels), self.params.disc_layers, self.params.disc_dropout)
 
     def extra_rows(self, batch: dict[str, Any]) -> list:
         return [batch["augmented"]]

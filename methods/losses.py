@@ -165,27 +165,16 @@ class Loss(Ingredient, nn.Module):
         Ingredient.__init__(self, params, shared)
 
 
-@dataclasses.dataclass
-class InfoNCEParams(Params):
-    # Both directions, InfoNCE(z, z') + InfoNCE(z', z): VaSCL's instance loss (Zhang et al., Eq. 1).
-    symmetric: bool = False
-
-
 class InfoNCE(Loss):
     """SimCSE's InfoNCE (Gao et al., 2021, Eq. 1 and 4; hard-negative form Eq. 5 with weight 1):
     the positives of the batch, plus every valid negative of every source as an extra column."""
 
     name = "infonce"
-    Params = InfoNCEParams
     cites = "Gao et al. (2021), SimCSE, Eq. 1, 4 and 5"
 
     def forward(self, v: Views) -> torch.Tensor:
-        tau = self.shared.temperature
         columns = torch.cat([n.z[n.valid] for n in v.negatives]) if v.negatives else None
-        loss = info_nce(v.anchor, v.positive, tau, negatives=columns)
-        if self.params.symmetric:
-            loss = loss + info_nce(v.positive, v.anchor, tau, negatives=columns)
-        return loss
+        return info_nce(v.anchor, v.positive, self.shared.temperature, negatives=columns)
 
 
 @dataclasses.dataclass
@@ -193,7 +182,7 @@ class HiNCEParams(Params):
     # Temperature of the negatives' columns; tau1 is the shared ``temperature`` (Cai et al.:
     # tau1 0.05, tau2 0.08 for SimCSE-BERT-base, grid 0.05-0.1).
     tau2: float = 0.08
-    own_negative_weight: float = 1.0
+    own_negative_weight: float = 1.0  # SimCSE's hard-negative weight on the anchor's own negative (1: none)
 
     def validate(self) -> None:
         check([(self.tau2 > 0, f"tau2 must be > 0, got {self.tau2}"),
@@ -215,11 +204,12 @@ class HiNCE(Loss):
 
 
 class NTXent(Loss):
-    """The UNA authors' symmetric NT-Xent: (anchor, positive) and each negative with its second
-    dropout view are positive pairs; every other row of the 2(1 + k)N is a negative."""
+    """Symmetric NT-Xent: (anchor, positive) and each negative with its second dropout view are
+    positive pairs; every other row of the 2(1 + k)N is a negative. VaSCL's instance loss (Zhang et
+    al., Eq. 1: each of the 2M views against the 2M-1 others) and the UNA authors' 4N x 4N loss."""
 
     name = "ntxent"
-    cites = "Shu et al., UNA, authors' code (SimCLR's NT-Xent, Chen et al., 2020, Eq. 1)"
+    cites = "Zhang et al. (2021), VaSCL, Eq. 1; Shu et al., UNA, authors' code (SimCLR's NT-Xent)"
     pairs_negatives = True
 
     def forward(self, v: Views) -> torch.Tensor:

@@ -31,8 +31,8 @@ class ParaphraseParams(Params):
     # A seq2seq model name or path (paper: tuner007/pegasus_paraphrase, beam 10, one output), or an
     # existing Parquet file (columns sentence, paraphrase) in ``paraphrase_cache``.
     paraphraser: str = ""
-    paraphrase_beams: int = 10
-    paraphrase_max_length: int = 60
+    paraphrase_beams: int = 10  # beam search width (Shu et al.: beam 10, one output)
+    paraphrase_max_length: int = 60  # the generation's length limit, in tokens (the paraphraser's card)
     paraphrase_cache: str = ""
 
     def validate(self) -> None:

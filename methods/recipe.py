@@ -142,8 +142,8 @@ NAMED: dict[str, NamedRecipe] = {
                        loss_by_fidelity={"authors_code": "ntxent"}),  # the authors' 4N x 4N loss
     "san": NamedRecipe(RecipeSpec(negatives=("san",), loss="hince"), "Cai et al., SAN + HiNCE"),
     "augcse": NamedRecipe(RecipeSpec(aux=("augcse",)), "Tang et al. (2022), AugCSE"),
-    "vascl": NamedRecipe(RecipeSpec(aux=("vascl",)), "Zhang et al. (2021), VaSCL",
-                         params={"symmetric": True}),  # Eq. 1: the instance loss in both directions
+    # Eq. 1: each of the 2M views classified among the 2M-1 others, i.e. NT-Xent.
+    "vascl": NamedRecipe(RecipeSpec(loss="ntxent", aux=("vascl",)), "Zhang et al. (2021), VaSCL"),
 }
 CUSTOM = "recipe"  # the method name of a recipe put together with --set
 

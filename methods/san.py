@@ -2,16 +2,22 @@
 
 Negatives are made once per corpus by mask-predict with a masked LM: each subword is masked with
 probability importance(POS) / scale (Table 2 below, scale 20), the MLM fills the masks (greedy, or
-top-k sampling), and this repeats for R rounds (4), each round re-masking the original positions'
-probabilities on the current text. POS tags come from spaCy, either *dynamic* (each sentence
-tagged in context) or *static* (each tokenizer vocabulary entry tagged once, the authors' code).
-Word tags map onto subwords through the tokenizer's character offsets.
+top-k sampling), and this repeats for R rounds (4). POS tags come from spaCy:
 
-Short-sentence guard (authors' code): when a negative is at most ``min_chars`` characters or at
-least ``max_punct_ratio`` punctuation, it is either dropped (``guard: drop``; the loss leaves it
-out) or replaced by a negation-based soft negative (``guard: negation``): "not" is removed after,
-or inserted after, the main auxiliary found by spaCy's parser; without an auxiliary the negative
-is dropped.
+- ``tagging: static`` (the paper's choice, Appendix A: static tagging with BERT-base's
+  vocabulary): each vocabulary entry is tagged once; as in the authors' lexicon every ``##`` piece
+  is X (importance 1), or with ``subword_tags: stem`` the tag of its stem. Each round re-tags the
+  current text (a look-up of the new ids), as the authors' code does.
+- ``tagging: dynamic`` (an option): each sentence tagged in context, word tags mapped onto subwords
+  through the tokenizer's character offsets; the original sentence's probabilities are used in
+  every round.
+
+Short-sentence guard (authors' ``check_puncts``; off by default: Table 6 lists no post-processing
+for SimCSE + SAN and the authors' SimCSE script leaves it off): when a negative is at most
+``min_chars`` characters **and** at least ``max_punct_ratio`` punctuation, it is either dropped
+(``guard: drop``; the loss leaves it out) or replaced by a negation-based soft negative
+(``guard: negation``): "not" is removed after, or inserted after, the main auxiliary found by
+spaCy's parser; without an auxiliary the negative is dropped.
 
 In a recipe (``negatives=san``): the negatives' forward pass uses dropout p2 (0.2) instead of the
 model's p1; the paper pairs them with HiNCE (``loss=hince``, ``methods.losses``), which contrasts
@@ -42,15 +48,16 @@ class SANParams(Params):
     scale: float = 20.0  # mask probability = importance / scale (10-40 tested, 20 best)
     rounds: int = 4  # mask-predict rounds (authors: 4, greedy)
     sampling: str = "greedy"  # greedy | topk
-    top_k: int = 10
-    mlm: str = "bert-base-uncased"
-    spacy_model: str = "en_core_web_sm"
-    tagging: str = "dynamic"  # dynamic | static
-    guard: str = "negation"  # negation | drop
-    min_chars: int = 50
-    max_punct_ratio: float = 0.3
-    generation_batch_size: int = 64
-    generation_seed: int = 0
+    top_k: int = 10  # candidates of sampling=topk (our choice; the authors decode greedily)
+    mlm: str = "bert-base-uncased"  # the masked LM that fills the masks (Cai et al., Sec. 4)
+    spacy_model: str = "en_core_web_sm"  # the POS tagger (the authors' code: spaCy's small English model)
+    tagging: str = "static"  # static (paper, Appendix A) | dynamic
+    subword_tags: str = "x"  # static tagging of ## pieces: x (the authors' lexicon) | stem
+    guard: str = "none"  # none (paper, Table 6) | negation | drop
+    min_chars: int = 50  # the guard's "short": the authors' check_puncts
+    max_punct_ratio: float = 0.3  # the guard's "punctuation-heavy": the authors' check_puncts
+    generation_batch_size: int = 64  # our choice: generation speed only
+    generation_seed: int = 0  # seeds the masks (and AugCSE's augmentations): generation is reproducible
 
     def validate(self) -> None:
         check([
@@ -60,7 +67,8 @@ class SANParams(Params):
             (self.sampling in ("greedy", "topk"), f"sampling must be greedy or topk, got {self.sampling!r}"),
             (self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
             (self.tagging in ("dynamic", "static"), f"tagging must be dynamic or static, got {self.tagging!r}"),
-            (self.guard in ("negation", "drop"), f"guard must be negation or drop, got {self.guard!r}"),
+            (self.subword_tags in ("x", "stem"), f"subword_tags must be x or stem, got {self.subword_tags!r}"),
+            (self.guard in ("none", "negation", "drop"), f"guard must be none, negation or drop, got {self.guard!r}"),
             (0 < self.max_punct_ratio <= 1, f"max_punct_ratio must be in (0, 1], got {self.max_punct_ratio}"),
         ])
 
@@ -103,14 +111,17 @@ def dynamic_scores(nlp, tokenizer, sentences: list[str], max_length: int = 512) 
 _LEXICONS: dict[tuple[str, int], np.ndarray] = {}
 
 
-def static_lexicon(nlp, tokenizer) -> np.ndarray:
-    """The authors' static tagging: one importance per vocabulary id, each entry tagged alone
-    (a word piece without its ``##``); special tokens 0. Computed once per process."""
-    key = (nlp.meta.get("name", ""), len(tokenizer))
+def static_lexicon(nlp, tokenizer, subword_tags: str = "x") -> np.ndarray:
+    """Static tagging: one importance per vocabulary id, each entry tagged alone; a ``##`` piece is
+    X (``subword_tags="x"``, the authors' lexicon) or tagged as its stem (``"stem"``); special
+    tokens 0. Computed once per process."""
+    key = (nlp.meta.get("name", ""), len(tokenizer), subword_tags)
     if key not in _LEXICONS:
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         words = [t[2:] if t.startswith("##") else t for t in tokens]
         scores = np.array([importance(doc[0].pos_) if len(doc) else 1 for doc in nlp.pipe(words, batch_size=1024)])
+        if subword_tags == "x":
+            scores[[i for i, t in enumerate(tokens) if t.startswith("##")]] = importance("X")
         scores[list(tokenizer.all_special_ids)] = 0
         _LEXICONS[key] = scores
     return _LEXICONS[key]
@@ -164,15 +175,20 @@ def mask_predict(
     sampling: str = "greedy",
     top_k: int = 10,
     return_masks: bool = False,
+    rescore=None,
 ):
     """R rounds of: mask each position with its probability (at least one per sentence, the most
-    important), predict the masked positions with the MLM, write the predictions there only."""
+    important), predict the masked positions with the MLM, write the predictions there only.
+    ``rescore(ids) -> probs``: the probabilities of each round from the current ids (re-tagging);
+    without it, ``probs`` serves every round."""
     ids = input_ids.clone()
     special = torch.tensor(tokenizer.all_special_ids, device=ids.device)
     maskable = attention_mask.bool() & ~torch.isin(ids, special)
-    probs = probs.masked_fill(~maskable, 0.0)
     masks = []
-    for _ in range(rounds):
+    for r in range(rounds):
+        if rescore is not None and r > 0:
+            probs = rescore(ids)
+        probs = probs.masked_fill(~maskable, 0.0)
         mask = (torch.rand(probs.shape, generator=generator).to(probs.device) < probs) & maskable
         none = ~mask.any(dim=1) & maskable.any(dim=1)
         if none.any():
@@ -205,7 +221,8 @@ def punctuation_ratio(text: str) -> float:
 
 
 def is_degenerate(text: str, min_chars: int, max_punct_ratio: float) -> bool:
-    return len(text.strip()) <= min_chars or punctuation_ratio(text) >= max_punct_ratio
+    """The authors' ``check_puncts``: short **and** punctuation-heavy."""
+    return len(text.strip()) <= min_chars and punctuation_ratio(text) >= max_punct_ratio
 
 
 def negation_negative(doc) -> str:
@@ -248,9 +265,14 @@ class SANNegatives:
     def scores(self, sentences: list[str]) -> list[np.ndarray]:
         if self.p.tagging == "dynamic":
             return dynamic_scores(self.nlp, self.tokenizer, sentences)
-        lexicon = static_lexicon(self.nlp, self.tokenizer)
+        lexicon = static_lexicon(self.nlp, self.tokenizer, self.p.subword_tags)
         enc = self.tokenizer(sentences, truncation=True, max_length=512)
         return [lexicon[np.asarray(ids)] for ids in enc["input_ids"]]
+
+    def retag(self, ids: torch.Tensor) -> torch.Tensor:
+        """Static tagging of the current ids: the next round's probabilities."""
+        lexicon = torch.from_numpy(static_lexicon(self.nlp, self.tokenizer, self.p.subword_tags) / self.p.scale)
+        return lexicon.to(ids.device, torch.float32)[ids]
 
     def generate(self, sentences: list[str]) -> list[str]:
         out: list[str] = []
@@ -264,12 +286,13 @@ class SANNegatives:
             ids = mask_predict(
                 self.mlm, self.tokenizer, enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
                 probs.to(self.device), self.p.rounds, self.generator, self.p.sampling, self.p.top_k,
+                rescore=self.retag if self.p.tagging == "static" else None,
             )
             out.extend(self.tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True))
         return [self.guard(s, n) for s, n in zip(sentences, out)]
 
     def guard(self, sentence: str, negative: str) -> str:
-        if not is_degenerate(negative, self.p.min_chars, self.p.max_punct_ratio):
+        if self.p.guard == "none" or not is_degenerate(negative, self.p.min_chars, self.p.max_punct_ratio):
             return negative
         return negation_negative(self.nlp(sentence)) if self.p.guard == "negation" else ""
 
@@ -282,8 +305,8 @@ class SANNegatives:
 # The ingredient
 
 
-_GENERATION_KEYS = ("scale", "rounds", "sampling", "top_k", "mlm", "spacy_model", "tagging", "guard", "min_chars",
-                    "max_punct_ratio", "generation_batch_size", "generation_seed")
+_GENERATION_KEYS = ("scale", "rounds", "sampling", "top_k", "mlm", "spacy_model", "tagging", "subword_tags", "guard",
+                    "min_chars", "max_punct_ratio", "generation_batch_size", "generation_seed")
 
 
 class SAN(Ingredient):

@@ -2,22 +2,24 @@
 
 Embeddings e (the pooled sentence vectors, two dropout views) go through a head
 h: d -> d -> 128 (no bias, ReLU, L2-normalised), z = h(e); the head is the recipe's projection, so
-the contrastive loss sees z too (the named recipe ``vascl`` uses InfoNCE in both directions, the
-instance loss of Eq. 1). With K in-batch neighbours N(i) of each instance (top-K by raw dot
-product of e, self excluded, over the all-gathered batch):
+the contrastive loss sees z too: the named recipe ``vascl`` uses ``loss=ntxent``, Eq. 1's instance
+loss, where each of the 2M views is classified among all 2M-1 others. With K in-batch neighbours
+N(i) of each instance (top-K by cosine similarity of e, Eq. 1's sim; the authors' code ranks by
+the raw dot product), self excluded, over the all-gathered batch:
 
 - Neighbourhood loss (Eq. 2): for a query q, its positive p and negatives {n_j},
   ``l(q, p; {n_j}) = -log exp(q.p/tau) / (exp(q.p/tau) + sum_j exp(q.n_j/tau))``, with
   ``l_N(i)(z_i^delta, z_i) = l(z_i^delta, z_i; {z_j : j in N(i)})`` and
   ``z_i^delta = h(e_i + delta_i)``.
 - Virtual augmentation (Eq. 3): ``delta_i* = argmax_{||delta_i|| <= Delta} l_N(i)(z_i^delta, z_i)``,
-  approximated as in virtual adversarial training: start from random noise of small norm, take
-  the gradient of sum_i l_N(i) with respect to delta (embeddings held fixed), normalise it per
-  instance (``power_iterations`` times), and place it on the sphere of radius Delta.
-- The term (Eq. 4): the neighbourhood discrimination in both directions,
-  ``l(z_i^delta, z_i; {z_j}_{N(i)}) + l(z_i, z_i^delta; {z_j^delta}_{N(i)})`` (the instance against its
-  virtual augmentation, each against the other's neighbourhood), mean over the batch; the total
-  is L = l_I + l_VA (Eq. 5).
+  approximated as in virtual adversarial training: start from random noise of norm ``xi`` (paper:
+  Gaussian, xi 1e-3; authors' code: uniform noise at xi = Delta), take the gradient of
+  sum_i l_N(i) with respect to delta (embeddings held fixed), normalise it per instance
+  (``power_iterations`` times), and place it on the sphere of radius Delta.
+- The term (Eq. 4): the instance and its virtual augmentation discriminated in both directions
+  against the augmented neighbourhood N_A(i) = {k, k*}: the K neighbours and their virtual
+  augmentations, 2K negatives, ``l(z_i^delta, z_i; N_A(i)) + l(z_i, z_i^delta; N_A(i))``. Both
+  terms of Eq. 5 are averaged over the 2M views (its 1/2M): L = l_I + (mean of the two directions).
 
 ``fidelity: paper`` lets l_VA reach the encoder (z^delta = h(e + delta) with e attached).
 ``fidelity: authors_code`` builds it on detached embeddings as the authors' code does, so only
@@ -43,9 +45,9 @@ from methods.losses import gather_with_grad, rank
 class VaSCLParams(Params):
     k: int = 16  # neighbourhood size (Zhang et al., Sec. 4 / Appendix A)
     delta: float = 15.0  # radius of the virtual augmentation (15 for base models, 30 for large)
-    power_iterations: int = 1
-    xi: float = 1e-3  # norm of the initial random perturbation
-    head_dim: int = 128
+    power_iterations: int = 1  # VAT's power iterations; the authors' code takes one step
+    xi: float = 1e-3  # norm of the initial random perturbation (paper; authors_code: xi = delta)
+    head_dim: int = 128  # the head's output size, 128 (Zhang et al., Sec. 3)
     head_lr_scale: float = 100.0  # head learning rate = 100 x backbone (Appendix A)
 
     def validate(self) -> None:
@@ -73,17 +75,19 @@ class Head(nn.Module):
         return F.normalize(self.net(e), dim=-1)
 
 
-def neighbours(e: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (N x K) of each row's top-K rows by raw dot product, itself excluded."""
+def neighbours(e: torch.Tensor, k: int, cosine: bool = True) -> torch.Tensor:
+    """Indices (N x K) of each row's top-K rows by cosine similarity (Eq. 1's sim; ``cosine=False``:
+    the raw dot product of the authors' code), itself excluded."""
     with torch.no_grad():
-        scores = e.float() @ e.float().T
+        x = F.normalize(e.float(), dim=-1) if cosine else e.float()
+        scores = x @ x.T
         scores.fill_diagonal_(float("-inf"))
         return scores.topk(k, dim=1).indices
 
 
 def neighbourhood_loss(q: torch.Tensor, p: torch.Tensor, negatives: torch.Tensor, temperature: float) -> torch.Tensor:
     """Mean over i of -log exp(q_i.p_i/tau) / (exp(q_i.p_i/tau) + sum_j exp(q_i.n_ij/tau)) (Eq. 2);
-    rows are unit vectors, ``negatives`` is N x K x d."""
+    rows are unit vectors, ``negatives`` is N x K x d (K or 2K per row)."""
     pos = (q * p).sum(-1, keepdim=True)
     neg = torch.einsum("nd,nkd->nk", q, negatives)
     logits = torch.cat([pos, neg], dim=1) / temperature
@@ -92,35 +96,44 @@ def neighbourhood_loss(q: torch.Tensor, p: torch.Tensor, negatives: torch.Tensor
 
 def virtual_perturbation(
     head: nn.Module, e: torch.Tensor, nbrs: torch.Tensor, params: VaSCLParams, temperature: float,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | None = None, authors: bool = False,
 ) -> torch.Tensor:
     """delta on the sphere of radius Delta that (approximately) maximises l_N (Eq. 3), for every
-    row of the (all-gathered) batch ``e``; no parameter receives a gradient from it."""
+    row of the (all-gathered) batch ``e``; no parameter receives a gradient from it. ``authors``:
+    the initial noise as the authors' code draws it (uniform in [-0.5, 0.5), at norm Delta)."""
     e = e.detach().float().clone()
-    noise = torch.randn(e.shape, generator=generator, device="cpu").to(e.device)
-    d = params.xi * F.normalize(noise, dim=-1)
+    if authors:
+        noise = torch.rand(e.shape, generator=generator, device="cpu").sub(0.5).to(e.device)
+        xi = params.delta
+    else:
+        noise = torch.randn(e.shape, generator=generator, device="cpu").to(e.device)
+        xi = params.xi
+    d = xi * F.normalize(noise, dim=-1)
     with torch.enable_grad():  # a gradient w.r.t. delta only, also when called under no_grad
         z = head(e).detach()
         for _ in range(params.power_iterations):
             d.requires_grad_(True)
             loss = neighbourhood_loss(head(e + d), z, z[nbrs], temperature) * len(e)  # sum over i
             (grad,) = torch.autograd.grad(loss, d)
-            d = params.xi * F.normalize(grad.detach(), dim=-1)
+            d = xi * F.normalize(grad.detach(), dim=-1)
     return params.delta * F.normalize(d, dim=-1)
 
 
 def virtual_augmentation_loss(
     head: nn.Module, e: torch.Tensor, nbrs: torch.Tensor, delta: torch.Tensor, temperature: float, attach: bool
 ) -> torch.Tensor:
-    """l_VA (Eq. 4): each instance vs its virtual augmentation, both directions, each against the
-    other side's neighbourhood. ``e`` holds this worker's rows, ``nbrs`` and ``delta`` the global
-    batch's; ``attach=False`` is the authors' code (embeddings detached)."""
+    """l_VA (Eq. 4): each instance vs its virtual augmentation, both directions, against the
+    augmented neighbourhood {z_k, z_k^delta : k in N(i)} (2K negatives); the mean of the two
+    directions, i.e. averaged over the 2M views (Eq. 5). ``e`` holds this worker's rows, ``nbrs``
+    and ``delta`` the global batch's; ``attach=False`` is the authors' code (embeddings detached)."""
     base = e if attach else e.detach()
     n = len(base)
     own = delta[rank() * n : (rank() + 1) * n]
     z = gather_with_grad(head(base))
     z_aug = gather_with_grad(head(base + own))
-    return neighbourhood_loss(z_aug, z, z[nbrs], temperature) + neighbourhood_loss(z, z_aug, z_aug[nbrs], temperature)
+    augmented = torch.cat([z[nbrs], z_aug[nbrs]], dim=1)  # N x 2K x d
+    return 0.5 * (neighbourhood_loss(z_aug, z, augmented, temperature)
+                  + neighbourhood_loss(z, z_aug, augmented, temperature))
 
 
 class VaSCL(Ingredient):
@@ -145,9 +158,10 @@ class VaSCL(Ingredient):
         head = out.model.projection
         local = out.e["anchor"].float()
         e = gather_with_grad(local)
-        nbrs = neighbours(e, p.k)
+        paper = self.shared.fidelity == "paper"
+        nbrs = neighbours(e, p.k, cosine=paper)
         # Same noise on every worker (seeded by step): each computes the same global loss.
         gen = torch.Generator().manual_seed(1_000_003 * (out.step + 1))
-        delta = virtual_perturbation(head, e, nbrs, p, tau, gen)
-        va = virtual_augmentation_loss(head, local, nbrs, delta, tau, attach=self.shared.fidelity == "paper")
+        delta = virtual_perturbation(head, e, nbrs, p, tau, gen, authors=not paper)
+        va = virtual_augmentation_loss(head, local, nbrs, delta, tau, attach=paper)
         return va, {"vascl_neighbourhood": float(va.detach())}

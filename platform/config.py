@@ -32,29 +32,33 @@ METHODS = sorted(NAMED) + [CUSTOM]
 
 @dataclasses.dataclass
 class TrainConfig:
+    """A run's configuration. The comment at each field is the source of its default (paper
+    section, authors' script, or our choice and why): ``--print-config`` shows it by the value."""
+
     method: str = "simcse"  # a named recipe, or 'recipe'
-    # Fields and their sources (paper section, authors' script, or our choice) are what
-    # ``--print-config`` shows; the comments here are that source.
-    profile: str = "paper"
+    profile: str = "paper"  # the profile file the values came from
     # Backbone: a Hugging Face name or local path, or the alias 'minilm' (packaged, offline).
     model: str = "bert-base-uncased"
     dropout: float = 0.1  # SimCSE: the standard BERT dropout p=0.1 gives the positive pairs
     max_len: int = 32  # SimCSE: max sequence length 32 for unsupervised training
     # Optimisation (SimCSE, BERT-base unsupervised: batch 64, lr 3e-5, 1 epoch, AdamW, linear decay).
-    batch_size: int = 64  # global batch over all workers
-    lr: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    epochs: int = 1
+    batch_size: int = 64  # global batch over all workers (SimCSE, Appendix A: 64 for BERT-base)
+    lr: float = 3e-5  # SimCSE, Appendix A: 3e-5 for BERT-base
+    weight_decay: float = 0.0  # SimCSE trains with the HF Trainer's default, 0
+    # AdamW with a linear decay to 0 (SimCSE's HF Trainer); VaSCL: Adam at a constant rate (Sec. 4).
+    optimizer: str = "adamw"  # adamw | adam
+    schedule: str = "linear"  # linear | constant
+    warmup_steps: int = 0  # no warm-up (SimCSE's HF Trainer default)
+    epochs: int = 1  # SimCSE: one epoch over wiki1m
     max_steps: int = 0  # 0: the full epochs
-    seed: int = 42
+    seed: int = 42  # SimCSE's run script's seed
     # Data: a corpus path, or a file name under $PLATFORM_DATA_DIR/corpus.
     corpus: str = "wiki1m_for_simcse.txt"
     max_sentences: int = 0  # 0: the whole corpus
     # Evaluation: STS-B dev every eval_steps (SimCSE: 125) and at the last step; best checkpoint kept.
     eval_steps: int = 125
-    eval_batch_size: int = 128
-    log_steps: int = 10
+    eval_batch_size: int = 128  # our choice: evaluation speed only, no effect on scores
+    log_steps: int = 10  # our choice: how often step metrics go to MLflow
     final_eval: bool = True  # the 7 STS tasks on the best checkpoint after training
     # Resources.
     num_workers: int = 1
@@ -81,6 +85,9 @@ class TrainConfig:
     shared: SharedParams = dataclasses.field(default_factory=SharedParams)
     # Each ingredient's parameters, by ingredient name.
     params: dict[str, Params] = dataclasses.field(default_factory=dict)
+    # Which layer set each key ("profile 'paper' (methods.vascl)", "--set", ...); unset keys have
+    # their default, whose source is the comment at its field.
+    sources: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -130,6 +137,12 @@ class TrainConfig:
             raise ConfigError(str(exc)) from None
         cfg = cls(method=method, recipe=spec, shared=SharedParams(pooler=spec.default_pooler()),
                   params={c.name: c.Params() for c in spec.classes()})
+        origin = "--set" if method == CUSTOM else f"recipe {method!r} ({NAMED[method].paper})"
+        cfg.sources.update({kind: "--set" if kind in kinds else origin for kind in KINDS})
+        if not any(a in spec.aux for a in ("vascl", "augcse")):
+            cfg.sources["pooler"] = "default: SimCSE's [CLS] + MLP (Sec. 3)"
+        else:
+            cfg.sources["pooler"] = f"default of aux={','.join(spec.aux)} (its paper's pooling)"
         cfg.update({k: v for k, v in defaults.items() if k in cfg.fields()}, source=f"recipe {method!r}")
         return cfg
 
@@ -144,7 +157,7 @@ class TrainConfig:
     def owners(self) -> dict[str, list[object]]:
         """Every settable key -> the objects holding it (several for a shared ingredient key)."""
         out: dict[str, list[object]] = {}
-        skip = ("params", "method", "recipe", "shared")
+        skip = ("params", "method", "recipe", "shared", "sources")
         for owner in (self, self.shared, *self.params.values()):
             for f in dataclasses.fields(owner):
                 if owner is not self or f.name not in skip:
@@ -163,6 +176,7 @@ class TrainConfig:
                 raise ConfigError(f"{source}: {self.unknown_key(key)}")
             for owner in known[key]:
                 setattr(owner, key, coerce(key, raw, field_type(owner, key), source))
+            self.sources[key] = source
 
     def unknown_key(self, key: str) -> str:
         """The message for a key this recipe does not have, saying which ingredient has it."""
@@ -181,6 +195,15 @@ class TrainConfig:
         out.update({k: ",".join(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self.recipe).items()})
         out.update({k: getattr(owners[0], k) for k, owners in self.owners().items()})
         return out
+
+    def recipe_card(self) -> list[tuple[str, Any, str]]:
+        """``(key, value, where it comes from)`` for every key: the layer that set it, else the
+        comment at its field (the paper, the authors' script, or our choice and why)."""
+        notes: dict[str, str] = {}
+        for owner in (self, self.shared, *self.params.values()):
+            notes.update({k: v for k, v in field_notes(type(owner)).items() if k not in notes})
+        return [(key, value, self.sources.get(key) or f"default: {notes.get(key) or 'no note'}")
+                for key, value in self.flat().items()]
 
     def build_recipe(self) -> Recipe:
         return Recipe(self.recipe, self.params, self.shared)
@@ -212,6 +235,8 @@ class TrainConfig:
             (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
             (self.max_failures >= 0, f"max_failures must be >= 0, got {self.max_failures}"),
             (self.data_pipeline in ("ray", "local"), f"data_pipeline must be ray or local, got {self.data_pipeline!r}"),
+            (self.optimizer in ("adamw", "adam"), f"optimizer must be adamw or adam, got {self.optimizer!r}"),
+            (self.schedule in ("linear", "constant"), f"schedule must be linear or constant, got {self.schedule!r}"),
             (self.runtime in ("ray", "process"), f"runtime must be ray or process, got {self.runtime!r}"),
             (self.runtime == "ray" or self.num_workers == 1,
              f"runtime=process trains in this one process: num_workers must be 1, got {self.num_workers}"),
@@ -226,6 +251,33 @@ class TrainConfig:
                 params.validate_batch(self.batch_size)
         except InvalidParams as exc:
             raise ConfigError(str(exc)) from None
+
+
+def field_notes(cls: type) -> dict[str, str]:
+    """The comments written at each field of a dataclass (the lines just above it and the one at
+    its end), read from the source: the citations of the defaults live there, once."""
+    import ast
+    import inspect
+    import textwrap
+
+    notes: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        lines, _ = inspect.getsourcelines(klass)
+        for node in ast.parse(textwrap.dedent("".join(lines))).body[0].body:
+            if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+                continue
+            i = node.lineno - 1
+            above = []
+            while i - 1 >= 0 and lines[i - 1].strip().startswith("#"):
+                i -= 1
+                above.insert(0, lines[i].strip().lstrip("# "))
+            inline = lines[node.end_lineno - 1].partition("  # ")[2].strip()
+            text = " ".join(above + ([inline] if inline else []))
+            if text:
+                notes[node.target.id] = text
+    return notes
 
 
 def field_type(owner: object, name: str) -> type:

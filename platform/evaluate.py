@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         result = kmeans_accuracy(encoder.encode(texts, batch_size=args.batch_size).numpy(), labels)
         scores[f"cluster:{set_name}"] = result["accuracy"]
         print(f"clustering {set_name} ({len(texts)} sentences, {labels.max() + 1} classes): K-means accuracy "
-              f"{result['accuracy']:.2f} +- {result['std']:.2f} (Hungarian matching, 10 seeds)")
+              f"{result['accuracy']:.2f} +- {result['std']:.2f} (Hungarian matching, 10 seeds of 10 restarts)")
     if args.json_out:
         write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     return 0

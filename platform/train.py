@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = TrainConfig.build(args.method, args.profile, parse_sets(args.sets))
     if args.print_config:
-        print(f"# {args.method} ({cfg.recipe.describe()}), profile {cfg.profile}")
-        for key, value in cfg.flat().items():
-            print(f"{key}: {value}")
+        print(f"# {args.method}: {cfg.recipe.describe()}, profile {cfg.profile!r}; each value with where it comes from")
+        for key, value, source in cfg.recipe_card():
+            print(f"{key}: {value}  # {source}")
         return 0
     sentences = job.preflight(cfg)
     uri = tracking.tracking_uri()

@@ -1,9 +1,11 @@
 """Fixed inputs for the named recipes' loss and gradients, and a summary that can be compared.
 
-``python -m tests.recipe_reference record OUT.json`` wrote ``tests/fixtures/recipe_reference.json``
-with the code as it was before the methods became recipes of ingredients (commit noted in the
-file); ``tests/test_recipes.py`` checks that each named recipe still gives the same loss, metrics
-and gradients on the same inputs and seeds.
+``tests/fixtures/recipe_reference.json`` was recorded with the code as it was before the methods
+became recipes of ingredients (the file's ``recorded_at_commit``, with the methods' own API);
+``tests/test_recipes.py`` checks that each named recipe still gives the same loss, metrics and
+gradients on the same inputs and seeds. A case whose behaviour is changed on purpose is recorded
+again, with the reason: ``python -m tests.recipe_reference record tests/fixtures/recipe_reference.json
+vascl,vascl_authors "why"``.
 
 A gradient is summarised per parameter tensor by its sum, its L2 norm and its projection on a
 fixed random direction: any change to a loss term's value or its gradient flow moves them.
@@ -114,35 +116,24 @@ def run_case(name: str, model_dir: Path, build) -> dict:
     return summarise(model, loss, metrics)
 
 
-def legacy_build(method: str, params: dict, encoder):
-    """The pre-recipe API (``methods.base.Method``), used once to record the reference."""
-    from methods.base import method_class
-
-    cls = method_class(method)
-    m = cls(cls.Params(**params))
-    model = m.build(encoder)
-
-    def loss_fn(model, columns, step):
-        tokens = {c: encoder.tokenize(columns[c], max_len=32) for c in m.text_columns}
-        tokens.update(m.tensor_columns(columns, None))
-        return m.loss(model, tokens, step)
-
-    return model, loss_fn
-
-
-def record(out: Path) -> None:
+def record(out: Path, cases: list[str], why: str) -> None:
+    """Record ``cases`` with the current recipes into ``out``, keeping the other cases as they are:
+    for a change of behaviour that is intended (``why``; say so in the commit too)."""
     import subprocess
     import tempfile
 
+    from tests.test_recipes import recipe_build
+
+    data = json.loads(out.read_text()) if out.is_file() else {"cases": {}}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_bert(Path(tmp) / "tiny")
-        results = {name: run_case(name, model_dir, legacy_build) for name in CASES}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"recorded_at_commit": commit, "torch": torch.__version__, "cases": results}, indent=1))
+        for name in cases:
+            data["cases"][name] = {**run_case(name, model_dir, recipe_build), "recorded_again": f"on top of {commit}: {why}"}
+    out.write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "record":
-        raise SystemExit("usage: python -m tests.recipe_reference record OUT.json")
-    record(Path(sys.argv[2]))
+    if len(sys.argv) != 5 or sys.argv[1] != "record":
+        raise SystemExit("usage: python -m tests.recipe_reference record OUT.json CASE[,CASE...] WHY")
+    record(Path(sys.argv[2]), sys.argv[3].split(","), sys.argv[4])

@@ -48,15 +48,16 @@ def test_discriminator_loss_matches_slow_reference():
     assert float(discriminator_loss(logits, labels)) == pytest.approx(total / 20, rel=1e-6)
 
 
-def test_discriminator_architecture_and_authors_tanh():
+def test_discriminator_architecture_ends_with_tanh():
+    """App. A.5's listing (and the authors' code) ends the discriminator with nn.Tanh()."""
     torch.manual_seed(0)
     d = AugmentationDiscriminator(6, 5, layers=2, dropout=0.2).eval()
     assert [tuple(layer.weight.shape) for layer in d.layers] == [(12, 6), (5, 12)]
     x = torch.randn(3, 6)
     hidden = torch.tanh(d.layers[0](x))
-    torch.testing.assert_close(d(x), d.layers[1](hidden))  # linear logits (paper)
-    d.tanh_logits = True
-    torch.testing.assert_close(d(x), torch.tanh(d.layers[1](hidden)))  # the authors' Tanh on the logits
+    torch.testing.assert_close(d(x), torch.tanh(d.layers[1](hidden)))
+    model = Recipe.named("augcse").aux[0].heads(6 // 2)
+    assert model.tanh_logits and model.dropout.p == 0.2
 
 
 def _batch(n=3000):
@@ -71,7 +72,7 @@ def _batch(n=3000):
 
 def test_augment_samples_uniformly_and_labels_unchanged_text_as_no_augmentation():
     method = AugCSE(AugCSEParams(augmentations="random_swap,yoda_perturbation,tense_transformation"))
-    out = method.augment(_batch(), None, seed=0)
+    out = method.augment(_batch(), None)
     assert set(out) == {"sentence", "augmented", "aug_label"}
     labels, aug, sent = out["aug_label"], out["augmented"], out["sentence"]
     assert all((lab == NO_AUGMENTATION) == (a == s) for lab, a, s in zip(labels, aug, sent))
@@ -87,6 +88,20 @@ def test_augment_samples_uniformly_and_labels_unchanged_text_as_no_augmentation(
     assert [method.labels[i] for i in ids.tolist()] == list(labels)
     with pytest.raises(InvalidParams, match="not one of this run's augmentations"):
         method.tensor_columns({"aug_label": ["back_translation"]}, "cpu")
+
+
+def test_sampling_is_fixed_across_epochs_and_seeded():
+    """Footnote 6: a sentence gets the same augmentation every pass, in any batch; the seed
+    (generation_seed) decides which."""
+    names = "random_swap,yoda_perturbation,tense_transformation"
+    batch = _batch(600)
+    first = AugCSE(AugCSEParams(augmentations=names)).augment(batch, None)["augmented"]
+    again = AugCSE(AugCSEParams(augmentations=names)).augment(batch, None)["augmented"]
+    half = {k: v[300:] for k, v in batch.items()}
+    alone = AugCSE(AugCSEParams(augmentations=names)).augment(half, None)["augmented"]
+    other = AugCSE(AugCSEParams(augmentations=names, generation_seed=1)).augment(batch, None)["augmented"]
+    assert (first == again).all() and (first[300:] == alone).all()
+    assert (first != other).mean() > 0.3
 
 
 @pytest.mark.parametrize(

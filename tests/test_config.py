@@ -111,3 +111,15 @@ def test_runtime_process_is_one_worker():
     with pytest.raises(ConfigError, match="num_workers must be 1"):
         TrainConfig.build("simcse", "local", {"runtime": "process"})
     assert TrainConfig.build("simcse", "local", {"runtime": "process", "num_workers": "1"}).runtime == "process"
+
+
+def test_recipe_card_says_where_every_value_comes_from():
+    """``--print-config``: the layer that set a value, else the citation at its field."""
+    card = {key: (value, source) for key, value, source in TrainConfig.build("vascl", "paper").recipe_card()}
+    assert card["batch_size"] == (1024, "profile 'paper' (methods.vascl)")
+    assert card["schedule"] == ("constant", "profile 'paper' (methods.vascl)")
+    assert card["loss"][0] == "ntxent" and "Zhang et al." in card["loss"][1]
+    assert "Appendix A" in card["head_lr_scale"][1] and card["head_lr_scale"][1].startswith("default: ")
+    una = {key: source for key, _, source in TrainConfig.build("una", "local", {"alpha": "3"}).recipe_card()}
+    assert una["alpha"] == "--set" and "Table C5" in una["beta"]
+    assert all(source != "default: no note" for source in una.values()), [k for k, s in una.items() if s.endswith("no note")]

@@ -147,9 +147,13 @@ def test_static_and_dynamic_tagging(nlp, tokenizer):
     in_context = POS_IMPORTANCE[[t for t in nlp(sent) if t.text == "that"][0].pos_]
     alone = POS_IMPORTANCE[nlp("that")[0].pos_]
     assert dynamic[pos] == in_context and static[pos] == alone
-    # A word piece is tagged without its '##'.
-    piece = next(i for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(3000, 6000)))) if t.startswith("##"))
-    assert lexicon[3000 + piece] >= 1
+    # A word piece is X as in the authors' lexicon (the paper default), or tagged as its stem.
+    pieces = [i for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))) if t.startswith("##")]
+    assert pieces and set(lexicon[pieces]) == {POS_IMPORTANCE["X"]}
+    stem = static_lexicon(nlp, tokenizer, subword_tags="stem")
+    assert len(set(stem[pieces])) > 1 and (stem[[i for i in range(len(tokenizer)) if i not in set(pieces)]]
+                                           == lexicon[[i for i in range(len(tokenizer)) if i not in set(pieces)]]).all()
+    assert SANParams().tagging == "static" and SANParams().subword_tags == "x"  # Appendix A
 
 
 def test_rounds_change_only_masked_positions(tiny_model, tmp_path):
@@ -187,12 +191,45 @@ def test_rounds_change_only_masked_positions(tiny_model, tmp_path):
 
 
 def test_guard(nlp):
-    assert is_degenerate("short one", 50, 0.3)
-    assert is_degenerate("!!! ... ??? ,,, ;;; ::: --- !!! ... ??? ,,, ;;; ::: --- !!! ... words", 50, 0.3)
+    """The authors' check_puncts: short AND punctuation-heavy; either alone is not enough. Off by
+    default (Table 6 lists no post-processing for SimCSE + SAN)."""
+    assert is_degenerate("?! .. ,, ok", 50, 0.3)
+    assert not is_degenerate("short one", 50, 0.3)  # short only
+    assert not is_degenerate("!!! ... ??? ,,, ;;; ::: --- !!! ... ??? ,,, ;;; ::: --- !!! ... words", 50, 0.3)  # long
     assert not is_degenerate("A perfectly ordinary sentence that is comfortably longer than fifty characters.", 50, 0.3)
+    assert SANParams().guard == "none"
     assert negation_negative(nlp("He is happy today.")) == "He is not happy today."
     assert negation_negative(nlp("She does not like it.")) == "She does like it."
     assert negation_negative(nlp("Dogs run.")) == ""
+
+
+def test_each_round_retags_the_current_text(tiny_model, tmp_path):
+    """With ``rescore`` (static tagging, as the authors re-tag each round) round r's probabilities
+    come from the ids after round r-1: a rescore that leaves one position maskable masks only it."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    tok = Encoder.from_pretrained(str(tiny_model)).tokenizer
+    BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(tmp_path / "mlm")
+    tok.save_pretrained(tmp_path / "mlm")
+    tokenizer, mlm = load_mlm(str(tmp_path / "mlm"))
+    enc = tokenizer(["the cat sat on the mat today", "rain falls in spain every day"], padding=True, return_tensors="pt")
+    seen = []
+
+    def rescore(ids):
+        seen.append(ids.clone())
+        probs = torch.zeros(ids.shape)
+        probs[:, 2] = 1.0  # only position 2 from round 2 on
+        return probs
+
+    out, masks = mask_predict(mlm, tokenizer, enc["input_ids"], enc["attention_mask"], torch.full(enc["input_ids"].shape, 0.5),
+                              3, torch.Generator().manual_seed(0), return_masks=True, rescore=rescore)
+    assert len(seen) == 2
+    assert ((seen[0] != enc["input_ids"]) & ~masks[0]).sum() == 0 and (seen[0] != enc["input_ids"]).any()
+    assert ((seen[1] != seen[0]) & ~masks[1]).sum() == 0 and ((out != seen[1]) & ~masks[2]).sum() == 0
+    for mask in masks[1:]:
+        assert mask.sum(1).tolist() == [1, 1] and mask[:, 2].all()
 
 
 def test_not_a_masked_lm_and_missing_spacy_model(tiny_model):

@@ -23,7 +23,7 @@ from methods.vascl import (
     virtual_augmentation_loss,
     virtual_perturbation,
 )
-from tests.test_losses import slow_info_nce
+from tests.test_una import slow_nt_xent
 
 
 def brute_neighbours(e, k):
@@ -36,9 +36,19 @@ def brute_neighbours(e, k):
 
 def test_neighbourhood_excludes_self_and_matches_brute_force():
     e = torch.randn(12, 5, generator=torch.Generator().manual_seed(0))
-    nb = neighbours(e, 4)
+    nb = neighbours(e, 4, cosine=False)
     assert all(i not in nb[i].tolist() for i in range(12))
     assert [sorted(r) for r in nb.tolist()] == brute_neighbours(e, 4)
+    unit = F.normalize(e, dim=-1)
+    assert [sorted(r) for r in neighbours(e, 4).tolist()] == brute_neighbours(unit, 4)  # cosine (paper)
+
+
+def test_cosine_and_dot_product_neighbourhoods_differ_on_long_vectors():
+    """Paper (cosine, Eq. 1's sim) and the authors' code (raw dot product) pick other neighbours
+    when norms differ: a long vector in another direction wins the dot product only."""
+    e = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 10.0], [5.0, 5.0]])
+    assert neighbours(e, 1)[0].tolist() == [1]
+    assert neighbours(e, 1, cosine=False)[0].tolist() == [3]
 
 
 def _nbr_worker(rank, world, init_file, out_dir):
@@ -47,7 +57,7 @@ def _nbr_worker(rank, world, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     full = torch.randn(10, 6, generator=torch.Generator().manual_seed(3))
     local = full[rank * 5 : (rank + 1) * 5].clone()
-    nb = neighbours(gather_with_grad(local), 3)
+    nb = neighbours(gather_with_grad(local), 3, cosine=False)
     torch.save(nb, os.path.join(out_dir, f"nb{rank}.pt"))
     dist.destroy_process_group()
 
@@ -94,8 +104,13 @@ def test_total_loss_matches_reference(tiny_model):
         delta = virtual_perturbation(model.projection, e, nb, VaSCLParams(k=3), 0.05,
                                      torch.Generator().manual_seed(1_000_003))
         za = model.projection(e + delta)
-    instance = 2 * slow_info_nce(z, z, 0.05)  # no dropout: the two views coincide
-    va = slow_neighbourhood_loss(za, z, z[nb], 0.05) + slow_neighbourhood_loss(z, za, za[nb], 0.05)
+    # Eq. 1: each of the 2M views (no dropout: the two coincide) among the 2M-1 others.
+    n = len(sents)
+    instance = slow_nt_xent(list(torch.cat([z, z])), [i + n for i in range(n)] + list(range(n)), 0.05)
+    # Eq. 4: both directions against N_A(i) = the K neighbours and their virtual augmentations;
+    # Eq. 5's 1/2M: the mean over the 2M views.
+    n_a = [[*z[nb[i]], *za[nb[i]]] for i in range(n)]
+    va = (slow_neighbourhood_loss(za, z, n_a, 0.05) + slow_neighbourhood_loss(z, za, n_a, 0.05)) / 2
     assert metrics["contrastive_loss"] == pytest.approx(instance, rel=1e-4)
     assert metrics["vascl_neighbourhood"] == pytest.approx(va, rel=1e-4)
     assert float(loss.detach()) == pytest.approx(instance + va, rel=1e-4)
@@ -115,6 +130,22 @@ def test_delta_has_norm_Delta_and_beats_a_random_direction():
         rand = F.normalize(torch.randn(32, 16, generator=torch.Generator().manual_seed(5)), dim=-1) * 2.0
         rnd = neighbourhood_loss(head(e + rand), z, z[nb], 0.05)
     assert adv > rnd
+
+
+def test_authors_initial_perturbation_is_uniform_noise_at_radius_delta():
+    """The authors' code starts the power iteration from uniform noise at norm Delta (their xi is
+    their eps); the paper's VAT step starts from Gaussian noise of norm xi. The result lies on the
+    Delta-sphere either way, and with one power iteration the two starts give different deltas."""
+    torch.manual_seed(0)
+    head = Head(8, 4)
+    e = torch.randn(10, 8)
+    nb = neighbours(e, 3)
+    params = VaSCLParams(k=3, delta=2.0, xi=1e-3)
+    paper = virtual_perturbation(head, e, nb, params, 0.05, torch.Generator().manual_seed(0))
+    authors = virtual_perturbation(head, e, nb, params, 0.05, torch.Generator().manual_seed(0), authors=True)
+    for d in (paper, authors):
+        torch.testing.assert_close(d.norm(dim=-1), torch.full((10,), 2.0))
+    assert not torch.allclose(paper, authors)
 
 
 @pytest.mark.parametrize("fidelity,reaches", [("paper", True), ("authors_code", False)])

@@ -1,5 +1,7 @@
-"""Everything that runs on Ray Data: the per-epoch augmentation stage that feeds the training
-workers, the once-per-corpus generation of columns by actors, and cutting a corpus into blocks.
+"""Everything that runs on Ray Data: the epochs that feed the training workers (a fresh uniform
+permutation of the corpus each, with the recipe's per-epoch columns made on the CPUs), the
+augmentation of a corpus in order (``platform.augment``), the once-per-corpus generation of
+columns by actors, and cutting a table into blocks.
 """
 
 from __future__ import annotations
@@ -7,27 +9,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from methods.ingredients import import_by_name
 from methods.recipe import Recipe
 
 
 class BoundAugment:
-    """``recipe.augment`` with the corpus statistics, for ``map_batches``.
+    """``recipe.augment`` with the corpus statistics, for ``map_batches``; with ``corpus`` (an
+    object-store reference to the corpus table) its input is a batch of row numbers, and the rows
+    are gathered from the table first.
 
-    The statistics travel as one object-store reference and each worker process fetches and unpickles
-    it once (``_fetch``), instead of with every task; the method's per-process caches (UNA's word
-    look-up) then last across tasks. Passing the state itself in ``fn_kwargs`` also made Ray Data
-    convert the whole table (a dataclass) into its topology metadata on the driver at every
+    The statistics (and the table) travel as object-store references that each worker process
+    fetches once (``_fetch``), instead of with every task; the method's per-process caches (UNA's
+    word look-up) then last across tasks. Passing the state itself in ``fn_kwargs`` also made Ray
+    Data convert the whole table (a dataclass) into its topology metadata on the driver at every
     execution: 0.5 s per epoch for the 70k-term UNA table (benchmarks/RESULTS.md).
     """
 
-    def __init__(self, recipe: Recipe, states: dict[str, Any]):
-        import ray
-
-        self.recipe = recipe
-        self.state_ref = ray.put(states)
+    def __init__(self, recipe: Recipe, states_ref, corpus_ref=None):
+        self.recipe, self.state_ref, self.corpus_ref = recipe, states_ref, corpus_ref
 
     def __call__(self, batch):
+        if self.corpus_ref is not None:
+            rows = _fetch(self.corpus_ref).take(np.asarray(batch["row"]))
+            batch = {name: rows.column(name).to_numpy(zero_copy_only=False) for name in rows.column_names}
+        if not self.recipe.augments_per_epoch:
+            return batch
         return self.recipe.augment(batch, _fetch(self.state_ref))
 
     def __repr__(self) -> str:
@@ -35,7 +43,7 @@ class BoundAugment:
 
 
 _STATES: dict[str, Any] = {}
-_KEEP = 4  # concurrent trials of a sweep share worker processes; each has its own reference
+_KEEP = 8  # concurrent trials of a sweep share worker processes; each has its own references
 
 
 def _fetch(ref):
@@ -51,22 +59,52 @@ def _fetch(ref):
 
 def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], states: dict[str, Any], batch_size: int = 4096,
                     num_cpus: float | None = None):
-    """The Ray Data pipeline: corpus rows -> the recipe's per-epoch columns, one task per block
-    across the CPUs (just the corpus rows when nothing is made per epoch)."""
+    """The corpus in order -> the recipe's per-epoch columns, one task per block across the CPUs
+    (just the corpus rows when nothing is made per epoch): ``platform.augment``'s pipeline."""
     import pyarrow as pa
+    import ray
+
+    _one_operator_context()
+    table = pa.table(columns)
+    ds = arrow_blocks(table, min(table.num_rows // batch_size, 64))
+    if not recipe.augments_per_epoch:
+        return ds
+    return ds.map_batches(
+        BoundAugment(recipe, ray.put(states)), batch_format="numpy", batch_size=batch_size, num_cpus=num_cpus
+    )
+
+
+def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[str, Any], epochs: int, seed: int,
+                   batch_size: int = 1024, num_cpus: float | None = None) -> dict[str, Any]:
+    """``{"train_<epoch>": Dataset}``: each epoch a uniform permutation of the whole corpus, seeded
+    with ``seed + epoch`` as the local pipeline's (SimCSE samples batches uniformly from the whole
+    corpus, reshuffled every epoch; wiki1m is stored in article order). The permutation's row
+    numbers are cut into blocks on the driver; each block's task gathers its rows from the corpus
+    table (one object-store reference, fetched once per worker process) and adds the recipe's
+    per-epoch columns, so the epoch still streams to the training workers while the CPUs augment."""
+    import pyarrow as pa
+    import ray
+
+    _one_operator_context()
+    corpus_ref, states_ref = ray.put(pa.table(columns)), ray.put(states)
+    n = len(columns["sentence"])
+    blocks = max(1, min(n // batch_size, 64))
+    out = {}
+    for epoch in range(epochs):
+        rows = pa.table({"row": np.random.default_rng(seed + epoch).permutation(n)})
+        out[f"train_{epoch}"] = arrow_blocks(rows, blocks).map_batches(
+            BoundAugment(recipe, states_ref, corpus_ref), batch_format="numpy", batch_size=batch_size, num_cpus=num_cpus,
+        )
+    return out
+
+
+def _one_operator_context() -> None:
     import ray.data
 
     # Ray Data reserves part of the CPUs for each operator so that long pipelines cannot starve
     # one another; with this single map operator that reservation only idles CPUs (measured on
     # 2 CPUs: 1.2 tasks in flight with it, 1.85 without; benchmarks/RESULTS.md).
     ray.data.DataContext.get_current().op_resource_reservation_enabled = False
-    table = pa.table(columns)
-    ds = arrow_blocks(table, min(table.num_rows // batch_size, 64))
-    if not recipe.augments_per_epoch:
-        return ds
-    return ds.map_batches(
-        BoundAugment(recipe, states), batch_format="numpy", batch_size=batch_size, num_cpus=num_cpus
-    )
 
 
 BLOCK_SENTENCES = 512

@@ -89,7 +89,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Pat
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from platform.data.pipeline import augment_dataset
+    from platform.data.pipeline import epoch_datasets
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     callbacks = []
@@ -99,7 +99,8 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Pat
         callbacks.append(TuneReportCallback())
     datasets = {}
     if cfg.data_pipeline == "ray":
-        datasets["train"] = augment_dataset(cfg.build_recipe(), corpus.columns, corpus.states, batch_size=1024, num_cpus=cfg.augment_cpus)
+        datasets = epoch_datasets(cfg.build_recipe(), corpus.columns, corpus.states, cfg.epochs, cfg.seed,
+                                  num_cpus=cfg.augment_cpus)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=ctx.loop_config(),

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import get_linear_schedule_with_warmup
+from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from methods.encoder import Encoder
 from methods.recipe import Recipe
@@ -51,8 +51,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
     model = rt.wrap(recipe.build(encoder))
     steps = total_steps(cfg, rt.num_sentences(recipe))
-    optimizer = torch.optim.AdamW(recipe.param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, steps)  # SimCSE: linear decay
+    optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" and cfg.bf16
                 else contextlib.nullcontext())
     evaluator = STSEvaluator.stsb_dev(batch_size=cfg.eval_batch_size) if rt.is_chief else None
@@ -94,6 +93,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             break
     return {"steps": pos.step, "train_time_s": pos.train_time_s, "best_" + DEV_METRIC: pos.best,
             "best_step": pos.best_step}
+
+
+def make_optimizer(cfg: TrainConfig, recipe: Recipe, model, steps: int):
+    """AdamW or Adam over the recipe's parameter groups; linear decay to 0 after the warm-up, or constant."""
+    kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    optimizer = kind(recipe.param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.schedule == "constant":
+        return optimizer, get_constant_schedule_with_warmup(optimizer, cfg.warmup_steps)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, steps)
 
 
 def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
@@ -269,11 +277,10 @@ class RayTrainRuntime(Runtime):
             return
         import ray.train
 
-        shard = ray.train.get_dataset_shard("train")  # augmented by the Ray Data pipeline
-        yield from shard.iter_batches(
-            batch_size=self.cfg.batch_size // self.world, drop_last=True, batch_format="numpy",
-            local_shuffle_buffer_size=4 * self.cfg.batch_size, local_shuffle_seed=self.cfg.seed + epoch,
-        )
+        # The epoch's own dataset: a uniform permutation of the corpus, augmented by Ray Data.
+        shard = ray.train.get_dataset_shard(f"train_{epoch}")
+        yield from shard.iter_batches(batch_size=self.cfg.batch_size // self.world, drop_last=True,
+                                      batch_format="numpy")
 
     def num_sentences(self, recipe):
         return self.ctx.num_sentences if self.cfg.data_pipeline == "ray" else super().num_sentences(recipe)
