@@ -80,6 +80,30 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: int = 600
     )
 
 
+@pytest.fixture()
+def cli(monkeypatch, capsys):
+    """``cli(module, *args, env=...)``: ``main(argv)`` in this process, as ``python -m`` calls it,
+    for commands that fail before Ray starts (an interpreter start costs ~5 s); the result looks
+    like ``run_cli``'s. The subprocess path of the same handler is tested by ``run_cli`` tests."""
+    import importlib
+
+    def call(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        import ray
+
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        main = importlib.import_module("platform.data.fetch" if module == "data" else f"platform.{module}").main
+        try:
+            code = main(list(args)) or 0
+        except SystemExit as exc:
+            code = exc.code
+        out = capsys.readouterr()
+        assert not ray.is_initialized(), "this command started Ray: test it with run_cli"
+        return subprocess.CompletedProcess([module, *args], code, out.out, out.err)
+
+    return call
+
+
 def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     """Exit code 2, one 'error:' line on stderr naming the problem, no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])

@@ -72,15 +72,16 @@ def test_grl_grid_is_the_table7_ablation():
         (["spacy_model=en_core_web_lg"], "pip install en-core-web-lg"),
     ],
 )
-def test_augcse_bad_input(sets, needle, few_sentences, tmp_path):
+def test_augcse_bad_input(sets, needle, few_sentences, tmp_path, cli):
     args = [a for s in sets for a in ("--set", s)]
-    proc = run_cli("augment", "augcse", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"), *args,
+    proc = cli("augment", "augcse", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"), *args,
                    env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
     assert_user_error(proc, needle)
     assert not (tmp_path / "o").exists()
 
 
 def test_missing_wordnet_is_one_clear_line(few_sentences, tmp_path):
+    """A subprocess: NLTK reads $NLTK_DATA when it is first imported."""
     empty = tmp_path / "no_nltk"
     empty.mkdir()
     proc = run_cli("augment", "augcse", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"),

@@ -109,10 +109,9 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
 
 def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """The issue's example: UNA's and SAN's negatives under HiNCE with VaSCL's term, 2 trials. It is
-    also VaSCL's sweep (its space and its term's metric)."""
+    also UNA's, SAN's and VaSCL's sweep: their spaces, caches, tags and metrics are checked here."""
     sets = {"model": tiny_model, "corpus": small_corpus, "batch_size": 64, "max_steps": 2, "eval_steps": 1,
-            "log_steps": 1, "output_dir": tmp_path / "runs", "max_sentences": 128, "final_eval": "false",
-            "num_workers": 1}
+            "log_steps": 1, "output_dir": tmp_path / "runs", "max_sentences": 128, "num_workers": 1}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     proc = run_cli("tune", "recipe", "--set", "negatives=una,san", "--set", "loss=hince", "--set", "aux=vascl",
                    "--num-samples", "2", *args,
@@ -130,11 +129,16 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert {"alpha", "beta", "r", "tau2", "p2", "scale", "delta", "k", "head_lr_scale", "lr", "temperature"} == searched
     for child in children:
         assert 1e-6 <= float(child.data.params["lr"]) <= 1e-4 and int(child.data.params["k"]) in (8, 16, 32)
+        assert 0.3 <= float(child.data.params["beta"]) <= 0.8 and int(child.data.params["alpha"]) in (1, 3, 5, 7, 9)
+        assert float(child.data.params["tau2"]) in (0.05, 0.06, 0.07, 0.08, 0.09, 0.1)
         assert "best_stsb_dev_spearman" in child.data.metrics
         history = c.get_metric_history(child.info.run_id, "vascl_neighbourhood")
         assert history and all(m.value > 0 for m in history)
         assert child.data.tags["mlm_random_weights"] == "true"
     assert "r randint [1000, 6000] clipped to" in proc.stdout  # 128 sentences: a small vocabulary
+    scales = {child.data.params["scale"] for child in children}  # SAN: one generation per scale, cached
+    assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) >= len(scales)
+    assert "sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
     assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
 
 

@@ -129,7 +129,8 @@ def test_sigint_sweep_resumes_without_rerunning_finished_trials(tiny_model, smal
 
     # 3 trials on 2 CPUs: two run, the first to finish triggers the interrupt, at least one is left.
     args = ["--num-samples", "3", *_train_args(tiny_model, small_corpus, tmp_path, "--set", "max_steps=6",
-                                             "--set", "eval_steps=3", "--set", "final_eval=false")]
+                                             "--set", "eval_steps=3", "--set", "final_eval=false",
+                                             "--set", "num_workers=1")]
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}
     proc = subprocess.Popen([sys.executable, "-m", "platform.tune", "simcse", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

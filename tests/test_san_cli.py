@@ -1,4 +1,5 @@
-"""SAN through the platform: augment to Parquet, a 2-trial sweep, bad input."""
+"""SAN through the platform: augment to Parquet, bad input. Its sweep runs in the combined recipe
+sweep (``tests/test_recipe_cli.py``), which searches SAN's space with UNA's and VaSCL's."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import pandas as pd
 import pytest
 
 from tests.conftest import assert_user_error, run_cli
-from tests.test_cli import ONE_WORKER, _runs, _train_args
 
 
 @pytest.fixture()
@@ -27,20 +27,6 @@ def test_augment_san_writes_parquet(few_sentences, tmp_path):
     assert any((tmp_path / "cache").glob("gen-san_negative-*/COMPLETE"))
 
 
-def test_tune_san_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri):
-    proc = run_cli("tune", "san", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path, *ONE_WORKER),
-                   env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    c, runs = _runs(mlflow_uri, "san")
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    for child in children:
-        assert {"tau2", "p2", "scale", "lr"} <= set(child.data.params)
-        assert child.data.tags["mlm_random_weights"] == "true"
-    scales = {child.data.params["scale"] for child in children}
-    assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) >= len(scales)  # one generation per scale
-
-
 @pytest.mark.parametrize(
     "sets,needle",
     [
@@ -50,14 +36,15 @@ def test_tune_san_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri):
         (["spacy_model=en_core_web_lg"], "pip install en-core-web-lg"),
     ],
 )
-def test_san_bad_input(sets, needle, few_sentences, tmp_path):
+def test_san_bad_input(sets, needle, few_sentences, tmp_path, cli):
     args = [a for s in sets for a in ("--set", s)]
-    proc = run_cli("augment", "san", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"), *args,
+    proc = cli("augment", "san", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"), *args,
                    env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
     assert_user_error(proc, needle)
 
 
 def test_san_mlm_that_is_not_masked(tiny_model, few_sentences, tmp_path):
+    """A subprocess: loading the model logs through transformers' logger (bound to a stream)."""
     proc = run_cli("augment", "san", "--corpus", str(few_sentences), "--out", str(tmp_path / "o"),
                    "--set", f"mlm={tiny_model}", env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
     assert_user_error(proc, "not a masked language model")

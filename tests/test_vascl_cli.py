@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import assert_user_error
 
 
 @pytest.mark.parametrize(
     "sets,needle",
     [(["k=32", "batch_size=32"], "smaller than the batch size"), (["k=0"], "k must be >= 1"), (["delta=0"], "delta must be > 0")],
 )
-def test_vascl_bad_input(sets, needle):
+def test_vascl_bad_input(sets, needle, cli):
     args = [a for s in sets for a in ("--set", s)]
-    assert_user_error(run_cli("train", "vascl", *args), needle)
+    assert_user_error(cli("train", "vascl", *args), needle)
