@@ -156,15 +156,22 @@ def test_static_and_dynamic_tagging(nlp, tokenizer):
     assert SANParams().tagging == "static" and SANParams().subword_tags == "x"  # Appendix A
 
 
-def test_rounds_change_only_masked_positions(tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_mlm(tiny_model, tmp_path_factory):
+    """A 1-layer BertForMaskedLM with random weights and the packaged tokenizer, loaded strictly."""
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("mlm")
     tok = Encoder.from_pretrained(str(tiny_model)).tokenizer
     BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=64)).save_pretrained(tmp_path / "mlm")
-    tok.save_pretrained(tmp_path / "mlm")
-    tokenizer, mlm = load_mlm(str(tmp_path / "mlm"))
+                               intermediate_size=64)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return load_mlm(str(path))
+
+
+def test_rounds_change_only_masked_positions(tiny_mlm):
+    tokenizer, mlm = tiny_mlm
     enc = tokenizer(["the cat sat on the mat", "rain falls in spain today"], padding=True, return_tensors="pt")
     probs = torch.full(enc["input_ids"].shape, 0.4)
     gen = torch.Generator().manual_seed(0)
@@ -203,17 +210,10 @@ def test_guard(nlp):
     assert negation_negative(nlp("Dogs run.")) == ""
 
 
-def test_each_round_retags_the_current_text(tiny_model, tmp_path):
+def test_each_round_retags_the_current_text(tiny_mlm):
     """With ``rescore`` (static tagging, as the authors re-tag each round) round r's probabilities
     come from the ids after round r-1: a rescore that leaves one position maskable masks only it."""
-    from transformers import BertConfig, BertForMaskedLM
-
-    torch.manual_seed(0)
-    tok = Encoder.from_pretrained(str(tiny_model)).tokenizer
-    BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=64)).save_pretrained(tmp_path / "mlm")
-    tok.save_pretrained(tmp_path / "mlm")
-    tokenizer, mlm = load_mlm(str(tmp_path / "mlm"))
+    tokenizer, mlm = tiny_mlm
     enc = tokenizer(["the cat sat on the mat today", "rain falls in spain every day"], padding=True, return_tensors="pt")
     seen = []
 
