@@ -145,6 +145,7 @@ class AugCSE(Ingredient):
     # Encoder pooling under the projector: [CLS] of the last layer (the authors' 'cls'); evaluation
     # uses the same pooling without the projector.
     default_pooler = "cls_before_pooler"
+    brings_projection = True
     augments_per_epoch = True
     projection_lr_scale = 1.0
 
@@ -176,7 +177,7 @@ class AugCSE(Ingredient):
                                            kwargs=key, group=group, cpu_bound=True))
         return columns
 
-    def augment(self, batch: dict[str, Any], state: Any, seed: int | None = None) -> dict[str, Any]:
+    def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
         """One augmentation per sentence, uniformly from the set and fixed across epochs (footnote
         6: a hash of the sentence and ``generation_seed``); unchanged text is labelled "no
         augmentation". The generated ``aug_*`` columns are dropped: the step needs only these."""

@@ -136,8 +136,11 @@ class Ingredient:
 
     # True when ``augment`` adds columns to every epoch's batches (e.g. UNA's fresh negatives).
     augments_per_epoch: ClassVar[bool] = False
+    # Aux terms that bring the recipe's projection head (VaSCL's h, AugCSE's g) and its pooling.
+    brings_projection: ClassVar[bool] = False
+    default_pooler: ClassVar[str] = ""
 
-    def augment(self, batch: dict[str, Any], state: Any, seed: int | None = None) -> dict[str, Any]:
+    def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
         return batch
 
     def text_columns(self) -> tuple[str, ...]:
@@ -147,3 +150,13 @@ class Ingredient:
     def tensor_columns(self, batch: dict[str, Any], device) -> dict[str, Any]:
         """Non-text columns the training step needs as tensors."""
         return {}
+
+    # -- training step (aux terms) ---------------------------------------------------------------
+
+    def heads(self, hidden: int):
+        """The term's own training heads (an ``nn.Module``), if any."""
+        return None
+
+    def extra_rows(self, batch: dict[str, Any]) -> list:
+        """Tokenised rows the term adds to the shared forward pass (AugCSE's augmentations)."""
+        return []

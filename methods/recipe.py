@@ -94,7 +94,7 @@ class RecipeSpec:
         return cls(**fields)
 
     def validate(self) -> None:
-        projections = [a for a in self.aux if hasattr(INGREDIENTS["aux"][a], "projection")]
+        projections = [a for a in self.aux if INGREDIENTS["aux"][a].brings_projection]
         check([
             (not INGREDIENTS["loss"][self.loss].needs_negatives or bool(self.negatives),
              f"invalid recipe: loss={self.loss} needs negatives (negatives={' or '.join(INGREDIENTS['negatives'])} "
@@ -108,11 +108,8 @@ class RecipeSpec:
                 f"aux={','.join(self.aux) or 'none'}")
 
     def default_pooler(self) -> str:
-        for name in self.aux:
-            pooler = getattr(INGREDIENTS["aux"][name], "default_pooler", None)
-            if pooler:
-                return pooler
-        return "cls"
+        """The pooling of the aux term that brings the projection, else SimCSE's [CLS] + MLP."""
+        return next((INGREDIENTS["aux"][a].default_pooler for a in self.aux if INGREDIENTS["aux"][a].default_pooler), "cls")
 
     def classes(self) -> Iterator[type[Ingredient]]:
         yield INGREDIENTS["positives"][self.positives]
@@ -131,9 +128,14 @@ class NamedRecipe:
     params: dict = dataclasses.field(default_factory=dict)
     loss_by_fidelity: dict = dataclasses.field(default_factory=dict)
 
-    def resolve(self, fidelity: str) -> RecipeSpec:
+    def resolve(self, fidelity: str, kinds: dict[str, Any] | None = None) -> RecipeSpec:
+        """The spec for this fidelity, with ``kinds`` (``{"loss": "hince", ...}``) replacing its choices."""
         loss = self.loss_by_fidelity.get(fidelity)
-        return dataclasses.replace(self.spec, loss=loss) if loss else self.spec
+        spec = dataclasses.replace(self.spec, loss=loss) if loss else self.spec
+        if kinds:
+            parsed = RecipeSpec.parse(kinds)
+            spec = dataclasses.replace(spec, **{k: getattr(parsed, k) for k in kinds})
+        return spec
 
 
 NAMED: dict[str, NamedRecipe] = {
@@ -216,11 +218,7 @@ class Recipe:
     def named(cls, name: str, **values: Any) -> "Recipe":
         """A paper's recipe, with ``values`` overriding any ingredient's or shared parameter."""
         named = NAMED[name]
-        spec = named.resolve(values.get("fidelity", "paper"))
-        kinds = {k: values.pop(k) for k in KINDS if k in values}
-        if kinds:
-            parsed = RecipeSpec.parse(kinds)
-            spec = dataclasses.replace(spec, **{k: getattr(parsed, k) for k in kinds})
+        spec = named.resolve(values.get("fidelity", "paper"), {k: values.pop(k) for k in KINDS if k in values})
         shared = SharedParams(pooler=spec.default_pooler())
         params = {c.name: c.Params() for c in spec.classes()}
         for key, value in {**named.params, **values}.items():
@@ -266,11 +264,11 @@ class Recipe:
     def augments_per_epoch(self) -> bool:
         return any(i.augments_per_epoch for i in self.ingredients)
 
-    def augment(self, batch: dict[str, Any], states: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
+    def augment(self, batch: dict[str, Any], states: dict[str, Any]) -> dict[str, Any]:
         """Every epoch's columns (UNA's negatives, AugCSE's drawn augmentation) for a batch."""
         for ingredient in self.ingredients:
             if ingredient.augments_per_epoch:
-                batch = ingredient.augment(batch, states.get(ingredient.name), seed)
+                batch = ingredient.augment(batch, states.get(ingredient.name))
         return batch
 
     @property
@@ -290,17 +288,19 @@ class Recipe:
 
     def build(self, encoder: Encoder) -> RecipeModel:
         hidden = encoder.hidden_size
-        projection = next((a.projection(hidden) for a in self.aux if hasattr(a, "projection")), None)
+        projector = self._projector()
+        projection = projector.projection(hidden) if projector else None
         if projection is None and self.shared.pooler == "cls":
             projection = ProjectionMLP(hidden, getattr(encoder.backbone.config, "initializer_range", 0.02))
-        heads = {a.name: a.heads(hidden) for a in self.aux if hasattr(a, "heads")}
+        heads = {a.name: head for a in self.aux if (head := a.heads(hidden)) is not None}
         return RecipeModel(encoder, self.shared.pooler, projection, heads)
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict]:
         """One group at the base learning rate, and the projection's at its aux term's scale
         (VaSCL: the head at 100x, Appendix A)."""
         model = unwrap(model)
-        scale = next((a.projection_lr_scale for a in self.aux if hasattr(a, "projection")), 1.0)
+        projector = self._projector()
+        scale = projector.projection_lr_scale if projector else 1.0
         if scale == 1.0 or model.projection is None:
             return [{"params": [p for p in model.parameters() if p.requires_grad], "lr": lr}]
         head = [p for p in model.projection.parameters() if p.requires_grad]
@@ -310,9 +310,13 @@ class Recipe:
 
     def eval_pooler(self) -> str:
         """The pooler to evaluate with: [CLS] before the MLP when the MLP is training-only."""
-        if self.shared.pooler == "cls" and self.shared.mlp_only_train and not any(hasattr(a, "projection") for a in self.aux):
+        if self.shared.pooler == "cls" and self.shared.mlp_only_train and self._projector() is None:
             return "cls_before_pooler"
         return self.shared.pooler
+
+    def _projector(self) -> Ingredient | None:
+        """The aux term that brings the projection head (at most one: ``RecipeSpec.validate``)."""
+        return next((a for a in self.aux if a.brings_projection), None)
 
     def export_encoder(self, model: nn.Module) -> Encoder:
         """The encoder to save and evaluate. SimCSE's trained MLP is folded into the backbone's
@@ -339,7 +343,7 @@ class Recipe:
                 roles += [f"{n.name}:{i}" for i in range(twice)]
                 rows += [batch[n.column]] * twice
         for a in self.aux:
-            extra = a.extra_rows(batch) if hasattr(a, "extra_rows") else []
+            extra = a.extra_rows(batch)
             roles += [a.name] * len(extra)
             rows += extra
         e, z = _split(model(pad_cat(rows)), roles, batch["sentence"]["input_ids"].shape[0])

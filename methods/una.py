@@ -395,8 +395,8 @@ class UNA(Ingredient):
     def space_limits(self, state: TfIdfTable) -> dict[str, tuple[float, float]]:
         return {"r": (1, (state.size - 1) // 2)}
 
-    def augment(self, batch: dict[str, Any], state: TfIdfTable, seed: int | None = None) -> dict[str, Any]:
-        rng = np.random.default_rng(seed)
+    def augment(self, batch: dict[str, Any], state: TfIdfTable) -> dict[str, Any]:
+        rng = np.random.default_rng()  # fresh negatives every epoch
         sentences = [str(s) for s in batch["sentence"]]
         negatives = make_negatives(sentences, state, self.params, rng, self.shared.fidelity)
         return {**batch, self.column: np.asarray(negatives, dtype=object)}

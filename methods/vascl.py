@@ -145,6 +145,7 @@ class VaSCL(Ingredient):
     Params = VaSCLParams
     cites = "Zhang et al. (2021), VaSCL, Sec. 3, Eq. 1-5"
     default_pooler = "avg"  # VaSCL pools the mean of the last layer; the head replaces SimCSE's MLP
+    brings_projection = True
 
     def projection(self, hidden: int) -> nn.Module:
         return Head(hidden, self.params.head_dim)

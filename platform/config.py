@@ -127,10 +127,7 @@ class TrainConfig:
                 defaults: dict[str, Any] = {}
             else:
                 named = NAMED[method]
-                spec = named.resolve(str(recipe_keys.get("fidelity", "paper")))
-                if kinds:
-                    parsed = RecipeSpec.parse(kinds)
-                    spec = dataclasses.replace(spec, **{k: getattr(parsed, k) for k in kinds})
+                spec = named.resolve(str(recipe_keys.get("fidelity", "paper")), kinds)
                 defaults = named.params
             spec.validate()
         except InvalidParams as exc:
@@ -139,10 +136,8 @@ class TrainConfig:
                   params={c.name: c.Params() for c in spec.classes()})
         origin = "--set" if method == CUSTOM else f"recipe {method!r} ({NAMED[method].paper})"
         cfg.sources.update({kind: "--set" if kind in kinds else origin for kind in KINDS})
-        if not any(a in spec.aux for a in ("vascl", "augcse")):
-            cfg.sources["pooler"] = "default: SimCSE's [CLS] + MLP (Sec. 3)"
-        else:
-            cfg.sources["pooler"] = f"default of aux={','.join(spec.aux)} (its paper's pooling)"
+        cfg.sources["pooler"] = ("default: SimCSE's [CLS] + MLP (Sec. 3)" if spec.default_pooler() == "cls"
+                                 else f"default of aux={','.join(spec.aux)} (its paper's pooling)")
         cfg.update({k: v for k, v in defaults.items() if k in cfg.fields()}, source=f"recipe {method!r}")
         return cfg
 
