@@ -7,12 +7,18 @@ tokens: ``tf(t, d) = log(1 + n_t / n)``, ``idf(t) = -log(N_t / N)``, ``Z = tf * 
 replaced. Step 3: the replacement of a term is drawn from the +-r window around its rank in the
 s-sorted vocabulary (itself excluded), with probability proportional to s (Algorithm 1).
 
-Terms are words with at least one letter (digits and punctuation are never replaced). A chosen
-term is replaced at every occurrence by the same sampled word. Untouched text keeps its casing
-and spacing and a replacement copies the casing pattern of the word it replaces (``fidelity:
-paper``); ``fidelity: authors_code`` rebuilds the negative lowercased and space-joined as the
-authors' code does. A sentence without any term gets the empty negative ``""``, which the loss
-masks out (it contributes no negative column).
+Tokenisation (the paper says only "words"). ``fidelity: paper``: terms are words with at least one
+letter (digits and punctuation are never replaced); untouched text keeps its casing and spacing
+and a replacement copies the casing pattern of the word it replaces. ``fidelity: authors_code``:
+the authors' tokeniser, NLTK's word tokenizer on lowercased text, so punctuation, numbers and
+clitics ("n't", "'s") are terms too (they count in n of tf, in the vocabulary and its s-ranks, and
+can be replaced), and the negative is the lowercased tokens joined by spaces. The authors call
+``word_tokenize``, which first splits the text into sentences with Punkt (a download); we call its
+word tokenizer directly (``NLTKWordTokenizer``, no data), which differs only on a line holding
+several sentences (a period inside the line stays attached to its word). The two tokenisations
+give different TF-IDF tables, cached under different keys. A chosen term is replaced at every
+occurrence by the same sampled word. A sentence without any term gets the empty negative ``""``,
+which the loss masks out (it contributes no negative column).
 """
 
 from __future__ import annotations
@@ -29,6 +35,14 @@ from methods.ingredients import CorpusStatistics, Ingredient, InvalidParams, Par
 
 SPLIT = re.compile(r"(\w+)", re.UNICODE)  # split() keeps the words at odd positions
 TERM = r"(?u)\b\w*[^\W\d_]\w*\b"  # a word with at least one letter
+TOKENIZERS = {"paper": "words", "authors_code": "nltk"}  # by fidelity
+
+
+def nltk_tokens(sentence: str) -> list[str]:
+    """The authors' tokenisation: NLTK's word tokenizer on the lowercased sentence."""
+    from nltk.tokenize import NLTKWordTokenizer
+
+    return NLTKWordTokenizer().tokenize(sentence.lower())
 
 
 @dataclasses.dataclass
@@ -105,13 +119,17 @@ def term_frequencies(counts: sp.csr_matrix) -> sp.csr_matrix:
     return tf
 
 
-def fit_tfidf(sentences: list[str]) -> TfIdfTable:
-    """Step 1 over the corpus: scikit-learn counts, the paper's formula with scipy.sparse."""
+def fit_tfidf(sentences: list[str], tokenizer: str = "words") -> TfIdfTable:
+    """Step 1 over the corpus: scikit-learn counts, the paper's formula with scipy.sparse.
+    ``tokenizer``: ``words`` (letters-bearing words) or ``nltk`` (the authors'; see the module)."""
     from sklearn.feature_extraction.text import CountVectorizer
 
     if len(sentences) < 2:
         raise InvalidParams(f"UNA needs a corpus of at least 2 sentences for TF-IDF, got {len(sentences)}")
-    vectorizer = CountVectorizer(lowercase=True, token_pattern=TERM, dtype=np.int64)
+    if tokenizer == "nltk":
+        vectorizer = CountVectorizer(lowercase=False, tokenizer=nltk_tokens, token_pattern=None, dtype=np.int64)
+    else:
+        vectorizer = CountVectorizer(lowercase=True, token_pattern=TERM, dtype=np.int64)
     counts = vectorizer.fit_transform(sentences)
     N = counts.shape[0]
     df = np.bincount(counts.indices, minlength=counts.shape[1])
@@ -282,17 +300,24 @@ def make_negatives(
     check_window(table, params)
     if not sentences:
         return []
-    joined, sep = _join(sentences)
-    parts = SPLIT.split(joined)  # [gap, word, gap, ..., word, gap]; sep only in gaps
-    words = parts[1::2]
-    lookup = table.word_ids()
-    word_tid = np.fromiter(map(lookup.__getitem__, words), dtype=np.int64, count=len(words))
-    # The sentence of each word: its offset in the joined text against the sentences' offsets.
-    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-    word_start = np.cumsum(lengths)[0::2][:-1]
-    sentence_start = np.cumsum([0] + [len(s) + 1 for s in sentences[:-1]])
-    word_sid = np.searchsorted(sentence_start, word_start, side="right") - 1
-    is_term = word_tid >= 0  # the vocabulary holds terms only (a word with a letter)
+    if fidelity == "authors_code":  # the authors' tokens: NLTK on lowercased text, all are terms
+        tokens = [nltk_tokens(s) for s in sentences]
+        words = [w for ts in tokens for w in ts]
+        word_sid = np.repeat(np.arange(len(sentences)), [len(ts) for ts in tokens])
+        index = table.index
+        word_tid = np.fromiter((index.get(w, -1) for w in words), dtype=np.int64, count=len(words))
+    else:
+        joined, sep = _join(sentences)
+        parts = SPLIT.split(joined)  # [gap, word, gap, ..., word, gap]; sep only in gaps
+        words = parts[1::2]
+        lookup = table.word_ids()
+        word_tid = np.fromiter(map(lookup.__getitem__, words), dtype=np.int64, count=len(words))
+        # The sentence of each word: its offset in the joined text against the sentences' offsets.
+        lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        word_start = np.cumsum(lengths)[0::2][:-1]
+        sentence_start = np.cumsum([0] + [len(s) + 1 for s in sentences[:-1]])
+        word_sid = np.searchsorted(sentence_start, word_start, side="right") - 1
+    is_term = word_tid >= 0  # words the corpus' vocabulary holds
 
     m = table.size
     keys, inverse, counts = np.unique(word_sid[is_term] * m + word_tid[is_term], return_inverse=True,
@@ -331,8 +356,8 @@ def make_negatives(
     has_negative = np.zeros(len(sentences), dtype=bool)
     has_negative[sid[pick]] = True
 
-    if fidelity == "authors_code":  # lowercased words, space-joined, punctuation dropped
-        lowered = list(map(str.lower, words))
+    if fidelity == "authors_code":  # the lowercased tokens joined by spaces
+        lowered = list(words)
         for i, w in zip(at.tolist(), new):
             lowered[i] = w
         bounds = np.searchsorted(word_sid, np.arange(len(sentences) + 1)).tolist()
@@ -386,8 +411,10 @@ class UNA(Ingredient):
     augments_per_epoch = True
 
     def statistics(self) -> CorpusStatistics:
-        # The table depends on the corpus alone (tokenisation and formula are versioned here).
-        return CorpusStatistics("una-tfidf", TFIDF_VERSION, fit_tfidf, save_table, load_table)
+        # The table depends on the corpus and the tokeniser (the formula is versioned here).
+        tokenizer = TOKENIZERS[self.shared.fidelity]
+        return CorpusStatistics(f"una-tfidf-{tokenizer}", TFIDF_VERSION,
+                                lambda sentences: fit_tfidf(sentences, tokenizer), save_table, load_table)
 
     def check_statistics(self, state: TfIdfTable) -> None:
         check_window(state, self.params)

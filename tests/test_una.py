@@ -116,8 +116,57 @@ def test_casing_and_spacing_preserved_and_authors_mode_lowercases():
     # Non-word characters and untouched words are kept verbatim.
     assert [c for c in neg if not c.isalnum()] == [c for c in sent if not c.isalnum()]
     assert neg != sent
-    authors = make_negatives([sent], table, UNAParams(r=2), np.random.default_rng(3), fidelity="authors_code")[0]
-    assert authors == authors.lower() and "  " not in authors and "," not in authors
+    authors_table = fit_tfidf(DOCS * 3 + [f"word{i} filler{i} text" for i in range(40)], tokenizer="nltk")
+    authors = make_negatives([sent], authors_table, UNAParams(r=2), np.random.default_rng(3), fidelity="authors_code")[0]
+    assert authors == authors.lower() and "  " not in authors and len(authors.split(" ")) == 8
+
+
+def test_authors_tfidf_on_nltk_tokens_matches_their_formula_term_by_term(corpus):
+    """fidelity=authors_code: every NLTK token of the lowercased text (punctuation, numbers,
+    clitics) is a term and counts in n; checked against a dict-by-dict computation as the
+    authors' statistics script does it."""
+    from nltk.tokenize import NLTKWordTokenizer
+
+    docs = [NLTKWordTokenizer().tokenize(d.lower()) for d in corpus[:400]]
+    table = fit_tfidf(corpus[:400], tokenizer="nltk")
+    df = Counter(w for d in docs for w in set(d))
+    assert set(table.index) == set(df) and {",", ".", "n't"} <= set(df)
+    assert any(w.isdigit() for w in df)
+    for term, j in table.index.items():
+        idf = math.log(len(docs) / df[term])
+        s = max(math.log(1 + d.count(term) / len(d)) * idf for d in docs if term in d)
+        assert table.idf[j] == pytest.approx(idf) and table.s[j] == pytest.approx(s)
+    # The paper's tokenisation gives another table (no punctuation or digit-only terms).
+    assert "," not in fit_tfidf(corpus[:400]).index
+
+
+def test_authors_negatives_are_their_tokens_space_joined(corpus):
+    from nltk.tokenize import NLTKWordTokenizer
+
+    table = fit_tfidf(corpus, tokenizer="nltk")
+    batch = corpus[:300]
+    negs = make_negatives(batch, table, UNAParams(r=20), np.random.default_rng(1), fidelity="authors_code")
+    replaced = Counter()
+    for sent, neg in zip(batch, negs):
+        tokens = NLTKWordTokenizer().tokenize(sent.lower())
+        out = neg.split(" ")
+        assert len(out) == len(tokens) and out != tokens
+        for o, r in zip(tokens, out):
+            if o != r:
+                assert r in table.index
+                replaced["word" if o.isalpha() else "other"] += 1
+    assert replaced["other"] > 0  # punctuation and numbers are terms and get replaced too
+
+
+def test_tfidf_cache_is_keyed_by_the_tokenizer(corpus, tmp_path, monkeypatch):
+    from platform.data.columns import prepared_states
+
+    monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path))
+    columns = {"sentence": corpus[:300]}
+    paper = prepared_states(Recipe.named("una", r=20), columns)["una"]
+    authors = prepared_states(Recipe.named("una", r=20, fidelity="authors_code"), columns)["una"]
+    assert "," in authors.index and "," not in paper.index
+    assert sorted(p.name.split("-")[2] for p in tmp_path.glob("una-tfidf-*")) == ["nltk", "words"]
 
 
 def test_sentence_without_terms_gets_empty_negative():
