@@ -18,6 +18,7 @@ from methods.encoder import POOLERS, Encoder
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main
 from platform.evaluation.clustering import CLUSTER_SETS, kmeans_accuracy, load_labelled
+from platform.evaluation.classifier import CLASSIFIERS
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer
 from platform.run import checkpoint
 
@@ -82,7 +83,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--transfer-limit", type=int, default=None, help="transfer tasks on a slice of N training sentences")
+    p.add_argument("--transfer-classifier", choices=CLASSIFIERS, default="pytorch",
+                   help="SentEval's 'test' setting: its PyTorch logistic regression (default, as SimCSE and AugCSE "
+                        "report) or scikit-learn's LogisticRegression with SentEval's C grids")
+    p.add_argument("--transfer-jobs", type=int, default=None,
+                   help="processes fitting a task's classifiers in parallel (default: one per CPU; same result)")
     args = p.parse_args(argv)
+    if args.transfer_jobs is not None and args.transfer_jobs < 1:
+        raise UserError(f"--transfer-jobs must be >= 1, got {args.transfer_jobs}")
 
     from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 
@@ -99,9 +107,11 @@ def main(argv=None) -> int:
         print(format_table(scores))
     for task in [t for t in tasks if t in TRANSFER_TASKS]:
         acc = evaluate_transfer(task, lambda xs: encoder.encode(xs, batch_size=args.batch_size).numpy(),
-                                limit=args.transfer_limit)
+                                limit=args.transfer_limit, classifier=args.transfer_classifier,
+                                jobs=args.transfer_jobs)
         scores[task] = acc
-        print(f"transfer {task}: accuracy {acc:.2f} (logistic regression on frozen embeddings)")
+        print(f"transfer {task}: accuracy {acc:.2f} (SentEval protocol, {args.transfer_classifier} logistic "
+              f"regression on frozen embeddings)")
     for set_name, (texts, labels) in cluster_sets.items():
         result = kmeans_accuracy(encoder.encode(texts, batch_size=args.batch_size).numpy(), labels)
         scores[f"cluster:{set_name}"] = result["accuracy"]

@@ -1,10 +1,16 @@
-"""SentEval transfer tasks: logistic regression on frozen sentence embeddings (AugCSE, Tables 6-9;
-SimCSE's appendix). MR, CR, SUBJ, MPQA: 10-fold cross-validation (SentEval's ``kfold: 10``);
-SST2: the given train/dev/test splits (regularisation chosen on dev); TREC and MRPC: the given
-train/test splits (regularisation chosen by 5-fold CV on train). MRPC pairs are represented as
-[|u - v| ; u * v], as in SentEval. Classifier: scikit-learn ``LogisticRegression``; the L2 strength
-C is chosen from {2^-2, ..., 2^4} (SentEval tunes its logistic regression's L2 penalty the same
-way, with its own PyTorch implementation). Accuracy x100.
+"""SentEval transfer tasks: a classifier on frozen sentence embeddings (SimCSE, Appendix B; AugCSE,
+Sec. 4.3), run as SentEval runs them so the numbers compare with the papers' tables.
+
+Data, as SentEval's task classes read it: every line of MR, CR, SUBJ, MPQA (latin-1, empty lines
+kept: CR has 3,775 sentences) and TREC (latin-1, the 6 coarse classes), SST2 and MRPC (utf-8) is
+split on white space and re-joined with single spaces (what SimCSE's batcher encodes), and each
+set is sorted by (number of tokens, label) (MRPC: tokens of A, of B, label). The order matters:
+SentEval's folds are drawn over it. Labels: MR, CR, MPQA positive = 1, SUBJ objective = 1; TREC
+ABBR, DESC, ENTY, HUM, LOC, NUM = 0..5. MRPC pairs are [|u - v| ; u * v].
+
+Protocols and classifiers: ``platform.evaluation.classifier`` (inner 10-fold for MR, CR, SUBJ,
+MPQA; 10-fold on train for TREC and MRPC; train/dev/test for SST2). The score is the test accuracy
+x100 (SentEval's ``acc``).
 """
 
 from __future__ import annotations
@@ -14,100 +20,102 @@ from typing import Callable
 
 import numpy as np
 
-from platform.evaluation.clustering import load_labelled
 from platform.data import data_dir
 from platform.errors import DataError
+from platform.evaluation.classifier import ClassifierConfig, default_jobs, inner_kfold, kfold, split
 
 TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
-C_GRID = [2.0**k for k in range(-2, 5)]
+BINARY = {
+    "MR": ("MR/rt-polarity.pos", "MR/rt-polarity.neg"),
+    "CR": ("CR/custrev.pos", "CR/custrev.neg"),
+    "SUBJ": ("SUBJ/subj.objective", "SUBJ/subj.subjective"),
+    "MPQA": ("MPQA/mpqa.pos", "MPQA/mpqa.neg"),
+}
+TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 
 Embed = Callable[[list[str]], np.ndarray]
 
 
-def _lines(path: Path, encoding: str = "utf-8") -> list[str]:
+def _read(path: Path, encoding: str) -> list[str]:
     if not path.is_file():
         raise DataError(f"missing {path} (SentEval layout under $PLATFORM_DATA_DIR/downstream)")
-    return [line.rstrip("\n") for line in path.read_text(encoding=encoding, errors="replace").lstrip("\ufeff").splitlines() if line.strip()]
+    return path.read_bytes().decode(encoding).splitlines()
 
 
-def _sst(root: Path, split: str):
-    rows = [line.rsplit("\t", 1) for line in _lines(root / "SST" / "binary" / f"sentiment-{split}")]
-    return [r[0].strip() for r in rows], np.array([int(r[1]) for r in rows])
+def binary_task(task: str, root: Path) -> tuple[list[str], np.ndarray]:
+    """Sentences and labels of MR, CR, SUBJ or MPQA in SentEval's order."""
+    pos, neg = ([line.split() for line in _read(root / f, "latin-1")] for f in BINARY[task])
+    rows = sorted(zip(pos + neg, [1] * len(pos) + [0] * len(neg)), key=lambda r: (len(r[0]), r[1]))
+    return [" ".join(t) for t, _ in rows], np.array([label for _, label in rows], dtype=np.int64)
 
 
-def _trec(root: Path, name: str):
-    texts, labels = [], []
-    for line in _lines(root / "TREC" / name, encoding="latin-1"):
-        label, _, text = line.partition(" ")
-        texts.append(text)
-        labels.append(label.split(":")[0])
-    return texts, labels
+def sst2(root: Path, part: str) -> tuple[list[str], np.ndarray]:
+    rows = []
+    for line in _read(root / "SST" / "binary" / f"sentiment-{part}", "utf-8"):
+        text, label = line.strip().split("\t")
+        rows.append((text.split(), int(label)))
+    rows.sort(key=lambda r: (len(r[0]), r[1]))
+    return [" ".join(t) for t, _ in rows], np.array([label for _, label in rows], dtype=np.int64)
 
 
-def _mrpc(root: Path, split: str):
-    rows = [line.split("\t") for line in _lines(root / "MRPC" / f"msr_paraphrase_{split}.txt")[1:]]
-    return [r[3] for r in rows], [r[4] for r in rows], np.array([int(r[0]) for r in rows])
+def trec(root: Path, name: str) -> tuple[list[str], np.ndarray]:
+    rows = []
+    for line in _read(root / "TREC" / name, "latin-1"):
+        target, sample = line.strip().split(":", 1)
+        if target not in TREC_CLASSES:
+            raise DataError(f"{root / 'TREC' / name}: unknown class {target!r}")
+        rows.append((sample.split(" ", 1)[1].split(), TREC_CLASSES.index(target)))
+    rows.sort(key=lambda r: (len(r[0]), r[1]))
+    return [" ".join(t) for t, _ in rows], np.array([label for _, label in rows], dtype=np.int64)
 
 
-def _fit(x_train, y_train, c: float):
-    from sklearn.linear_model import LogisticRegression
-
-    return LogisticRegression(C=c, max_iter=2000).fit(x_train, y_train)
-
-
-def _choose_c(x, y, folds: int = 5, seed: int = 0) -> float:
-    from sklearn.model_selection import StratifiedKFold, cross_val_score
-    from sklearn.linear_model import LogisticRegression
-
-    cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
-    scores = [cross_val_score(LogisticRegression(C=c, max_iter=2000), x, y, cv=cv).mean() for c in C_GRID]
-    return C_GRID[int(np.argmax(scores))]
+def mrpc(root: Path, part: str) -> tuple[list[str], list[str], np.ndarray]:
+    rows = []
+    for line in _read(root / "MRPC" / f"msr_paraphrase_{part}.txt", "utf-8")[1:]:  # the header
+        fields = line.strip().split("\t")
+        rows.append((fields[3].split(), fields[4].split(), int(fields[0])))
+    rows.sort(key=lambda r: (len(r[0]), len(r[1]), r[2]))
+    return [" ".join(a) for a, _, _ in rows], [" ".join(b) for _, b, _ in rows], np.array([r[2] for r in rows])
 
 
-def kfold_accuracy(x: np.ndarray, y: np.ndarray, folds: int = 10, seed: int = 0) -> float:
-    """Outer k-fold test accuracy; inside each fold C is chosen by 5-fold CV on the training part."""
-    from sklearn.model_selection import StratifiedKFold
-
-    accs = []
-    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y):
-        c = _choose_c(x[train], y[train], seed=seed)
-        accs.append(_fit(x[train], y[train], c).score(x[test], y[test]))
-    return 100.0 * float(np.mean(accs))
+def _slice(n: int, limit: int | None) -> np.ndarray:
+    """A seeded subset of ``limit`` rows in their original order (tests, smoke runs)."""
+    if not limit or limit >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(0).permutation(n)[:limit])
 
 
-def evaluate_transfer(task: str, embed: Embed, root: Path | None = None, limit: int | None = None) -> float:
-    """Accuracy x100 of one task; ``limit`` evaluates a class-balanced slice (tests, smoke runs)."""
+def evaluate_transfer(
+    task: str, embed: Embed, root: Path | None = None, limit: int | None = None, classifier: str = "pytorch",
+    jobs: int | None = None,
+) -> float:
+    """Test accuracy x100 of one task. ``limit`` evaluates a seeded slice of the training data;
+    ``jobs`` processes fit the classifiers of a grid in parallel (default: one per CPU)."""
     root = data_dir(root) / "downstream"
-    if task in ("MR", "CR", "SUBJ", "MPQA"):
-        texts, labels = load_labelled(task, root.parent)
-        if limit:
-            idx = np.random.default_rng(0).permutation(len(texts))[:limit]
-            texts, labels = [texts[i] for i in idx], labels[idx]
-        return kfold_accuracy(embed(texts), labels)
+    cfg = ClassifierConfig(kind=classifier)
+    jobs = jobs or default_jobs()
+    if task in BINARY:
+        texts, labels = binary_task(task, root)
+        rows = _slice(len(texts), limit)
+        x = embed([texts[i] for i in rows])
+        return inner_kfold(x, labels[rows], 2, cfg, jobs=jobs).test
     if task == "SST2":
-        (xtr, ytr), (xdv, ydv), (xte, yte) = (_sst(root, s) for s in ("train", "dev", "test"))
-        if limit:
-            xtr, ytr = xtr[:limit], ytr[:limit]
-        etr, edv, ete = embed(xtr), embed(xdv), embed(xte)
-        c = max(C_GRID, key=lambda c: _fit(etr, ytr, c).score(edv, ydv))
-        return 100.0 * _fit(etr, ytr, c).score(ete, yte)
+        (xtr, ytr), dev, test = (sst2(root, part) for part in ("train", "dev", "test"))
+        rows = _slice(len(xtr), limit)
+        train = (embed([xtr[i] for i in rows]), ytr[rows])
+        return split(train, (embed(dev[0]), dev[1]), (embed(test[0]), test[1]), 2, cfg, jobs=jobs).test
     if task == "TREC":
-        (xtr, ltr), (xte, lte) = _trec(root, "train_5500.label"), _trec(root, "TREC_10.label")
-        classes = sorted(set(ltr))
-        ytr, yte = np.array([classes.index(c) for c in ltr]), np.array([classes.index(c) for c in lte])
-        if limit:
-            xtr, ytr = xtr[:limit], ytr[:limit]
-        etr, ete = embed(xtr), embed(xte)
-        return 100.0 * _fit(etr, ytr, _choose_c(etr, ytr)).score(ete, yte)
+        (xtr, ytr), (xte, yte) = trec(root, "train_5500.label"), trec(root, "TREC_10.label")
+        rows = _slice(len(xtr), limit)
+        return kfold((embed([xtr[i] for i in rows]), ytr[rows]), (embed(xte), yte), 6, cfg, jobs=jobs).test
     if task == "MRPC":
-        (a_tr, b_tr, ytr), (a_te, b_te, yte) = _mrpc(root, "train"), _mrpc(root, "test")
-        if limit:
-            a_tr, b_tr, ytr = a_tr[:limit], b_tr[:limit], ytr[:limit]
+        (a_tr, b_tr, ytr), (a_te, b_te, yte) = mrpc(root, "train"), mrpc(root, "test")
+        rows = _slice(len(ytr), limit)
 
         def features(a, b):
             u, v = embed(a), embed(b)
             return np.c_[np.abs(u - v), u * v]
 
-        ftr, fte = features(a_tr, b_tr), features(a_te, b_te)
-        return 100.0 * _fit(ftr, ytr, _choose_c(ftr, ytr)).score(fte, yte)
+        train = (features([a_tr[i] for i in rows], [b_tr[i] for i in rows]), ytr[rows])
+        return kfold(train, (features(a_te, b_te), yte), 2, cfg, jobs=jobs).test
     raise DataError(f"unknown transfer task {task!r}; choose from {', '.join(TRANSFER_TASKS)}")
