@@ -101,7 +101,7 @@ def senteval_order(downstream: str) -> dict[str, str]:
     for name, (task_class, folder) in tasks.items():
         seen: list[str] = []
 
-        def batcher(params, batch):
+        def batcher(params, batch, seen=seen):
             seen.extend(" ".join(tokens) for tokens in batch)
             return np.zeros((len(batch), 1), dtype=np.float32)
 

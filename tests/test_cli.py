@@ -73,37 +73,6 @@ def test_train_cli_end_to_end(tiny_model, small_corpus, tmp_path, mlflow_uri):
     assert scores["scores"]["STSBenchmark"] == pytest.approx(run.data.metrics["sts_STSBenchmark"], abs=1e-6)
 
 
-def test_tune_cli_two_trials(tiny_model, small_corpus, tmp_path, mlflow_uri):
-    proc = run_cli(
-        "tune", "simcse", "--num-samples", "2", *_train_args(tiny_model, small_corpus, tmp_path, *ONE_WORKER),
-        env={"MLFLOW_TRACKING_URI": mlflow_uri},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "best trial" in proc.stdout and "checkpoint:" in proc.stdout
-    c, runs = _runs(mlflow_uri)
-    parents = [r for r in runs if r.data.tags.get("sweep") == "true"]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(parents) == 1 and len(children) == 2
-    assert all(r.info.status == "FINISHED" for r in runs)
-    parent = parents[0]
-    best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
-    assert best.data.metrics["best_stsb_dev_spearman"] == max(r.data.metrics.get("best_stsb_dev_spearman", -1e9) for r in children)
-    assert "sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
-    for child in children:
-        assert {"lr", "temperature"} <= set(child.data.params)
-    assert {a.path for a in c.list_artifacts(best.info.run_id, "best_checkpoint")} == {
-        "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
-
-    # Resuming a finished sweep re-runs no trial and reports the same best trial.
-    again = run_cli("tune", "simcse", "--resume", *_train_args(tiny_model, small_corpus, tmp_path, *ONE_WORKER),
-                    env={"MLFLOW_TRACKING_URI": mlflow_uri})
-    assert again.returncode == 0, again.stderr[-3000:]
-    c, runs = _runs(mlflow_uri)
-    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId")]) == 2
-    assert all(r.info.status == "FINISHED" for r in runs)
-    assert parent.data.tags["best_run_id"] in again.stdout
-
-
 def test_evaluate_cli_table_and_json(tiny_model, tmp_path):
     proc = run_cli("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "STS12", "STSBenchmark", "--json", str(tmp_path / "o.json"))
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from typing import Any
 
 import numpy as np
 

@@ -15,6 +15,7 @@ x100 (SentEval's ``acc``).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from platform.data import data_dir
 from platform.errors import DataError
-from platform.evaluation.classifier import ClassifierConfig, default_jobs, inner_kfold, kfold, split
+from platform.evaluation.classifier import ClassifierConfig, TransferScore, default_jobs, inner_kfold, kfold, split
 
 TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 BINARY = {
@@ -85,37 +86,61 @@ def _slice(n: int, limit: int | None) -> np.ndarray:
     return np.sort(np.random.default_rng(0).permutation(n)[:limit])
 
 
-def evaluate_transfer(
-    task: str, embed: Embed, root: Path | None = None, limit: int | None = None, classifier: str = "pytorch",
-    jobs: int | None = None,
-) -> float:
-    """Test accuracy x100 of one task. ``limit`` evaluates a seeded slice of the training data;
-    ``jobs`` processes fit the classifiers of a grid in parallel (default: one per CPU)."""
+@dataclasses.dataclass
+class TaskFeatures:
+    """A task's embedded data: ``parts`` maps ``all`` (inner k-fold), ``train``/``test`` (k-fold)
+    or ``train``/``dev``/``test`` (split) to (features, labels)."""
+
+    protocol: str
+    nclasses: int
+    parts: dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def task_features(task: str, embed: Embed, root: Path | None = None, limit: int | None = None) -> TaskFeatures:
+    """Embed one task's sentences. ``limit``: a seeded slice of the training data."""
     root = data_dir(root) / "downstream"
-    cfg = ClassifierConfig(kind=classifier)
-    jobs = jobs or default_jobs()
     if task in BINARY:
         texts, labels = binary_task(task, root)
         rows = _slice(len(texts), limit)
-        x = embed([texts[i] for i in rows])
-        return inner_kfold(x, labels[rows], 2, cfg, jobs=jobs).test
+        return TaskFeatures("inner_kfold", 2, {"all": (embed([texts[i] for i in rows]), labels[rows])})
     if task == "SST2":
         (xtr, ytr), dev, test = (sst2(root, part) for part in ("train", "dev", "test"))
         rows = _slice(len(xtr), limit)
-        train = (embed([xtr[i] for i in rows]), ytr[rows])
-        return split(train, (embed(dev[0]), dev[1]), (embed(test[0]), test[1]), 2, cfg, jobs=jobs).test
+        return TaskFeatures("split", 2, {"train": (embed([xtr[i] for i in rows]), ytr[rows]),
+                                         "dev": (embed(dev[0]), dev[1]), "test": (embed(test[0]), test[1])})
     if task == "TREC":
         (xtr, ytr), (xte, yte) = trec(root, "train_5500.label"), trec(root, "TREC_10.label")
         rows = _slice(len(xtr), limit)
-        return kfold((embed([xtr[i] for i in rows]), ytr[rows]), (embed(xte), yte), 6, cfg, jobs=jobs).test
+        return TaskFeatures("kfold", 6, {"train": (embed([xtr[i] for i in rows]), ytr[rows]), "test": (embed(xte), yte)})
     if task == "MRPC":
         (a_tr, b_tr, ytr), (a_te, b_te, yte) = mrpc(root, "train"), mrpc(root, "test")
         rows = _slice(len(ytr), limit)
 
-        def features(a, b):
+        def pairs(a, b):
             u, v = embed(a), embed(b)
             return np.c_[np.abs(u - v), u * v]
 
-        train = (features([a_tr[i] for i in rows], [b_tr[i] for i in rows]), ytr[rows])
-        return kfold(train, (features(a_te, b_te), yte), 2, cfg, jobs=jobs).test
+        return TaskFeatures("kfold", 2, {"train": (pairs([a_tr[i] for i in rows], [b_tr[i] for i in rows]), ytr[rows]),
+                                         "test": (pairs(a_te, b_te), yte)})
     raise DataError(f"unknown transfer task {task!r}; choose from {', '.join(TRANSFER_TASKS)}")
+
+
+def score_task(features: TaskFeatures, classifier: str = "pytorch", jobs: int | None = None) -> TransferScore:
+    """SentEval's protocol for the task; ``jobs`` processes fit a grid's classifiers in parallel
+    (default: one per CPU; the result does not depend on it)."""
+    cfg = ClassifierConfig(kind=classifier)
+    jobs = jobs or default_jobs()
+    p = features.parts
+    if features.protocol == "inner_kfold":
+        return inner_kfold(*p["all"], features.nclasses, cfg, jobs=jobs)
+    if features.protocol == "kfold":
+        return kfold(p["train"], p["test"], features.nclasses, cfg, jobs=jobs)
+    return split(p["train"], p["dev"], p["test"], features.nclasses, cfg, jobs=jobs)
+
+
+def evaluate_transfer(
+    task: str, embed: Embed, root: Path | None = None, limit: int | None = None, classifier: str = "pytorch",
+    jobs: int | None = None,
+) -> float:
+    """Test accuracy x100 of one task (SentEval's ``acc``)."""
+    return score_task(task_features(task, embed, root, limit), classifier, jobs).test

@@ -39,7 +39,9 @@ def init_ray(num_cpus: int | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     address = os.environ.get("RAY_ADDRESS")
     ray.init(
-        address=address or None,
+        # "local": a new instance even when another Ray runs on this machine (left to itself,
+        # ray.init() would join the last one `ray start` made, refusing num_cpus).
+        address=address or "local",
         num_cpus=None if address else num_cpus,
         dashboard_host="127.0.0.1",
         log_to_driver=True,
