@@ -15,14 +15,9 @@ from scipy.optimize import linear_sum_assignment
 
 from platform.data import data_dir
 from platform.errors import DataError
+from platform.evaluation.transfer import BINARY  # the SentEval files of the binary sets
 
 CLUSTER_SETS = ("TREC", "MR", "CR", "SUBJ", "MPQA")
-_BINARY = {
-    "MR": ("MR/rt-polarity.pos", "MR/rt-polarity.neg"),
-    "CR": ("CR/custrev.pos", "CR/custrev.neg"),
-    "SUBJ": ("SUBJ/subj.objective", "SUBJ/subj.subjective"),
-    "MPQA": ("MPQA/mpqa.pos", "MPQA/mpqa.neg"),
-}
 
 
 def _lines(path: Path) -> list[str]:
@@ -43,8 +38,8 @@ def load_labelled(name: str, root: Path | None = None) -> tuple[list[str], np.nd
                 labels.append(label.split(":")[0])  # coarse class
         classes = sorted(set(labels))
         return texts, np.array([classes.index(c) for c in labels])
-    if name in _BINARY:
-        pos, neg = (_lines(base / f) for f in _BINARY[name])
+    if name in BINARY:
+        pos, neg = (_lines(base / f) for f in BINARY[name])
         return pos + neg, np.array([1] * len(pos) + [0] * len(neg))
     raise DataError(f"unknown clustering set {name!r}; choose from {', '.join(CLUSTER_SETS)}")
 
