@@ -54,7 +54,7 @@ def main() -> None:
         torch.set_num_threads(cpus)
         res = train_loop_per_worker(cfg.flat())
         plain.append(res["steps"] * args.batch_size / res["train_time_s"])
-        result = fit(cfg, CorpusData({"sentence": sentences}, {}), uri=None, run_id=None, storage=Path(out),
+        result = fit(cfg, CorpusData({"sentence": sentences}, {}), uri=None, run_id=None, storage_path=str(out),
                      name=f"bench-{r}")
         metrics = result.metrics
         ray_times.append(metrics["step"] * args.batch_size / metrics["train_time_s"])

@@ -86,7 +86,15 @@ def ensure_experiment(name: str, uri: str) -> str:
         return exp.experiment_id
 
 
+GIT_COMMIT_ENV = "PLATFORM_GIT_COMMIT"
+
+
 def git_commit() -> str:
+    """The repository's commit. Ray ships the repository to workers (and ``ray job submit`` to
+    the driver) without ``.git``: there the commit comes from ``$PLATFORM_GIT_COMMIT``, which the
+    driver forwards to its workers and ``ray job submit`` is given (README, "On a cluster")."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from platform import tracking
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
@@ -46,16 +45,12 @@ def main(argv=None) -> int:
     status = "FAILED"
     try:
         tracking.log_params(uri, run_id, cfg.flat())
-        out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage=Path(cfg.output_dir).resolve(), name=name)
+        out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage_path=cfg.output_dir, name=name)
         if out.checkpoint is None:
             raise UserError("training finished without a checkpoint (no STS-B dev evaluation ran)")
         tracking.set_tags(uri, run_id, {"best_checkpoint": out.checkpoint})
         if cfg.final_eval:
-            if out.ray_checkpoint is not None:
-                with out.ray_checkpoint.as_directory() as folder:
-                    job.finalize(uri, run_id, folder)
-            else:
-                job.finalize(uri, run_id, out.checkpoint)
+            job.finalize(uri, run_id, out.checkpoint)
         status = "FINISHED"
         print(f"run {run_id}: best {DEV_METRIC}={out.best_dev:.2f}, checkpoint {out.checkpoint}")
         print(f"MLflow: {tracking.redact(uri)} (experiment {cfg.method!r}, run {run_id})")

@@ -19,11 +19,12 @@ from typing import Any
 from platform import tracking
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.errors import ConfigError, UserError, cli_main
-from platform.run import checkpoint, job
+from platform.run import job, storage
 from platform.run.loop import DEV_METRIC, total_steps
 from platform.space import SearchSpace, load_space
 
 SWEEP_STATE = "platform_sweep.json"
+HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
 
 
 def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
@@ -47,12 +48,14 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     # A trial may search parameters that change generated columns (SAN's scale): its own corpus
     # data, from the content-keyed cache when they match the sweep's base.
     corpus = job.prepare(cfg, sweep["sentences"])
-    job.fit(cfg, corpus, uri=uri, run_id=run_id, storage=Path(sweep["storage"]) / "trials", name=trial_id,
-            tune_callback=True)
+    out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage_path=storage.join(sweep["storage"], "trials"),
+                  name=trial_id, tune_callback=True)
+    if out.checkpoint:
+        tracking.set_tags(uri, run_id, {"best_checkpoint": out.checkpoint})
     tracking.end_run(uri, run_id, "FINISHED")
 
 
-def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: str, parent: str, sweep_dir: Path,
+def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: str, parent: str, sweep_dir: str,
               resume: bool, callbacks):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -72,13 +75,18 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
         from ray.tune.search.optuna import OptunaSearch
 
         search_alg = ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=spec.max_concurrent_trials)
-    sweep = {"base": base.flat(), "uri": uri, "parent": parent, "experiment": base.method, "storage": str(sweep_dir),
+    sweep = {"base": base.flat(), "uri": uri, "parent": parent, "experiment": base.method, "storage": sweep_dir,
              "sentences": sentences}
     # The trial itself only waits on its Train workers: no CPU of its own, so two trials fit on
-    # 2 CPUs. with_parameters puts the corpus in the object store once for all trials.
-    trainable = tune.with_resources(tune.with_parameters(trial, sweep=sweep), {"cpu": 0, "memory": 256 * 2**20})
-    if resume and tune.Tuner.can_restore(str(sweep_dir / "tune")):
-        tuner = tune.Tuner.restore(str(sweep_dir / "tune"), trainable=trainable, resume_errored=True,
+    # 2 CPUs. It runs on the head node, beside the driver: the corpus' columns and statistics a
+    # trial prepares come from (or go into) the head's cache, made once per sweep, never per GPU
+    # node; its Train workers get them through the object store. with_parameters puts the corpus
+    # in the object store once for all trials.
+    trainable = tune.with_resources(tune.with_parameters(trial, sweep=sweep),
+                                    {"cpu": 0, "memory": 256 * 2**20, HEAD_NODE: 0.001})
+    experiment = storage.join(sweep_dir, "tune")
+    if resume and tune.Tuner.can_restore(experiment):
+        tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_errored=True,
                                    restart_errored=False, param_space=spec.to_ray())
     else:
         tuner = tune.Tuner(
@@ -90,7 +98,7 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
                 # The Optuna limiter already caps concurrency; a grid needs the cap here.
                 max_concurrent_trials=None if search_alg is not None else spec.max_concurrent_trials,
             ),
-            run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), callbacks=callbacks),
+            run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, callbacks=callbacks),
         )
     return tuner.fit()
 
@@ -110,31 +118,49 @@ def _outcomes_callback():
     return TrialOutcomes()
 
 
-def interrupted(experiment_dir: Path, expected: int) -> bool:
+def interrupted(experiment_dir: str, expected: int) -> bool:
     """Tune returns (instead of raising) after Ctrl-C, having saved its state; in memory it then
     marks the pending trials terminated, so the saved state is what tells: trials neither
     terminated nor errored, or fewer trials than the sweep asked for."""
     from ray.tune import ExperimentAnalysis
 
-    trials = ExperimentAnalysis(str(experiment_dir)).trials
+    trials = ExperimentAnalysis(experiment_dir).trials
     return len(trials) < expected or any(t.status not in ("TERMINATED", "ERROR") for t in trials)
 
 
-def latest_sweep(storage: Path, method: str) -> Path | None:
-    sweeps = sorted(p for p in storage.glob(f"{method}-sweep-*") if (p / SWEEP_STATE).is_file())
-    return sweeps[-1] if sweeps else None
+def latest_sweep(root: str, method: str) -> tuple[str, dict] | None:
+    """The newest sweep of ``method`` under ``output_dir`` (local or object storage) and its state."""
+    for name in reversed(storage.list_dirs(root)):
+        if name.startswith(f"{method}-sweep-"):
+            text = storage.read_text(storage.join(root, name, SWEEP_STATE))
+            if text is not None:
+                return storage.join(root, name), json.loads(text)
+    return None
 
 
-def trial_checkpoint(sweep_dir: Path, trial_id: str) -> str | None:
-    """The trial's best kept checkpoint. Ray Train keeps the best by STS-B dev and the latest,
-    also for a trial that the scheduler stopped mid-fit."""
-    found = [p for p in (sweep_dir / "trials" / trial_id).glob("checkpoint_*") if checkpoint.is_checkpoint(p)]
-    return str(max(found, key=lambda p: checkpoint.dev_score(p, DEV_METRIC))) if found else None
+def trial_checkpoint(run, results) -> str | None:
+    """A trial's best checkpoint, as Ray persisted it (a URI in object storage on a cluster):
+    the trial's MLflow tag when its fit returned; for a trial the scheduler stopped mid-fit, its
+    reports in Tune's results (Ray Train keeps the best by STS-B dev and the latest)."""
+    if run.data.tags.get("best_checkpoint"):
+        return run.data.tags["best_checkpoint"]
+    from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
+
+    trial_id = run.data.tags.get("trial_id")
+    for result in results:
+        frame = result.metrics_dataframe
+        if (result.metrics or {}).get("trial_id") != trial_id or frame is None or CHECKPOINT_PATH_KEY not in frame:
+            continue
+        frame = frame.dropna(subset=[CHECKPOINT_PATH_KEY, DEV_METRIC])
+        if len(frame):
+            path = frame.loc[frame[DEV_METRIC].idxmax(), CHECKPOINT_PATH_KEY]
+            return storage.uri_of(result.filesystem, path)
+    return None
 
 
-def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, sweep_dir: Path) -> None:
+def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, results) -> None:
     for run in tracking.ranked_child_runs(uri, parent, spec.metric, spec.mode):
-        found = trial_checkpoint(sweep_dir, run.data.tags.get("trial_id", ""))
+        found = trial_checkpoint(run, results)
         if found:
             break
     else:
@@ -175,26 +201,28 @@ def main(argv=None) -> int:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
         spec.num_samples = args.num_samples
     sentences = job.preflight(base)
-    storage, uri = Path(base.output_dir).resolve(), tracking.tracking_uri()
+    root, uri = base.output_dir, tracking.tracking_uri()  # output_dir: checked and resolved by preflight
     job.start(base)
     # Searched parameters are checked against the corpus per trial, after clipping the space.
     corpus = job.prepare(base, sentences, check=False)
     spec.clip(base.build_recipe().space_limits(corpus.states))
 
-    sweep_dir = latest_sweep(storage, args.method) if args.resume else None
-    if args.resume and sweep_dir is None:
-        raise UserError(f"--resume: no earlier {args.method} sweep under {storage}")
-    if sweep_dir is not None:  # Tune restores the sweep as it was started (its num_samples)
-        state = json.loads((sweep_dir / SWEEP_STATE).read_text())
+    found = latest_sweep(root, args.method) if args.resume else None
+    if args.resume and found is None:
+        raise UserError(f"--resume: no earlier {args.method} sweep under {root}")
+    if found is not None:  # Tune restores the sweep as it was started (its num_samples)
+        sweep_dir, state = found
         parent = state["parent_run_id"]
         tracking.reopen_run(uri, parent)
     else:
-        sweep_dir = storage / f"{args.method}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
-        sweep_dir.mkdir(parents=True)
-        parent = tracking.start_run(uri, args.method, sweep_dir.name, {**job.run_tags(base), "sweep": "true"})
+        name = f"{args.method}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+        sweep_dir = storage.join(root, name)
+        parent = tracking.start_run(uri, args.method, name, {**job.run_tags(base), "sweep": "true"})
         tracking.log_params(uri, parent, {**base.flat(), **spec.as_params()})
         state = {"parent_run_id": parent, "method": args.method, "expected_trials": spec.expected_trials()}
-        (sweep_dir / SWEEP_STATE).write_text(json.dumps(state))
+        # In output_dir's storage, beside Tune's own state: --resume finds both there, also when
+        # the driver ran in a `ray job submit` working copy that is gone.
+        storage.write_text(storage.join(sweep_dir, SWEEP_STATE), json.dumps(state))
 
     status = "FAILED"
     outcomes = _outcomes_callback()
@@ -202,9 +230,9 @@ def main(argv=None) -> int:
         results = run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
         # A restored Tuner brings its own copy of the callback: errors are read from the results too.
         outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
-        if interrupted(sweep_dir / "tune", state.get("expected_trials", spec.expected_trials())):
+        if interrupted(storage.join(sweep_dir, "tune"), state.get("expected_trials", spec.expected_trials())):
             raise KeyboardInterrupt
-        report_best(uri, parent, spec, base, sweep_dir)
+        report_best(uri, parent, spec, base, results)
         status = "FINISHED"
         return 0
     except KeyboardInterrupt:

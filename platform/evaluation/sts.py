@@ -37,8 +37,9 @@ def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> f
 class STSEvaluator:
     """Loads the chosen tasks once; calling it on an encoder returns ``{task: spearman x100}``."""
 
-    def __init__(self, tasks=STS_TASKS, root: Path | None = None, split: str = "test", batch_size: int = 128):
-        self.pairs: list[STSPairs] = [load_sts(t, root, split=split) for t in tasks]
+    def __init__(self, tasks=STS_TASKS, root: Path | None = None, split: str = "test", batch_size: int = 128,
+                 pairs: list[STSPairs] | None = None):
+        self.pairs: list[STSPairs] = pairs if pairs is not None else [load_sts(t, root, split=split) for t in tasks]
         self.tasks = list(tasks)
         self.batch_size = batch_size
         # Encode every distinct sentence once across all tasks (STS reuses many sentences).
@@ -54,6 +55,13 @@ class STSEvaluator:
     @classmethod
     def stsb_dev(cls, root: Path | None = None, batch_size: int = 128) -> "STSEvaluator":
         return cls(("STSBenchmark",), root, split="dev", batch_size=batch_size)
+
+    @classmethod
+    def from_pairs(cls, tasks: dict[str, dict[str, list]], batch_size: int = 128) -> "STSEvaluator":
+        """From pairs already read (``{task: {"sent1", "sent2", "scores"}}``), e.g. sent by a driver."""
+        pairs = [STSPairs(t, list(p["sent1"]), list(p["sent2"]), np.asarray(p["scores"], dtype=float))
+                 for t, p in tasks.items()]
+        return cls(tuple(tasks), batch_size=batch_size, pairs=pairs)
 
     def __call__(self, encoder: Encoder, pooler: str | None = None) -> dict[str, float]:
         emb = encoder.encode(self.sentences, batch_size=self.batch_size, pooler=pooler)

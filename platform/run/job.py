@@ -11,15 +11,14 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from methods.encoder import Encoder, load_tokenizer
 from platform import tracking
 from platform.config import TrainConfig
 from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
 from platform.data.columns import CorpusData, prepare_corpus
-from platform.errors import DataError, writable_dir
-from platform.run import checkpoint
+from platform.errors import ConfigError, DataError
+from platform.run import checkpoint, storage
 from platform.run.local_models import resolve_local_models, uses_random_mlm
 from platform.run.loop import DEV_METRIC, RunContext, train_loop_per_worker
 
@@ -40,7 +39,9 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     load_tokenizer(cfg.model)
     resolve_local_models(cfg.ingredient_params)
     cfg.build_recipe().preflight()
-    writable_dir(cfg.output_dir, "output_dir")
+    if cfg.runtime == "process" and storage.is_uri(cfg.output_dir):
+        raise ConfigError(f"runtime=process keeps its checkpoint on this machine: output_dir must be a local path, not {cfg.output_dir}")
+    cfg.output_dir = storage.check_writable(cfg.output_dir)
     tracking.check_reachable(tracking.tracking_uri())
     return sentences
 
@@ -66,26 +67,33 @@ def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True) -> Corpu
 @dataclasses.dataclass
 class FitResult:
     best_dev: float | None
-    checkpoint: str | None  # the best checkpoint's folder (persisted by Ray, or under output_dir)
-    ray_checkpoint: Any = None  # ray.train.Checkpoint under the Ray runtime (may live in remote storage)
+    checkpoint: str | None  # the best checkpoint: a local folder or a URI in output_dir's storage
     metrics: dict = dataclasses.field(default_factory=dict)  # the last report (Ray) or the loop's summary
 
 
-def fit(cfg: TrainConfig, corpus: CorpusData, *, uri: str | None, run_id: str | None, storage: Path, name: str,
+def dev_pairs() -> dict[str, list]:
+    """STS-B dev as plain lists, read here on the driver: training workers on other nodes get
+    it with their configuration instead of reading a data folder they may not have."""
+    pairs = load_sts("STSBenchmark", data_dir(), split="dev")
+    return {"sent1": list(pairs.sent1), "sent2": list(pairs.sent2), "scores": [float(x) for x in pairs.scores]}
+
+
+def fit(cfg: TrainConfig, corpus: CorpusData, *, uri: str | None, run_id: str | None, storage_path: str, name: str,
         tune_callback: bool = False) -> FitResult:
     """Train with the configured runtime; the best checkpoint by STS-B dev."""
     ctx = RunContext(config=cfg.flat(), runtime=cfg.runtime, num_sentences=corpus.num_sentences,
-                     tracking_uri=uri, run_id=run_id)
+                     tracking_uri=uri, run_id=run_id, dev=dev_pairs())
     if cfg.runtime == "process":
-        ctx.corpus, ctx.run_dir = corpus, str(storage / name)
+        ctx.corpus, ctx.run_dir = corpus, str(Path(storage_path, name))
         out = train_loop_per_worker(ctx.loop_config())
-        best = storage / name / "best"
+        best = Path(storage_path, name, "best")
         return FitResult(out["best_" + DEV_METRIC], str(best) if checkpoint.is_checkpoint(best) else None, metrics=out)
-    return _fit_ray(cfg, corpus, ctx, storage, name, tune_callback)
+    return _fit_ray(cfg, corpus, ctx, storage_path, name, tune_callback)
 
 
-def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Path, name: str,
+def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path: str, name: str,
              tune_callback: bool) -> FitResult:
+    import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -101,6 +109,8 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Pat
     if cfg.data_pipeline == "ray":
         datasets = epoch_datasets(cfg.build_recipe(), corpus.columns, corpus.states, cfg.epochs, cfg.seed,
                                   num_cpus=cfg.augment_cpus)
+    else:  # every worker slices the same global batches: the corpus reaches it through the object store
+        ctx.corpus_ref = ray.put((corpus.columns, corpus.states))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=ctx.loop_config(),
@@ -109,7 +119,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Pat
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             name=name,
-            storage_path=str(storage),
+            storage_path=storage_path,  # a URI on a cluster: every node reads and writes checkpoints there
             # Every evaluation reports a resumable checkpoint; Ray keeps the best by STS-B dev and
             # always the latest, which a restarted worker group resumes from.
             checkpoint_config=ray.train.CheckpointConfig(
@@ -123,11 +133,18 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage: Pat
     scored = [(c, m) for c, m in (result.best_checkpoints or []) if DEV_METRIC in m]
     best = max(scored, key=lambda cm: cm[1][DEV_METRIC])[0] if scored else result.checkpoint
     metrics = dict(result.metrics or {})
-    return FitResult(metrics.get("best_" + DEV_METRIC), best.path if best else None, best, metrics)
+    return FitResult(metrics.get("best_" + DEV_METRIC), storage.uri_of(best.filesystem, best.path) if best else None,
+                     metrics)
 
 
-def finalize(uri: str, run_id: str, checkpoint_dir: str | Path, log_to: list[str] | None = None) -> dict[str, float]:
-    """Evaluate a checkpoint on the 7 STS tasks; log the table and the model in both formats."""
+def finalize(uri: str, run_id: str, location: str, log_to: list[str] | None = None) -> dict[str, float]:
+    """Evaluate a checkpoint (a folder or a URI) on the 7 STS tasks; log the table and the model
+    in both formats."""
+    with storage.local_copy(location) as folder:
+        return _finalize(uri, run_id, folder, log_to)
+
+
+def _finalize(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None) -> dict[str, float]:
     from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
     from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 

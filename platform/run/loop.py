@@ -54,7 +54,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" and cfg.bf16
                 else contextlib.nullcontext())
-    evaluator = STSEvaluator.stsb_dev(batch_size=cfg.eval_batch_size) if rt.is_chief else None
+    evaluator = rt.dev_evaluator() if rt.is_chief else None
 
     pos = rt.restore(model, optimizer, schedule) or Position()
     if pos.step and rt.is_chief:
@@ -151,6 +151,10 @@ class RunContext:
     tracking_uri: str | None = None  # MLflow run that rank 0 logs step metrics to (None: print only)
     run_id: str | None = None
     run_dir: str | None = None  # process runtime: where the best checkpoint is kept
+    # STS-B dev ({"sent1", "sent2", "scores"} lists) read by the driver: a worker on another node
+    # has no data folder. None: rank 0 reads it from $PLATFORM_DATA_DIR.
+    dev: dict[str, list] | None = None
+    corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, states)
 
     def loop_config(self) -> dict[str, Any]:
         """For Ray's ``train_loop_config``: plain values only. Ray's Train controller unpickles it
@@ -185,6 +189,11 @@ class Runtime:
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         raise NotImplementedError
+
+    def dev_evaluator(self) -> STSEvaluator:
+        if self.ctx.dev is None:
+            return STSEvaluator.stsb_dev(batch_size=self.cfg.eval_batch_size)
+        return STSEvaluator.from_pairs({"STSBenchmark": self.ctx.dev}, batch_size=self.cfg.eval_batch_size)
 
     def batches(self, recipe: Recipe, epoch: int) -> Iterator[dict[str, np.ndarray]]:
         """This worker's share of the epoch's global batches, with the recipe's per-epoch columns."""
@@ -284,6 +293,16 @@ class RayTrainRuntime(Runtime):
 
     def num_sentences(self, recipe):
         return self.ctx.num_sentences if self.cfg.data_pipeline == "ray" else super().num_sentences(recipe)
+
+    def _read_corpus(self, recipe):
+        if self.ctx.corpus_ref is None:
+            return super()._read_corpus(recipe)
+        import ray
+
+        # Prepared once by the driver; no worker reads the corpus or the caches from its own disk.
+        if not hasattr(self, "_corpus"):
+            self._corpus = CorpusData(*ray.get(self.ctx.corpus_ref))
+        return self._corpus
 
     def restore(self, model, optimizer, schedule):
         """The latest reported checkpoint: Ray Train restarts a failed worker group with it."""

@@ -14,7 +14,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 
 # Passed through to workers; paths are made absolute since workers run in the shipped copy.
-FORWARDED_ENV = ("PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE", "NLTK_DATA", "TRANSFORMERS_OFFLINE")
+FORWARDED_ENV = ("PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE", "NLTK_DATA", "TRANSFORMERS_OFFLINE",
+                 "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
 
 
 def worker_env() -> dict[str, str]:
@@ -22,8 +23,9 @@ def worker_env() -> dict[str, str]:
     # folder would be a new, empty one: they read the driver's cache, so corpus statistics and
     # generated columns are made once (on another node the folder is created and filled there).
     from platform.data.cache import cache_root
+    from platform.tracking import GIT_COMMIT_ENV, git_commit
 
-    env = {"TOKENIZERS_PARALLELISM": "false", "PLATFORM_CACHE_DIR": str(cache_root())}
+    env = {"TOKENIZERS_PARALLELISM": "false", "PLATFORM_CACHE_DIR": str(cache_root()), GIT_COMMIT_ENV: git_commit()}
     for key in FORWARDED_ENV:
         value = os.environ.get(key)
         if value:

@@ -1,0 +1,125 @@
+"""Where runs persist: a local folder, a shared mount, or object storage (``s3://``, ``gs://``),
+named by one string, ``output_dir``.
+
+On a multi-node cluster every node must reach the checkpoints (Ray Train persists them from the
+workers, Tune restores a sweep from them), so ``output_dir`` is then a URI; S3-compatible stores
+are reached through the standard AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...),
+which pyarrow (Ray's storage layer) and boto3 both read. Local paths stay plain paths, resolved
+against the working directory. Every read and write of ``output_dir`` goes through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from platform.errors import UserError
+
+# pyarrow names its file systems by type; URIs name them by scheme.
+_SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
+
+
+def is_uri(location: str | os.PathLike) -> bool:
+    return "://" in str(location)
+
+
+def resolve(location: str | os.PathLike) -> str:
+    """A URI unchanged (without a trailing slash), a local path made absolute."""
+    text = str(location)
+    return text.rstrip("/") if is_uri(text) else str(Path(text).expanduser().resolve())
+
+
+def join(location: str, *parts: str) -> str:
+    return "/".join([location.rstrip("/"), *parts]) if is_uri(location) else str(Path(location, *parts))
+
+
+def filesystem(location: str):
+    """``(pyarrow file system, path inside it)`` for a URI or a local path."""
+    import pyarrow.fs as pafs
+
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), resolve(location)
+    try:
+        return pafs.FileSystem.from_uri(location)
+    except Exception as exc:  # unknown scheme, no credentials for the scheme's client
+        raise UserError(f"output_dir {location}: cannot open ({_reason(exc)})") from None
+
+
+def uri_of(fs, path: str) -> str:
+    """The inverse of ``filesystem``: what Ray's ``Checkpoint(path, filesystem)`` points at, as one string."""
+    scheme = _SCHEMES.get(getattr(fs, "type_name", "local"))
+    return f"{scheme}://{path}" if scheme else path
+
+
+def write_text(location: str, text: str) -> None:
+    fs, path = filesystem(location)
+    parent = path.rsplit("/", 1)[0]
+    fs.create_dir(parent, recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(text.encode("utf-8"))
+
+
+def read_text(location: str) -> str | None:
+    """The file's text, or None when it does not exist."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(location)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as src:
+        return src.read().decode("utf-8")
+
+
+def list_dirs(location: str) -> list[str]:
+    """The names of the folders directly under ``location`` (none if it does not exist)."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(location)
+    selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+    return sorted(i.base_name for i in fs.get_file_info(selector) if i.type == pafs.FileType.Directory)
+
+
+def check_writable(location: str, what: str = "output_dir") -> str:
+    """Create ``location`` and prove it takes a file: a read-only disk, a missing bucket or
+    refused credentials become one clear line before Ray starts, not a failure at the first
+    checkpoint."""
+    if not is_uri(location):
+        from platform.errors import writable_dir
+
+        return str(writable_dir(location, what))
+    fs, path = filesystem(location)
+    probe = f"{path}/.write-test-{os.getpid()}"
+    try:
+        fs.create_dir(path, recursive=True)
+        with fs.open_output_stream(probe) as out:
+            out.write(b"ok")
+        fs.delete_file(probe)
+    except Exception as exc:
+        raise UserError(f"{what} {location} is not writable ({_reason(exc)})") from None
+    return resolve(location)
+
+
+@contextlib.contextmanager
+def local_copy(location: str) -> Iterator[Path]:
+    """A folder on this machine with the contents of ``location`` (itself when it is local; a
+    downloaded copy, removed afterwards, when it is a URI)."""
+    if not is_uri(location):
+        yield Path(location)
+        return
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(location)
+    tmp = Path(tempfile.mkdtemp(prefix="checkpoint-"))
+    try:
+        pafs.copy_files(path, str(tmp), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reason(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
