@@ -134,6 +134,11 @@ class Topology:
     def s3_env(self) -> dict[str, str]:
         return {**ACCESS, "AWS_ENDPOINT_URL": self.s3_endpoint}
 
+    def s3_client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.s3_endpoint, **_boto(ACCESS))
+
     def ray_env(self) -> dict[str, str]:
         return {**self.s3_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.ray_token}
 
@@ -163,9 +168,7 @@ class Topology:
     def _up(self) -> None:
         s3 = self._start("s3", [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)], {})
         _wait("S3 server", lambda: _http_ok(self.s3_endpoint + "/moto-api/"), proc=s3)
-        import boto3
-
-        boto3.client("s3", endpoint_url=self.s3_endpoint, **_boto(ACCESS)).create_bucket(Bucket=BUCKET)
+        self.s3_client().create_bucket(Bucket=BUCKET)
         mlflow = self._start("mlflow", [
             _bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port), "--workers", "1",
             "--backend-store-uri", f"sqlite:///{self.mlflow_dir / 'mlflow.db'}",
@@ -185,8 +188,7 @@ class Topology:
     def start_worker(self, i: int) -> subprocess.Popen:
         """Worker ``i`` in its own mount namespace; its empty folders are its own disk."""
         binds = []
-        for k, path in enumerate(self.hidden):
-            empty = self.base / f"worker{i}" / f"disk{k}"
+        for path, empty in self.worker_disks(i).items():
             empty.mkdir(parents=True, exist_ok=True)
             path.mkdir(parents=True, exist_ok=True)
             binds.append(shlex.join(["mount", "--bind", str(empty), str(path)]))
@@ -198,6 +200,10 @@ class Topology:
         script = " && ".join([*binds, f"exec {ray}"])
         return self._start(f"worker{i}", ["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", script],
                            self.ray_env())
+
+    def worker_disks(self, i: int) -> dict[Path, Path]:
+        """Each hidden folder of the head -> the empty folder worker ``i`` sees in its place."""
+        return {path: self.base / f"worker{i}" / f"disk{k}" for k, path in enumerate(self.hidden)}
 
     def alive_nodes(self) -> list[dict]:
         request = urllib.request.Request(self.dashboard + "/nodes?view=summary",

@@ -159,12 +159,16 @@ def trial_checkpoint(run, results) -> str | None:
 
 
 def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, results) -> None:
+    best = None
     for run in tracking.ranked_child_runs(uri, parent, spec.metric, spec.mode):
         found = trial_checkpoint(run, results)
-        if found:
-            break
-    else:
+        if found and not run.data.tags.get("best_checkpoint"):  # a stopped trial's run says where it is too
+            tracking.set_tags(uri, run.info.run_id, {"best_checkpoint": found})
+        if found and best is None:
+            best = run, found
+    if best is None:
         raise UserError("no trial produced a checkpoint; see the trials' errors above")
+    run, found = best
     tracking.set_tags(uri, run.info.run_id, {"best_checkpoint": found})
     tracking.set_tags(uri, parent, {"best_run_id": run.info.run_id, "best_checkpoint": found})
     scores = job.finalize(uri, run.info.run_id, found, log_to=[parent]) if base.final_eval else {}

@@ -89,12 +89,16 @@ def test_una_sweep_on_the_topology(topology, tiny_model, small_corpus, tmp_path)
         assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")
 
     # The artifacts are in the S3 store behind the server, not on the head's disk.
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=topology.s3_endpoint)
+    s3 = topology.s3_client()
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="mlflow/").get("Contents", [])]
     assert any(k.endswith("sts_results.json") for k in keys)
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix="una-sweep/").get("KeyCount", 0) > 0
+
+    # Nothing was read from or written to a worker's own copy of the head's folders: the TF-IDF
+    # statistics were made once, on the head, and reached the workers through the object store.
+    for i in range(topology.workers):
+        for hidden, disk in topology.worker_disks(i).items():
+            assert not any(disk.iterdir()), f"worker{i} wrote into its {hidden}: {sorted(disk.rglob('*'))[:5]}"
 
     import mlflow
 

@@ -1,5 +1,7 @@
 """Issue 7 on one machine: a two-node Ray cluster trains like one worker; a killed training worker
-is replaced and the run resumes from its latest checkpoint with a clean metric history."""
+is replaced and the run resumes from its latest checkpoint with a clean metric history. (A sweep
+interrupted on the driver and resumed, and a killed node, run on the multi-node topology with
+object storage: tests/test_multinode.py.)"""
 
 from __future__ import annotations
 
@@ -122,71 +124,3 @@ def test_killed_worker_resumes_from_latest_checkpoint(tiny_model, small_corpus, 
         assert sorted(dev_steps) == list(range(eval_steps, steps + 1, eval_steps))
     finally:
         cluster.shutdown()
-
-
-def test_sweep_interrupted_resumed_and_summarised(tiny_model, small_corpus, tmp_path, mlflow_uri):
-    """A SimCSE sweep of 3 trials: interrupted on the driver (SIGINT) once a trial has finished, it
-    resumes without re-running finished trials, ends with every run FINISHED, the best trial's
-    checkpoint and 7-task table in MLflow; resuming the finished sweep runs nothing again. (The Ray
-    Data pipeline under Tune is exercised by the recipe sweep; this one reads batches locally.)"""
-    from tests.test_cli import _train_args
-
-    # 3 trials on 2 CPUs: two run, the first to finish triggers the interrupt, at least one is left.
-    args = ["--num-samples", "3", *_train_args(tiny_model, small_corpus, tmp_path, "--set", "max_steps=6",
-                                             "--set", "eval_steps=3", "--set", "num_workers=1",
-                                             "--set", "data_pipeline=local")]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}
-    proc = subprocess.Popen([sys.executable, "-m", "platform.tune", "simcse", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 400
-    finished: set[str] = set()
-    while time.time() < deadline and proc.poll() is None and not finished:
-        time.sleep(0.5)
-        c, runs = _runs(mlflow_uri)
-        finished = {r.data.tags["trial_id"] for r in runs if r.data.tags.get("trial_id") and r.info.status == "FINISHED"}
-    assert finished, "no trial finished before the sweep ended"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
-    c, runs = _runs(mlflow_uri)
-    if proc.returncode == 0:
-        pytest.skip("the sweep completed before the interrupt reached it")
-    assert proc.returncode == 130, err[-3000:]
-    assert "--resume" in out
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    done_before = {r.data.tags["trial_id"] for r in runs if r.data.tags.get("trial_id") and r.info.status == "FINISHED"}
-    assert finished <= done_before
-
-    resumed = subprocess.run([sys.executable, "-m", "platform.tune", "simcse", "--resume", *args], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "best trial" in resumed.stdout and "checkpoint:" in resumed.stdout
-    c, runs = _runs(mlflow_uri)
-    children = [r for r in runs if r.data.tags.get("trial_id")]
-    per_trial: dict[str, list] = {}
-    for r in children:
-        per_trial.setdefault(r.data.tags["trial_id"], []).append(r)
-    assert len(per_trial) == 3
-    for trial_id in done_before:
-        assert len(per_trial[trial_id]) == 1  # a finished trial did not run again
-    parents = [r for r in runs if not r.data.tags.get("trial_id")]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert parents[0].data.tags.get("sweep") == "true"
-    # The summary: the best trial by STS-B dev, its checkpoint and its 7-task table.
-    parent = parents[0]
-    best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
-    assert best.data.metrics["best_stsb_dev_spearman"] == max(
-        r.data.metrics.get("best_stsb_dev_spearman", -1e9) for r in children)
-    assert "sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
-    for child in children:
-        assert {"lr", "temperature"} <= set(child.data.params)
-    assert {a.path for a in c.list_artifacts(best.info.run_id, "best_checkpoint")} == {
-        "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
-
-    # Resuming a finished sweep re-runs no trial and reports the same best trial.
-    again = subprocess.run([sys.executable, "-m", "platform.tune", "simcse", "--resume", *args], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    c, runs = _runs(mlflow_uri)
-    assert len([r for r in runs if r.data.tags.get("trial_id")]) == len(children)
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    assert parent.data.tags["best_run_id"] in again.stdout
