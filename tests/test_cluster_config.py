@@ -33,3 +33,32 @@ def test_cluster_layout_and_security_defaults():
     assert "cu128" in " ".join(cfg["worker_setup_commands"]) and "cpu" in " ".join(cfg["head_setup_commands"])
     text = (ROOT / "cluster.yaml").read_text().lower()
     assert "aws_secret_access_key" not in text and "password" not in text
+
+
+def test_cluster_sized_to_the_paper_sweeps_and_head_runs_no_training():
+    """The GPU nodes the cluster can scale to are what the paper profile's concurrent trials use
+    (each trial num_workers GPUs, one GPU per node); the head offers Ray no CPUs or GPUs, so no
+    Train worker or Ray Data task lands there."""
+    from platform.config import TrainConfig
+    from platform.space import load_space
+
+    cfg = _config()
+    gpu_nodes = cfg["available_node_types"]["gpu_worker"]["max_workers"]
+    assert cfg["max_workers"] == gpu_nodes
+    for method in ("simcse", "una", "san", "augcse", "vascl"):
+        base = TrainConfig.build(method, "paper")
+        spec = load_space(base, None)
+        assert spec.max_concurrent_trials * base.num_workers == gpu_nodes, method
+    head = " ".join(cfg["head_start_ray_commands"])
+    assert "--num-cpus=0" in head
+
+
+def test_fresh_ubuntu_gets_a_venv_that_jobs_use():
+    """Ubuntu 22.04 cloud images lack python3-venv; every node installs it, makes ~/venv, and puts
+    it first on PATH for the Ray processes that start jobs (whose entrypoint says `python`)."""
+    cfg = _config()
+    setup = " ".join(cfg["setup_commands"])
+    assert "apt-get install" in setup and "python3-venv" in setup and "python3 -m venv ~/venv" in setup
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = " ".join(cfg[key])
+        assert start.index('export PATH="$HOME/venv/bin:$PATH"') < start.index("ray start")
