@@ -156,6 +156,11 @@ def log_folder(uri: str, run_id: str, folder: Path, artifact_path: str) -> None:
     client(uri).log_artifacts(run_id, str(folder), artifact_path)
 
 
+def log_table(uri: str, run_id: str, frame, artifact_file: str) -> None:
+    """A pandas DataFrame as an MLflow table (shown in the UI's artifact and evaluation views)."""
+    client(uri).log_table(run_id, data=frame, artifact_file=artifact_file)
+
+
 # ------------------------------------------------------------------------------------------------
 # A sweep's runs: one parent, one child per trial (tagged with Tune's trial id)
 
@@ -220,3 +225,72 @@ class MetricSink:
                 self.logged_until[k] = step
         if metrics:
             log_metrics(self.uri, self.run_id, metrics, step)
+
+
+# ------------------------------------------------------------------------------------------------
+# Model Registry
+
+CHAMPION = "champion"
+INPUT_EXAMPLE = ["A man is playing a guitar.", "A woman is slicing a tomato."]
+
+
+def registered_name(method: str, recipe: str) -> str:
+    """``<recipe>-encoder``: the paper's name for a named recipe (``una-encoder``), else the
+    ingredients (``recipe-negatives-una-san-loss-hince-aux-vascl-encoder``)."""
+    import re
+
+    if method != "recipe":
+        return f"{method}-encoder"
+    parts = [p for p in recipe.split() if not p.endswith(("=none", "=dropout"))]
+    return "recipe-" + re.sub(r"[^A-Za-z0-9]+", "-", " ".join(parts)).strip("-") + "-encoder"
+
+
+def log_encoder_model(uri: str, run_id: str, st_dir: Path, artifact_path: str = "model") -> str:
+    """The exported encoder as an MLflow model of the ``sentence_transformers`` flavor (signature
+    and input example included), in the run's artifacts; returns its ``runs:/`` URI."""
+    import tempfile
+
+    import mlflow.sentence_transformers
+    from mlflow.models import infer_signature
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(st_dir), device="cpu")
+    signature = infer_signature(INPUT_EXAMPLE, model.encode(INPUT_EXAMPLE))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / artifact_path
+        mlflow.sentence_transformers.save_model(model, str(path), signature=signature, input_example=INPUT_EXAMPLE)
+        client(uri).log_artifacts(run_id, str(path), artifact_path)
+    return f"runs:/{run_id}/{artifact_path}"
+
+
+def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: float, tags: dict[str, str]) -> tuple[str, bool]:
+    """A new version of ``name`` with ``tags``; the ``champion`` alias moves to it only when its
+    STS-B dev beats the current champion's. Returns (version, whether it became champion)."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(uri)
+    try:
+        c.get_registered_model(name)
+    except MlflowException:
+        c.create_registered_model(name, description="Sentence encoders trained by the platform; "
+                                                    "alias 'champion' = best STS-B dev so far.")
+    version = c.create_model_version(name, model_uri, run_id=run_id,
+                                     tags={**tags, "stsb_dev_spearman": f"{dev:.6f}"}).version
+    _wait_ready(c, name, version)
+    try:
+        current = c.get_model_version_by_alias(name, CHAMPION)
+        best = float(current.tags.get("stsb_dev_spearman", "-inf"))
+    except MlflowException:
+        best = float("-inf")
+    promoted = dev > best
+    if promoted:
+        c.set_registered_model_alias(name, CHAMPION, version)
+    return version, promoted
+
+
+def _wait_ready(c, name: str, version: str, timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while c.get_model_version(name, version).status == "PENDING_REGISTRATION" and time.monotonic() < deadline:
+        time.sleep(0.5)

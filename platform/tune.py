@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from platform import tracking
+from platform import sweep_summary, tracking
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import job, storage
@@ -236,6 +236,7 @@ def main(argv=None) -> int:
         outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
         if interrupted(storage.join(sweep_dir, "tune"), state.get("expected_trials", spec.expected_trials())):
             raise KeyboardInterrupt
+        sweep_summary.summarise(uri, parent, results, spec, total_steps(base, len(sentences)))
         report_best(uri, parent, spec, base, results)
         status = "FINISHED"
         return 0

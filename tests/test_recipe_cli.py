@@ -5,7 +5,9 @@ combination of the issue sweeps on Ray with 2 trials, and invalid recipes are re
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -140,6 +142,30 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) >= len(scales)
     assert "sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
     assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
+
+    # The sweep's summary: every trial in a table (console, MLflow table, CSV) and plots as PNGs.
+    assert "sweep: 2 trials" in proc.stdout
+    for child in children:
+        assert child.data.tags["trial_id"] in proc.stdout
+    parent_id = parents[0].info.run_id
+    folder = Path(c.download_artifacts(parent_id, "", str(tmp_path / "parent-artifacts")))
+    table = pd.read_csv(folder / "sweep_summary.csv")
+    assert len(table) == 2 and searched <= set(table.columns)
+    assert {"trial_id", "best_stsb_dev_spearman", "steps", "status"} <= set(table.columns)
+    assert set(table["trial_id"]) == {r.data.tags["trial_id"] for r in children}
+    assert table["best_stsb_dev_spearman"].tolist() == sorted(table["best_stsb_dev_spearman"], reverse=True)
+    assert (folder / "sweep_summary.json").is_file()
+    from PIL import Image
+
+    for name in ("params_vs_stsb_dev_spearman.png", "param_importance.png"):
+        with Image.open(folder / "plots" / name) as image:
+            assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 100
+
+    # The best trial's encoder in the Model Registry, champion as the first version.
+    name = "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
+    champion = c.get_model_version_by_alias(name, "champion")
+    assert champion.version == "1" and champion.run_id == parents[0].data.tags["best_run_id"]
+    assert champion.tags["recipe"] == want and "sts_avg" in champion.tags
 
 
 @pytest.mark.parametrize(

@@ -164,10 +164,26 @@ def _finalize(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | N
         try:
             st_dir = export_sentence_transformers(model, Path(tmp) / "st", pooler)
             tracking.log_folder(uri, run_id, st_dir, "best_checkpoint/sentence-transformers")
+            register(uri, run_id, st_dir, state, scores)
         except ExportUnsupported as exc:
             tracking.set_tags(uri, run_id, {"sentence_transformers_export": f"skipped: {exc}"})
     tracking.set_tags(uri, run_id, {"best_step": str(state["step"])})
     return scores
+
+
+def register(uri: str, run_id: str, st_dir: Path, state: dict, scores: dict[str, float]) -> None:
+    """The best checkpoint as an MLflow model (``sentence_transformers`` flavor) in the run, and a
+    version of ``<recipe>-encoder`` in the Model Registry, tagged with its 7-task table, recipe and
+    commit; the ``champion`` alias moves to it only if its STS-B dev beats the champion's."""
+    name = tracking.registered_name(state["method"], state["recipe"])
+    model_uri = tracking.log_encoder_model(uri, run_id, st_dir)
+    tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": tracking.git_commit(),
+            "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()}}
+    version, champion = tracking.register_encoder(uri, name, model_uri, run_id, float(state[DEV_METRIC]), tags)
+    tracking.set_tags(uri, run_id, {"registered_model": f"{name}/{version}"})
+    verdict = "now the champion" if champion else "the champion stays (better STS-B dev)"
+    print(f"registered {name} version {version} ({DEV_METRIC} {state[DEV_METRIC]:.2f}): {verdict}; "
+          f"load it with mlflow.sentence_transformers.load_model('models:/{name}@{tracking.CHAMPION}')", flush=True)
 
 
 def run_tags(cfg: TrainConfig) -> dict[str, str]:

@@ -1,0 +1,132 @@
+"""The end of a sweep, for a researcher: every trial in one table (its searched parameters, best
+STS-B dev, steps, status), printed and logged on the sweep's parent run as an MLflow table and a
+CSV, with Optuna-style plots (each parameter against the dev score; parameter importance by
+Optuna's fANOVA over the finished trials) logged as PNG images.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from platform import tracking
+from platform.space import SearchSpace
+
+
+def trial_table(results, spec: SearchSpace, total_steps: int):
+    """One row per trial of Tune's results, best first."""
+    import pandas as pd
+
+    rows = []
+    for result in results:
+        metrics = result.metrics or {}
+        config = getattr(result, "config", None) or {}
+        step = metrics.get("step")
+        if result.error is not None:
+            status = "ERROR"
+        elif metrics.get("resumed_finished_trial") or (step is not None and step >= total_steps):
+            status = "FINISHED"
+        else:
+            status = "STOPPED"  # by the scheduler (ASHA), or never reported
+        row = {"trial_id": metrics.get("trial_id", ""), **{k: config.get(k) for k in spec.space},
+               f"best_{spec.metric}": metrics.get(f"best_{spec.metric}"), "steps": step, "status": status}
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if len(frame):
+        frame = frame.sort_values(f"best_{spec.metric}", ascending=spec.mode == "min", na_position="last")
+    return frame.reset_index(drop=True)
+
+
+def format_table(frame) -> str:
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}" if abs(value) < 1e-2 or abs(value) >= 1e4 else f"{value:.2f}"
+        return "" if value is None else str(value)
+
+    header = list(frame.columns)
+    body = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
+    return "\n".join(lines)
+
+
+def importances(frame, spec: SearchSpace) -> dict[str, float]:
+    """fANOVA importance of each searched parameter for the dev score (Optuna's evaluator), over
+    trials with a score; empty when there are too few trials or one parameter."""
+    import optuna
+
+    score = f"best_{spec.metric}"
+    done = frame.dropna(subset=[score])
+    if len(done) < 2 or len(spec.space) < 2:
+        return {}
+    dists = {name: _distribution(kind, args) for name, (kind, args) in spec.space.items()}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize" if spec.mode == "max" else "minimize")
+    for row in done.to_dict("records"):
+        params = {k: row[k] for k in spec.space}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row[score])))
+    return dict(optuna.importance.get_param_importances(study))
+
+
+def _distribution(kind: str, args: list):
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if kind in ("choice", "grid"):
+        return CategoricalDistribution(list(args))
+    if kind == "randint":
+        return IntDistribution(int(args[0]), int(args[1]))
+    return FloatDistribution(float(args[0]), float(args[1]), log=kind == "loguniform")
+
+
+def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
+    """``params_vs_<metric>.png`` (one panel per parameter) and, where it can be computed,
+    ``param_importance.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    score = f"best_{spec.metric}"
+    done = frame.dropna(subset=[score])
+    out = []
+    names = list(spec.space)
+    if names and len(done):
+        fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
+        for ax, name in zip(axes[0], names):
+            kind = spec.space[name][0]
+            x = done[name].astype(str) if kind in ("choice", "grid") else done[name].astype(float)
+            ax.scatter(x, done[score], color="tab:blue")
+            if kind == "loguniform":
+                ax.set_xscale("log")
+            ax.set_xlabel(name)
+            ax.set_ylabel(score)
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"{len(done)} trials: each parameter against {score}")
+        fig.tight_layout()
+        out.append(folder / f"params_vs_{spec.metric}.png")
+        fig.savefig(out[-1], dpi=100)
+        plt.close(fig)
+    weights = importances(frame, spec)
+    if weights:
+        fig, ax = plt.subplots(figsize=(5, 0.6 * len(weights) + 1.2))
+        ordered = sorted(weights.items(), key=lambda kv: kv[1])
+        ax.barh([k for k, _ in ordered], [v for _, v in ordered], color="tab:orange")
+        ax.set_xlabel(f"importance for {score} (fANOVA)")
+        fig.tight_layout()
+        out.append(folder / "param_importance.png")
+        fig.savefig(out[-1], dpi=100)
+        plt.close(fig)
+    return out
+
+
+def summarise(uri: str, parent: str, results, spec: SearchSpace, total_steps: int) -> None:
+    frame = trial_table(results, spec, total_steps)
+    print(f"\nsweep: {len(frame)} trials\n{format_table(frame)}", flush=True)
+    tracking.log_table(uri, parent, frame, "sweep_summary.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / "sweep_summary.csv"
+        frame.to_csv(csv, index=False)
+        tracking.log_file(uri, parent, csv)
+        for image in plots(frame, spec, Path(tmp)):
+            tracking.log_file(uri, parent, image, "plots")
