@@ -92,17 +92,29 @@ def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
     out = []
     names = list(spec.space)
     if names and len(done):
-        fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
-        for ax, name in zip(axes[0], names):
-            kind = spec.space[name][0]
-            x = done[name].astype(str) if kind in ("choice", "grid") else done[name].astype(float)
-            ax.scatter(x, done[score], color="tab:blue")
-            if kind == "loguniform":
-                ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter
+
+        cols = min(4, len(names))
+        rows = -(-len(names) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows + 0.6), squeeze=False)
+        for ax in axes.flat[len(names):]:
+            ax.set_visible(False)
+        for ax, name in zip(axes.flat, names):
+            kind, args = spec.space[name]
+            if kind in ("choice", "grid"):  # the space's values in their order, as categories
+                labels = [str(v) for v in args]
+                ax.scatter([labels.index(str(v)) if str(v) in labels else -1 for v in done[name]], done[score],
+                           color="tab:blue")
+                ax.set_xticks(range(len(labels)), labels)
+            else:
+                ax.scatter(done[name].astype(float), done[score], color="tab:blue")
+                if kind == "loguniform":
+                    ax.set_xscale("log")
+                    ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(name)
             ax.set_ylabel(score)
             ax.grid(alpha=0.3)
-        fig.suptitle(f"{len(done)} trials: each parameter against {score}")
+        fig.suptitle(f"{len(done)} trials: each searched parameter against {score}")
         fig.tight_layout()
         out.append(folder / f"params_vs_{spec.metric}.png")
         fig.savefig(out[-1], dpi=100)

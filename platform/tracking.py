@@ -263,6 +263,10 @@ def log_encoder_model(uri: str, run_id: str, st_dir: Path, artifact_path: str = 
     return f"runs:/{run_id}/{artifact_path}"
 
 
+class RegistryUnavailable(Exception):
+    """The tracking store has no Model Registry (a ``file:`` store)."""
+
+
 def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: float, tags: dict[str, str]) -> tuple[str, bool]:
     """A new version of ``name`` with ``tags``; the ``champion`` alias moves to it only when its
     STS-B dev beats the current champion's. Returns (version, whether it became champion)."""
@@ -271,7 +275,9 @@ def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: floa
     c = client(uri)
     try:
         c.get_registered_model(name)
-    except MlflowException:
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+            raise RegistryUnavailable(" ".join(str(exc).split())[:200]) from None
         c.create_registered_model(name, description="Sentence encoders trained by the platform; "
                                                     "alias 'champion' = best STS-B dev so far.")
     version = c.create_model_version(name, model_uri, run_id=run_id,

@@ -164,7 +164,7 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     # The best trial's encoder in the Model Registry, champion as the first version.
     name = "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
     champion = c.get_model_version_by_alias(name, "champion")
-    assert champion.version == "1" and champion.run_id == parents[0].data.tags["best_run_id"]
+    assert str(champion.version) == "1" and champion.run_id == parents[0].data.tags["best_run_id"]
     assert champion.tags["recipe"] == want and "sts_avg" in champion.tags
 
 

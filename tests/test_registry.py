@@ -53,7 +53,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
 
     proc = run_cli("train", "simcse", *[a for kv in (
         f"model={tiny_model}", f"corpus={small_corpus}", "batch_size=8", "max_steps=4", "eval_steps=2",
-        "runtime=process", f"output_dir={tmp_path / 'runs'}") for a in ("--set", kv)],
+        "runtime=process", "num_workers=1", f"output_dir={tmp_path / 'runs'}") for a in ("--set", kv)],
         env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "registered simcse-encoder version 1" in proc.stdout and "now the champion" in proc.stdout

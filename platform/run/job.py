@@ -179,7 +179,12 @@ def register(uri: str, run_id: str, st_dir: Path, state: dict, scores: dict[str,
     model_uri = tracking.log_encoder_model(uri, run_id, st_dir)
     tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": tracking.git_commit(),
             "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()}}
-    version, champion = tracking.register_encoder(uri, name, model_uri, run_id, float(state[DEV_METRIC]), tags)
+    try:
+        version, champion = tracking.register_encoder(uri, name, model_uri, run_id, float(state[DEV_METRIC]), tags)
+    except tracking.RegistryUnavailable as exc:  # e.g. a file store: the model stays logged in the run
+        tracking.set_tags(uri, run_id, {"registered_model": f"skipped: {exc}"})
+        print(f"note: model logged in run {run_id}, not registered ({exc})", flush=True)
+        return
     tracking.set_tags(uri, run_id, {"registered_model": f"{name}/{version}"})
     verdict = "now the champion" if champion else "the champion stays (better STS-B dev)"
     print(f"registered {name} version {version} ({DEV_METRIC} {state[DEV_METRIC]:.2f}): {verdict}; "
