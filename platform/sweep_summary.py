@@ -142,3 +142,80 @@ def summarise(uri: str, parent: str, results, spec: SearchSpace, total_steps: in
         tracking.log_file(uri, parent, csv)
         for image in plots(frame, spec, Path(tmp)):
             tracking.log_file(uri, parent, image, "plots")
+
+
+def grid_frame(runs, param: str):
+    """A sensitivity grid as the papers print it (UNA Tables C4-C6, AugCSE Table 7): one row per
+    value of ``param`` (its trial's best checkpoint), the 7 STS tasks and their mean as columns."""
+    import pandas as pd
+
+    from platform.data import STS_TASKS
+    from platform.evaluation.sts import SHORT_NAMES
+
+    rows = []
+    for run in runs:
+        if param not in run.data.params or f"sts_{STS_TASKS[0]}" not in run.data.metrics:
+            continue
+        value = _number(run.data.params[param])
+        row = {param: value, **{SHORT_NAMES[t]: run.data.metrics.get(f"sts_{t}") for t in STS_TASKS}}
+        row["Avg."] = run.data.metrics.get("sts_avg")
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    return frame.sort_values(param).reset_index(drop=True) if len(frame) else frame
+
+
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def grid_plot(frame, param: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    x = list(range(len(frame)))
+    for column in frame.columns[1:-1]:
+        ax.plot(x, frame[column], marker="o", linewidth=1, alpha=0.6, label=column)
+    ax.plot(x, frame["Avg."], marker="o", linewidth=2.5, color="black", label="Avg.")
+    ax.set_xticks(x, [str(v) for v in frame[param]])
+    ax.set_xlabel(param)
+    ax.set_ylabel("Spearman x100")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title(f"STS at every value of {param}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def grid_table(uri: str, parent: str, param: str) -> None:
+    """The grid's table printed, and logged on the parent run (MLflow table, CSV, Markdown) with its plot."""
+    frame = grid_frame(tracking.child_runs(uri, parent), param)
+    if not len(frame):
+        print(f"note: no trial of the {param} grid has a 7-task table", flush=True)
+        return
+    print(f"\n{param} grid (best checkpoint of each value):\n{format_table(frame)}", flush=True)
+    tracking.log_table(uri, parent, frame, f"grid_{param}.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        csv, md = Path(tmp) / f"grid_{param}.csv", Path(tmp) / f"grid_{param}.md"
+        frame.to_csv(csv, index=False)
+        md.write_text(_markdown(frame), encoding="utf-8")
+        for path in (csv, md):
+            tracking.log_file(uri, parent, path)
+        tracking.log_file(uri, parent, grid_plot(frame, param, Path(tmp) / f"grid_{param}.png"), "plots")
+
+
+def _markdown(frame) -> str:
+    head = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    rows = ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([head, rule, *rows]) + "\n"

@@ -52,11 +52,13 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
                   name=trial_id, tune_callback=True)
     if out.checkpoint:
         tracking.set_tags(uri, run_id, {"best_checkpoint": out.checkpoint})
+        if sweep.get("grid") and cfg.final_eval:  # a sensitivity grid: the 7 tasks at every point
+            job.evaluate_sts(uri, run_id, out.checkpoint)
     tracking.end_run(uri, run_id, "FINISHED")
 
 
 def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: str, parent: str, sweep_dir: str,
-              resume: bool, callbacks):
+              resume: bool, callbacks, grid: str | None = None):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -76,7 +78,7 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
 
         search_alg = ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=spec.max_concurrent_trials)
     sweep = {"base": base.flat(), "uri": uri, "parent": parent, "experiment": base.method, "storage": sweep_dir,
-             "sentences": sentences}
+             "sentences": sentences, "grid": grid}
     # The trial itself only waits on its Train workers: no CPU of its own, so two trials fit on
     # 2 CPUs. It runs on the head node, beside the driver: the corpus' columns and statistics a
     # trial prepares come from (or go into) the head's cache, made once per sweep, never per GPU
@@ -231,12 +233,15 @@ def main(argv=None) -> int:
     status = "FAILED"
     outcomes = _outcomes_callback()
     try:
-        results = run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes])
+        results = run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes],
+                            grid=args.grid)
         # A restored Tuner brings its own copy of the callback: errors are read from the results too.
         outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
         if interrupted(storage.join(sweep_dir, "tune"), state.get("expected_trials", spec.expected_trials())):
             raise KeyboardInterrupt
         sweep_summary.summarise(uri, parent, results, spec, total_steps(base, len(sentences)))
+        if args.grid and base.final_eval:
+            sweep_summary.grid_table(uri, parent, args.grid)
         report_best(uri, parent, spec, base, results)
         status = "FINISHED"
         return 0

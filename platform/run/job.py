@@ -144,17 +144,31 @@ def finalize(uri: str, run_id: str, location: str, log_to: list[str] | None = No
         return _finalize(uri, run_id, folder, log_to)
 
 
-def _finalize(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None) -> dict[str, float]:
-    from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
+def evaluate_sts(uri: str, run_id: str, location: str, log_to: list[str] | None = None) -> dict[str, float]:
+    """The 7 STS tasks (and their mean) on a checkpoint (a folder or a URI), logged as ``sts_*``."""
+    with storage.local_copy(location) as folder:
+        return _evaluate_sts(uri, run_id, folder, log_to)
+
+
+def _evaluate_sts(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None) -> dict[str, float]:
     from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 
     state = checkpoint.read_state(checkpoint_dir)
     model = checkpoint.model_dir(checkpoint_dir)
-    pooler = state["eval_pooler"]
-    scores = with_mean(STSEvaluator()(Encoder.from_pretrained(str(model), pooler=pooler)))
+    scores = with_mean(STSEvaluator()(Encoder.from_pretrained(str(model), pooler=state["eval_pooler"])))
     print(format_table(scores), flush=True)
     for target in [run_id, *(log_to or [])]:
         tracking.log_metrics(uri, target, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
+    return scores
+
+
+def _finalize(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None) -> dict[str, float]:
+    from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
+
+    state = checkpoint.read_state(checkpoint_dir)
+    model = checkpoint.model_dir(checkpoint_dir)
+    pooler = state["eval_pooler"]
+    scores = _evaluate_sts(uri, run_id, checkpoint_dir, log_to)
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "sts_results.json"
         results.write_text(json.dumps({"scores": scores, "pooler": pooler, "step": state["step"],
