@@ -229,7 +229,7 @@ class Topology:
     def raylet_pid(self, i: int) -> int:
         """The raylet of worker ``i`` (in its ``ray start --block``'s session)."""
         session = os.getsid(self.procs[f"worker{i}"].pid)
-        for pid, cmd in _processes():
+        for pid, cmd in processes():
             if "/raylet" in cmd.split(" ")[0] and _sid(pid) == session:
                 return pid
         raise LookupError(f"worker{i} has no raylet")
@@ -262,7 +262,8 @@ def _boto(access: dict[str, str]) -> dict[str, str]:
             "region_name": access["AWS_DEFAULT_REGION"]}
 
 
-def _processes() -> list[tuple[int, str]]:
+def processes() -> list[tuple[int, str]]:
+    """(pid, command line) of every process on this machine, read from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -284,7 +285,7 @@ def _kill_leftover_ray(gcs_port: int) -> None:
     """Ray's processes of this cluster that outlived their ``ray start --block`` (worker processes
     whose raylet was killed by a test), found by the GCS port in their command lines."""
     mark = f":{gcs_port}"
-    for pid, cmd in _processes():
+    for pid, cmd in processes():
         if mark in cmd and pid != os.getpid():
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -171,7 +171,6 @@ def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, res
     if best is None:
         raise UserError("no trial produced a checkpoint; see the trials' errors above")
     run, found = best
-    tracking.set_tags(uri, run.info.run_id, {"best_checkpoint": found})
     tracking.set_tags(uri, parent, {"best_run_id": run.info.run_id, "best_checkpoint": found})
     scores = job.finalize(uri, run.info.run_id, found, log_to=[parent]) if base.final_eval else {}
     print("\nbest trial")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tests.conftest import run_cli
 from tests.test_cli import _runs
@@ -34,16 +35,10 @@ def test_grid_sweep_evaluates_every_value(tiny_model, small_corpus, tmp_path, ml
     table = pd.read_csv(folder / "grid_alpha.csv")
     assert table["alpha"].tolist() == [1, 9] and list(table.columns) == ["alpha", *TASKS]
     for row, child in zip(table.itertuples(index=False), sorted(children, key=lambda r: int(r.data.params["alpha"]))):
-        assert row[-1] == pytest_approx(child.data.metrics["sts_avg"])
-        assert row[1] == pytest_approx(child.data.metrics["sts_STS12"])
+        assert row[-1] == pytest.approx(child.data.metrics["sts_avg"], abs=1e-6)
+        assert row[1] == pytest.approx(child.data.metrics["sts_STS12"], abs=1e-6)
     assert (folder / "grid_alpha.md").read_text().startswith("| alpha | STS12")
     from PIL import Image
 
     with Image.open(folder / "plots" / "grid_alpha.png") as image:
         assert image.format == "PNG" and image.size[0] > 300
-
-
-def pytest_approx(value):
-    import pytest
-
-    return pytest.approx(value, abs=1e-6)

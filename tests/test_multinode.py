@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from benchmarks.topology import BUCKET, Topology, available
+from benchmarks.topology import BUCKET, Topology, available, processes
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.multinode
@@ -171,15 +170,7 @@ def test_sweep_interrupted_on_the_driver_resumes_from_s3(topology, tiny_model, s
 
 
 def _train_workers() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"RayTrainWorker" in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
+    return [pid for pid, cmd in processes() if "RayTrainWorker" in cmd]
 
 
 def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_corpus):

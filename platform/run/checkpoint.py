@@ -95,10 +95,3 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 def model_dir(path: str | os.PathLike) -> Path:
     return Path(path) / MODEL
-
-
-def dev_score(path: str | os.PathLike, metric: str) -> float:
-    try:
-        return float(read_state(path).get(metric, float("-inf")))
-    except DataError:
-        return float("-inf")
