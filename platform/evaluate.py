@@ -2,7 +2,8 @@
 
 MODEL is a Hugging Face model name or directory, a training checkpoint (its ``model/`` folder and
 recorded evaluation pooler are used), a sentence-transformers folder, or the alias ``minilm``.
-Prints the SentEval STS table (Spearman x100 of cosine similarities) and optionally writes JSON.
+Prints the SentEval STS table (Spearman x100 of cosine similarities) and optionally writes JSON;
+``--log-to RUN_ID`` records transfer and clustering scores on a training run for ``platform.report``.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="+", default=["sts"],
                    help="task names, or the groups 'sts' (default), 'transfer' (SentEval) and 'clustering' (K-means on TREC)")
     p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
+    p.add_argument("--log-to", default=None, metavar="RUN_ID",
+                   help="record the transfer and clustering scores on this MLflow run (as transfer_<task>, "
+                        "cluster_<set>), where platform.report finds them")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--transfer-limit", type=int, default=None, help="transfer tasks on a slice of N training sentences")
     p.add_argument("--transfer-classifier", choices=CLASSIFIERS, default="pytorch",
@@ -95,6 +99,10 @@ def main(argv=None) -> int:
     from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 
     tasks = expand_tasks(args.tasks)
+    if args.log_to:
+        from platform import tracking
+
+        tracking.check_run(tracking.tracking_uri(), args.log_to)  # before minutes of evaluation
     sts_tasks = [t for t in tasks if t in STS_TASKS]
     cluster_sets = {t.split(":", 1)[1]: load_labelled(t.split(":", 1)[1]) for t in tasks if t in CLUSTER_TASKS}
     evaluator = STSEvaluator(sts_tasks, batch_size=args.batch_size) if sts_tasks else None  # data errors first
@@ -119,6 +127,13 @@ def main(argv=None) -> int:
               f"{result['accuracy']:.2f} +- {result['std']:.2f} (Hungarian matching, 10 seeds of 10 restarts)")
     if args.json_out:
         write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
+    if args.log_to:
+        from platform import tracking
+
+        logged = {k.replace(":", "_") if k.startswith("cluster:") else f"transfer_{k}": v
+                  for k, v in scores.items() if k in TRANSFER_TASKS or k.startswith("cluster:")}
+        tracking.log_metrics(tracking.tracking_uri(), args.log_to, logged)
+        print(f"logged {', '.join(logged) or 'nothing (no transfer or clustering task)'} to MLflow run {args.log_to}")
     return 0
 
 

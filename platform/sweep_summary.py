@@ -30,6 +30,9 @@ def trial_table(results, spec: SearchSpace, total_steps: int):
             status = "STOPPED"  # by the scheduler (ASHA), or never reported
         row = {"trial_id": metrics.get("trial_id", ""), **{k: config.get(k) for k in spec.space},
                f"best_{spec.metric}": metrics.get(f"best_{spec.metric}"), "steps": step, "status": status}
+        if any(f"best_{spec.metric}_std" in (r.metrics or {}) for r in results):  # a sweep with seeds: the mean's spread
+            row[f"best_{spec.metric}_std"] = metrics.get(f"best_{spec.metric}_std")
+            row["seeds"] = metrics.get("seeds")
         rows.append(row)
     frame = pd.DataFrame(rows)
     if len(frame):
@@ -159,6 +162,8 @@ def grid_frame(runs, param: str):
         value = _number(run.data.params[param])
         row = {param: value, **{SHORT_NAMES[t]: run.data.metrics.get(f"sts_{t}") for t in STS_TASKS}}
         row["Avg."] = run.data.metrics.get("sts_avg")
+        if "sts_avg_std" in run.data.metrics:  # a grid with seeds: each value's mean, and its spread
+            row["Avg. std"] = run.data.metrics["sts_avg_std"]
         rows.append(row)
     frame = pd.DataFrame(rows)
     return frame.sort_values(param).reset_index(drop=True) if len(frame) else frame
@@ -181,9 +186,13 @@ def grid_plot(frame, param: str, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7.5, 4))
     x = list(range(len(frame)))
-    for column in frame.columns[1:-1]:
+    for column in [c for c in frame.columns[1:] if not c.startswith("Avg.")]:
         ax.plot(x, frame[column], marker="o", linewidth=1, alpha=0.6, label=column)
-    ax.plot(x, frame["Avg."], marker="o", linewidth=2.5, color="black", label="Avg.")
+    if "Avg. std" in frame:
+        ax.errorbar(x, frame["Avg."], yerr=frame["Avg. std"], marker="o", linewidth=2.5, color="black", capsize=3,
+                    label="Avg. (mean +- std over seeds)")
+    else:
+        ax.plot(x, frame["Avg."], marker="o", linewidth=2.5, color="black", label="Avg.")
     ax.set_xticks(x, [str(v) for v in frame[param]])
     ax.set_xlabel(param)
     ax.set_ylabel("Spearman x100")

@@ -104,6 +104,17 @@ def git_commit() -> str:
         return "unknown"
 
 
+def check_run(uri: str, run_id: str) -> None:
+    """The store is reachable and holds ``run_id``."""
+    from mlflow.exceptions import MlflowException
+
+    check_reachable(uri)
+    try:
+        client(uri).get_run(run_id)
+    except MlflowException:
+        raise UserError(f"no MLflow run {run_id!r} in {redact(uri)}") from None
+
+
 def start_run(uri: str, experiment: str, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
     c = client(uri)
     exp_id = ensure_experiment(experiment, uri)
@@ -182,14 +193,18 @@ def close_child_runs(uri: str, parent: str, errored: set[str], interrupted: bool
     """No child run stays RUNNING: trials the scheduler stopped end FINISHED (tagged), errored
     ones FAILED, and after Ctrl-C the ones still running end KILLED (``--resume`` runs them again)."""
     c = client(uri)
-    for run in child_runs(uri, parent, "attributes.status = 'RUNNING'"):
-        if interrupted:
-            c.set_terminated(run.info.run_id, "KILLED")
-        elif run.data.tags.get("trial_id") in errored:
-            c.set_terminated(run.info.run_id, "FAILED")
-        else:
-            c.set_tag(run.info.run_id, "stopped_by_scheduler", "true")
-            c.set_terminated(run.info.run_id, "FINISHED")
+    for trial in child_runs(uri, parent):
+        trial_id = trial.data.tags.get("trial_id")
+        # A trial with seeds has one run per seed nested under its own.
+        nested = child_runs(uri, trial.info.run_id, "attributes.status = 'RUNNING'")
+        for run in [*nested, *([trial] if trial.info.status == "RUNNING" else [])]:
+            if interrupted:
+                c.set_terminated(run.info.run_id, "KILLED")
+            elif trial_id in errored:
+                c.set_terminated(run.info.run_id, "FAILED")
+            else:
+                c.set_tag(run.info.run_id, "stopped_by_scheduler", "true")
+                c.set_terminated(run.info.run_id, "FINISHED")
 
 
 def ranked_child_runs(uri: str, parent: str, metric: str, mode: str) -> list:
@@ -300,3 +315,53 @@ def _wait_ready(c, name: str, version: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while c.get_model_version(name, version).status == "PENDING_REGISTRATION" and time.monotonic() < deadline:
         time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Results across experiments (``platform.report``)
+
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def experiments(uri: str, names: list[str] | None = None) -> list:
+    """The named experiments (all but MLflow's ``Default`` when none are named); an unknown name
+    is a user error that lists the ones there are."""
+    c = client(uri)
+    found = {e.name: e for e in c.search_experiments()}
+    if not names:
+        return [e for n, e in sorted(found.items()) if n not in ("Default",)]
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise UserError(f"no MLflow experiment named {', '.join(map(repr, missing))} in {redact(uri)}; "
+                        f"there are: {', '.join(sorted(found)) or 'none'}")
+    return [found[n] for n in names]
+
+
+def result_runs(uri: str, experiment_ids: list[str]) -> list:
+    """Finished top-level runs (a training run, a run with seeds, a sweep) that hold a 7-task
+    table: their nested seed and trial runs are parts of them, not results of their own."""
+    runs = client(uri).search_runs(experiment_ids, filter_string="attributes.status = 'FINISHED'", max_results=5000)
+    return [r for r in runs if PARENT_TAG not in r.data.tags and "sts_avg" in r.data.metrics]
+
+
+def leaf_runs(uri: str, run) -> list:
+    """The runs under ``run`` that trained (no runs nested under them), ``run`` itself if none:
+    what its compute time is the sum of."""
+    children = child_runs(uri, run.info.run_id)
+    if not children:
+        return [run]
+    return [leaf for child in children for leaf in leaf_runs(uri, child)]
+
+
+def log_report(uri: str, experiment: str, name: str, tags: dict[str, str], frame, files: list[Path]) -> str:
+    """A report as its own FINISHED run: the table (MLflow table) and its files as artifacts."""
+    run_id = start_run(uri, experiment, name, tags)
+    status = "FAILED"
+    try:
+        log_table(uri, run_id, frame, "report.json")
+        for path in files:
+            log_file(uri, run_id, path)
+        status = "FINISHED"
+    finally:
+        end_run(uri, run_id, status)
+    return run_id

@@ -3,7 +3,8 @@ tracked run of a recipe (a paper's name, or ``recipe --set negatives=... loss=..
 
 Preflight before Ray starts, the corpus prepared once, one fit (Ray Train, or this process with
 ``--set runtime=process``), the best checkpoint (by STS-B dev) evaluated on the 7 STS tasks, and
-everything logged to one MLflow run (``platform.run.job``).
+everything logged to one MLflow run (``platform.run.job``). ``--seeds N`` fits N seeds, each in a
+run nested under that one, which gets every score's mean and standard deviation.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("method", help=f"one of {', '.join(METHODS)}")
     p.add_argument("--profile", default="local", help=f"one of {', '.join(available_profiles())}")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train N times (seeds seed, seed+1, ...) and report every score's mean +- std")
     p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
     return p.parse_args(argv)
 
@@ -36,15 +39,29 @@ def main(argv=None) -> int:
         for key, value, source in cfg.recipe_card():
             print(f"{key}: {value}  # {source}")
         return 0
+    seeds = job.seed_values(cfg, args.seeds)
     sentences = job.preflight(cfg)
     uri = tracking.tracking_uri()
     job.start(cfg)
     corpus = job.prepare(cfg, sentences)
     name = f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_id = tracking.start_run(uri, cfg.method, name, job.run_tags(cfg))
+    tags = {**job.run_tags(cfg), **({"seeds": str(len(seeds))} if len(seeds) > 1 else {})}
+    run_id = tracking.start_run(uri, cfg.method, name, tags)
     status = "FAILED"
     try:
-        tracking.log_params(uri, run_id, cfg.flat())
+        tracking.log_params(uri, run_id, {**cfg.flat(), **({"seeds": len(seeds)} if len(seeds) > 1 else {})})
+        if len(seeds) > 1:  # one nested run per seed; this run gets the means and stds
+            runs = job.fit_seeds(cfg, corpus, len(seeds), uri=uri, parent=run_id, experiment=cfg.method,
+                                 storage_path=cfg.output_dir, name=name)
+            if cfg.final_eval:
+                job.finalize_seeds(uri, run_id, runs)
+            best = job.best_seed(runs)
+            devs = job.mean_std([{"dev": r.fit.best_dev} for r in runs])
+            status = "FINISHED"
+            print(f"run {run_id}: best {DEV_METRIC}={devs['dev']:.2f} +- {devs['dev_std']:.2f} over seeds "
+                  f"{', '.join(str(r.seed) for r in runs)}; best seed {best.seed}, checkpoint {best.fit.checkpoint}")
+            print(f"MLflow: {tracking.redact(uri)} (experiment {cfg.method!r}, run {run_id})")
+            return 0
         out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage_path=cfg.output_dir, name=name)
         if out.checkpoint is None:
             raise UserError("training finished without a checkpoint (no STS-B dev evaluation ran)")

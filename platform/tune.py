@@ -2,7 +2,8 @@
 
 A Ray Tune sweep of a recipe (a paper's name, or ``recipe --set negatives=... loss=... aux=...``)
 over its search space (``platform.space``): Optuna (or a grid) proposes trials, ASHA stops poor
-ones on STS-B dev, each trial is one job fit (``platform.run.job``). MLflow gets one parent run for
+ones on STS-B dev, each trial is one job fit (``platform.run.job``; with ``--seeds N`` one fit per
+seed, ranked on their mean). MLflow gets one parent run for
 the sweep and one child run per trial; at the end the best trial's checkpoint is evaluated on the
 7 STS tasks, exported (Hugging Face + sentence-transformers) into its child run, and printed.
 """
@@ -48,8 +49,11 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     # A trial may search parameters that change generated columns (SAN's scale): its own corpus
     # data, from the content-keyed cache when they match the sweep's base.
     corpus = job.prepare(cfg, sweep["sentences"])
-    out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage_path=storage.join(sweep["storage"], "trials"),
-                  name=trial_id, tune_callback=True)
+    trials_dir = storage.join(sweep["storage"], "trials")
+    if sweep.get("seeds", 1) > 1:
+        _trial_seeds(cfg, corpus, sweep, run_id, trial_id, trials_dir)
+        return
+    out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage_path=trials_dir, name=trial_id, tune_callback=True)
     if out.checkpoint:
         tracking.set_tags(uri, run_id, {"best_checkpoint": out.checkpoint})
         if sweep.get("grid") and cfg.final_eval:  # a sensitivity grid: the 7 tasks at every point
@@ -57,8 +61,25 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     tracking.end_run(uri, run_id, "FINISHED")
 
 
+def _trial_seeds(cfg: TrainConfig, corpus, sweep: dict[str, Any], run_id: str, trial_id: str, trials_dir: str) -> None:
+    """A trial of a sweep with seeds: its configuration fitted once per seed (the first seed's
+    evaluations are what ASHA sees), then the mean over seeds reported to Tune as its result."""
+    import ray.tune
+
+    uri = sweep["uri"]
+    runs = job.fit_seeds(cfg, corpus, sweep["seeds"], uri=uri, parent=run_id, experiment=sweep["experiment"],
+                         storage_path=trials_dir, name=trial_id, tune_callback=True)
+    if sweep.get("grid") and cfg.final_eval:
+        job.evaluate_seeds(uri, run_id, runs)
+    dev = job.mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
+    # Everything is in MLflow before the last report: the scheduler may end the trial on it.
+    tracking.end_run(uri, run_id, "FINISHED")
+    ray.tune.report({DEV_METRIC: dev["best_" + DEV_METRIC], **dev, "seeds": len(runs),
+                     "step": runs[0].fit.metrics.get("step")})
+
+
 def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: str, parent: str, sweep_dir: str,
-              resume: bool, callbacks, grid: str | None = None):
+              resume: bool, callbacks, grid: str | None = None, seeds: int = 1):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -67,7 +88,8 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
         evals_per_trial = math.ceil(total_steps(base, len(sentences)) / base.eval_steps)
         scheduler = ASHAScheduler(
             time_attr="training_iteration",
-            max_t=evals_per_trial + 1,  # past the last evaluation: finished trials are not "stopped"
+            # Past the last evaluation (and a seeded trial's final mean): finished trials are not "stopped".
+        max_t=evals_per_trial + 1,
             grace_period=int(spec.scheduler.get("grace_period", 1)),
             reduction_factor=float(spec.scheduler.get("reduction_factor", 2)),
         )
@@ -78,7 +100,7 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
 
         search_alg = ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=spec.max_concurrent_trials)
     sweep = {"base": base.flat(), "uri": uri, "parent": parent, "experiment": base.method, "storage": sweep_dir,
-             "sentences": sentences, "grid": grid}
+             "sentences": sentences, "grid": grid, "seeds": seeds}
     # The trial itself only waits on its Train workers: no CPU of its own, so two trials fit on
     # 2 CPUs. It runs on the head node, beside the driver: the corpus' columns and statistics a
     # trial prepares come from (or go into) the head's cache, made once per sweep, never per GPU
@@ -172,12 +194,21 @@ def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, res
         raise UserError("no trial produced a checkpoint; see the trials' errors above")
     run, found = best
     tracking.set_tags(uri, parent, {"best_run_id": run.info.run_id, "best_checkpoint": found})
-    scores = job.finalize(uri, run.info.run_id, found, log_to=[parent]) if base.final_eval else {}
+    seeds = job.seed_runs_of(uri, run.info.run_id)
+    if not seeds:  # with seeds, finalize_seeds gives the parent the mean and std
+        tracking.log_metrics(uri, parent, {"best_" + DEV_METRIC: run.data.metrics["best_" + DEV_METRIC]})
+    scores = {}
+    if base.final_eval:
+        scores = (job.finalize_seeds(uri, run.info.run_id, seeds, log_to=[parent]) if seeds
+                  else job.finalize(uri, run.info.run_id, found, log_to=[parent]))
+    spread = (lambda key: f" +- {run.data.metrics[key + '_std']:.2f} over {len(seeds)} seeds"
+              if seeds and key + "_std" in run.data.metrics else "")
     print("\nbest trial")
     print(f"  parameters:   { {k: run.data.params.get(k) for k in spec.space} }")
-    print(f"  {spec.metric}: {run.data.metrics['best_' + spec.metric]:.2f}")
+    print(f"  {spec.metric}: {run.data.metrics['best_' + spec.metric]:.2f}{spread('best_' + spec.metric)}")
     if scores:
-        print(f"  STS avg:      {scores.get('avg', float('nan')):.2f}")
+        std = f" +- {scores['avg_std']:.2f}" if "avg_std" in scores else ""
+        print(f"  STS avg:      {scores.get('avg', float('nan')):.2f}{std}")
     print(f"  checkpoint:   {found}")
     print(f"  MLflow run:   {run.info.run_id} (parent {parent}, {tracking.redact(uri)})")
 
@@ -191,6 +222,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="resume this method's most recent sweep")
     p.add_argument("--space", type=Path, default=None, help="a search-space YAML instead of tune_spaces/METHOD.yaml")
     p.add_argument("--grid", default=None, metavar="PARAM", help="run the space file's one-parameter grid for PARAM")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="fit every configuration with N seeds (seed, seed+1, ...); trials are ranked on the mean")
     return p.parse_args(argv)
 
 
@@ -205,6 +238,7 @@ def main(argv=None) -> int:
         if args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
         spec.num_samples = args.num_samples
+    seeds = len(job.seed_values(base, args.seeds))
     sentences = job.preflight(base)
     root, uri = base.output_dir, tracking.tracking_uri()  # output_dir: checked and resolved by preflight
     job.start(base)
@@ -222,9 +256,11 @@ def main(argv=None) -> int:
     else:
         name = f"{args.method}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
         sweep_dir = storage.join(root, name)
-        parent = tracking.start_run(uri, args.method, name, {**job.run_tags(base), "sweep": "true"})
-        tracking.log_params(uri, parent, {**base.flat(), **spec.as_params()})
-        state = {"parent_run_id": parent, "method": args.method, "expected_trials": spec.expected_trials()}
+        parent = tracking.start_run(uri, args.method, name, {**job.run_tags(base), "sweep": "true",
+                                                             **({"seeds": str(seeds)} if seeds > 1 else {})})
+        tracking.log_params(uri, parent, {**base.flat(), **spec.as_params(), **({"seeds": seeds} if seeds > 1 else {})})
+        state = {"parent_run_id": parent, "method": args.method, "expected_trials": spec.expected_trials(),
+                 "seeds": seeds}
         # In output_dir's storage, beside Tune's own state: --resume finds both there, also when
         # the driver ran in a `ray job submit` working copy that is gone.
         storage.write_text(storage.join(sweep_dir, SWEEP_STATE), json.dumps(state))
@@ -233,7 +269,7 @@ def main(argv=None) -> int:
     outcomes = _outcomes_callback()
     try:
         results = run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes],
-                            grid=args.grid)
+                            grid=args.grid, seeds=state.get("seeds", seeds))
         # A restored Tuner brings its own copy of the callback: errors are read from the results too.
         outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
         if interrupted(storage.join(sweep_dir, "tune"), state.get("expected_trials", spec.expected_trials())):

@@ -3,6 +3,10 @@ Ray starts), ``start`` (Ray, when the runtime uses it), ``prepare`` (the corpus'
 and statistics, once), ``fit`` (Ray Train's ``TorchTrainer``, or the loop in this process), and
 ``finalize`` (the 7 STS tasks on the best checkpoint, its export, MLflow). ``platform.train``,
 ``platform.tune`` and ``platform.augment`` are thin commands over these steps.
+
+With several seeds (``--seeds N``), ``fit_seeds`` fits the same configuration once per seed, each
+in its own MLflow run nested under the run it belongs to, and ``finalize_seeds`` gives that run
+the mean and standard deviation of every score; the registry compares means.
 """
 
 from __future__ import annotations
@@ -137,6 +141,125 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
                      metrics)
 
 
+@dataclasses.dataclass
+class SeedRun:
+    seed: int
+    run_id: str  # its own MLflow run, nested under the configuration's run
+    fit: FitResult
+
+
+def seed_values(cfg: TrainConfig, n: int) -> list[int]:
+    """``n`` seeds from the configured one: ``seed, seed + 1, ...`` (one seed: just ``seed``)."""
+    if n < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {n}")
+    return [cfg.seed + i for i in range(n)]
+
+
+def mean_std(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per key present in every row: its mean under the key and its sample standard deviation
+    (n - 1 in the denominator, the convention of reported seed spreads) under ``<key>_std``."""
+    import numpy as np
+
+    out: dict[str, float] = {}
+    for key in [k for k in rows[0] if all(k in r for r in rows)]:
+        values = np.asarray([r[key] for r in rows], dtype=float)
+        out[key] = float(values.mean())
+        out[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return out
+
+
+def fit_seeds(cfg: TrainConfig, corpus: CorpusData, seeds: int, *, uri: str, parent: str, experiment: str,
+              storage_path: str, name: str, tune_callback: bool = False) -> list[SeedRun]:
+    """The configuration fitted once per seed, one after the other, each in an MLflow run nested
+    under ``parent``; ``parent`` gets the mean and std of the best STS-B dev. In a Tune trial only
+    the first seed reports to Tune, so ASHA compares configurations on one learning curve and a
+    configuration it keeps gets all its seeds."""
+    runs: list[SeedRun] = []
+    for i, seed in enumerate(seed_values(cfg, seeds)):
+        scfg = TrainConfig.from_flat({**cfg.flat(), "seed": seed})
+        run_name = f"{name}-seed{seed}"
+        run_id = tracking.start_run(uri, experiment, run_name, {**run_tags(scfg), "seed": str(seed)}, parent_run_id=parent)
+        status = "FAILED"
+        try:
+            tracking.log_params(uri, run_id, scfg.flat())
+            out = fit(scfg, corpus, uri=uri, run_id=run_id, storage_path=storage_path, name=run_name,
+                      tune_callback=tune_callback and i == 0)
+            if out.checkpoint is None:
+                raise DataError(f"seed {seed}: training finished without a checkpoint (no STS-B dev evaluation ran)")
+            tracking.set_tags(uri, run_id, {"best_checkpoint": out.checkpoint})
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            tracking.end_run(uri, run_id, status)
+        runs.append(SeedRun(seed, run_id, out))
+    dev = mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
+    tracking.log_metrics(uri, parent, dev)
+    best = best_seed(runs)
+    tracking.set_tags(uri, parent, {"best_checkpoint": best.fit.checkpoint, "best_seed": str(best.seed)})
+    return runs
+
+
+def best_seed(runs: list[SeedRun]) -> SeedRun:
+    return max(runs, key=lambda r: r.fit.best_dev)
+
+
+def seed_runs_of(uri: str, run_id: str) -> list[SeedRun]:
+    """The seed runs nested under ``run_id`` (a trial's, read back after the sweep)."""
+    found = []
+    for run in tracking.child_runs(uri, run_id, "attributes.status = 'FINISHED'"):
+        if "seed" in run.data.tags and run.data.tags.get("best_checkpoint"):
+            fit_result = FitResult(run.data.metrics.get("best_" + DEV_METRIC), run.data.tags["best_checkpoint"])
+            found.append(SeedRun(int(run.data.tags["seed"]), run.info.run_id, fit_result))
+    return sorted(found, key=lambda r: r.seed)
+
+
+def finalize_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str] | None = None) -> dict[str, float]:
+    """The 7 STS tasks on every seed's best checkpoint (logged in its run); ``run_id`` and
+    ``log_to`` get each score's mean as ``sts_<task>`` and its std as ``sts_<task>_std``; the best
+    seed's checkpoint (by STS-B dev) is exported and registered with the means, and the champion
+    alias is compared on the mean STS-B dev."""
+    if len(runs) == 1:
+        return finalize(uri, run_id, runs[0].fit.checkpoint, log_to)
+    scores = evaluate_seeds(uri, run_id, runs, log_to)
+    dev = mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
+    best = best_seed(runs)
+    for target in log_to or []:  # run_id has it from fit_seeds
+        tracking.log_metrics(uri, target, dev)
+    with storage.local_copy(best.fit.checkpoint) as folder:
+        _finalize(uri, run_id, folder, log_to, scores=scores, dev=dev["best_" + DEV_METRIC],
+                  extra_tags={"seeds": str(len(runs)), "best_seed": str(best.seed),
+                              "best_" + DEV_METRIC + "_std": f"{dev['best_' + DEV_METRIC + '_std']:.4f}"})
+    return scores
+
+
+def evaluate_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str] | None = None) -> dict[str, float]:
+    """The 7 STS tasks on every seed's best checkpoint, logged in the seed's run; their means
+    (``sts_<task>``) and stds (``sts_<task>_std``) logged on ``run_id`` and ``log_to``."""
+    per_seed = [evaluate_sts(uri, r.run_id, r.fit.checkpoint, quiet=True) for r in runs]
+    scores = mean_std(per_seed)
+    print(format_seed_table(per_seed, [r.seed for r in runs], scores), flush=True)
+    for target in [run_id, *(log_to or [])]:
+        tracking.log_metrics(uri, target, {f"sts_{k}": v for k, v in scores.items()})
+        tracking.set_tags(uri, target, {"seeds": str(len(runs))})
+    return scores
+
+
+def format_seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[str, float]) -> str:
+    from platform.evaluation.sts import SHORT_NAMES
+
+    tasks = list(per_seed[0])
+    cells = [[f"seed {s}", *(f"{row[t]:.2f}" for t in tasks)] for s, row in zip(seeds, per_seed)]
+    cells.append(["mean +- std", *(f"{scores[t]:.2f} +- {scores[t + '_std']:.2f}" for t in tasks)])
+    header = ["", *(SHORT_NAMES.get(t, t) for t in tasks)]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    lines = [" | ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines.append("-" * len(lines[0]))
+    lines += [" | ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
 def finalize(uri: str, run_id: str, location: str, log_to: list[str] | None = None) -> dict[str, float]:
     """Evaluate a checkpoint (a folder or a URI) on the 7 STS tasks; log the table and the model
     in both formats."""
@@ -144,64 +267,74 @@ def finalize(uri: str, run_id: str, location: str, log_to: list[str] | None = No
         return _finalize(uri, run_id, folder, log_to)
 
 
-def evaluate_sts(uri: str, run_id: str, location: str, log_to: list[str] | None = None) -> dict[str, float]:
+def evaluate_sts(uri: str, run_id: str, location: str, log_to: list[str] | None = None,
+                 quiet: bool = False) -> dict[str, float]:
     """The 7 STS tasks (and their mean) on a checkpoint (a folder or a URI), logged as ``sts_*``."""
     with storage.local_copy(location) as folder:
-        return _evaluate_sts(uri, run_id, folder, log_to)
+        return _evaluate_sts(uri, run_id, folder, log_to, quiet)
 
 
-def _evaluate_sts(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None) -> dict[str, float]:
+def _evaluate_sts(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None,
+                  quiet: bool = False) -> dict[str, float]:
     from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 
     state = checkpoint.read_state(checkpoint_dir)
     model = checkpoint.model_dir(checkpoint_dir)
     scores = with_mean(STSEvaluator()(Encoder.from_pretrained(str(model), pooler=state["eval_pooler"])))
-    print(format_table(scores), flush=True)
+    if not quiet:
+        print(format_table(scores), flush=True)
     for target in [run_id, *(log_to or [])]:
         tracking.log_metrics(uri, target, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
     return scores
 
 
-def _finalize(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None) -> dict[str, float]:
+def _finalize(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str] | None,
+              scores: dict[str, float] | None = None, dev: float | None = None,
+              extra_tags: dict[str, str] | None = None) -> dict[str, float]:
+    """``scores``/``dev``: already computed (a mean over seeds), instead of this checkpoint's own."""
     from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
 
     state = checkpoint.read_state(checkpoint_dir)
     model = checkpoint.model_dir(checkpoint_dir)
     pooler = state["eval_pooler"]
-    scores = _evaluate_sts(uri, run_id, checkpoint_dir, log_to)
+    if scores is None:
+        scores = _evaluate_sts(uri, run_id, checkpoint_dir, log_to)
+    dev = float(state[DEV_METRIC]) if dev is None else dev
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "sts_results.json"
         results.write_text(json.dumps({"scores": scores, "pooler": pooler, "step": state["step"],
-                                       DEV_METRIC: state[DEV_METRIC]}, indent=2))
+                                       DEV_METRIC: dev, **(extra_tags or {})}, indent=2))
         tracking.log_file(uri, run_id, results)
         tracking.log_folder(uri, run_id, model, "best_checkpoint/hf")
         try:
             st_dir = export_sentence_transformers(model, Path(tmp) / "st", pooler)
             tracking.log_folder(uri, run_id, st_dir, "best_checkpoint/sentence-transformers")
-            register(uri, run_id, st_dir, state, scores)
+            register(uri, run_id, st_dir, state, scores, dev, extra_tags)
         except ExportUnsupported as exc:
             tracking.set_tags(uri, run_id, {"sentence_transformers_export": f"skipped: {exc}"})
     tracking.set_tags(uri, run_id, {"best_step": str(state["step"])})
     return scores
 
 
-def register(uri: str, run_id: str, st_dir: Path, state: dict, scores: dict[str, float]) -> None:
+def register(uri: str, run_id: str, st_dir: Path, state: dict, scores: dict[str, float], dev: float,
+             extra_tags: dict[str, str] | None = None) -> None:
     """The best checkpoint as an MLflow model (``sentence_transformers`` flavor) in the run, and a
     version of ``<recipe>-encoder`` in the Model Registry, tagged with its 7-task table, recipe and
-    commit; the ``champion`` alias moves to it only if its STS-B dev beats the champion's."""
+    commit; the ``champion`` alias moves to it only if its STS-B dev (``dev``: the mean over seeds
+    where there are several) beats the champion's."""
     name = tracking.registered_name(state["method"], state["recipe"])
     model_uri = tracking.log_encoder_model(uri, run_id, st_dir)
     tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": tracking.git_commit(),
-            "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()}}
+            "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()}, **(extra_tags or {})}
     try:
-        version, champion = tracking.register_encoder(uri, name, model_uri, run_id, float(state[DEV_METRIC]), tags)
+        version, champion = tracking.register_encoder(uri, name, model_uri, run_id, dev, tags)
     except tracking.RegistryUnavailable as exc:  # e.g. a file store: the model stays logged in the run
         tracking.set_tags(uri, run_id, {"registered_model": f"skipped: {exc}"})
         print(f"note: model logged in run {run_id}, not registered ({exc})", flush=True)
         return
     tracking.set_tags(uri, run_id, {"registered_model": f"{name}/{version}"})
     verdict = "now the champion" if champion else "the champion stays (better STS-B dev)"
-    print(f"registered {name} version {version} ({DEV_METRIC} {state[DEV_METRIC]:.2f}): {verdict}; "
+    print(f"registered {name} version {version} ({DEV_METRIC} {dev:.2f}): {verdict}; "
           f"load it with mlflow.sentence_transformers.load_model('models:/{name}@{tracking.CHAMPION}')", flush=True)
 
 

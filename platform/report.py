@@ -1,0 +1,221 @@
+"""``python -m platform.report [--experiment NAME ...] [--out DIR] [--no-log]``: the methods side by side.
+
+Reads one or more MLflow experiments (default: all of them) and writes, as Markdown, CSV and PNG,
+one row per recipe: its best result (a training run, a run with seeds, or a sweep; the best by
+STS-B dev, never by the test tasks), with the 7 STS tasks and their average (mean +- std where the
+run has seeds), the transfer and clustering scores where ``platform.evaluate --log-to`` recorded
+them, its wall time and GPU-hours. The papers' published numbers follow as reference rows where
+a run's backbone is the one they report. The report is logged as a run of the ``reports``
+experiment as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+from platform import tracking
+from platform.data import STS_TASKS
+from platform.errors import UserError, cli_main, writable_dir
+from platform.evaluation.sts import SHORT_NAMES
+from platform.run.loop import DEV_METRIC
+
+REPORTS_EXPERIMENT = "reports"
+TASK_COLUMNS = [SHORT_NAMES[t] for t in STS_TASKS] + ["Avg."]
+
+# Published STS results (Spearman x100, SentEval "all" setting), by method and backbone. Per-task
+# numbers where the paper's table gives them, the average otherwise.
+_SIMCSE_BERT = [68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25]
+_SIMCSE_ROBERTA = [70.16, 81.77, 73.24, 81.36, 80.65, 80.22, 68.56, 76.57]
+PUBLISHED = [
+    ("simcse", "bert-base-uncased", "SimCSE (Gao et al., 2021, Table 5)", dict(zip(TASK_COLUMNS, _SIMCSE_BERT))),
+    ("simcse", "roberta-base", "SimCSE (Gao et al., 2021, Table 5)", dict(zip(TASK_COLUMNS, _SIMCSE_ROBERTA))),
+    ("una", "bert-base-uncased", "UNA (Shu et al.; their SimCSE: 75.32)", {"Avg.": 76.14}),
+    ("una", "bert-base-uncased", "UNA + paraphrase positives (Shu et al.)", {"Avg.": 77.67}),
+    ("una", "roberta-base", "UNA (Shu et al.; their SimCSE: 76.49)", {"Avg.": 76.74}),
+    ("una", "roberta-base", "UNA + paraphrase positives (Shu et al.)", {"Avg.": 78.20}),
+    ("san", "bert-base-uncased", "SimCSE + SAN (Cai et al.; their SimCSE: 76.64)", {"Avg.": 77.05}),
+    ("san", "roberta-base", "SimCSE + SAN (Cai et al.; their SimCSE: 76.69)", {"Avg.": 76.94}),
+    ("augcse", "bert-base-uncased", "AugCSE (Tang et al., 2022)", {"Avg.": 77.98}),
+    ("vascl", "roberta-base", "VaSCL (Zhang et al., 2021; their SimCSE: 76.34)", {"Avg.": 76.96}),
+]
+
+
+def recipe_name(run) -> str:
+    """A paper's name for its own recipe; the ingredients for a combination or a changed recipe."""
+    from methods.recipe import NAMED
+
+    method, recipe = run.data.tags.get("method", "?"), run.data.tags.get("recipe", "")
+    if method in NAMED:
+        named = NAMED[method]
+        own = {named.resolve(f).describe() for f in ("paper", "authors_code")}
+        return method if not recipe or recipe in own else f"{method}: {recipe}"
+    return recipe or method
+
+
+def backbone(run) -> str:
+    model = run.data.tags.get("model") or run.data.params.get("model", "?")
+    return Path(model).name if "/" in model and Path(model).exists() else model
+
+
+def best_per_recipe(runs) -> list:
+    """The result with the best STS-B dev for each recipe and backbone (ties: the newest)."""
+    best: dict[tuple[str, str], object] = {}
+    for run in runs:
+        key = (recipe_name(run), backbone(run))
+        dev = run.data.metrics.get("best_" + DEV_METRIC, -math.inf)
+        held = best.get(key)
+        if held is None or (dev, run.info.start_time) > (held.data.metrics.get("best_" + DEV_METRIC, -math.inf),
+                                                         held.info.start_time):
+            best[key] = run
+    return sorted(best.values(), key=lambda r: (recipe_name(r), backbone(r)))
+
+
+def row_of(uri: str, run) -> dict:
+    """A result's numbers: means under the column names, spreads under ``<column> std``."""
+    m = run.data.metrics
+    row = {"recipe": recipe_name(run), "backbone": backbone(run), "seeds": int(run.data.tags.get("seeds", 1)),
+           "kind": "sweep" if run.data.tags.get("sweep") == "true" else "run"}
+    for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS):
+        row[column] = m.get(f"sts_{task}")
+        if f"sts_{task}_std" in m:
+            row[f"{column} std"] = m[f"sts_{task}_std"]
+    row["STS-B dev"] = m.get("best_" + DEV_METRIC)
+    if "best_" + DEV_METRIC + "_std" in m:
+        row["STS-B dev std"] = m["best_" + DEV_METRIC + "_std"]
+    for key in sorted(m):
+        if key.startswith(("transfer_", "cluster_")):
+            row[key] = m[key]
+    row["wall time (min)"] = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 60000
+    row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in tracking.leaf_runs(uri, run))
+    row["run_id"] = run.info.run_id
+    row["experiment_id"] = run.info.experiment_id
+    return row
+
+
+def _gpu_hours(run) -> float:
+    if run.data.params.get("use_gpu") not in ("True", "true", "1"):
+        return 0.0
+    seconds = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000
+    return seconds / 3600 * int(run.data.params.get("num_workers", 1))
+
+
+def reference_rows(frame) -> list[dict]:
+    """The published rows for the (method, backbone) pairs present; SimCSE's as the baseline of any backbone."""
+    present = set(zip(frame["recipe"], frame["backbone"]))
+    backbones = {b for _, b in present}
+    rows = []
+    for method, model, label, scores in PUBLISHED:
+        if model in backbones and ((method, model) in present or method == "simcse"):
+            rows.append({"recipe": label, "backbone": model, **scores})
+    return rows
+
+
+def build(uri: str, names: list[str] | None):
+    import pandas as pd
+
+    chosen = tracking.experiments(uri, names)
+    chosen = [e for e in chosen if e.name != REPORTS_EXPERIMENT]
+    runs = tracking.result_runs(uri, [e.experiment_id for e in chosen]) if chosen else []
+    if not runs:
+        raise UserError(f"no finished run with a 7-task STS table in experiment(s) "
+                        f"{', '.join(e.name for e in chosen) or '(none)'} of {tracking.redact(uri)}")
+    frame = pd.DataFrame([row_of(uri, r) for r in best_per_recipe(runs)])
+    return frame, [e.name for e in chosen]
+
+
+def _cell(row: dict, column: str) -> str:
+    value = row.get(column)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    std = row.get(f"{column} std")
+    if std is not None and not (isinstance(std, float) and math.isnan(std)):
+        return f"{value:.2f} ± {std:.2f}"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def markdown(frame, references: list[dict], experiments: list[str]) -> str:
+    extra = [c for c in frame.columns if c.startswith(("transfer_", "cluster_"))]
+    columns = ["recipe", "backbone", "seeds", *TASK_COLUMNS, "STS-B dev", *extra, "wall time (min)", "GPU-hours"]
+    lines = [f"# Side by side: {', '.join(experiments)}", "",
+             "Spearman x100 of cosine similarities, SentEval 'all' setting; each recipe's best result by STS-B dev "
+             "(mean ± std over seeds where it has several). Transfer: accuracy; clustering: K-means accuracy.", "",
+             "| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for row in frame.to_dict("records"):
+        lines.append("| " + " | ".join(_cell(row, c) for c in columns) + " |")
+    if references:
+        lines += ["", "Published (reference; same backbone, the papers' full training):", "",
+                  "| " + " | ".join(["paper", "backbone", *TASK_COLUMNS]) + " |",
+                  "|" + "|".join("---" for _ in range(len(TASK_COLUMNS) + 2)) + "|"]
+        for ref in references:
+            lines.append("| " + " | ".join([ref["recipe"], ref["backbone"], *(_cell(ref, c) for c in TASK_COLUMNS)]) + " |")
+    else:
+        lines += ["", f"No published reference rows: the papers report bert-base-uncased and roberta-base; these runs "
+                      f"use {', '.join(sorted(set(frame['backbone'])))}."]
+    lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
+    return "\n".join(lines)
+
+
+def plot(frame, path: Path) -> Path:
+    """Grouped bars: the 7 tasks and their average for each recipe, with the seeds' std as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n = len(frame)
+    width = 0.8 / max(n, 1)
+    x = np.arange(len(TASK_COLUMNS))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.1 * len(TASK_COLUMNS) + 0.4 * n), 4.5))
+    for i, row in enumerate(frame.to_dict("records")):
+        values = [row.get(c) if row.get(c) is not None else np.nan for c in TASK_COLUMNS]
+        errors = [row.get(f"{c} std") if f"{c} std" in row and row.get(f"{c} std") == row.get(f"{c} std") else 0.0
+                  for c in TASK_COLUMNS]
+        label = f"{row['recipe']} ({row['backbone']}" + (f", {row['seeds']} seeds)" if row["seeds"] > 1 else ")")
+        ax.bar(x + (i - (n - 1) / 2) * width, values, width, yerr=errors, capsize=2, label=label[:60])
+    ax.set_xticks(x, TASK_COLUMNS)
+    ax.set_ylabel("Spearman x100")
+    ax.set_title("STS, each recipe's best result by STS-B dev")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(n, 3))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m platform.report", description=__doc__.splitlines()[0])
+    p.add_argument("--experiment", dest="experiments", action="append", metavar="NAME",
+                   help="an MLflow experiment to read (repeatable; default: all)")
+    p.add_argument("--out", type=Path, default=Path("report"), help="folder for report.md, report.csv, report.png")
+    p.add_argument("--no-log", action="store_true", help=f"do not log the report to the {REPORTS_EXPERIMENT!r} experiment")
+    return p.parse_args(argv)
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    uri = tracking.tracking_uri()
+    tracking.check_reachable(uri)
+    out = writable_dir(args.out, "report folder")
+    frame, names = build(uri, args.experiments)
+    references = reference_rows(frame)
+    files = [out / "report.md", out / "report.csv", out / "report.png"]
+    files[0].write_text(markdown(frame, references, names), encoding="utf-8")
+    frame.to_csv(files[1], index=False)
+    plot(frame, files[2])
+    print(files[0].read_text(encoding="utf-8"))
+    print(f"written: {', '.join(str(f) for f in files)}")
+    if not args.no_log:
+        run_id = tracking.log_report(uri, REPORTS_EXPERIMENT, f"report-{time.strftime('%Y%m%d-%H%M%S')}",
+                                     {"experiments": ",".join(names)}, frame, files)
+        print(f"MLflow: {tracking.redact(uri)} (experiment {REPORTS_EXPERIMENT!r}, run {run_id})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
