@@ -170,17 +170,22 @@ def plot(frame, path: Path) -> Path:
     width = 0.8 / max(n, 1)
     x = np.arange(len(TASK_COLUMNS))
     fig, ax = plt.subplots(figsize=(max(8.0, 1.1 * len(TASK_COLUMNS) + 0.4 * n), 4.5))
+    labels, low = [], math.inf
     for i, row in enumerate(frame.to_dict("records")):
         values = [row.get(c) if row.get(c) is not None else np.nan for c in TASK_COLUMNS]
         errors = [row.get(f"{c} std") if f"{c} std" in row and row.get(f"{c} std") == row.get(f"{c} std") else 0.0
                   for c in TASK_COLUMNS]
-        label = f"{row['recipe']} ({row['backbone']}" + (f", {row['seeds']} seeds)" if row["seeds"] > 1 else ")")
-        ax.bar(x + (i - (n - 1) / 2) * width, values, width, yerr=errors, capsize=2, label=label[:60])
+        labels.append(f"{row['recipe']} ({row['backbone']}" + (f", {row['seeds']} seeds)" if row["seeds"] > 1 else ")"))
+        low = min([low, *(v for v in values if v == v)])
+        ax.bar(x + (i - (n - 1) / 2) * width, values, width, yerr=errors, capsize=2, label=labels[-1])
+    if low < math.inf:  # differences of a point or two must be visible: the axis starts below the lowest bar
+        ax.set_ylim(bottom=max(0.0, 5 * math.floor((low - 5) / 5)))
     ax.set_xticks(x, TASK_COLUMNS)
     ax.set_ylabel("Spearman x100")
     ax.set_title("STS, each recipe's best result by STS-B dev")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(n, 3))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              ncol=1 if max(map(len, labels), default=0) > 45 else min(n, 3))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -195,8 +195,8 @@ def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, res
     run, found = best
     tracking.set_tags(uri, parent, {"best_run_id": run.info.run_id, "best_checkpoint": found})
     seeds = job.seed_runs_of(uri, run.info.run_id)
-    if not seeds:  # with seeds, finalize_seeds gives the parent the mean and std
-        tracking.log_metrics(uri, parent, {"best_" + DEV_METRIC: run.data.metrics["best_" + DEV_METRIC]})
+    dev = "best_" + DEV_METRIC  # with seeds: the trial's mean over them, and its std
+    tracking.log_metrics(uri, parent, {k: v for k, v in run.data.metrics.items() if k in (dev, dev + "_std")})
     scores = {}
     if base.final_eval:
         scores = (job.finalize_seeds(uri, run.info.run_id, seeds, log_to=[parent]) if seeds

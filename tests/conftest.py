@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,33 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture()
 def mlflow_uri(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` process (SQLite, local artifacts), one per test module."""
+    from benchmarks.topology import free_port
+
+    base = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(os.path.join(os.path.dirname(sys.executable), "mlflow")), "server", "--host", "127.0.0.1", "--port",
+         str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
+         "--artifacts-destination", (base / "artifacts").as_uri()],
+        stdout=open(base / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(base / 'server.log').read_text()[-2000:]}") from None
+            time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

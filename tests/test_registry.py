@@ -4,42 +4,10 @@ when STS-B dev improves, and the champion loads and embeds as the project's enco
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-import urllib.request
-
 import numpy as np
 import pytest
 
 from tests.conftest import run_cli
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    from benchmarks.topology import free_port
-
-    base = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(os.path.join(os.path.dirname(sys.executable), "mlflow")), "server", "--host", "127.0.0.1", "--port",
-         str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
-         "--artifacts-destination", (base / "artifacts").as_uri()],
-        stdout=open(base / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(base / 'server.log').read_text()[-2000:]}") from None
-            time.sleep(0.5)
-    yield uri
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow_server, tiny_model, small_corpus,

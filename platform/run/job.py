@@ -225,8 +225,6 @@ def finalize_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str]
     scores = evaluate_seeds(uri, run_id, runs, log_to)
     dev = mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
     best = best_seed(runs)
-    for target in log_to or []:  # run_id has it from fit_seeds
-        tracking.log_metrics(uri, target, dev)
     with storage.local_copy(best.fit.checkpoint) as folder:
         _finalize(uri, run_id, folder, log_to, scores=scores, dev=dev["best_" + DEV_METRIC],
                   extra_tags={"seeds": str(len(runs)), "best_seed": str(best.seed),

@@ -1,0 +1,167 @@
+"""Seeds and the side-by-side report, through the CLIs against a real MLflow server process:
+``--seeds 2`` (train and tune) nests one run per seed and gives the configuration's run every
+score's mean and std, the registry compares means, ``platform.evaluate --log-to`` adds clustering,
+and ``platform.report`` renders two recipes with two seeds each as Markdown, CSV and PNG, logged
+to MLflow too."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import assert_user_error, run_cli
+
+STS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
+
+
+def _sets(**values) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+def _top_run(c, experiment: str, **tags):
+    exp = c.get_experiment_by_name(experiment)
+    runs = [r for r in c.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    return next(r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items()))
+
+
+def _nested(c, run):
+    return c.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
+
+
+def _check_seed_means(parent, seed_runs) -> None:
+    """The parent's scores are the seeds' mean and sample std, computed here directly."""
+    for task in STS:
+        values = [r.data.metrics[f"sts_{task}"] for r in seed_runs]
+        assert parent.data.metrics[f"sts_{task}"] == pytest.approx(statistics.mean(values), abs=1e-6)
+        assert parent.data.metrics[f"sts_{task}_std"] == pytest.approx(statistics.stdev(values), abs=1e-6)
+    devs = [r.data.metrics["best_stsb_dev_spearman"] for r in seed_runs]
+    assert parent.data.metrics["best_stsb_dev_spearman"] == pytest.approx(statistics.mean(devs), abs=1e-6)
+    assert parent.data.metrics["best_stsb_dev_spearman_std"] == pytest.approx(statistics.stdev(devs), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
+    """SimCSE and UNA, two seeds each, in this process' runtime (no Ray); clustering on SimCSE."""
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path_factory.mktemp("seeded")
+    common = dict(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4, eval_steps=2, runtime="process",
+                  num_workers=1, output_dir=out / "runs", lr=1e-3)
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    simcse = run_cli("train", "simcse", "--seeds", "2", *_sets(**common), env=env)
+    assert simcse.returncode == 0, simcse.stderr[-3000:]
+    una = run_cli("train", "una", "--seeds", "2", *_sets(**common, r=500), env=env)  # 256 sentences: ~1500 terms
+    assert una.returncode == 0, una.stderr[-3000:]
+    c = MlflowClient(mlflow_server)
+    parent = _top_run(c, "simcse", seeds="2")
+    best = parent.data.tags["best_checkpoint"]
+    evaluated = run_cli("evaluate", best, "--tasks", "clustering", "--log-to", parent.info.run_id, env=env)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    return {"simcse": simcse, "una": una, "client": c, "out": out}
+
+
+def test_train_with_seeds_nests_a_run_per_seed_and_logs_mean_and_std(seeded_runs):
+    c = seeded_runs["client"]
+    assert "mean +- std" in seeded_runs["simcse"].stdout and "over seeds 42, 43" in seeded_runs["simcse"].stdout
+    for method in ("simcse", "una"):
+        parent = _top_run(c, method, seeds="2")
+        assert parent.info.status == "FINISHED" and parent.data.params["seeds"] == "2"
+        seed_runs = _nested(c, parent)
+        assert sorted(r.data.tags["seed"] for r in seed_runs) == ["42", "43"]
+        assert sorted(r.data.params["seed"] for r in seed_runs) == ["42", "43"]
+        assert all(r.info.status == "FINISHED" and r.data.tags["best_checkpoint"] for r in seed_runs)
+        assert len({r.data.tags["best_checkpoint"] for r in seed_runs}) == 2
+        _check_seed_means(parent, seed_runs)
+        # Different seeds train differently (initialisation of the head, batch order, dropout).
+        assert len({r.data.metrics["sts_avg"] for r in seed_runs}) == 2
+        # Registered: the best seed's checkpoint, compared and tagged with the mean.
+        version = c.get_model_version_by_alias(f"{method}-encoder", "champion")
+        assert version.run_id == parent.info.run_id and version.tags["seeds"] == "2"
+        assert float(version.tags["stsb_dev_spearman"]) == pytest.approx(
+            parent.data.metrics["best_stsb_dev_spearman"], abs=1e-4)
+        best = max(seed_runs, key=lambda r: r.data.metrics["best_stsb_dev_spearman"])
+        assert version.tags["best_seed"] == best.data.tags["seed"] == parent.data.tags["best_seed"]
+    assert "cluster_TREC" in _top_run(c, "simcse", seeds="2").data.metrics
+
+
+def test_report_puts_two_recipes_with_seeds_side_by_side(seeded_runs, mlflow_server, tmp_path):
+    from PIL import Image
+
+    c = seeded_runs["client"]
+    proc = run_cli("report", "--experiment", "simcse", "--experiment", "una", "--out", str(tmp_path / "rep"),
+                   env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    assert {"simcse", "una"} <= set(rows)
+    frame = pd.read_csv(tmp_path / "rep" / "report.csv")
+    for method in ("simcse", "una"):
+        parent = _top_run(c, method, seeds="2")
+        row = frame[frame["recipe"] == method].iloc[0]
+        assert row["run_id"] == parent.info.run_id and row["seeds"] == 2
+        assert row["Avg."] == pytest.approx(parent.data.metrics["sts_avg"], abs=1e-6)
+        assert row["Avg. std"] == pytest.approx(parent.data.metrics["sts_avg_std"], abs=1e-6)
+        assert f"{parent.data.metrics['sts_avg']:.2f} ± {parent.data.metrics['sts_avg_std']:.2f}" in rows[method]
+    assert frame.loc[frame["recipe"] == "simcse", "cluster_TREC"].notna().all()
+    assert "No published reference rows" in md  # a tiny random BERT is not the papers' backbone
+    with Image.open(tmp_path / "rep" / "report.png") as image:
+        assert image.format == "PNG" and image.size[0] >= 600 and len(set(image.convert("L").getdata())) > 10
+    report = _top_run(c, "reports")
+    assert report.info.status == "FINISHED" and report.data.tags["experiments"] == "simcse,una"
+    logged = {f.path for f in c.list_artifacts(report.info.run_id)}
+    assert {"report.md", "report.csv", "report.png", "report.json"} <= logged
+
+
+def test_report_errors(cli, mlflow_server, tmp_path):
+    proc = cli("report", "--experiment", "nope", "--out", str(tmp_path / "rep"), env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert_user_error(proc, "no MLflow experiment named 'nope'")
+    proc = cli("train", "simcse", "--seeds", "0")
+    assert_user_error(proc, "--seeds must be >= 1")
+
+
+def test_reference_rows_follow_the_backbones_and_methods_present():
+    from platform.report import reference_rows
+
+    frame = pd.DataFrame([{"recipe": "una", "backbone": "bert-base-uncased"}, {"recipe": "vascl", "backbone": "minilm"}])
+    labels = [r["recipe"] for r in reference_rows(frame)]
+    assert labels[0].startswith("SimCSE") and any(label.startswith("UNA (Shu") for label in labels)
+    assert not any("VaSCL" in label or "AugCSE" in label for label in labels)
+    simcse = reference_rows(frame)[0]
+    assert simcse["Avg."] == pytest.approx(statistics.mean([simcse[k] for k in simcse if k not in
+                                                            ("recipe", "backbone", "Avg.")]), abs=0.01)
+
+
+def test_mean_std_against_direct_computation():
+    from platform.run.job import mean_std
+
+    rows = [{"a": 1.0, "b": 2.0}, {"a": 4.0, "b": 2.0}, {"a": 7.5}]
+    out = mean_std(rows)
+    assert out == {"a": pytest.approx(statistics.mean([1, 4, 7.5])), "a_std": pytest.approx(statistics.stdev([1, 4, 7.5]))}
+
+
+def test_tune_with_seeds_ranks_trials_on_the_mean(mlflow_server, tiny_model, small_corpus, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    sets = _sets(model=tiny_model, corpus=small_corpus, batch_size=64, max_steps=4, eval_steps=2, num_workers=1,
+                 data_pipeline="local", output_dir=tmp_path / "runs")
+    proc = run_cli("tune", "vascl", "--num-samples", "1", "--seeds", "2", *sets, env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "over 2 seeds" in proc.stdout and "best_stsb_dev_spearman_std" in proc.stdout
+    c = MlflowClient(mlflow_server)
+    parent = _top_run(c, "vascl", sweep="true")
+    assert parent.info.status == "FINISHED" and parent.data.tags["seeds"] == "2"
+    (trial,) = _nested(c, parent)
+    seed_runs = _nested(c, trial)
+    assert sorted(r.data.tags["seed"] for r in seed_runs) == ["42", "43"]
+    assert trial.info.status == "FINISHED" and all(r.info.status == "FINISHED" for r in seed_runs)
+    _check_seed_means(trial, seed_runs)
+    for key in ("sts_avg", "sts_avg_std", "best_stsb_dev_spearman", "best_stsb_dev_spearman_std"):
+        assert parent.data.metrics[key] == pytest.approx(trial.data.metrics[key], abs=1e-6)
+    version = c.get_model_version_by_alias("vascl-encoder", "champion")
+    assert version.run_id == trial.info.run_id and version.tags["seeds"] == "2"
+    summary = pd.read_csv(Path(c.download_artifacts(parent.info.run_id, "sweep_summary.csv", str(tmp_path))))
+    assert summary["best_stsb_dev_spearman"].iloc[0] == pytest.approx(trial.data.metrics["best_stsb_dev_spearman"])
+    assert summary["seeds"].iloc[0] == 2
