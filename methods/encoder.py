@@ -178,16 +178,21 @@ class Encoder(nn.Module):
 
     @torch.inference_mode()
     def encode(
-        self, sentences: list[str], batch_size: int = 128, pooler: str | None = None, normalize: bool = False
+        self, sentences: list[str], batch_size: int = 128, pooler: str | None = None, normalize: bool = False,
+        progress: str | None = None,
     ) -> torch.Tensor:
-        """Embeddings in input order; batches are formed over length-sorted sentences for speed."""
+        """Embeddings in input order; batches are formed over length-sorted sentences for speed.
+        ``progress``: a progress bar with this title on a terminal."""
+        from tqdm.auto import tqdm
+
         was_training = self.training
         self.eval()
         device = next(self.parameters()).device
         lengths = [len(s) for s in sentences]
         order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
         chunks = []
-        for start in range(0, len(order), batch_size):
+        starts = range(0, len(order), batch_size)
+        for start in tqdm(starts, desc=progress, unit=" batches", disable=None if progress else True, leave=False):
             idx = order[start : start + batch_size]
             inputs = self.tokenize([sentences[i] for i in idx], device=device)
             chunks.append(self(inputs, pooler=pooler).float().cpu())

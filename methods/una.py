@@ -130,7 +130,10 @@ def fit_tfidf(sentences: list[str], tokenizer: str = "words") -> TfIdfTable:
         vectorizer = CountVectorizer(lowercase=False, tokenizer=nltk_tokens, token_pattern=None, dtype=np.int64)
     else:
         vectorizer = CountVectorizer(lowercase=True, token_pattern=TERM, dtype=np.int64)
-    counts = vectorizer.fit_transform(sentences)
+    from tqdm.auto import tqdm
+
+    # The one long step on the driver: a progress bar on a terminal (none in logs, disable=None).
+    counts = vectorizer.fit_transform(tqdm(sentences, desc="UNA TF-IDF", unit=" sentences", disable=None, leave=False))
     N = counts.shape[0]
     df = np.bincount(counts.indices, minlength=counts.shape[1])
     idf = -np.log(df / N)

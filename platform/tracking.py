@@ -214,6 +214,46 @@ def ranked_child_runs(uri: str, parent: str, metric: str, mode: str) -> list:
     return [r for r in runs if f"best_{metric}" in r.data.metrics]
 
 
+SAMPLING_ENV = "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"  # MLflow's own variable, seconds
+
+
+def start_system_metrics(uri: str | None, run_id: str, resume: bool = False):
+    """MLflow's monitor of this node's CPU, memory, disk, network and (NVML) GPU utilisation and
+    memory, logged to ``run_id`` as ``system/*`` every ``$MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``
+    seconds (default 10) until ``finish()``. None where psutil is missing."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError:
+        return None
+    import logging
+
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter per run
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=float(os.environ.get(SAMPLING_ENV, 10)),
+                                   samples_before_logging=1, resume_logging=resume, tracking_uri=uri)
+    monitor.start()
+    return monitor
+
+
+def log_corpus(uri: str, run_id: str, location: str, digest: str, num_sentences: int) -> None:
+    """The training corpus as the run's MLflow dataset input (context ``training``): its source,
+    and the content digest the platform's caches are keyed by (MLflow keeps 36 characters of it;
+    the full sha256 is the tag ``corpus_sha256``)."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.types import ColSpec, Schema
+
+    with warnings.catch_warnings():  # a local path matches two equivalent source types
+        warnings.simplefilter("ignore")
+        source = resolve_dataset_source(location)
+    dataset = MetaDataset(source, name=Path(location).name, digest=digest[:32], schema=Schema([ColSpec("string", "sentence")]))
+    client(uri).log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
+                                                         tags=[InputTag("mlflow.data.context", "training")])])
+    set_tags(uri, run_id, {"corpus_sha256": digest, "corpus_sentences": str(num_sentences)})
+
+
 class MetricSink:
     """Step metrics from rank 0 of the training loop straight to the run (None: print only).
 
@@ -221,9 +261,15 @@ class MetricSink:
     point whose step is not past the last one already logged for that key is dropped, so the
     history has neither duplicates nor gaps."""
 
-    def __init__(self, uri: str | None, run_id: str | None, skip_logged: bool = False):
+    def __init__(self, uri: str | None, run_id: str | None, skip_logged: bool = False, system_metrics: bool = False):
         self.uri, self.run_id, self.skip_logged = uri, run_id, skip_logged
         self.logged_until: dict[str, int] = {}
+        self.monitor = start_system_metrics(uri, run_id, resume=skip_logged) if run_id and system_metrics else None
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.finish()
+            self.monitor = None
 
     def _last_step(self, key: str) -> int:
         if key not in self.logged_until:

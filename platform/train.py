@@ -50,9 +50,11 @@ def main(argv=None) -> int:
     status = "FAILED"
     try:
         tracking.log_params(uri, run_id, {**cfg.flat(), **({"seeds": len(seeds)} if len(seeds) > 1 else {})})
+        digest = job.corpus_digest(sentences)
+        tracking.log_corpus(uri, run_id, cfg.corpus, digest, corpus.num_sentences)
         if len(seeds) > 1:  # one nested run per seed; this run gets the means and stds
             runs = job.fit_seeds(cfg, corpus, len(seeds), uri=uri, parent=run_id, experiment=cfg.method,
-                                 storage_path=cfg.output_dir, name=name)
+                                 storage_path=cfg.output_dir, name=name, corpus_digest=digest)
             if cfg.final_eval:
                 job.finalize_seeds(uri, run_id, runs)
             best = job.best_seed(runs)

@@ -32,6 +32,11 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     """One Tune trial: its MLflow child run around one job fit."""
     import ray.tune
 
+    import ray.data
+
+    # The console shows Tune's status table and one line per evaluation: no Ray Data progress
+    # bars from inside trials (this context travels with the datasets the trial makes).
+    ray.data.DataContext.get_current().enable_progress_bars = False
     cfg = TrainConfig.from_flat({**sweep["base"], **config})
     uri, parent, trial_id = sweep["uri"], sweep["parent"], ray.tune.get_context().get_trial_id()
     done = tracking.finished_trial_run(uri, parent, trial_id)
@@ -46,6 +51,7 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     # Only success is recorded here: a trial that ASHA stops is interrupted like one that fails,
     # so the driver, which knows which trials errored, ends the runs still RUNNING afterwards.
     tracking.log_params(uri, run_id, cfg.flat())
+    tracking.log_corpus(uri, run_id, cfg.corpus, sweep["corpus_digest"], len(sweep["sentences"]))
     # A trial may search parameters that change generated columns (SAN's scale): its own corpus
     # data, from the content-keyed cache when they match the sweep's base.
     corpus = job.prepare(cfg, sweep["sentences"])
@@ -53,7 +59,8 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     if sweep.get("seeds", 1) > 1:
         _trial_seeds(cfg, corpus, sweep, run_id, trial_id, trials_dir)
         return
-    out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage_path=trials_dir, name=trial_id, tune_callback=True)
+    out = job.fit(cfg, corpus, uri=uri, run_id=run_id, storage_path=trials_dir, name=trial_id, tune_callback=True,
+                  label=f"trial {trial_id}")
     if out.checkpoint:
         tracking.set_tags(uri, run_id, {"best_checkpoint": out.checkpoint})
         if sweep.get("grid") and cfg.final_eval:  # a sensitivity grid: the 7 tasks at every point
@@ -68,7 +75,8 @@ def _trial_seeds(cfg: TrainConfig, corpus, sweep: dict[str, Any], run_id: str, t
 
     uri = sweep["uri"]
     runs = job.fit_seeds(cfg, corpus, sweep["seeds"], uri=uri, parent=run_id, experiment=sweep["experiment"],
-                         storage_path=trials_dir, name=trial_id, tune_callback=True)
+                         storage_path=trials_dir, name=trial_id, tune_callback=True, label=f"trial {trial_id}",
+                         corpus_digest=sweep["corpus_digest"])
     if sweep.get("grid") and cfg.final_eval:
         job.evaluate_seeds(uri, run_id, runs)
     dev = job.mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
@@ -100,7 +108,7 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
 
         search_alg = ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=spec.max_concurrent_trials)
     sweep = {"base": base.flat(), "uri": uri, "parent": parent, "experiment": base.method, "storage": sweep_dir,
-             "sentences": sentences, "grid": grid, "seeds": seeds}
+             "sentences": sentences, "grid": grid, "seeds": seeds, "corpus_digest": job.corpus_digest(sentences)}
     # The trial itself only waits on its Train workers: no CPU of its own, so two trials fit on
     # 2 CPUs. It runs on the head node, beside the driver: the corpus' columns and statistics a
     # trial prepares come from (or go into) the head's cache, made once per sweep, never per GPU
@@ -122,7 +130,8 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
                 # The Optuna limiter already caps concurrency; a grid needs the cap here.
                 max_concurrent_trials=None if search_alg is not None else spec.max_concurrent_trials,
             ),
-            run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, callbacks=callbacks),
+            # verbose=1: Tune's status table only; every trial prints one line per evaluation itself.
+            run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, callbacks=callbacks, verbose=1),
         )
     return tuner.fit()
 
@@ -259,6 +268,7 @@ def main(argv=None) -> int:
         parent = tracking.start_run(uri, args.method, name, {**job.run_tags(base), "sweep": "true",
                                                              **({"seeds": str(seeds)} if seeds > 1 else {})})
         tracking.log_params(uri, parent, {**base.flat(), **spec.as_params(), **({"seeds": seeds} if seeds > 1 else {})})
+        tracking.log_corpus(uri, parent, base.corpus, job.corpus_digest(sentences), len(sentences))
         state = {"parent_run_id": parent, "method": args.method, "expected_trials": spec.expected_trials(),
                  "seeds": seeds}
         # In output_dir's storage, beside Tune's own state: --resume finds both there, also when

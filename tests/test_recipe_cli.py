@@ -4,6 +4,7 @@ combination of the issue sweeps on Ray with 2 trials, and invalid recipes are re
 
 from __future__ import annotations
 
+import re
 import itertools
 from pathlib import Path
 
@@ -142,6 +143,19 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) >= len(scales)
     assert "sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
     assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
+
+    # The console: each trial's evaluations as one line each from its rank 0, no Ray Data
+    # progress bars from inside trials; the corpus as every run's MLflow dataset input.
+    for child in children:
+        tid = child.data.tags["trial_id"]
+        assert re.search(rf"\[trial {tid}\] step 1/2  loss \d+\.\d+  stsb_dev_spearman \d+\.\d+ \(best ", proc.stdout)
+    from_ray_processes = [line for line in (proc.stdout + proc.stderr).splitlines() if "pid=" in line]
+    assert any("Progress bars disabled" in line for line in from_ray_processes)
+    assert not any("Running Dataset" in line or "logging_progress" in line for line in from_ray_processes)
+    for run in runs:
+        (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
+        assert dataset.name == small_corpus.name and dataset.digest == run.data.tags["corpus_sha256"][:32]
+        assert run.data.tags["corpus_sentences"] == "128"
 
     # The sweep's summary: every trial in a table (console, MLflow table, CSV) and plots as PNGs.
     assert "sweep: 2 trials" in proc.stdout

@@ -50,7 +50,7 @@ def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("seeded")
     common = dict(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4, eval_steps=2, runtime="process",
                   num_workers=1, output_dir=out / "runs", lr=1e-3)
-    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}
     simcse = run_cli("train", "simcse", "--seeds", "2", *_sets(**common), env=env)
     assert simcse.returncode == 0, simcse.stderr[-3000:]
     una = run_cli("train", "una", "--seeds", "2", *_sets(**common, r=500), env=env)  # 256 sentences: ~1500 terms
@@ -63,8 +63,16 @@ def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
     return {"simcse": simcse, "una": una, "client": c, "out": out}
 
 
-def test_train_with_seeds_nests_a_run_per_seed_and_logs_mean_and_std(seeded_runs):
+def test_train_with_seeds_nests_a_run_per_seed_and_logs_mean_and_std(seeded_runs, small_corpus):
+    import hashlib
+
+    from platform.data import read_corpus
+
     c = seeded_runs["client"]
+    digest = hashlib.sha256()  # the corpus' sentences, each followed by a newline, hashed here directly
+    for sentence in read_corpus(small_corpus):
+        digest.update(sentence.encode("utf-8") + b"\n")
+    digest = digest.hexdigest()
     assert "mean +- std" in seeded_runs["simcse"].stdout and "over seeds 42, 43" in seeded_runs["simcse"].stdout
     for method in ("simcse", "una"):
         parent = _top_run(c, method, seeds="2")
@@ -75,6 +83,14 @@ def test_train_with_seeds_nests_a_run_per_seed_and_logs_mean_and_std(seeded_runs
         assert all(r.info.status == "FINISHED" and r.data.tags["best_checkpoint"] for r in seed_runs)
         assert len({r.data.tags["best_checkpoint"] for r in seed_runs}) == 2
         _check_seed_means(parent, seed_runs)
+        # Every training run: MLflow's system metrics of its node; the corpus as dataset input,
+        # with the digest the caches are keyed by.
+        for run in seed_runs:
+            assert c.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+            assert "system/system_memory_usage_megabytes" in run.data.metrics
+        for run in (parent, *seed_runs):
+            (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
+            assert dataset.digest == digest[:32] and run.data.tags["corpus_sha256"] == digest
         # Different seeds train differently (initialisation of the head, batch order, dropout).
         assert len({r.data.metrics["sts_avg"] for r in seed_runs}) == 2
         # Registered: the best seed's checkpoint, compared and tagged with the mean.
@@ -165,3 +181,13 @@ def test_tune_with_seeds_ranks_trials_on_the_mean(mlflow_server, tiny_model, sma
     summary = pd.read_csv(Path(c.download_artifacts(parent.info.run_id, "sweep_summary.csv", str(tmp_path))))
     assert summary["best_stsb_dev_spearman"].iloc[0] == pytest.approx(trial.data.metrics["best_stsb_dev_spearman"])
     assert summary["seeds"].iloc[0] == 2
+
+
+def test_progress_line():
+    from platform.run.checkpoint import Position
+    from platform.run.loop import progress_line
+
+    pos = Position(step=8, train_time_s=20.0, best=78.123)
+    line = progress_line("trial ab12", pos, 24, 1.23456, 77.5, improved=False)
+    assert line == "[trial ab12] step 8/24  loss 1.2346  stsb_dev_spearman 77.50 (best 78.12)  ETA 0m40s"
+    assert progress_line(None, pos, 8, 1.0, 78.123, improved=True).endswith("(best 78.12, new)  ETA 0m00s")

@@ -104,7 +104,10 @@ def _one_operator_context() -> None:
     # Ray Data reserves part of the CPUs for each operator so that long pipelines cannot starve
     # one another; with this single map operator that reservation only idles CPUs (measured on
     # 2 CPUs: 1.2 tasks in flight with it, 1.85 without; benchmarks/RESULTS.md).
-    ray.data.DataContext.get_current().op_resource_reservation_enabled = False
+    context = ray.data.DataContext.get_current()
+    context.op_resource_reservation_enabled = False
+    # One progress bar per dataset, not one per operator besides it (a trial turns them all off).
+    context.enable_operator_progress_bars = False
 
 
 BLOCK_SENTENCES = 512

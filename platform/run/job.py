@@ -25,6 +25,7 @@ from platform.errors import ConfigError, DataError
 from platform.run import checkpoint, storage
 from platform.run.local_models import resolve_local_models, uses_random_mlm
 from platform.run.loop import DEV_METRIC, RunContext, train_loop_per_worker
+from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 
 
 def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
@@ -52,8 +53,6 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
 
 def start(cfg: TrainConfig, num_cpus: int | None = None) -> None:
     if cfg.runtime == "ray":
-        from platform.run.ray_env import init_ray
-
         init_ray(num_cpus=num_cpus)
 
 
@@ -82,11 +81,19 @@ def dev_pairs() -> dict[str, list]:
     return {"sent1": list(pairs.sent1), "sent2": list(pairs.sent2), "scores": [float(x) for x in pairs.scores]}
 
 
+def corpus_digest(sentences: list[str]) -> str:
+    """The corpus' content digest, the one its cached statistics and columns are keyed by."""
+    from platform.data.cache import sentences_digest
+
+    return sentences_digest(sentences)
+
+
 def fit(cfg: TrainConfig, corpus: CorpusData, *, uri: str | None, run_id: str | None, storage_path: str, name: str,
-        tune_callback: bool = False) -> FitResult:
-    """Train with the configured runtime; the best checkpoint by STS-B dev."""
+        tune_callback: bool = False, label: str | None = None) -> FitResult:
+    """Train with the configured runtime; the best checkpoint by STS-B dev. ``label`` prefixes the
+    console line each evaluation prints (a trial's id)."""
     ctx = RunContext(config=cfg.flat(), runtime=cfg.runtime, num_sentences=corpus.num_sentences,
-                     tracking_uri=uri, run_id=run_id, dev=dev_pairs())
+                     tracking_uri=uri, run_id=run_id, dev=dev_pairs(), label=label)
     if cfg.runtime == "process":
         ctx.corpus, ctx.run_dir = corpus, str(Path(storage_path, name))
         out = train_loop_per_worker(ctx.loop_config())
@@ -169,7 +176,8 @@ def mean_std(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def fit_seeds(cfg: TrainConfig, corpus: CorpusData, seeds: int, *, uri: str, parent: str, experiment: str,
-              storage_path: str, name: str, tune_callback: bool = False) -> list[SeedRun]:
+              storage_path: str, name: str, tune_callback: bool = False, label: str | None = None,
+              corpus_digest: str | None = None) -> list[SeedRun]:
     """The configuration fitted once per seed, one after the other, each in an MLflow run nested
     under ``parent``; ``parent`` gets the mean and std of the best STS-B dev. In a Tune trial only
     the first seed reports to Tune, so ASHA compares configurations on one learning curve and a
@@ -182,8 +190,10 @@ def fit_seeds(cfg: TrainConfig, corpus: CorpusData, seeds: int, *, uri: str, par
         status = "FAILED"
         try:
             tracking.log_params(uri, run_id, scfg.flat())
+            if corpus_digest:
+                tracking.log_corpus(uri, run_id, cfg.corpus, corpus_digest, corpus.num_sentences)
             out = fit(scfg, corpus, uri=uri, run_id=run_id, storage_path=storage_path, name=run_name,
-                      tune_callback=tune_callback and i == 0)
+                      tune_callback=tune_callback and i == 0, label=" ".join(filter(None, [label, f"seed {seed}"])))
             if out.checkpoint is None:
                 raise DataError(f"seed {seed}: training finished without a checkpoint (no STS-B dev evaluation ran)")
             tracking.set_tags(uri, run_id, {"best_checkpoint": out.checkpoint})
@@ -278,7 +288,8 @@ def _evaluate_sts(uri: str, run_id: str, checkpoint_dir: Path, log_to: list[str]
 
     state = checkpoint.read_state(checkpoint_dir)
     model = checkpoint.model_dir(checkpoint_dir)
-    scores = with_mean(STSEvaluator()(Encoder.from_pretrained(str(model), pooler=state["eval_pooler"])))
+    encoder = Encoder.from_pretrained(str(model), pooler=state["eval_pooler"])
+    scores = with_mean(STSEvaluator()(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
     if not quiet:
         print(format_table(scores), flush=True)
     for target in [run_id, *(log_to or [])]:

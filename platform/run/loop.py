@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -86,11 +88,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             if pos.step % cfg.log_steps == 0:
                 log({"train_loss": window[-1], "lr": schedule.get_last_lr()[0], **extra}, pos.step)
             if pos.step % cfg.eval_steps == 0 or pos.step == steps:
-                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, window, (optimizer, schedule), log)
+                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, window, (optimizer, schedule), log, steps)
                 window = []
                 model.train()
         if pos.step >= steps:
             break
+    log.close()
     return {"steps": pos.step, "train_time_s": pos.train_time_s, "best_" + DEV_METRIC: pos.best,
             "best_step": pos.best_step}
 
@@ -114,8 +117,8 @@ def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
 
 
 def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, pos: Position,
-                        window: list[float], optim, log) -> None:
-    """STS-B dev on rank 0, then the runtime's report with a checkpoint of this step."""
+                        window: list[float], optim, log, steps: int) -> None:
+    """STS-B dev on rank 0 (and its one console line), then the runtime's report with a checkpoint of this step."""
     metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": sum(window) / max(len(window), 1),
                                "train_time_s": pos.train_time_s}
     write, improved = None, False
@@ -133,7 +136,20 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
                 checkpoint.save_train_state(folder, model, *optim, pos)
 
         log({k: v for k, v in metrics.items() if k not in ("step", "epoch", "train_time_s")}, pos.step)
+        # Straight to stdout: Ray Train turns print() into log records, which the console shows twice.
+        sys.stdout.write(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved) + "\n")
+        sys.stdout.flush()
     rt.report(metrics, write, improved)
+
+
+def progress_line(label: str | None, pos: Position, steps: int, loss: float, dev: float, improved: bool) -> str:
+    """``[label] step 8/24  loss 1.234  dev 78.12 (best 78.12, new)  ETA 1m05s``: the ETA from the
+    training time per step so far (evaluations not counted)."""
+    eta = int(pos.train_time_s / max(pos.step, 1) * (steps - pos.step))
+    best = f"best {pos.best:.2f}" + (", new" if improved else "")
+    prefix = f"[{label}] " if label else ""
+    return (f"{prefix}step {pos.step}/{steps}  loss {loss:.4f}  {DEV_METRIC} {dev:.2f} ({best})  "
+            f"ETA {eta // 60}m{eta % 60:02d}s")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -155,6 +171,7 @@ class RunContext:
     # has no data folder. None: rank 0 reads it from $PLATFORM_DATA_DIR.
     dev: dict[str, list] | None = None
     corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, states)
+    label: str | None = None  # prefixes rank 0's console line per evaluation (a trial's id)
 
     def loop_config(self) -> dict[str, Any]:
         """For Ray's ``train_loop_config``: plain values only. Ray's Train controller unpickles it
@@ -218,14 +235,15 @@ class Runtime:
         """Hand an evaluation's metrics on, with a checkpoint that ``write(folder)`` fills (rank 0)."""
         raise NotImplementedError
 
-    def metric_log(self, resumed: bool) -> Callable[[dict[str, float], int], None]:
-        """Rank 0's step metrics to the run's MLflow run; after a restart, points already logged
-        are kept, not duplicated (steps after the checkpoint run again)."""
-        if not (self.is_chief and self.ctx.run_id):
-            return lambda metrics, step: None
+    def metric_log(self, resumed: bool):
+        """Rank 0's step metrics, and MLflow's system metrics of its node, to the run's MLflow run;
+        after a restart, points already logged are kept, not duplicated (steps after the
+        checkpoint run again). Called with ``(metrics, step)``; ``close()`` at the end."""
         from platform.tracking import MetricSink
 
-        return MetricSink(self.ctx.tracking_uri, self.ctx.run_id, skip_logged=resumed)
+        if not (self.is_chief and self.ctx.run_id):
+            return MetricSink(None, None)
+        return MetricSink(self.ctx.tracking_uri, self.ctx.run_id, skip_logged=resumed, system_metrics=True)
 
 
 class ProcessRuntime(Runtime):
@@ -256,8 +274,6 @@ class ProcessRuntime(Runtime):
         staging = Path(tempfile.mkdtemp(prefix="best.tmp-", dir=target.parent))
         write(staging)
         replace_dir(staging, target)
-        dev = metrics.get("stsb_dev_spearman", float("nan"))
-        print(f"step {metrics['step']}: stsb_dev_spearman={dev:.2f} (new best, saved to {target})", flush=True)
 
 
 class RayTrainRuntime(Runtime):
@@ -273,6 +289,9 @@ class RayTrainRuntime(Runtime):
 
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
+        # Ray Train's per-report INFO lines ("Checkpoint successfully created ...") would bury
+        # the one line per evaluation this loop prints.
+        logging.getLogger("ray.train").setLevel(logging.WARNING)
         self.device = ray.train.torch.get_device()
 
     def wrap(self, model):

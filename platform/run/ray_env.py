@@ -11,6 +11,11 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Ray folds console lines that differ only in words with digits into "[repeated Nx across
+# cluster]": every trial's per-evaluation line (platform.run.loop.progress_line) would vanish into
+# one. Ray reads this when it is imported, so this module is imported before Ray is.
+os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"step \d+/\d+  loss ")
 EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 
 # Passed through to workers; paths are made absolute since workers run in the shipped copy.
