@@ -210,11 +210,12 @@ def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, res
     if base.final_eval:
         scores = (job.finalize_seeds(uri, run.info.run_id, seeds, log_to=[parent]) if seeds
                   else job.finalize(uri, run.info.run_id, found, log_to=[parent]))
-    spread = (lambda key: f" +- {run.data.metrics[key + '_std']:.2f} over {len(seeds)} seeds"
-              if seeds and key + "_std" in run.data.metrics else "")
+    metric = "best_" + spec.metric
+    spread = (f" +- {run.data.metrics[metric + '_std']:.2f} over {len(seeds)} seeds"
+              if seeds and metric + "_std" in run.data.metrics else "")
     print("\nbest trial")
     print(f"  parameters:   { {k: run.data.params.get(k) for k in spec.space} }")
-    print(f"  {spec.metric}: {run.data.metrics['best_' + spec.metric]:.2f}{spread('best_' + spec.metric)}")
+    print(f"  {spec.metric}: {run.data.metrics[metric]:.2f}{spread}")
     if scores:
         std = f" +- {scores['avg_std']:.2f}" if "avg_std" in scores else ""
         print(f"  STS avg:      {scores.get('avg', float('nan')):.2f}{std}")
