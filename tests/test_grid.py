@@ -1,6 +1,6 @@
 """``--grid PARAM``: the papers' one-parameter sensitivity tables, regenerated. Every grid value
 runs to the end and gets the 7 STS tasks on its best checkpoint; the parent run holds the table
-(rows = values, columns = tasks + avg) and its plot."""
+(rows = values, columns = tasks + avg) and its plot. Against a real MLflow server."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from tests.test_cli import _runs
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
 
 
-def test_grid_sweep_evaluates_every_value(tiny_model, small_corpus, tmp_path, mlflow_uri):
+def test_grid_sweep_evaluates_every_value(tiny_model, small_corpus, tmp_path, mlflow_server):
+    mlflow_uri = mlflow_server  # a real server process: artifacts go through its proxy
     space = tmp_path / "una-grid.yaml"
     space.write_text((Path(__file__).resolve().parent.parent / "tune_spaces" / "una.yaml").read_text().replace(
         "  alpha: [1, 3, 5, 7, 9]                    # Table C4", "  alpha: [1, 9]"))
