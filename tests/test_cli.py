@@ -142,26 +142,26 @@ def test_unreachable_tracking_uri_fails_before_ray(tiny_model, small_corpus, tmp
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-def test_tune_bad_space_and_samples(tmp_path, mlflow_uri):
+def test_tune_bad_space_and_samples(tmp_path, mlflow_uri, cli):
     space = tmp_path / "space.yaml"
     space.write_text("space:\n  lr: {loguniform: [0, 1]}\n")
-    assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "loguniform")
+    assert_user_error(cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "loguniform")
     space.write_text("space:\n  nonsense: {choice: [1, 2]}\n")
-    assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "unknown key 'nonsense'")
+    assert_user_error(cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "unknown key 'nonsense'")
     space.write_text("scheduler: {type: hyperband}\nspace:\n  lr: {loguniform: [1.0e-5, 1.0e-4]}\n")
-    assert_user_error(run_cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "scheduler")
+    assert_user_error(cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "scheduler")
     assert _runs(mlflow_uri)[1] == []  # rejected before any MLflow run exists
     space.write_text("spaces: {}\n")
-    assert_user_error(run_cli("tune", "simcse", "--space", str(space)), "unknown key(s) spaces")
-    assert_user_error(run_cli("tune", "simcse", "--num-samples", "0"), "--num-samples must be >= 1")
+    assert_user_error(cli("tune", "simcse", "--space", str(space)), "unknown key(s) spaces")
+    assert_user_error(cli("tune", "simcse", "--num-samples", "0"), "--num-samples must be >= 1")
 
 
-def test_evaluate_bad_input(tmp_path):
-    assert_user_error(run_cli("evaluate", "minilm", "--tasks", "STS99"), "unknown task 'STS99'")
+def test_evaluate_bad_input(tmp_path, cli):
+    assert_user_error(cli("evaluate", "minilm", "--tasks", "STS99"), "unknown task 'STS99'")
     notckpt = tmp_path / "notckpt"
     notckpt.mkdir()
     (notckpt / "state.json").write_text("{}")
-    assert_user_error(run_cli("evaluate", str(notckpt)), "is not a checkpoint")
+    assert_user_error(cli("evaluate", str(notckpt)), "is not a checkpoint")
     proc = run_cli("evaluate", "minilm", "--pooler", "maxpool")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 

@@ -55,5 +55,5 @@ def test_evaluate_cli_clustering(tiny_model, tmp_path):
     assert 100 / 6 <= acc <= 100
 
 
-def test_unknown_clustering_set():
-    assert_user_error(run_cli("evaluate", "minilm", "--tasks", "cluster:AGNEWS"), "unknown task 'cluster:AGNEWS'")
+def test_unknown_clustering_set(cli):
+    assert_user_error(cli("evaluate", "minilm", "--tasks", "cluster:AGNEWS"), "unknown task 'cluster:AGNEWS'")

@@ -71,5 +71,5 @@ def test_transfer_slice_through_the_cli(tiny_model, tmp_path):
 
 
 def test_unknown_transfer_task_and_bad_jobs(cli):
-    assert_user_error(run_cli("evaluate", "minilm", "--tasks", "IMDB"), "unknown task 'IMDB'")
+    assert_user_error(cli("evaluate", "minilm", "--tasks", "IMDB"), "unknown task 'IMDB'")
     assert_user_error(cli("evaluate", "minilm", "--tasks", "MR", "--transfer-jobs", "0"), "--transfer-jobs")
