@@ -1,5 +1,5 @@
-"""AugCSE through the platform: augment to Parquet (cached per augmentation), a 2-trial sweep with
-lambda and discriminator accuracy in MLflow, the GRL grid, bad input."""
+"""AugCSE through the platform: augment to Parquet (cached per augmentation), a 2-trial sweep from
+that cache with lambda and discriminator accuracy in MLflow, the GRL grid, bad input."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def few_sentences(small_corpus, tmp_path):
     return path
 
 
-def test_augment_augcse_writes_parquet_and_caches_each_augmentation(few_sentences, tmp_path):
+def test_augment_then_tune_augcse_from_the_cache(tiny_model, few_sentences, tmp_path):
     env = {"PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
     out = tmp_path / "augcse"
     proc = run_cli("augment", "augcse", "--corpus", str(few_sentences), "--out", str(out), "--num-cpus", "2", env=env)
@@ -42,13 +42,17 @@ def test_augment_augcse_writes_parquet_and_caches_each_augmentation(few_sentence
     assert len(entries) == 9
     assert set(pd.read_parquet(out12)["aug_label"]) <= {NO_AUGMENTATION, "contraction_expansion", "number_to_word"}
 
-
-def test_tune_augcse_two_trials(tiny_model, few_sentences, tmp_path, mlflow_uri):
+    # A sweep on the same corpus and cache regenerates nothing: the augmentations the augment
+    # command made come from its cache (two trials, lambda and discriminator metrics in MLflow).
     # Batches read locally: the Ray Data pipeline under Tune is exercised by the recipe sweep.
+    before = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (tmp_path / "cache").glob("gen-*")}
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = run_cli("tune", "augcse", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path, *ONE_WORKER,
                                                                          "--set", "data_pipeline=local"),
-                   env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+                   env={"MLFLOW_TRACKING_URI": mlflow_uri, **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    after = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (tmp_path / "cache").glob("gen-*")}
+    assert {k: after.get(k) for k in before} == before  # a trial drawing 4-aug or 12-aug adds only what is missing
     c, runs = _runs(mlflow_uri, "augcse")
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 2 and all(r.info.status == "FINISHED" for r in runs)
