@@ -28,6 +28,7 @@ def test_grid_sweep_evaluates_every_value(tiny_model, small_corpus, tmp_path, ml
                    env={"MLFLOW_TRACKING_URI": mlflow_uri})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "alpha grid (best checkpoint of each value)" in proc.stdout
+    assert proc.stdout.count("|    avg\n") == 2  # one 7-task table per value; the best one is not evaluated again
     c, runs = _runs(mlflow_uri, "una")
     children = [r for r in runs if r.data.tags.get("trial_id")]
     parent = next(r for r in runs if r.data.tags.get("sweep") == "true")
@@ -38,6 +39,9 @@ def test_grid_sweep_evaluates_every_value(tiny_model, small_corpus, tmp_path, ml
     for row, child in zip(table.itertuples(index=False), sorted(children, key=lambda r: int(r.data.params["alpha"]))):
         assert row[-1] == pytest.approx(child.data.metrics["sts_avg"], abs=1e-6)
         assert row[1] == pytest.approx(child.data.metrics["sts_STS12"], abs=1e-6)
+    best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
+    assert parent.data.metrics["sts_avg"] == pytest.approx(best.data.metrics["sts_avg"], abs=1e-9)
+    assert c.get_model_version_by_alias("una-encoder", "champion").run_id == best.info.run_id
     assert (folder / "grid_alpha.md").read_text().startswith("| alpha | STS12")
     from PIL import Image
 

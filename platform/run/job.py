@@ -268,11 +268,15 @@ def format_seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores
     return "\n".join(lines)
 
 
-def finalize(uri: str, run_id: str, location: str, log_to: list[str] | None = None) -> dict[str, float]:
-    """Evaluate a checkpoint (a folder or a URI) on the 7 STS tasks; log the table and the model
-    in both formats."""
+def finalize(uri: str, run_id: str, location: str, log_to: list[str] | None = None,
+             scores: dict[str, float] | None = None) -> dict[str, float]:
+    """Evaluate a checkpoint (a folder or a URI) on the 7 STS tasks (``scores``: its table, already
+    logged on ``run_id``, e.g. a grid point's); log the table and the model in both formats."""
+    if scores is not None:
+        for target in log_to or []:
+            tracking.log_metrics(uri, target, {f"sts_{k}": v for k, v in scores.items()})
     with storage.local_copy(location) as folder:
-        return _finalize(uri, run_id, folder, log_to)
+        return _finalize(uri, run_id, folder, log_to, scores=scores)
 
 
 def evaluate_sts(uri: str, run_id: str, location: str, log_to: list[str] | None = None,
