@@ -152,6 +152,8 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     from_ray_processes = [line for line in (proc.stdout + proc.stderr).splitlines() if "pid=" in line]
     assert any("Progress bars disabled" in line for line in from_ray_processes)
     assert not any("Running Dataset" in line or "logging_progress" in line for line in from_ray_processes)
+    assert not any("Reporting training result" in line or "Checkpoint successfully created" in line
+                   for line in from_ray_processes)  # Ray Train's per-report INFO lines
     for run in runs:
         (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
         assert dataset.name == small_corpus.name and dataset.digest == run.data.tags["corpus_sha256"][:32]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import itertools
 import logging
 import os
@@ -289,9 +290,13 @@ class RayTrainRuntime(Runtime):
 
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
-        # Ray Train's per-report INFO lines ("Checkpoint successfully created ...") would bury
+        # Ray Train's per-report INFO lines ("Checkpoint successfully created ...", "Reporting
+        # training result ...", the latter from a logger named by its module's file) would bury
         # the one line per evaluation this loop prints.
         logging.getLogger("ray.train").setLevel(logging.WARNING)
+        spec = importlib.util.find_spec("ray.train.v2._internal.execution.context")
+        if spec is not None and spec.origin:
+            logging.getLogger(spec.origin).setLevel(logging.WARNING)
         self.device = ray.train.torch.get_device()
 
     def wrap(self, model):
