@@ -88,18 +88,21 @@ def row_of(uri: str, run) -> dict:
     for key in sorted(m):
         if key.startswith(("transfer_", "cluster_")):
             row[key] = m[key]
-    row["wall time (min)"] = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 60000
+    row["wall time (min)"] = _seconds(run) / 60
     row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in tracking.leaf_runs(uri, run))
     row["run_id"] = run.info.run_id
     row["experiment_id"] = run.info.experiment_id
     return row
 
 
+def _seconds(run) -> float:
+    return ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000
+
+
 def _gpu_hours(run) -> float:
     if run.data.params.get("use_gpu") not in ("True", "true", "1"):
         return 0.0
-    seconds = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000
-    return seconds / 3600 * int(run.data.params.get("num_workers", 1))
+    return _seconds(run) / 3600 * int(run.data.params.get("num_workers", 1))
 
 
 def reference_rows(frame) -> list[dict]:

@@ -50,17 +50,17 @@ def main(argv=None) -> int:
     status = "FAILED"
     try:
         tracking.log_params(uri, run_id, {**cfg.flat(), **({"seeds": len(seeds)} if len(seeds) > 1 else {})})
-        digest = job.corpus_digest(sentences)
-        tracking.log_corpus(uri, run_id, cfg.corpus, digest, corpus.num_sentences)
+        tracking.log_corpus(uri, run_id, cfg.corpus, corpus.digest, corpus.num_sentences)
         if len(seeds) > 1:  # one nested run per seed; this run gets the means and stds
             runs = job.fit_seeds(cfg, corpus, len(seeds), uri=uri, parent=run_id, experiment=cfg.method,
-                                 storage_path=cfg.output_dir, name=name, corpus_digest=digest)
+                                 storage_path=cfg.output_dir, name=name)
             if cfg.final_eval:
                 job.finalize_seeds(uri, run_id, runs)
             best = job.best_seed(runs)
-            devs = job.mean_std([{"dev": r.fit.best_dev} for r in runs])
+            dev = job.seed_dev(runs)
             status = "FINISHED"
-            print(f"run {run_id}: best {DEV_METRIC}={devs['dev']:.2f} +- {devs['dev_std']:.2f} over seeds "
+            print(f"run {run_id}: best {DEV_METRIC}={dev['best_' + DEV_METRIC]:.2f} +- "
+                  f"{dev['best_' + DEV_METRIC + '_std']:.2f} over seeds "
                   f"{', '.join(str(r.seed) for r in runs)}; best seed {best.seed}, checkpoint {best.fit.checkpoint}")
             print(f"MLflow: {tracking.redact(uri)} (experiment {cfg.method!r}, run {run_id})")
             return 0

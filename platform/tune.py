@@ -52,10 +52,10 @@ def trial(config: dict[str, Any], sweep: dict[str, Any]) -> None:
     # Only success is recorded here: a trial that ASHA stops is interrupted like one that fails,
     # so the driver, which knows which trials errored, ends the runs still RUNNING afterwards.
     tracking.log_params(uri, run_id, cfg.flat())
-    tracking.log_corpus(uri, run_id, cfg.corpus, sweep["corpus_digest"], len(sweep["sentences"]))
     # A trial may search parameters that change generated columns (SAN's scale): its own corpus
     # data, from the content-keyed cache when they match the sweep's base.
     corpus = job.prepare(cfg, sweep["sentences"])
+    tracking.log_corpus(uri, run_id, cfg.corpus, corpus.digest, corpus.num_sentences)
     trials_dir = storage.join(sweep["storage"], "trials")
     if sweep.get("seeds", 1) > 1:
         _trial_seeds(cfg, corpus, sweep, run_id, trial_id, trials_dir)
@@ -76,11 +76,10 @@ def _trial_seeds(cfg: TrainConfig, corpus, sweep: dict[str, Any], run_id: str, t
 
     uri = sweep["uri"]
     runs = job.fit_seeds(cfg, corpus, sweep["seeds"], uri=uri, parent=run_id, experiment=sweep["experiment"],
-                         storage_path=trials_dir, name=trial_id, tune_callback=True, label=f"trial {trial_id}",
-                         corpus_digest=sweep["corpus_digest"])
+                         storage_path=trials_dir, name=trial_id, tune_callback=True, label=f"trial {trial_id}")
     if sweep.get("grid") and cfg.final_eval:
         job.evaluate_seeds(uri, run_id, runs)
-    dev = job.mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
+    dev = job.seed_dev(runs)
     # Everything is in MLflow before the last report: the scheduler may end the trial on it.
     tracking.end_run(uri, run_id, "FINISHED")
     ray.tune.report({DEV_METRIC: dev["best_" + DEV_METRIC], **dev, "seeds": len(runs),
@@ -109,7 +108,7 @@ def run_sweep(base: TrainConfig, spec: SearchSpace, sentences: list[str], uri: s
 
         search_alg = ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=spec.max_concurrent_trials)
     sweep = {"base": base.flat(), "uri": uri, "parent": parent, "experiment": base.method, "storage": sweep_dir,
-             "sentences": sentences, "grid": grid, "seeds": seeds, "corpus_digest": job.corpus_digest(sentences)}
+             "sentences": sentences, "grid": grid, "seeds": seeds}
     # The trial itself only waits on its Train workers: no CPU of its own, so two trials fit on
     # 2 CPUs. It runs on the head node, beside the driver: the corpus' columns and statistics a
     # trial prepares come from (or go into) the head's cache, made once per sweep, never per GPU
@@ -273,7 +272,7 @@ def main(argv=None) -> int:
         parent = tracking.start_run(uri, args.method, name, {**job.run_tags(base), "sweep": "true",
                                                              **({"seeds": str(seeds)} if seeds > 1 else {})})
         tracking.log_params(uri, parent, {**base.flat(), **spec.as_params(), **({"seeds": seeds} if seeds > 1 else {})})
-        tracking.log_corpus(uri, parent, base.corpus, job.corpus_digest(sentences), len(sentences))
+        tracking.log_corpus(uri, parent, base.corpus, corpus.digest, corpus.num_sentences)
         state = {"parent_run_id": parent, "method": args.method, "expected_trials": spec.expected_trials(),
                  "seeds": seeds}
         # In output_dir's storage, beside Tune's own state: --resume finds both there, also when

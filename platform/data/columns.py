@@ -29,6 +29,7 @@ class CorpusData:
 
     columns: dict[str, list[str]]
     states: dict[str, Any]
+    digest: str = ""  # sha256 of the sentences: the key of their cached columns (MLflow's dataset digest)
 
     @property
     def num_sentences(self) -> int:
@@ -37,8 +38,9 @@ class CorpusData:
 
 def prepare_corpus(recipe: Recipe, sentences: list[str], use_ray: bool, use_gpu: bool = False,
                    cpus: float = 1.0) -> CorpusData:
-    columns = corpus_columns(recipe, sentences, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus)
-    return CorpusData(columns, prepared_states(recipe, columns))
+    digest = sentences_digest(sentences)
+    columns = corpus_columns(recipe, sentences, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus, digest=digest)
+    return CorpusData(columns, prepared_states(recipe, columns), digest)
 
 
 def prepared_states(recipe: Recipe, columns: dict[str, list[str]]) -> dict[str, Any]:
@@ -54,12 +56,13 @@ def prepared_states(recipe: Recipe, columns: dict[str, list[str]]) -> dict[str, 
 
 
 def corpus_columns(
-    recipe: Recipe, sentences: list[str], use_ray: bool = True, use_gpu: bool = False, cpus: float = 1.0
+    recipe: Recipe, sentences: list[str], use_ray: bool = True, use_gpu: bool = False, cpus: float = 1.0,
+    digest: str | None = None,
 ) -> dict[str, list[str]]:
     from platform.data.pipeline import generate_columns
 
     columns = {"sentence": sentences}
-    digest = sentences_digest(sentences)
+    digest = digest or sentences_digest(sentences)
     specs = {spec.column: spec for spec in recipe.generated_columns()}
     missing: dict[str, list[str]] = {}  # one generation pass per generator (+ group)
     for column, spec in specs.items():

@@ -81,13 +81,6 @@ def dev_pairs() -> dict[str, list]:
     return {"sent1": list(pairs.sent1), "sent2": list(pairs.sent2), "scores": [float(x) for x in pairs.scores]}
 
 
-def corpus_digest(sentences: list[str]) -> str:
-    """The corpus' content digest, the one its cached statistics and columns are keyed by."""
-    from platform.data.cache import sentences_digest
-
-    return sentences_digest(sentences)
-
-
 def fit(cfg: TrainConfig, corpus: CorpusData, *, uri: str | None, run_id: str | None, storage_path: str, name: str,
         tune_callback: bool = False, label: str | None = None) -> FitResult:
     """Train with the configured runtime; the best checkpoint by STS-B dev. ``label`` prefixes the
@@ -176,8 +169,7 @@ def mean_std(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def fit_seeds(cfg: TrainConfig, corpus: CorpusData, seeds: int, *, uri: str, parent: str, experiment: str,
-              storage_path: str, name: str, tune_callback: bool = False, label: str | None = None,
-              corpus_digest: str | None = None) -> list[SeedRun]:
+              storage_path: str, name: str, tune_callback: bool = False, label: str | None = None) -> list[SeedRun]:
     """The configuration fitted once per seed, one after the other, each in an MLflow run nested
     under ``parent``; ``parent`` gets the mean and std of the best STS-B dev. In a Tune trial only
     the first seed reports to Tune, so ASHA compares configurations on one learning curve and a
@@ -190,8 +182,7 @@ def fit_seeds(cfg: TrainConfig, corpus: CorpusData, seeds: int, *, uri: str, par
         status = "FAILED"
         try:
             tracking.log_params(uri, run_id, scfg.flat())
-            if corpus_digest:
-                tracking.log_corpus(uri, run_id, cfg.corpus, corpus_digest, corpus.num_sentences)
+            tracking.log_corpus(uri, run_id, cfg.corpus, corpus.digest, corpus.num_sentences)
             out = fit(scfg, corpus, uri=uri, run_id=run_id, storage_path=storage_path, name=run_name,
                       tune_callback=tune_callback and i == 0, label=" ".join(filter(None, [label, f"seed {seed}"])))
             if out.checkpoint is None:
@@ -204,8 +195,7 @@ def fit_seeds(cfg: TrainConfig, corpus: CorpusData, seeds: int, *, uri: str, par
         finally:
             tracking.end_run(uri, run_id, status)
         runs.append(SeedRun(seed, run_id, out))
-    dev = mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
-    tracking.log_metrics(uri, parent, dev)
+    tracking.log_metrics(uri, parent, seed_dev(runs))
     best = best_seed(runs)
     tracking.set_tags(uri, parent, {"best_checkpoint": best.fit.checkpoint, "best_seed": str(best.seed)})
     return runs
@@ -213,6 +203,11 @@ def fit_seeds(cfg: TrainConfig, corpus: CorpusData, seeds: int, *, uri: str, par
 
 def best_seed(runs: list[SeedRun]) -> SeedRun:
     return max(runs, key=lambda r: r.fit.best_dev)
+
+
+def seed_dev(runs: list[SeedRun]) -> dict[str, float]:
+    """``best_<dev>`` (the mean over the seeds' best STS-B dev) and ``best_<dev>_std``."""
+    return mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
 
 
 def seed_runs_of(uri: str, run_id: str) -> list[SeedRun]:
@@ -233,7 +228,7 @@ def finalize_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str]
     if len(runs) == 1:
         return finalize(uri, run_id, runs[0].fit.checkpoint, log_to)
     scores = evaluate_seeds(uri, run_id, runs, log_to)
-    dev = mean_std([{"best_" + DEV_METRIC: r.fit.best_dev} for r in runs])
+    dev = seed_dev(runs)
     best = best_seed(runs)
     with storage.local_copy(best.fit.checkpoint) as folder:
         _finalize(uri, run_id, folder, log_to, scores=scores, dev=dev["best_" + DEV_METRIC],
@@ -255,17 +250,16 @@ def evaluate_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str]
 
 
 def format_seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[str, float]) -> str:
-    from platform.evaluation.sts import SHORT_NAMES
+    import pandas as pd
 
-    tasks = list(per_seed[0])
-    cells = [[f"seed {s}", *(f"{row[t]:.2f}" for t in tasks)] for s, row in zip(seeds, per_seed)]
-    cells.append(["mean +- std", *(f"{scores[t]:.2f} +- {scores[t + '_std']:.2f}" for t in tasks)])
-    header = ["", *(SHORT_NAMES.get(t, t) for t in tasks)]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
-    lines = [" | ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines.append("-" * len(lines[0]))
-    lines += [" | ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
+    from platform.evaluation.sts import SHORT_NAMES
+    from platform.sweep_summary import format_table
+
+    rows = [{"": f"seed {s}", **{SHORT_NAMES.get(t, t): f"{v:.2f}" for t, v in row.items()}}
+            for s, row in zip(seeds, per_seed)]
+    rows.append({"": "mean +- std", **{SHORT_NAMES.get(t, t): f"{scores[t]:.2f} +- {scores[t + '_std']:.2f}"
+                                       for t in per_seed[0]}})
+    return format_table(pd.DataFrame(rows))
 
 
 def finalize(uri: str, run_id: str, location: str, log_to: list[str] | None = None,
