@@ -17,6 +17,7 @@ from typing import Any
 from platform.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
 
 
 def tracking_uri() -> str:
@@ -120,7 +121,7 @@ def start_run(uri: str, experiment: str, name: str, tags: dict[str, str], parent
     exp_id = ensure_experiment(experiment, uri)
     tags = {"git_commit": git_commit(), **tags}
     if parent_run_id:
-        tags["mlflow.parentRunId"] = parent_run_id
+        tags[PARENT_TAG] = parent_run_id
     run = c.create_run(exp_id, run_name=name, tags=tags)
     return run.info.run_id
 
@@ -179,7 +180,7 @@ def log_table(uri: str, run_id: str, frame, artifact_file: str) -> None:
 def child_runs(uri: str, parent: str, extra_filter: str = "", order_by: list[str] | None = None) -> list:
     c = client(uri)
     exp = c.get_run(parent).info.experiment_id
-    query = f"tags.`mlflow.parentRunId` = '{parent}'" + (f" and {extra_filter}" if extra_filter else "")
+    query = f"tags.`{PARENT_TAG}` = '{parent}'" + (f" and {extra_filter}" if extra_filter else "")
     return c.search_runs([exp], filter_string=query, order_by=order_by)
 
 
@@ -365,8 +366,6 @@ def _wait_ready(c, name: str, version: str, timeout: float = 120.0) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # Results across experiments (``platform.report``)
-
-PARENT_TAG = "mlflow.parentRunId"
 
 
 def experiments(uri: str, names: list[str] | None = None) -> list:
