@@ -20,7 +20,7 @@ def few_sentences(small_corpus, tmp_path):
     return path
 
 
-def test_augment_then_tune_augcse_from_the_cache(tiny_model, few_sentences, tmp_path):
+def test_augment_then_tune_augcse_from_the_cache(tiny_model, few_sentences, tmp_path, mlflow_uri):
     env = {"PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
     out = tmp_path / "augcse"
     proc = run_cli("augment", "augcse", "--corpus", str(few_sentences), "--out", str(out), "--num-cpus", "2", env=env)
@@ -46,7 +46,6 @@ def test_augment_then_tune_augcse_from_the_cache(tiny_model, few_sentences, tmp_
     # command made come from its cache (two trials, lambda and discriminator metrics in MLflow).
     # Batches read locally: the Ray Data pipeline under Tune is exercised by the recipe sweep.
     before = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (tmp_path / "cache").glob("gen-*")}
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = run_cli("tune", "augcse", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path, *ONE_WORKER,
                                                                          "--set", "data_pipeline=local"),
                    env={"MLFLOW_TRACKING_URI": mlflow_uri, **env})

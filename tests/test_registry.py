@@ -46,6 +46,12 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     ours = Encoder.from_pretrained(str(checkpoint.model_dir(best)), pooler=pooler).encode(sentences)
     np.testing.assert_allclose(model.encode(sentences), ours.numpy(), rtol=1e-4, atol=1e-5)
 
+    # What it needs to be served elsewhere: the flavor's packages, pinned, and MLflow.
+    reqs = mlflow.artifacts.download_artifacts(f"models:/simcse-encoder@champion/requirements.txt",
+                                               dst_path=str(tmp_path / "reqs"))
+    names = {line.split("==")[0] for line in open(reqs).read().split()}
+    assert names == {"mlflow", "sentence-transformers", "transformers", "torch"}, names
+
     # A worse version does not take the alias; a better one does.
     model_uri = f"runs:/{champion.run_id}/model"
     worse, promoted = tracking.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev - 1, {})

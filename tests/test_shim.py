@@ -13,13 +13,28 @@ from tests.conftest import ROOT
 
 @pytest.fixture(scope="module")
 def local_ray():
+    """The platform's local Ray, started where a `ray start` that ended without `ray stop` left its
+    address in Ray's temp folder (a port nothing listens on)."""
+    import os
+    from pathlib import Path
+
     import ray
 
     from platform.run.ray_env import init_ray
 
-    init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
+    stale = Path(os.environ["RAY_TMPDIR"]) / "ray" / "ray_current_cluster"
+    before = stale.read_text() if stale.is_file() else None
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("127.0.0.1:9")
+    try:
+        init_ray(num_cpus=2)
+        yield ray
+        ray.shutdown()
+    finally:
+        if before is None:
+            stale.unlink()
+        else:
+            stale.write_text(before)
 
 
 def test_heavy_libraries_import_under_the_shim():
@@ -45,6 +60,26 @@ def test_stdlib_api_is_complete():
     public = {n for n in dir(std) if not n.startswith("_")}
     assert public <= set(dir(platform))
     assert platform.python_version() == std.python_version()
+
+
+def test_the_jobs_processes_ask_their_own_cluster(local_ray):
+    """Ray's state API inside the job (Ray Train's placement-group cleaner polls it every second)
+    finds this cluster, not the one the temp folder names."""
+    import os
+
+    ray = local_ray
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def state_of(self, actor_id: str):
+            from ray.util.state import get_actor
+
+            return os.environ.get("RAY_ADDRESS"), get_actor(actor_id, timeout=5).state
+
+    probe = Probe.remote()
+    address, state = ray.get(probe.state_of.remote(probe._actor_id.hex()), timeout=120)
+    assert address == ray.get_runtime_context().gcs_address
+    assert state == "ALIVE"
 
 
 def test_ray_tasks_and_data_import_the_package(small_corpus, local_ray):

@@ -45,12 +45,48 @@ def init_ray(num_cpus: int | None = None) -> None:
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     address = os.environ.get("RAY_ADDRESS")
-    ray.init(
-        # "local": a new instance even when another Ray runs on this machine (left to itself,
-        # ray.init() would join the last one `ray start` made, refusing num_cpus).
-        address=address or "local",
-        num_cpus=None if address else num_cpus,
-        dashboard_host="127.0.0.1",
-        log_to_driver=True,
-        runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": worker_env()},
-    )
+    env = worker_env()
+    port = None
+    if not address:
+        # Ray's state API, which Ray Train's placement-group cleaner calls from inside the job
+        # every second, finds its cluster through RAY_ADDRESS, else the cluster the last `ray
+        # start` on this machine recorded, else any Ray running here. A local instance started
+        # beside another one (or after one that ended without `ray stop`) asked the other one:
+        # a 12 s timeout and a traceback at the end of every fit, and, where the other cluster
+        # answers, the cleaner would take this run's controller for dead and remove its
+        # placement group. So the local GCS listens on a port chosen here and the job's
+        # processes are told its address.
+        port = _free_port()
+        env["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
+    previous = os.environ.get(GCS_PORT_ENV)
+    if port is not None:
+        os.environ[GCS_PORT_ENV] = str(port)  # read by the head node Ray starts in ray.init
+    try:
+        ray.init(
+            # "local": a new instance even when another Ray runs on this machine (left to itself,
+            # ray.init() would join the last one `ray start` made, refusing num_cpus).
+            address=address or "local",
+            num_cpus=None if address else num_cpus,
+            dashboard_host="127.0.0.1",
+            log_to_driver=True,
+            runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env},
+        )
+    finally:
+        if previous is None:
+            os.environ.pop(GCS_PORT_ENV, None)
+        else:
+            os.environ[GCS_PORT_ENV] = previous
+    if port is not None and ray.get_runtime_context().gcs_address != env["RAY_ADDRESS"]:
+        raise RuntimeError(f"Ray's GCS started at {ray.get_runtime_context().gcs_address}, "
+                           f"not at the address given to its workers ({env['RAY_ADDRESS']})")
+
+
+GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
