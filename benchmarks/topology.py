@@ -249,6 +249,7 @@ class Topology:
                         pass
                     proc.wait()
         _kill_leftover_ray(self.gcs_port)
+        _forget_address(self.gcs_port)
 
     def __enter__(self) -> "Topology":
         return self.up()
@@ -279,6 +280,20 @@ def _sid(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
+
+
+def _forget_address(gcs_port: int) -> None:
+    """What `ray stop` does after killing its nodes: the file in which `ray start --head` recorded
+    this cluster as the machine's current one goes (when it still names this cluster). Left
+    behind, Ray's state API in a later job on this machine would ask this dead cluster."""
+    from ray._common.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    try:
+        if path.read_text().strip().endswith(f":{gcs_port}"):
+            path.unlink()
+    except OSError:
+        pass
 
 
 def _kill_leftover_ray(gcs_port: int) -> None:

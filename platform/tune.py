@@ -208,10 +208,11 @@ def report_best(uri: str, parent: str, spec: SearchSpace, base: TrainConfig, res
     tracking.log_metrics(uri, parent, {k: v for k, v in run.data.metrics.items() if k in (dev, dev + "_std")})
     scores = {}
     if base.final_eval:
-        # A grid point's run already holds its checkpoint's 7-task table: not evaluated twice.
+        # A grid point's run already holds its checkpoint's 7-task table (with seeds: their
+        # means and stds): not evaluated twice.
         table = {k[len("sts_"):]: v for k, v in run.data.metrics.items() if k.startswith("sts_")}
-        known = table if {*STS_TASKS, "avg"} <= set(table) else None
-        scores = (job.finalize_seeds(uri, run.info.run_id, seeds, log_to=[parent]) if seeds
+        known = table if {*STS_TASKS, "avg"} <= set(table) and (not seeds or "avg_std" in table) else None
+        scores = (job.finalize_seeds(uri, run.info.run_id, seeds, log_to=[parent], scores=known) if seeds
                   else job.finalize(uri, run.info.run_id, found, log_to=[parent], scores=known))
     metric = "best_" + spec.metric
     spread = (f" +- {run.data.metrics[metric + '_std']:.2f} over {len(seeds)} seeds"

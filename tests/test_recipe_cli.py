@@ -75,13 +75,15 @@ def corpus_and_paraphrases(tmp_path_factory, small_corpus):
     paraphrases = folder / "paraphrases.parquet"
     pq.write_table(pa.table({"sentence": sentences, "paraphrase": [" ".join(s.split()[::-1]) for s in sentences]}),
                    paraphrases)
-    return corpus, paraphrases
+    return corpus, paraphrases, folder / "cache"
 
 
 @pytest.mark.parametrize("row", COVERING, ids=["+".join(r) for r in COVERING])
 def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_paraphrases, tmp_path, mlflow_uri):
     pos, negs, loss, aux = row
-    corpus, paraphrases = corpus_and_paraphrases
+    # One cache for the module, as for a user: a recipe finds the columns (AugCSE's 4-aug set,
+    # SAN's negatives) that an earlier recipe on this corpus generated with the same settings.
+    corpus, paraphrases, cache = corpus_and_paraphrases
     sets = {
         "positives": pos, "negatives": negs, "loss": loss, "aux": aux, "runtime": "process", "num_workers": 1,
         "model": tiny_model, "corpus": corpus, "batch_size": 16, "max_steps": 2, "eval_steps": 2, "log_steps": 1,
@@ -94,7 +96,7 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
         sets.update(own.get(name, {}))
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     proc = run_cli("train", "recipe", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri,
-                                                  "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+                                                  "PLATFORM_CACHE_DIR": str(cache)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     c, runs = _runs(mlflow_uri, "recipe")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"

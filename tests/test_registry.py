@@ -47,7 +47,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     np.testing.assert_allclose(model.encode(sentences), ours.numpy(), rtol=1e-4, atol=1e-5)
 
     # What it needs to be served elsewhere: the flavor's packages, pinned, and MLflow.
-    reqs = mlflow.artifacts.download_artifacts(f"models:/simcse-encoder@champion/requirements.txt",
+    reqs = mlflow.artifacts.download_artifacts("models:/simcse-encoder@champion/requirements.txt",
                                                dst_path=str(tmp_path / "reqs"))
     names = {line.split("==")[0] for line in open(reqs).read().split()}
     assert names == {"mlflow", "sentence-transformers", "transformers", "torch"}, names

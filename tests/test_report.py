@@ -1,5 +1,5 @@
 """Seeds and the side-by-side report, through the CLIs against a real MLflow server process:
-``--seeds 2`` (train and tune) nests one run per seed and gives the configuration's run every
+``--seeds 2`` (train; tune in tests/test_grid.py) nests one run per seed and gives the configuration's run every
 score's mean and std, the registry compares means, ``platform.evaluate --log-to`` adds clustering,
 and ``platform.report`` renders two recipes with two seeds each as Markdown, CSV and PNG, logged
 to MLflow too."""
@@ -7,7 +7,6 @@ to MLflow too."""
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -31,7 +30,7 @@ def _nested(c, run):
     return c.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
 
 
-def _check_seed_means(parent, seed_runs) -> None:
+def check_seed_means(parent, seed_runs) -> None:
     """The parent's scores are the seeds' mean and sample std, computed here directly."""
     for task in STS:
         values = [r.data.metrics[f"sts_{task}"] for r in seed_runs]
@@ -82,7 +81,7 @@ def test_train_with_seeds_nests_a_run_per_seed_and_logs_mean_and_std(seeded_runs
         assert sorted(r.data.params["seed"] for r in seed_runs) == ["42", "43"]
         assert all(r.info.status == "FINISHED" and r.data.tags["best_checkpoint"] for r in seed_runs)
         assert len({r.data.tags["best_checkpoint"] for r in seed_runs}) == 2
-        _check_seed_means(parent, seed_runs)
+        check_seed_means(parent, seed_runs)
         # Every training run: MLflow's system metrics of its node; the corpus as dataset input,
         # with the digest the caches are keyed by.
         for run in seed_runs:
@@ -156,31 +155,6 @@ def test_mean_std_against_direct_computation():
     rows = [{"a": 1.0, "b": 2.0}, {"a": 4.0, "b": 2.0}, {"a": 7.5}]
     out = mean_std(rows)
     assert out == {"a": pytest.approx(statistics.mean([1, 4, 7.5])), "a_std": pytest.approx(statistics.stdev([1, 4, 7.5]))}
-
-
-def test_tune_with_seeds_ranks_trials_on_the_mean(mlflow_server, tiny_model, small_corpus, tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    sets = _sets(model=tiny_model, corpus=small_corpus, batch_size=64, max_steps=4, eval_steps=2, num_workers=1,
-                 data_pipeline="local", output_dir=tmp_path / "runs")
-    proc = run_cli("tune", "vascl", "--num-samples", "1", "--seeds", "2", *sets, env={"MLFLOW_TRACKING_URI": mlflow_server})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "over 2 seeds" in proc.stdout and "best_stsb_dev_spearman_std" in proc.stdout
-    c = MlflowClient(mlflow_server)
-    parent = _top_run(c, "vascl", sweep="true")
-    assert parent.info.status == "FINISHED" and parent.data.tags["seeds"] == "2"
-    (trial,) = _nested(c, parent)
-    seed_runs = _nested(c, trial)
-    assert sorted(r.data.tags["seed"] for r in seed_runs) == ["42", "43"]
-    assert trial.info.status == "FINISHED" and all(r.info.status == "FINISHED" for r in seed_runs)
-    _check_seed_means(trial, seed_runs)
-    for key in ("sts_avg", "sts_avg_std", "best_stsb_dev_spearman", "best_stsb_dev_spearman_std"):
-        assert parent.data.metrics[key] == pytest.approx(trial.data.metrics[key], abs=1e-6)
-    version = c.get_model_version_by_alias("vascl-encoder", "champion")
-    assert version.run_id == trial.info.run_id and version.tags["seeds"] == "2"
-    summary = pd.read_csv(Path(c.download_artifacts(parent.info.run_id, "sweep_summary.csv", str(tmp_path))))
-    assert summary["best_stsb_dev_spearman"].iloc[0] == pytest.approx(trial.data.metrics["best_stsb_dev_spearman"])
-    assert summary["seeds"].iloc[0] == 2
 
 
 def test_progress_line():

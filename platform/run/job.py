@@ -220,14 +220,19 @@ def seed_runs_of(uri: str, run_id: str) -> list[SeedRun]:
     return sorted(found, key=lambda r: r.seed)
 
 
-def finalize_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str] | None = None) -> dict[str, float]:
+def finalize_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str] | None = None,
+                   scores: dict[str, float] | None = None) -> dict[str, float]:
     """The 7 STS tasks on every seed's best checkpoint (logged in its run); ``run_id`` and
     ``log_to`` get each score's mean as ``sts_<task>`` and its std as ``sts_<task>_std``; the best
     seed's checkpoint (by STS-B dev) is exported and registered with the means, and the champion
-    alias is compared on the mean STS-B dev."""
+    alias is compared on the mean STS-B dev. ``scores``: those means and stds, already logged on
+    ``run_id`` (a grid point's), so the seeds are not evaluated again."""
     if len(runs) == 1:
-        return finalize(uri, run_id, runs[0].fit.checkpoint, log_to)
-    scores = evaluate_seeds(uri, run_id, runs, log_to)
+        return finalize(uri, run_id, runs[0].fit.checkpoint, log_to, scores=scores)
+    if scores is None:
+        scores = evaluate_seeds(uri, run_id, runs, log_to)
+    else:
+        _log_seed_scores(uri, log_to or [], scores, len(runs))
     dev = seed_dev(runs)
     best = best_seed(runs)
     with storage.local_copy(best.fit.checkpoint) as folder:
@@ -243,10 +248,14 @@ def evaluate_seeds(uri: str, run_id: str, runs: list[SeedRun], log_to: list[str]
     per_seed = [evaluate_sts(uri, r.run_id, r.fit.checkpoint, quiet=True) for r in runs]
     scores = mean_std(per_seed)
     print(format_seed_table(per_seed, [r.seed for r in runs], scores), flush=True)
-    for target in [run_id, *(log_to or [])]:
-        tracking.log_metrics(uri, target, {f"sts_{k}": v for k, v in scores.items()})
-        tracking.set_tags(uri, target, {"seeds": str(len(runs))})
+    _log_seed_scores(uri, [run_id, *(log_to or [])], scores, len(runs))
     return scores
+
+
+def _log_seed_scores(uri: str, targets: list[str], scores: dict[str, float], seeds: int) -> None:
+    for target in targets:
+        tracking.log_metrics(uri, target, {f"sts_{k}": v for k, v in scores.items()})
+        tracking.set_tags(uri, target, {"seeds": str(seeds)})
 
 
 def format_seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[str, float]) -> str:
