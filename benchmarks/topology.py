@@ -46,6 +46,11 @@ FAST_FAILURE_DETECTION = {"RAY_health_check_period_ms": "1000", "RAY_health_chec
                           "RAY_health_check_failure_threshold": "3"}
 
 
+# The MLflow server's job runner (huey consumer processes, for server-side jobs this platform does
+# not use) would take CPU from the nodes sharing this machine.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def available() -> str | None:
     """None when a mount namespace with bind mounts can be made here, else why not."""
     if shutil.which("unshare") is None:
@@ -173,7 +178,7 @@ class Topology:
             _bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port), "--workers", "1",
             "--backend-store-uri", f"sqlite:///{self.mlflow_dir / 'mlflow.db'}",
             "--artifacts-destination", f"s3://{BUCKET}/mlflow",
-        ], {**self.s3_env(), "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint})
+        ], {**self.s3_env(), "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint, **MLFLOW_SERVER_ENV})
         _wait("MLflow server", lambda: _http_ok(self.tracking_uri + "/health"), timeout=120, proc=mlflow)
         head = self._start("head", [
             _bin("ray"), "start", "--head", "--block", "--num-cpus", "0", "--num-gpus", "0",

@@ -30,12 +30,18 @@ def data_root() -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_env(tmp_path_factory):
     """Ray's session files and Ray Data's caches go to a temp dir; HF never goes online."""
-    ray_tmp = tmp_path_factory.mktemp("ray")
-    os.environ["RAY_TMPDIR"] = str(ray_tmp)
+    import shutil
+    import tempfile
+
+    # A short path of its own: Ray's socket paths under it must stay within AF_UNIX's 107 bytes,
+    # which pytest's per-worker folders (pytest-of-root/pytest-N/popen-gw1/...) exceed.
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")
+    os.environ["RAY_TMPDIR"] = ray_tmp
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["PLATFORM_DATA_DIR"] = str(_data_root())
     yield
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +90,7 @@ def mlflow_uri(tmp_path, _empty_mlflow_db) -> str:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory, _empty_mlflow_db):
     """A real ``mlflow server`` process (SQLite, local artifacts), one per test module."""
-    from benchmarks.topology import free_port
+    from benchmarks.topology import MLFLOW_SERVER_ENV, free_port
 
     base = tmp_path_factory.mktemp("mlflow-server")
     store = new_mlflow_db(_empty_mlflow_db, base / "mlflow.db")
@@ -93,7 +99,8 @@ def mlflow_server(tmp_path_factory, _empty_mlflow_db):
         [str(os.path.join(os.path.dirname(sys.executable), "mlflow")), "server", "--host", "127.0.0.1", "--port",
          str(port), "--workers", "1", "--backend-store-uri", store,
          "--artifacts-destination", (base / "artifacts").as_uri()],
-        stdout=open(base / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        stdout=open(base / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, **MLFLOW_SERVER_ENV})
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

@@ -71,13 +71,15 @@ def test_two_workers_on_two_nodes_equal_one_worker(two_node_cluster, tiny_model,
         torch.testing.assert_close(w2[name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def _train_workers() -> list:
+def _train_workers(cluster) -> list:
+    """The Ray Train workers of ``cluster`` (its raylets' children), not another Ray's on this machine."""
     import psutil
 
+    raylets = {info.process.pid for node in cluster.list_all_nodes() for info in node.all_processes["raylet"]}
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "RayTrainWorker" in cmd:
+        if "RayTrainWorker" in cmd and proc.info["ppid"] in raylets:
             found.append(proc)
     return found
 
@@ -107,7 +109,7 @@ def test_killed_worker_resumes_from_latest_checkpoint(tiny_model, small_corpus, 
             # Ray Train's controller registers a reported checkpoint on its next poll of the
             # workers; a kill within that window would restart from the one before.
             if first_checkpoint_seen and time.time() - first_checkpoint_seen > 3:
-                workers = _train_workers()
+                workers = _train_workers(cluster)
                 if workers:
                     killed = max(m.step for m in c.get_metric_history(runs[0].info.run_id, "train_loss"))
                     workers[-1].send_signal(signal.SIGKILL)
