@@ -28,13 +28,14 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from platform.run.ray_env import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "platform"
@@ -60,12 +61,6 @@ def available() -> str | None:
     if probe.returncode != 0:
         return f"unshare --mount is not permitted here ({probe.stderr.strip() or probe.returncode})"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bin(name: str) -> str:

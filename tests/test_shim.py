@@ -15,14 +15,14 @@ from tests.conftest import ROOT
 def local_ray():
     """The platform's local Ray, started where a `ray start` that ended without `ray stop` left its
     address in Ray's temp folder (a port nothing listens on)."""
-    import os
     from pathlib import Path
 
     import ray
+    from ray._common.utils import get_ray_address_file
 
     from platform.run.ray_env import init_ray
 
-    stale = Path(os.environ["RAY_TMPDIR"]) / "ray" / "ray_current_cluster"
+    stale = Path(get_ray_address_file(None))
     before = stale.read_text() if stale.is_file() else None
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("127.0.0.1:9")

@@ -56,10 +56,11 @@ def init_ray(num_cpus: int | None = None) -> None:
         # answers, the cleaner would take this run's controller for dead and remove its
         # placement group. So the local GCS listens on a port chosen here and the job's
         # processes are told its address.
-        port = _free_port()
+        # (A port the user chose through Ray's own variable is kept.)
+        port = int(os.environ.get(GCS_PORT_ENV) or free_port())
         env["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
-    previous = os.environ.get(GCS_PORT_ENV)
-    if port is not None:
+    ours = port is not None and GCS_PORT_ENV not in os.environ
+    if ours:
         os.environ[GCS_PORT_ENV] = str(port)  # read by the head node Ray starts in ray.init
     try:
         ray.init(
@@ -72,10 +73,8 @@ def init_ray(num_cpus: int | None = None) -> None:
             runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env},
         )
     finally:
-        if previous is None:
-            os.environ.pop(GCS_PORT_ENV, None)
-        else:
-            os.environ[GCS_PORT_ENV] = previous
+        if ours:
+            del os.environ[GCS_PORT_ENV]
     if port is not None and ray.get_runtime_context().gcs_address != env["RAY_ADDRESS"]:
         raise RuntimeError(f"Ray's GCS started at {ray.get_runtime_context().gcs_address}, "
                            f"not at the address given to its workers ({env['RAY_ADDRESS']})")
@@ -84,7 +83,8 @@ def init_ray(num_cpus: int | None = None) -> None:
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nothing listens on now (on any interface)."""
     import socket
 
     with socket.socket() as s:
