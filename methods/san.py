@@ -108,23 +108,34 @@ def dynamic_scores(nlp, tokenizer, sentences: list[str], max_length: int = 512) 
     return out
 
 
-_LEXICONS: dict[tuple[str, int], np.ndarray] = {}
+_LEXICONS: dict[tuple[str, int, str], np.ndarray] = {}
+_ALONE: dict[str, dict[str, int]] = {}  # per spaCy pipeline: word -> importance of the word tagged alone
 
 
 def static_lexicon(nlp, tokenizer, subword_tags: str = "x") -> np.ndarray:
     """Static tagging: one importance per vocabulary id, each entry tagged alone; a ``##`` piece is
     X (``subword_tags="x"``, the authors' lexicon) or tagged as its stem (``"stem"``); special
-    tokens 0. Computed once per process."""
+    tokens 0. Computed once per process; a word (a stem that is also a vocabulary entry, or both
+    variants) is tagged once."""
     key = (nlp.meta.get("name", ""), len(tokenizer), subword_tags)
     if key not in _LEXICONS:
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        words = [t[2:] if t.startswith("##") else t for t in tokens]
-        scores = np.array([importance(doc[0].pos_) if len(doc) else 1 for doc in nlp.pipe(words, batch_size=1024)])
-        if subword_tags == "x":
-            scores[[i for i, t in enumerate(tokens) if t.startswith("##")]] = importance("X")
+        piece = [t.startswith("##") for t in tokens]
+        words = [t[2:] if p else t for t, p in zip(tokens, piece)]
+        alone = tag_alone(nlp, [w for w, p in zip(words, piece) if subword_tags == "stem" or not p])
+        scores = np.array([importance("X") if p and subword_tags == "x" else alone[w] for w, p in zip(words, piece)])
         scores[list(tokenizer.all_special_ids)] = 0
         _LEXICONS[key] = scores
     return _LEXICONS[key]
+
+
+def tag_alone(nlp, words: list[str]) -> dict[str, int]:
+    """The importance of each word's first token, the word tagged on its own (1 for an empty one)."""
+    known = _ALONE.setdefault(nlp.meta.get("name", ""), {})
+    new = sorted({w for w in words if w not in known})
+    for word, doc in zip(new, nlp.pipe(new, batch_size=1024)):
+        known[word] = importance(doc[0].pos_) if len(doc) else 1
+    return known
 
 
 # ------------------------------------------------------------------------------------------------

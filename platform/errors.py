@@ -31,6 +31,10 @@ class DataError(UserError):
     """Input data is missing or malformed; the message names the file and what is wrong."""
 
 
+class ClusterError(UserError):
+    """The Ray cluster named by ``RAY_ADDRESS`` does not answer, or a local Ray cannot start."""
+
+
 USER_ERRORS = (UserError, InvalidParams, BackboneNotFound, WeightLoadError)
 
 

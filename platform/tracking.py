@@ -209,9 +209,10 @@ def close_child_runs(uri: str, parent: str, errored: set[str], interrupted: bool
 
 
 def ranked_child_runs(uri: str, parent: str, metric: str, mode: str) -> list:
-    """Child runs that logged ``best_<metric>``, best first."""
+    """FINISHED child runs that logged ``best_<metric>``, best first. A trial cut by Ctrl-C keeps
+    its KILLED run beside the one ``--resume`` trains it in again: only the latter can win."""
     order = "DESC" if mode == "max" else "ASC"
-    runs = child_runs(uri, parent, order_by=[f"metrics.best_{metric} {order}"])
+    runs = child_runs(uri, parent, "attributes.status = 'FINISHED'", order_by=[f"metrics.best_{metric} {order}"])
     return [r for r in runs if f"best_{metric}" in r.data.metrics]
 
 

@@ -127,6 +127,13 @@ def small_corpus(tmp_path_factory, data_root) -> Path:
     return path
 
 
+def corpus_head(corpus: Path, n: int, folder: Path) -> Path:
+    """The first ``n`` sentences of ``corpus``, as a corpus file of their own in ``folder``."""
+    path = folder / f"first{n}.txt"
+    path.write_text("\n".join(corpus.read_text(encoding="utf-8").split("\n")[:n]) + "\n", encoding="utf-8")
+    return path
+
+
 def run_cli(module: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``python -m platform.<module> ...`` from the repository root, as a user would."""
     full_env = {**os.environ, **(env or {})}

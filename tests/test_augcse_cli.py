@@ -1,65 +1,18 @@
-"""AugCSE through the platform: augment to Parquet (cached per augmentation), a 2-trial sweep from
-that cache with lambda and discriminator accuracy in MLflow, the GRL grid, bad input."""
+"""AugCSE through the platform: the GRL grid, bad input. (Augment to Parquet, cached per
+augmentation, and a sweep from that cache: tests/test_grid.py.)"""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
-from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
 from platform.config import TrainConfig
 from platform.space import load_space
-from tests.conftest import assert_user_error, run_cli
-from tests.test_cli import ONE_WORKER, _runs, _train_args
+from tests.conftest import assert_user_error, corpus_head, run_cli
 
 
 @pytest.fixture()
 def few_sentences(small_corpus, tmp_path):
-    path = tmp_path / "few.txt"
-    path.write_text("\n".join(open(small_corpus).read().split("\n")[:96]) + "\n")
-    return path
-
-
-def test_augment_then_tune_augcse_from_the_cache(tiny_model, few_sentences, tmp_path, mlflow_uri):
-    env = {"PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
-    out = tmp_path / "augcse"
-    proc = run_cli("augment", "augcse", "--corpus", str(few_sentences), "--out", str(out), "--num-cpus", "2", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    df = pd.read_parquet(out)
-    assert list(df.columns) == ["sentence", "augmented", "aug_label"] and len(df) == 96
-    assert set(df["aug_label"]) <= {NO_AUGMENTATION, *AUGMENTATION_SETS["8-aug"]}
-    assert ((df["aug_label"] == NO_AUGMENTATION) == (df["augmented"] == df["sentence"])).all()
-    assert df["aug_label"].nunique() >= 4
-    entries = sorted(p.name.split("-")[1] for p in (tmp_path / "cache").glob("gen-aug_*") if (p / "COMPLETE").is_file())
-    assert entries == sorted(f"aug_{n}" for n in AUGMENTATION_SETS["8-aug"])
-
-    # A set sharing seven augmentations generates only the missing one.
-    out12 = tmp_path / "augcse12"
-    proc = run_cli("augment", "augcse", "--corpus", str(few_sentences), "--out", str(out12), "--num-cpus", "2",
-                   "--set", "augmentations=contraction_expansion,number_to_word", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    entries = sorted((tmp_path / "cache").glob("gen-aug_*"))
-    assert len(entries) == 9
-    assert set(pd.read_parquet(out12)["aug_label"]) <= {NO_AUGMENTATION, "contraction_expansion", "number_to_word"}
-
-    # A sweep on the same corpus and cache regenerates nothing: the augmentations the augment
-    # command made come from its cache (two trials, lambda and discriminator metrics in MLflow).
-    # Batches read locally: the Ray Data pipeline under Tune is exercised by the recipe sweep.
-    before = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (tmp_path / "cache").glob("gen-*")}
-    proc = run_cli("tune", "augcse", "--num-samples", "2", *_train_args(tiny_model, few_sentences, tmp_path, *ONE_WORKER,
-                                                                         "--set", "data_pipeline=local"),
-                   env={"MLFLOW_TRACKING_URI": mlflow_uri, **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    after = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (tmp_path / "cache").glob("gen-*")}
-    assert {k: after.get(k) for k in before} == before  # a trial drawing 4-aug or 12-aug adds only what is missing
-    c, runs = _runs(mlflow_uri, "augcse")
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    for child in children:
-        assert {"lambda_disc", "lr", "augmentations", "grl_multiplier"} <= set(child.data.params)
-        history = c.get_metric_history(child.info.run_id, "disc_accuracy")
-        assert len(history) >= 2 and all(0 <= m.value <= 1 for m in history)
-        assert c.get_metric_history(child.info.run_id, "disc_loss")
+    return corpus_head(small_corpus, 96, tmp_path)
 
 
 def test_grl_grid_is_the_table7_ablation():

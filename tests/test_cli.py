@@ -19,11 +19,6 @@ def _train_args(tiny_model, small_corpus, tmp_path, *extra):
     return [*args, *extra]
 
 
-# Sweeps in the tests run one Train worker per trial: starting workers is most of a trial's time on
-# 2 CPUs. DDP across workers is tested by the train and reliability tests.
-ONE_WORKER = ("--set", "num_workers=1")
-
-
 def _runs(uri, experiment="simcse"):
     from mlflow.tracking import MlflowClient
 
@@ -140,6 +135,24 @@ def test_unreachable_tracking_uri_fails_before_ray(tiny_model, small_corpus, tmp
     assert_user_error(proc, "unreachable", "MLFLOW_TRACKING_URI")
     assert "ray" not in proc.stderr.lower().replace("error:", "")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_cluster_address_that_is_not_one_is_one_line_before_ray(tiny_model, small_corpus, tmp_path, mlflow_uri, cli):
+    """(One that nothing answers at is a row of the README's bad-input table.)"""
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri, "RAY_ADDRESS": "headnode"}
+    proc = cli("tune", "simcse", *_train_args(tiny_model, small_corpus, tmp_path), env=env)
+    assert_user_error(proc, "RAY_ADDRESS='headnode' is not host:port")
+    assert _runs(mlflow_uri)[1] == []
+
+
+def test_a_ray_that_cannot_start_is_one_line(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """Here Ray's socket paths under a long temp folder exceed the 107 bytes AF_UNIX allows."""
+    deep = tmp_path / ("x" * 110)
+    deep.mkdir()
+    proc = run_cli("train", "simcse", *_train_args(tiny_model, small_corpus, tmp_path),
+                   env={"MLFLOW_TRACKING_URI": mlflow_uri, "RAY_TMPDIR": str(deep)})
+    assert_user_error(proc, "Ray failed starting a local Ray", "AF_UNIX path length")
+    assert _runs(mlflow_uri)[1] == []
 
 
 def test_tune_bad_space_and_samples(tmp_path, mlflow_uri, cli):

@@ -67,3 +67,20 @@ def test_registered_names():
     assert registered_name("una", "positives=dropout negatives=una loss=infonce aux=none") == "una-encoder"
     assert registered_name("recipe", "positives=dropout negatives=una,san loss=hince aux=vascl") == \
         "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
+
+
+def test_a_trial_cut_by_ctrl_c_never_ranks_above_its_resumed_run(mlflow_uri):
+    """After Ctrl-C and ``--resume`` a trial has two runs: the KILLED one (its partial curve may
+    have the higher dev) and the FINISHED one it was trained again in. Only finished runs rank."""
+    from platform import tracking
+
+    parent = tracking.start_run(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    runs = {}
+    for name, status, dev in [("cut", "KILLED", 80.0), ("resumed", "FINISHED", 70.0), ("other", "FINISHED", 60.0),
+                              ("errored", "FAILED", 90.0)]:
+        runs[name] = tracking.start_run(mlflow_uri, "una", name, {"trial_id": "t1" if name != "other" else "t2"},
+                                        parent_run_id=parent)
+        tracking.log_metrics(mlflow_uri, runs[name], {"best_stsb_dev_spearman": dev})
+        tracking.end_run(mlflow_uri, runs[name], status)
+    ranked = tracking.ranked_child_runs(mlflow_uri, parent, "stsb_dev_spearman", "max")
+    assert [r.info.run_id for r in ranked] == [runs["resumed"], runs["other"]]

@@ -153,6 +153,14 @@ def test_static_and_dynamic_tagging(nlp, tokenizer):
     stem = static_lexicon(nlp, tokenizer, subword_tags="stem")
     assert len(set(stem[pieces])) > 1 and (stem[[i for i in range(len(tokenizer)) if i not in set(pieces)]]
                                            == lexicon[[i for i in range(len(tokenizer)) if i not in set(pieces)]]).all()
+    # Each entry against the entry tagged by itself, one call per word, on a sample of the vocabulary.
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    for i in np.random.default_rng(0).choice(len(tokenizer), 300, replace=False):
+        if i in tokenizer.all_special_ids:
+            continue
+        word = tokens[i][2:] if tokens[i].startswith("##") else tokens[i]
+        alone = POS_IMPORTANCE.get(nlp(word)[0].pos_, 1) if word else 1
+        assert stem[i] == alone and lexicon[i] == (POS_IMPORTANCE["X"] if tokens[i].startswith("##") else alone), tokens[i]
     assert SANParams().tagging == "static" and SANParams().subword_tags == "x"  # Appendix A
 
 

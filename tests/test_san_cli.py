@@ -6,14 +6,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import assert_user_error, corpus_head, run_cli
 
 
 @pytest.fixture()
 def few_sentences(small_corpus, tmp_path):
-    path = tmp_path / "few.txt"
-    path.write_text("\n".join(open(small_corpus).read().split("\n")[:64]) + "\n")
-    return path
+    return corpus_head(small_corpus, 64, tmp_path)
 
 
 def test_augment_san_writes_parquet(few_sentences, tmp_path):

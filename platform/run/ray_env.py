@@ -8,7 +8,10 @@ the machine's CPUs; with ``RAY_ADDRESS`` set (a cluster, ``ray job submit``) it 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+
+from platform.errors import ClusterError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +48,9 @@ def init_ray(num_cpus: int | None = None) -> None:
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     address = os.environ.get("RAY_ADDRESS")
+    if address:
+        # Left to Ray, an address nothing listens on is retried for minutes, then a traceback.
+        check_reachable(address)
     env = worker_env()
     port = None
     if not address:
@@ -72,6 +78,10 @@ def init_ray(num_cpus: int | None = None) -> None:
             log_to_driver=True,
             runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env},
         )
+    except Exception as exc:  # nothing has been written yet: the commands start Ray before any run
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        where = f"joining the cluster at RAY_ADDRESS={address}" if address else "starting a local Ray"
+        raise ClusterError(f"Ray failed {where}: {type(exc).__name__}: {first}") from None
     finally:
         if ours:
             del os.environ[GCS_PORT_ENV]
@@ -83,10 +93,25 @@ def init_ray(num_cpus: int | None = None) -> None:
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
 
 
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A ``host:port`` (or ``ray://host:port``) cluster address must accept a connection."""
+    target = address.split("://", 1)[-1].rstrip("/")
+    if target in ("auto", "local"):
+        return
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"RAY_ADDRESS={address!r} is not host:port (e.g. 10.0.0.5:6379), 'auto' or ray://host:port")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):  # [::1]:6379
+            pass
+    except OSError as exc:
+        raise ClusterError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
+                           "cluster (`ray up cluster.yaml`, or `ray start --head` on this machine) or unset "
+                           "RAY_ADDRESS for a local Ray") from None
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (on any interface)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
