@@ -1,4 +1,5 @@
-"""Each CLI end to end as a user runs it: real Ray, real MLflow store, tiny random BERT."""
+"""Each CLI as a user runs it: real Ray, real MLflow store, tiny random BERT. (``train`` end to end
+on a Ray cluster: tests/test_reliability.py.)"""
 
 from __future__ import annotations
 
@@ -25,47 +26,6 @@ def _runs(uri, experiment="simcse"):
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name(experiment)
     return c, ([] if exp is None else c.search_runs([exp.experiment_id]))
-
-
-def test_train_cli_end_to_end(tiny_model, small_corpus, tmp_path, mlflow_uri):
-    proc = run_cli("train", "simcse", *_train_args(tiny_model, small_corpus, tmp_path), env={"MLFLOW_TRACKING_URI": mlflow_uri})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "STS12" in proc.stdout and "avg" in proc.stdout
-    c, runs = _runs(mlflow_uri)
-    assert len(runs) == 1
-    run = runs[0]
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["method"] == "simcse" and run.data.tags["profile"] == "local"
-    assert len(run.data.tags["git_commit"]) >= 7
-    assert run.data.params["batch_size"] == "8" and run.data.params["temperature"] == "0.05"
-    dev = c.get_metric_history(run.info.run_id, "stsb_dev_spearman")
-    assert [m.step for m in dev] == [2, 4]
-    assert [m.step for m in c.get_metric_history(run.info.run_id, "train_loss")] == [1, 2, 3, 4]
-    for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"):
-        assert f"sts_{task}" in run.data.metrics
-    arts = {a.path for a in c.list_artifacts(run.info.run_id, "best_checkpoint")}
-    assert arts == {"best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
-
-    import mlflow
-    from sentence_transformers import SentenceTransformer
-
-    st_dir = mlflow.artifacts.download_artifacts(
-        run_id=run.info.run_id, artifact_path="best_checkpoint/sentence-transformers", tracking_uri=mlflow_uri,
-        dst_path=str(tmp_path / "dl"),
-    )
-    assert SentenceTransformer(st_dir, device="cpu").encode(["a test sentence ."]).shape == (1, 32)
-    results = json.loads(open(mlflow.artifacts.download_artifacts(
-        run_id=run.info.run_id, artifact_path="sts_results.json", tracking_uri=mlflow_uri, dst_path=str(tmp_path / "dl2"),
-    )).read())
-    assert results["scores"]["avg"] == pytest.approx(run.data.metrics["sts_avg"])
-
-    # The evaluator accepts the training checkpoint and recovers its evaluation pooler.
-    ckpt = run.data.tags["best_checkpoint"]
-    ev = run_cli("evaluate", ckpt, "--tasks", "STSBenchmark", "--json", str(tmp_path / "ev.json"))
-    assert ev.returncode == 0, ev.stderr[-2000:]
-    scores = json.loads((tmp_path / "ev.json").read_text())
-    assert scores["pooler"] == "cls_before_pooler"
-    assert scores["scores"]["STSBenchmark"] == pytest.approx(run.data.metrics["sts_STSBenchmark"], abs=1e-6)
 
 
 def test_evaluate_cli_table_and_json(tiny_model, tmp_path):

@@ -162,13 +162,15 @@ def _train_workers() -> list[int]:
 
 
 def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_corpus):
-    """The raylet of the node running the Train worker is killed after a checkpoint reached S3:
-    Ray Train restarts the worker group on the other node from that checkpoint and the run
-    finishes with a clean metric history (every step once). Runs last: it takes a node down (and
-    brings it back for whatever runs after)."""
+    """A 2-worker DDP run: the raylet of a node running a Train worker is killed (its workers die
+    with it) after a checkpoint reached S3. Ray Train restarts the worker group on the nodes left
+    from that checkpoint, every rank from its own state, and the run finishes with a clean metric
+    history (every step and every evaluation once). Runs last: it takes a node down (and brings
+    it back for whatever runs after)."""
     steps, eval_steps = 48, 8
+    # 1 CPU per worker: the group fits on one 2-CPU node, so it can restart on the node left.
     args = ["simcse", *_sets(model=tiny_model, corpus=small_corpus, batch_size=4, max_steps=steps,
-                             eval_steps=eval_steps, log_steps=1, num_workers=1, cpus_per_worker=2, use_gpu="false",
+                             eval_steps=eval_steps, log_steps=1, num_workers=2, cpus_per_worker=1, use_gpu="false",
                              final_eval="false", max_failures=2, data_pipeline="local",
                              output_dir=topology.storage("killed-node"))]
     proc = _driver(topology, "train", args)

@@ -64,8 +64,11 @@ def test_stdlib_api_is_complete():
 
 def test_the_jobs_processes_ask_their_own_cluster(local_ray):
     """Ray's state API inside the job (Ray Train's placement-group cleaner polls it every second)
-    finds this cluster, not the one the temp folder names."""
+    finds this cluster, not the one the temp folder names. The job's processes (a Tune trial fits
+    from one) also poll their Train workers' reports every 0.5 s, not Ray's 2 s."""
     import os
+
+    from platform.run.ray_env import TRAIN_POLL_ENV
 
     ray = local_ray
 
@@ -74,12 +77,13 @@ def test_the_jobs_processes_ask_their_own_cluster(local_ray):
         def state_of(self, actor_id: str):
             from ray.util.state import get_actor
 
-            return os.environ.get("RAY_ADDRESS"), get_actor(actor_id, timeout=5).state
+            return os.environ.get("RAY_ADDRESS"), get_actor(actor_id, timeout=5).state, os.environ.get(TRAIN_POLL_ENV)
 
     probe = Probe.remote()
-    address, state = ray.get(probe.state_of.remote(probe._actor_id.hex()), timeout=120)
+    address, state, poll = ray.get(probe.state_of.remote(probe._actor_id.hex()), timeout=120)
     assert address == ray.get_runtime_context().gcs_address
     assert state == "ALIVE"
+    assert poll == "0.5"
 
 
 def test_ray_tasks_and_data_import_the_package(small_corpus, local_ray):

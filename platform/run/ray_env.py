@@ -19,10 +19,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # cluster]": every trial's per-evaluation line (platform.run.loop.progress_line) would vanish into
 # one. Ray reads this when it is imported, so this module is imported before Ray is.
 os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"step \d+/\d+  loss ")
+# Ray Train's controller collects a worker's report (metrics and checkpoint) when it polls the
+# workers, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default), and a worker holds one
+# report at a time: each evaluation after the first waited up to that long. Polling every 0.5 s
+# costs a few small calls per second per worker; a user's own setting is kept. Ray Train sends
+# it from the process that fits (the driver, or a Tune trial) to its controller and workers.
+TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+os.environ.setdefault(TRAIN_POLL_ENV, "0.5")
 EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 
 # Passed through to workers; paths are made absolute since workers run in the shipped copy.
-FORWARDED_ENV = ("PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE", "NLTK_DATA", "TRANSFORMERS_OFFLINE",
+FORWARDED_ENV = (TRAIN_POLL_ENV, "PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE", "NLTK_DATA", "TRANSFORMERS_OFFLINE",
                  "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
 
 
