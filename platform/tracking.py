@@ -190,16 +190,18 @@ def finished_trial_run(uri: str, parent: str, trial_id: str):
     return runs[0] if runs else None
 
 
-def close_child_runs(uri: str, parent: str, errored: set[str], interrupted: bool = False) -> None:
+def close_child_runs(uri: str, parent: str, errored: set[str], interrupted: bool = False,
+                     ended: set[str] = frozenset()) -> None:
     """No child run stays RUNNING: trials the scheduler stopped end FINISHED (tagged), errored
-    ones FAILED, and after Ctrl-C the ones still running end KILLED (``--resume`` runs them again)."""
+    ones FAILED, and after Ctrl-C the ones still running end KILLED (``--resume`` runs them again),
+    except those of trials Tune had already ended (``ended``), which close as above."""
     c = client(uri)
     for trial in child_runs(uri, parent):
         trial_id = trial.data.tags.get("trial_id")
         # A trial with seeds has one run per seed nested under its own.
         nested = child_runs(uri, trial.info.run_id, "attributes.status = 'RUNNING'")
         for run in [*nested, *([trial] if trial.info.status == "RUNNING" else [])]:
-            if interrupted:
+            if interrupted and trial_id not in ended:
                 c.set_terminated(run.info.run_id, "KILLED")
             elif trial_id in errored:
                 c.set_terminated(run.info.run_id, "FAILED")

@@ -151,14 +151,18 @@ def _outcomes_callback():
     return TrialOutcomes()
 
 
-def interrupted(experiment_dir: str, expected: int) -> bool:
+def saved_trial_states(experiment_dir: str) -> dict[str, str]:
+    """Each trial's status in the state Tune saved (``TERMINATED``, ``ERROR``, ``PENDING``, ...)."""
+    from ray.tune import ExperimentAnalysis
+
+    return {t.trial_id: t.status for t in ExperimentAnalysis(experiment_dir).trials}
+
+
+def interrupted(states: dict[str, str], expected: int) -> bool:
     """Tune returns (instead of raising) after Ctrl-C, having saved its state; in memory it then
     marks the pending trials terminated, so the saved state is what tells: trials neither
     terminated nor errored, or fewer trials than the sweep asked for."""
-    from ray.tune import ExperimentAnalysis
-
-    trials = ExperimentAnalysis(experiment_dir).trials
-    return len(trials) < expected or any(t.status not in ("TERMINATED", "ERROR") for t in trials)
+    return len(states) < expected or any(s not in ("TERMINATED", "ERROR") for s in states.values())
 
 
 def latest_sweep(root: str, method: str) -> tuple[str, dict] | None:
@@ -282,12 +286,14 @@ def main(argv=None) -> int:
 
     status = "FAILED"
     outcomes = _outcomes_callback()
+    ended: set[str] = set()  # after Ctrl-C: trials Tune had already ended (--resume does not run them again)
     try:
         results = run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes],
                             grid=args.grid, seeds=state.get("seeds", seeds))
         # A restored Tuner brings its own copy of the callback: errors are read from the results too.
         outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
-        if interrupted(storage.join(sweep_dir, "tune"), state.get("expected_trials", spec.expected_trials())):
+        if interrupted(saved_trial_states(storage.join(sweep_dir, "tune")),
+                       state.get("expected_trials", spec.expected_trials())):
             raise KeyboardInterrupt
         sweep_summary.summarise(uri, parent, results, spec, total_steps(base, len(sentences)))
         if args.grid and base.final_eval:
@@ -297,11 +303,19 @@ def main(argv=None) -> int:
         return 0
     except KeyboardInterrupt:
         status = "KILLED"
+        # A trial that ended (it trained to its end, or ASHA stopped it on its last report) just
+        # before Ctrl-C may not have closed its run yet: Tune will not run it again, so its run
+        # is closed as a finished trial's, not left KILLED for a resume that never comes.
+        try:
+            states = saved_trial_states(storage.join(sweep_dir, "tune"))
+        except Exception:  # no state saved yet: every trial runs again
+            states = {}
+        ended = {t for t, s in states.items() if s == "TERMINATED"}
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume", flush=True)
         raise
     finally:
         try:
-            tracking.close_child_runs(uri, parent, outcomes.errored, interrupted=status == "KILLED")
+            tracking.close_child_runs(uri, parent, outcomes.errored, interrupted=status == "KILLED", ended=ended)
         finally:
             tracking.end_run(uri, parent, status)
 

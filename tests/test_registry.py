@@ -69,6 +69,28 @@ def test_registered_names():
         "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
 
 
+def test_ctrl_c_kills_only_the_runs_of_trials_that_resume_will_run_again(mlflow_uri):
+    """After Ctrl-C, a trial Tune had already ended (it trained to its end, or ASHA stopped it on
+    its last report) but whose run was still open closes as a finished trial and ranks; the run
+    of a trial cut mid-fit ends KILLED (``--resume`` trains it again, in a new run)."""
+    from platform import tracking
+
+    parent = tracking.start_run(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    runs = {}
+    for trial, dev in [("ended", 80.0), ("cut", 90.0), ("closed", 70.0)]:
+        runs[trial] = tracking.start_run(mlflow_uri, "una", trial, {"trial_id": trial}, parent_run_id=parent)
+        tracking.log_metrics(mlflow_uri, runs[trial], {"best_stsb_dev_spearman": dev})
+    tracking.end_run(mlflow_uri, runs["closed"], "FINISHED")
+    tracking.close_child_runs(mlflow_uri, parent, errored=set(), interrupted=True, ended={"ended", "closed"})
+    c = tracking.client(mlflow_uri)
+    status = {t: c.get_run(r).info.status for t, r in runs.items()}
+    assert status == {"ended": "FINISHED", "cut": "KILLED", "closed": "FINISHED"}
+    assert c.get_run(runs["ended"]).data.tags["stopped_by_scheduler"] == "true"
+    assert "stopped_by_scheduler" not in c.get_run(runs["closed"]).data.tags
+    ranked = tracking.ranked_child_runs(mlflow_uri, parent, "stsb_dev_spearman", "max")
+    assert [r.info.run_id for r in ranked] == [runs["ended"], runs["closed"]]
+
+
 def test_a_trial_cut_by_ctrl_c_never_ranks_above_its_resumed_run(mlflow_uri):
     """After Ctrl-C and ``--resume`` a trial has two runs: the KILLED one (its partial curve may
     have the higher dev) and the FINISHED one it was trained again in. Only finished runs rank."""

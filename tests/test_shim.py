@@ -159,3 +159,23 @@ def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_r
                      tmp_path / "slow.parquet", use_ray=True, use_gpu=False, cpu_bound=True)
     slow = pq.read_table(tmp_path / "slow.parquet").to_pydict()
     assert slow["sentence"] == sentences and slow["upper"] == [s.upper() for s in sentences]
+
+
+def test_the_run_knows_its_best_checkpoint_before_fit_returns(local_ray, tiny_model, small_corpus, tmp_path,
+                                                              mlflow_uri):
+    """The run's ``best_checkpoint`` tag is written from inside Ray Train (its controller runs
+    this package's callback) as each best checkpoint is persisted, before the report reaches Tune:
+    ASHA may end a trial on its last report, before ``fit`` returns. ``job.fit`` itself writes no
+    tag, so here the callback alone can have written it."""
+    from platform import tracking
+    from platform.config import TrainConfig
+    from platform.run import job
+
+    cfg = TrainConfig.build("simcse", "local", {
+        "model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8, "max_steps": 6, "eval_steps": 2,
+        "num_workers": 1, "final_eval": False, "data_pipeline": "local", "output_dir": str(tmp_path / "runs")})
+    cfg.corpus = str(small_corpus)
+    corpus = job.prepare(cfg, job.preflight(cfg))
+    run_id = tracking.start_run(mlflow_uri, "simcse", "fit", {})
+    out = job.fit(cfg, corpus, uri=mlflow_uri, run_id=run_id, storage_path=cfg.output_dir, name="fit")
+    assert out.checkpoint and tracking.client(mlflow_uri).get_run(run_id).data.tags["best_checkpoint"] == out.checkpoint

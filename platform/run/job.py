@@ -104,8 +104,8 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     from platform.data.pipeline import epoch_datasets
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
-    callbacks = []
-    if tune_callback:
+    callbacks = [best_checkpoint_tag_class()(ctx.tracking_uri, ctx.run_id)] if ctx.run_id else []
+    if tune_callback:  # after the tag: Tune (and ASHA, which may end the trial on it) sees the report last
         from ray.tune.integration.ray_train import TuneReportCallback
 
         callbacks.append(TuneReportCallback())
@@ -139,6 +139,28 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     metrics = dict(result.metrics or {})
     return FitResult(metrics.get("best_" + DEV_METRIC), storage.uri_of(best.filesystem, best.path) if best else None,
                      metrics)
+
+
+def best_checkpoint_tag_class():
+    import ray.train
+
+    class BestCheckpointTag(ray.train.UserCallback):
+        """Tags the run with each new best checkpoint (by STS-B dev) as soon as Ray has persisted
+        it, before the report goes on to Tune: a scheduler that ends the trial on that report (ASHA
+        at a rung that is also the last evaluation) ends it before ``fit`` returns, and the run
+        still says where its best checkpoint is. Runs in Ray Train's controller."""
+
+        def __init__(self, uri: str | None, run_id: str):
+            self.uri, self.run_id = uri, run_id
+
+        def after_report(self, run_context, metrics, checkpoint):
+            # Rank 0 evaluates; its best so far is restored with the loop after a restart.
+            dev, best = metrics[0].get(DEV_METRIC), metrics[0].get("best_" + DEV_METRIC)
+            if checkpoint is None or dev is None or best is None or dev < best:
+                return
+            tracking.set_tags(self.uri, self.run_id, {"best_checkpoint": storage.uri_of(checkpoint.filesystem, checkpoint.path)})
+
+    return BestCheckpointTag
 
 
 @dataclasses.dataclass
