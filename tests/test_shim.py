@@ -162,7 +162,7 @@ def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_r
 
 
 def test_the_run_knows_its_best_checkpoint_before_fit_returns(local_ray, tiny_model, small_corpus, tmp_path,
-                                                              mlflow_uri):
+                                                              mlflow_uri, monkeypatch):
     """The run's ``best_checkpoint`` tag is written from inside Ray Train (its controller runs
     this package's callback) as each best checkpoint is persisted, before the report reaches Tune:
     ASHA may end a trial on its last report, before ``fit`` returns. ``job.fit`` itself writes no
@@ -171,6 +171,7 @@ def test_the_run_knows_its_best_checkpoint_before_fit_returns(local_ray, tiny_mo
     from platform.config import TrainConfig
     from platform.run import job
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)  # the preflight checks it
     cfg = TrainConfig.build("simcse", "local", {
         "model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8, "max_steps": 6, "eval_steps": 2,
         "num_workers": 1, "final_eval": False, "data_pipeline": "local", "output_dir": str(tmp_path / "runs")})
