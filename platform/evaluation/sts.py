@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.stats import spearmanr
 
 from methods.encoder import Encoder
 from platform.data import STS_TASKS, STSPairs, load_sts
@@ -30,6 +29,10 @@ SHORT_NAMES = {
 
 
 def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> float:
+    # Imported here: 0.5 s of scipy.stats in every Ray process that loads the training loop,
+    # most of which (other ranks, Tune trials) never score.
+    from scipy.stats import spearmanr
+
     sims = F.cosine_similarity(emb1.double(), emb2.double(), dim=-1).numpy()
     return float(spearmanr(sims, gold).statistic * 100.0)
 
