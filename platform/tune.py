@@ -286,14 +286,14 @@ def main(argv=None) -> int:
 
     status = "FAILED"
     outcomes = _outcomes_callback()
-    ended: set[str] = set()  # after Ctrl-C: trials Tune had already ended (--resume does not run them again)
+    states: dict[str, str] | None = None  # the trials' statuses as Tune saved them
     try:
         results = run_sweep(base, spec, sentences, uri, parent, sweep_dir, resume=args.resume, callbacks=[outcomes],
                             grid=args.grid, seeds=state.get("seeds", seeds))
         # A restored Tuner brings its own copy of the callback: errors are read from the results too.
         outcomes.errored |= {r.metrics.get("trial_id") for r in results if r.error is not None and r.metrics}
-        if interrupted(saved_trial_states(storage.join(sweep_dir, "tune")),
-                       state.get("expected_trials", spec.expected_trials())):
+        states = saved_trial_states(storage.join(sweep_dir, "tune"))
+        if interrupted(states, state.get("expected_trials", spec.expected_trials())):
             raise KeyboardInterrupt
         sweep_summary.summarise(uri, parent, results, spec, total_steps(base, len(sentences)))
         if args.grid and base.final_eval:
@@ -306,15 +306,16 @@ def main(argv=None) -> int:
         # A trial that ended (it trained to its end, or ASHA stopped it on its last report) just
         # before Ctrl-C may not have closed its run yet: Tune will not run it again, so its run
         # is closed as a finished trial's, not left KILLED for a resume that never comes.
-        try:
-            states = saved_trial_states(storage.join(sweep_dir, "tune"))
-        except Exception:  # no state saved yet: every trial runs again
-            states = {}
-        ended = {t for t, s in states.items() if s == "TERMINATED"}
+        if states is None:
+            try:
+                states = saved_trial_states(storage.join(sweep_dir, "tune"))
+            except Exception:  # no state saved yet: every trial runs again
+                states = {}
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume", flush=True)
         raise
     finally:
         try:
+            ended = {t for t, s in (states or {}).items() if s == "TERMINATED"}  # --resume does not run them again
             tracking.close_child_runs(uri, parent, outcomes.errored, interrupted=status == "KILLED", ended=ended)
         finally:
             tracking.end_run(uri, parent, status)
