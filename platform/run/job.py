@@ -142,6 +142,8 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
 
 
 def best_checkpoint_tag_class():
+    # Built here: Ray is imported only by a fit that uses it, and cloudpickle sends a class
+    # defined in a function to the controller by value (it then imports only tracking, storage).
     import ray.train
 
     class BestCheckpointTag(ray.train.UserCallback):
