@@ -23,20 +23,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+sys.path.insert(0, str(ROOT))
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
 
-
-def tiny_model(folder: Path) -> Path:
-    """The tests' 2-layer, 32-d random BERT with the packaged MiniLM tokenizer."""
-    code = (
-        "import sys, torch; from transformers import BertConfig, BertModel; from methods.encoder import load_tokenizer;"
-        "torch.manual_seed(0); p = sys.argv[1];"
-        "BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,"
-        " intermediate_size=64, max_position_embeddings=512)).save_pretrained(p);"
-        "load_tokenizer('minilm').save_pretrained(p)"
-    )
-    subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, check=True, capture_output=True)
-    return folder
+from platform.run.ray_env import TRAIN_POLL_ENV  # noqa: E402
+from tests.recipe_reference import build_tiny_bert  # noqa: E402
 
 
 def main() -> None:
@@ -46,7 +38,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="poll-bench-"))
-    model = tiny_model(work / "tiny-bert")
+    model = build_tiny_bert(work / "tiny-bert")
     corpus = work / "corpus.txt"
     with gzip.open(Path(os.environ["PLATFORM_DATA_DIR"]) / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", "rt") as f:
         corpus.write_text("".join(next(f) for _ in range(300)))
@@ -57,7 +49,7 @@ def main() -> None:
                     "eval_steps": args.eval_steps, "num_workers": 1, "final_eval": "false",
                     "data_pipeline": "local", "output_dir": work / f"runs-{r}-{poll}"}
             cmd = [sys.executable, "-m", "platform.train", "simcse", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
-            env = {**os.environ, POLL_ENV: poll, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"}
+            env = {**os.environ, TRAIN_POLL_ENV: poll, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"}
             t0 = time.perf_counter()
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
             times[poll].append(time.perf_counter() - t0)

@@ -47,20 +47,9 @@ def _isolated_env(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer, 32-d BERT with random weights and the packaged MiniLM (uncased) tokenizer."""
-    import torch
-    from transformers import BertConfig, BertModel
+    from tests.recipe_reference import build_tiny_bert
 
-    from methods.encoder import load_tokenizer
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-bert")
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=512,
-    )
-    BertModel(config).save_pretrained(path)
-    load_tokenizer("minilm").save_pretrained(path)
-    return path
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")
