@@ -179,4 +179,12 @@ def test_the_run_knows_its_best_checkpoint_before_fit_returns(local_ray, tiny_mo
     corpus = job.prepare(cfg, job.preflight(cfg))
     run_id = tracking.start_run(mlflow_uri, "simcse", "fit", {})
     out = job.fit(cfg, corpus, uri=mlflow_uri, run_id=run_id, storage_path=cfg.output_dir, name="fit")
-    assert out.checkpoint and tracking.client(mlflow_uri).get_run(run_id).data.tags["best_checkpoint"] == out.checkpoint
+    c = tracking.client(mlflow_uri)
+    assert out.checkpoint and c.get_run(run_id).data.tags["best_checkpoint"] == out.checkpoint
+
+    # The same fit again (as `--resume` trains a trial cut after its last step): Ray Train resumes
+    # the run of that name at its last checkpoint, and the worker still reports that state once.
+    again = tracking.start_run(mlflow_uri, "simcse", "fit-again", {})
+    out = job.fit(cfg, corpus, uri=mlflow_uri, run_id=again, storage_path=cfg.output_dir, name="fit")
+    assert [m.step for m in c.get_metric_history(again, "stsb_dev_spearman")] == [6]
+    assert out.metrics["step"] == 6 and out.checkpoint  # the run's best, kept by Ray since the first fit

@@ -63,6 +63,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     if pos.step and rt.is_chief:
         print(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)", flush=True)
     log = rt.metric_log(resumed=pos.step > 0)
+    if pos.step >= steps:  # resumed a run that had trained to its end (--resume of a trial cut just after):
+        # its last state reported once more, since Tune expects a result from every trial
+        evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, [], (optimizer, schedule), log, steps)
     window: list[float] = []
     model.train()
     for epoch in range(pos.epoch, cfg.epochs):
