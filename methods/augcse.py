@@ -45,7 +45,7 @@ from methods.augmentations import (
     resolve_set,
     sentence_seed,
 )
-from methods.ingredients import GeneratedColumn, Ingredient, InvalidParams, Params, StepOutputs, check
+from methods.ingredients import AuxTerm, GeneratedColumn, InvalidParams, Params, StepOutputs, check
 from methods.losses import global_mean
 
 # Bump when an augmentation's output changes, so cached generations are not reused.
@@ -134,20 +134,19 @@ def discriminator_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return F.binary_cross_entropy_with_logits(logits.float(), target.float())
 
 
-class AugCSE(Ingredient):
+class AugCSE(AuxTerm):
     """``aux=augcse``: brings the projector g, adds the augmented rows to the shared forward pass
     and lambda * BCE of the discriminator behind gradient reversal."""
 
-    kind = "aux"
     name = "augcse"
     Params = AugCSEParams
     cites = "Tang et al. (2022), AugCSE, Sec. 3, Eq. 2-3, App. A"
+    space = "augcse"
     # Encoder pooling under the projector: [CLS] of the last layer (the authors' 'cls'); evaluation
     # uses the same pooling without the projector.
     default_pooler = "cls_before_pooler"
     brings_projection = True
     augments_per_epoch = True
-    projection_lr_scale = 1.0
 
     @property
     def names(self) -> list[str]:

@@ -13,6 +13,10 @@ Every ingredient has a typed ``Params`` dataclass holding its paper's hyperparam
 its keys share one flat namespace with the run's configuration (a key two ingredients both declare,
 such as ``spacy_model``, is one shared setting). What an ingredient needs from the data pipeline is
 declared with the dataclasses below, never with untyped dicts.
+
+Each kind has its interface: ``Positives``, ``NegativesSource`` and ``AuxTerm`` below, and
+``methods.losses.Loss``. An ingredient is a subclass of its kind's interface in a module of its own,
+registered with one line in ``methods/registry.py`` (``docs/recipes.md`` walks through one).
 """
 
 from __future__ import annotations
@@ -108,6 +112,8 @@ class Ingredient:
     Params: ClassVar[type[Params]] = Params
     # The paper and section the ingredient implements, shown by ``--print-config`` and the README.
     cites: ClassVar[str] = ""
+    # The search space its parameters come from: ``tune_spaces/<space>.yaml`` ("" for none).
+    space: ClassVar[str] = ""
 
     def __init__(self, params: Params | None = None, shared=None):
         self.params = params if params is not None else self.Params()
@@ -134,9 +140,6 @@ class Ingredient:
 
     # True when ``augment`` adds columns to every epoch's batches (e.g. UNA's fresh negatives).
     augments_per_epoch: ClassVar[bool] = False
-    # Aux terms that bring the recipe's projection head (VaSCL's h, AugCSE's g) and its pooling.
-    brings_projection: ClassVar[bool] = False
-    default_pooler: ClassVar[str] = ""
 
     def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
         return batch
@@ -149,7 +152,49 @@ class Ingredient:
         """Non-text columns the training step needs as tensors."""
         return {}
 
-    # -- training step (aux terms) ---------------------------------------------------------------
+
+class Positives(Ingredient):
+    """``positives``: what each sentence is contrasted with, the text of the column ``column``."""
+
+    kind = "positives"
+    column: ClassVar[str] = "sentence"
+
+
+class NegativesSource(Ingredient):
+    """``negatives``: one hard negative per sentence in the column ``column`` ("" where there is
+    none), used on the steps ``active`` says; encoded in the anchors' forward pass (``dropout``
+    None: the same dropout) or in a pass of its own at ``dropout``."""
+
+    kind = "negatives"
+    column: ClassVar[str] = ""
+
+    @property
+    def dropout(self) -> float | None:
+        return None
+
+    def active(self, step: int) -> bool:
+        return True
+
+    def text_columns(self) -> tuple[str, ...]:
+        return (self.column,)
+
+
+class AuxTerm(Ingredient):
+    """``aux``: a term added to the contrastive loss, with its own heads. One aux term of a recipe
+    may bring the projection the loss sees (``brings_projection``: ``projection(hidden)``, its
+    learning-rate scale and the pooling under it) instead of SimCSE's MLP."""
+
+    kind = "aux"
+    brings_projection: ClassVar[bool] = False
+    default_pooler: ClassVar[str] = ""
+
+    def projection(self, hidden: int):
+        """The projection head (an ``nn.Module``) when ``brings_projection``."""
+        return None
+
+    @property
+    def projection_lr_scale(self) -> float:
+        return 1.0
 
     def heads(self, hidden: int):
         """The term's own training heads (an ``nn.Module``), if any."""
@@ -158,3 +203,7 @@ class Ingredient:
     def extra_rows(self, batch: dict[str, Any]) -> list:
         """Tokenised rows the term adds to the shared forward pass (AugCSE's augmentations)."""
         return []
+
+    def forward(self, out: StepOutputs) -> tuple[Any, dict[str, float]]:
+        """``(term, metrics)`` of a step: the term is added to the loss (identical on every worker)."""
+        raise NotImplementedError

@@ -7,6 +7,7 @@ it compute the equations and are tested against slow references.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -155,10 +156,13 @@ class Views:
 
 
 class Loss(Ingredient, nn.Module):
+    """``loss``: the one contrastive loss of a recipe, ``forward(views) -> scalar`` over the
+    all-gathered ``Views`` of a step (the same value on every worker)."""
+
     kind = "loss"
-    needs_negatives = False
+    needs_negatives: ClassVar[bool] = False  # refused in a recipe without a source of negatives
     # NT-Xent treats each negative as a pair of dropout views: the step encodes it twice.
-    pairs_negatives = False
+    pairs_negatives: ClassVar[bool] = False
 
     def __init__(self, params: Params | None = None, shared=None):
         nn.Module.__init__(self)
@@ -195,6 +199,7 @@ class HiNCE(Loss):
     name = "hince"
     Params = HiNCEParams
     cites = "Cai et al., SAN + HiNCE, Eq. 2"
+    space = "san"
     needs_negatives = True
 
     def forward(self, v: Views) -> torch.Tensor:
@@ -216,5 +221,3 @@ class NTXent(Loss):
         pairs = [(v.anchor, v.positive)] + [(n.z, n.second) for n in v.negatives]
         return nt_xent(pairs, self.shared.temperature)
 
-
-LOSSES = {cls.name: cls for cls in (InfoNCE, HiNCE, NTXent)}

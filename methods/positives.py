@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from methods.ingredients import GeneratedColumn, Ingredient, Params, check
+from methods.ingredients import GeneratedColumn, Params, Positives, check
 
 
-class DropoutPositives(Ingredient):
-    kind = "positives"
+class DropoutPositives(Positives):
     name = "dropout"
     cites = "Gao et al. (2021), SimCSE, Sec. 3"
     column = "sentence"
@@ -44,8 +43,7 @@ class ParaphraseParams(Params):
         ])
 
 
-class ParaphrasePositives(Ingredient):
-    kind = "positives"
+class ParaphrasePositives(Positives):
     name = "paraphrase"
     Params = ParaphraseParams
     cites = "Shu et al., UNA, Sec. 3.3 (paraphrase positives)"
@@ -61,8 +59,6 @@ class ParaphrasePositives(Ingredient):
     def text_columns(self) -> tuple[str, ...]:
         return ("paraphrase",)
 
-
-POSITIVES = {cls.name: cls for cls in (DropoutPositives, ParaphrasePositives)}
 
 
 class Paraphraser:

@@ -23,21 +23,11 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from methods.augcse import AugCSE
 from methods.encoder import POOLERS, Encoder, dropout_override, pad_cat
 from methods.ingredients import KINDS, Ingredient, InvalidParams, Params, StepOutputs, check
-from methods.losses import LOSSES, Negative, Views, gather_with_grad
-from methods.positives import POSITIVES
-from methods.san import SAN
-from methods.una import UNA
-from methods.vascl import VaSCL
+from methods.losses import Negative, Views, gather_with_grad
+from methods.registry import INGREDIENTS
 
-INGREDIENTS: dict[str, dict[str, type[Ingredient]]] = {
-    "positives": POSITIVES,
-    "negatives": {cls.name: cls for cls in (UNA, SAN)},
-    "loss": LOSSES,
-    "aux": {cls.name: cls for cls in (VaSCL, AugCSE)},
-}
 MULTIPLE = ("negatives", "aux")  # kinds that take a comma-separated list (possibly empty)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from methods.ingredients import GeneratedColumn, Ingredient, InvalidParams, Params, check
+from methods.ingredients import GeneratedColumn, InvalidParams, NegativesSource, Params, check
 
 # Cai et al., Table 2: importance of each universal POS tag.
 POS_IMPORTANCE = {
@@ -320,13 +320,13 @@ _GENERATION_KEYS = ("scale", "rounds", "sampling", "top_k", "mlm", "spacy_model"
                     "min_chars", "max_punct_ratio", "generation_batch_size", "generation_seed")
 
 
-class SAN(Ingredient):
+class SAN(NegativesSource):
     """``negatives=san``: MLM negatives generated once per corpus, encoded with dropout p2."""
 
-    kind = "negatives"
     name = "san"
     Params = SANParams
     cites = "Cai et al., SAN + HiNCE, Sec. 3, Table 2"
+    space = "san"
     column = "san_negative"
 
     @property
@@ -340,9 +340,3 @@ class SAN(Ingredient):
     def generated_columns(self) -> list[GeneratedColumn]:
         kwargs = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}}
         return [GeneratedColumn(self.column, generator="methods.san:SANNegatives", kwargs=kwargs)]
-
-    def active(self, step: int) -> bool:
-        return True
-
-    def text_columns(self) -> tuple[str, ...]:
-        return (self.column,)

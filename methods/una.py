@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from methods.ingredients import CorpusStatistics, Ingredient, InvalidParams, Params, check
+from methods.ingredients import CorpusStatistics, InvalidParams, NegativesSource, Params, check
 
 SPLIT = re.compile(r"(\w+)", re.UNICODE)  # split() keeps the words at odd positions
 TERM = r"(?u)\b\w*[^\W\d_]\w*\b"  # a word with at least one letter
@@ -401,16 +401,15 @@ def grouped_probabilities(z: np.ndarray, starts: np.ndarray, group: np.ndarray, 
 # The ingredient
 
 
-class UNA(Ingredient):
+class UNA(NegativesSource):
     """``negatives=una``: fresh TF-IDF negatives every epoch (Ray Data runs ``augment`` on the CPUs),
     used on every alpha-th batch, encoded in the anchors' forward pass (same dropout)."""
 
-    kind = "negatives"
     name = "una"
     Params = UNAParams
     cites = "Shu et al., UNA, Sec. 3, Eq. 2-4, Algorithm 1"
-    column = "una_negative"
-    dropout = None  # the negatives share the anchors' pass
+    space = "una"
+    column = "una_negative"  # encoded in the anchors' pass (the interface's dropout None)
     augments_per_epoch = True
 
     def statistics(self) -> CorpusStatistics:
@@ -434,6 +433,3 @@ class UNA(Ingredient):
     def active(self, step: int) -> bool:
         """Every alpha-th batch (steps are 0-based: batches alpha, 2 alpha, ...); alpha = 0: never."""
         return self.params.alpha > 0 and (step + 1) % self.params.alpha == 0
-
-    def text_columns(self) -> tuple[str, ...]:
-        return (self.column,)

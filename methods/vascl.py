@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.ingredients import Ingredient, Params, StepOutputs, check
+from methods.ingredients import AuxTerm, Params, StepOutputs, check
 from methods.losses import gather_with_grad, rank
 
 
@@ -136,14 +136,14 @@ def virtual_augmentation_loss(
                   + neighbourhood_loss(z, z_aug, augmented, temperature))
 
 
-class VaSCL(Ingredient):
+class VaSCL(AuxTerm):
     """``aux=vascl``: brings the head h (the recipe's projection, at ``head_lr_scale`` x the
     learning rate) and adds l_VA over the anchors' view."""
 
-    kind = "aux"
     name = "vascl"
     Params = VaSCLParams
     cites = "Zhang et al. (2021), VaSCL, Sec. 3, Eq. 1-5"
+    space = "vascl"
     default_pooler = "avg"  # VaSCL pools the mean of the last layer; the head replaces SimCSE's MLP
     brings_projection = True
 

@@ -17,7 +17,7 @@ from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
 from platform.data.cache import replace_dir
 from platform.errors import UserError, cli_main, writable_dir
-from platform.run import job
+from platform.run import unit
 from platform.run.local_models import resolve_local_models
 
 
@@ -43,11 +43,11 @@ def main(argv=None) -> int:
     writable_dir(out.parent)
     sentences = read_corpus(corpus_path, limit=cfg.max_sentences or None)
 
-    job.start(cfg, num_cpus=args.num_cpus)
+    unit.start(cfg, num_cpus=args.num_cpus)
     from platform.data.pipeline import augment_dataset
 
     t0 = time.perf_counter()
-    corpus = job.prepare(cfg, sentences)
+    corpus = unit.prepare(cfg, sentences)
     t_prepare = time.perf_counter() - t0
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -13,8 +13,10 @@ namespace (a key two ingredients both declare, such as ``spacy_model``, is one s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import json
 import math
 import typing
 from pathlib import Path
@@ -143,11 +145,28 @@ class TrainConfig:
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any]) -> "TrainConfig":
-        """Inverse of ``flat()``: rebuild a config inside a worker or trial."""
+        """Inverse of ``flat()``: a config from its flat form (a saved run's, a hand-written one)."""
         cfg = cls.for_recipe(flat.get("method", "simcse"), {k: v for k, v in flat.items() if k in (*KINDS, "fidelity")})
         cfg.update({k: v for k, v in flat.items() if k not in ("method", *KINDS)}, source="config")
         cfg.validate()
         return cfg
+
+    def with_values(self, values: dict[str, Any], source: str) -> "TrainConfig":
+        """A validated copy with ``values`` set (a trial's searched values, a seed)."""
+        cfg = copy.deepcopy(self)
+        cfg.update(values, source=source)
+        cfg.validate()
+        return cfg
+
+    def differences(self, flat: dict[str, Any]) -> list[str]:
+        """The keys where ``flat`` (a saved ``flat()``) differs from this config, as ``key (saved -> now)``."""
+        now = self.flat()
+        keys = sorted(set(now) | set(flat), key=lambda k: (k not in now, k))
+        same = lambda a, b: json.dumps(a, default=str) == json.dumps(b, default=str)  # noqa: E731
+        return [f"{k} ({flat.get(k, 'unset')} -> {now.get(k, 'unset')})" for k in keys if not same(now.get(k), flat.get(k))]
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_recipe"}  # the built recipe stays in its process
 
     def owners(self) -> dict[str, list[object]]:
         """Every settable key -> the objects holding it (several for a shared ingredient key)."""
@@ -163,6 +182,7 @@ class TrainConfig:
         return list(self.owners())
 
     def update(self, values: dict[str, Any], source: str) -> None:
+        self.__dict__.pop("_recipe", None)
         known = self.owners()
         for key, raw in values.items():
             if key in KINDS:
@@ -201,7 +221,10 @@ class TrainConfig:
                 for key, value in self.flat().items()]
 
     def build_recipe(self) -> Recipe:
-        return Recipe(self.recipe, self.params, self.shared)
+        """The recipe of this configuration, built once per process (it shares these params)."""
+        if self.__dict__.get("_recipe") is None:
+            self.__dict__["_recipe"] = Recipe(self.recipe, self.params, self.shared)
+        return self.__dict__["_recipe"]
 
     @property
     def ingredient_params(self) -> list[Params]:

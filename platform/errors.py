@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -56,9 +57,22 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _terminate_as_interrupt(signum, frame) -> None:
+    """SIGTERM (``ray job stop``, a scheduler, ``kill``) does what Ctrl-C does: whatever handles
+    SIGINT now (Tune's graceful stop, else Python's KeyboardInterrupt) handles it."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
+
+
 def cli_main(fn):
+    """A command's ``main``: bad input is one ``error:`` line and exit 2; Ctrl-C and SIGTERM
+    end it with exit 130 after its runs are closed (KILLED, resumable)."""
     @functools.wraps(fn)
     def wrapper(argv=None):
+        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         try:
             return fn(argv)
         except USER_ERRORS as exc:
@@ -66,5 +80,7 @@ def cli_main(fn):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise SystemExit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     return wrapper

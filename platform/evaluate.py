@@ -100,9 +100,9 @@ def main(argv=None) -> int:
 
     tasks = expand_tasks(args.tasks)
     if args.log_to:
-        from platform import tracking
+        from platform.tracking import store
 
-        tracking.check_run(tracking.tracking_uri(), args.log_to)  # before minutes of evaluation
+        store.check_run(store.tracking_uri(), args.log_to)  # before minutes of evaluation
     sts_tasks = [t for t in tasks if t in STS_TASKS]
     cluster_sets = {t.split(":", 1)[1]: load_labelled(t.split(":", 1)[1]) for t in tasks if t in CLUSTER_TASKS}
     evaluator = STSEvaluator(sts_tasks, batch_size=args.batch_size) if sts_tasks else None  # data errors first
@@ -128,11 +128,12 @@ def main(argv=None) -> int:
     if args.json_out:
         write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     if args.log_to:
-        from platform import tracking
+        from platform.tracking import store
+        from platform.tracking.runs import log_metrics
 
         logged = {k.replace(":", "_") if k.startswith("cluster:") else f"transfer_{k}": v
                   for k, v in scores.items() if k in TRANSFER_TASKS or k.startswith("cluster:")}
-        tracking.log_metrics(tracking.tracking_uri(), args.log_to, logged)
+        log_metrics(store.tracking_uri(), args.log_to, logged)
         print(f"logged {', '.join(logged) or 'nothing (no transfer or clustering task)'} to MLflow run {args.log_to}")
     return 0
 

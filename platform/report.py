@@ -16,11 +16,11 @@ import math
 import time
 from pathlib import Path
 
-from platform import tracking
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.evaluation.sts import SHORT_NAMES
-from platform.run.loop import DEV_METRIC
+from platform.tracking import store
+from platform.tracking.runs import DEV_METRIC, Run
 
 REPORTS_EXPERIMENT = "reports"
 TASK_COLUMNS = [SHORT_NAMES[t] for t in STS_TASKS] + ["Avg."]
@@ -41,6 +41,46 @@ PUBLISHED = [
     ("augcse", "bert-base-uncased", "AugCSE (Tang et al., 2022)", {"Avg.": 77.98}),
     ("vascl", "roberta-base", "VaSCL (Zhang et al., 2021; their SimCSE: 76.34)", {"Avg.": 76.96}),
 ]
+
+
+def experiments(uri: str, names: list[str] | None = None) -> list:
+    """The named experiments (all but MLflow's ``Default`` when none are named); an unknown name
+    is a user error that lists the ones there are."""
+    found = {e.name: e for e in store.client(uri).search_experiments()}
+    if not names:
+        return [e for n, e in sorted(found.items()) if n not in ("Default",)]
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise UserError(f"no MLflow experiment named {', '.join(map(repr, missing))} in {store.redact(uri)}; "
+                        f"there are: {', '.join(sorted(found)) or 'none'}")
+    return [found[n] for n in names]
+
+
+def result_runs(uri: str, experiment_ids: list[str]) -> list:
+    """Finished top-level runs (a training run, a run with seeds, a sweep) that hold a 7-task
+    table: their nested seed and trial runs are parts of them, not results of their own."""
+    runs = store.client(uri).search_runs(experiment_ids, filter_string="attributes.status = 'FINISHED'", max_results=5000)
+    return [r for r in runs if store.PARENT_TAG not in r.data.tags and "sts_avg" in r.data.metrics]
+
+
+def leaf_runs(uri: str, run) -> list:
+    """The runs under ``run`` that trained (no runs nested under them), ``run`` itself if none:
+    what its compute time is the sum of."""
+    children = store.child_runs(uri, run.info.run_id)
+    if not children:
+        return [run]
+    return [leaf for child in children for leaf in leaf_runs(uri, child)]
+
+
+def log_report(uri: str, name: str, tags: dict[str, str], frame, files: list[Path]) -> str:
+    """The report as its own run of the ``reports`` experiment: the table and its files."""
+    run = Run.create(uri, REPORTS_EXPERIMENT, name, tags)
+    with run.closing():
+        run.log_table(frame, "report.json")
+        for path in files:
+            run.log_file(path)
+        run.complete(None, needs_checkpoint=False)
+    return run.id
 
 
 def recipe_name(run) -> str:
@@ -89,7 +129,7 @@ def row_of(uri: str, run) -> dict:
         if key.startswith(("transfer_", "cluster_")):
             row[key] = m[key]
     row["wall time (min)"] = _seconds(run) / 60
-    row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in tracking.leaf_runs(uri, run))
+    row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in leaf_runs(uri, run))
     row["run_id"] = run.info.run_id
     row["experiment_id"] = run.info.experiment_id
     return row
@@ -119,12 +159,12 @@ def reference_rows(frame) -> list[dict]:
 def build(uri: str, names: list[str] | None):
     import pandas as pd
 
-    chosen = tracking.experiments(uri, names)
+    chosen = experiments(uri, names)
     chosen = [e for e in chosen if e.name != REPORTS_EXPERIMENT]
-    runs = tracking.result_runs(uri, [e.experiment_id for e in chosen]) if chosen else []
+    runs = result_runs(uri, [e.experiment_id for e in chosen]) if chosen else []
     if not runs:
         raise UserError(f"no finished run with a 7-task STS table in experiment(s) "
-                        f"{', '.join(e.name for e in chosen) or '(none)'} of {tracking.redact(uri)}")
+                        f"{', '.join(e.name for e in chosen) or '(none)'} of {store.redact(uri)}")
     frame = pd.DataFrame([row_of(uri, r) for r in best_per_recipe(runs)])
     return frame, [e.name for e in chosen]
 
@@ -207,8 +247,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    uri = tracking.tracking_uri()
-    tracking.check_reachable(uri)
+    uri = store.tracking_uri()
+    store.check_reachable(uri)
     out = writable_dir(args.out, "report folder")
     frame, names = build(uri, args.experiments)
     references = reference_rows(frame)
@@ -219,9 +259,9 @@ def main(argv=None) -> int:
     print(files[0].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(f) for f in files)}")
     if not args.no_log:
-        run_id = tracking.log_report(uri, REPORTS_EXPERIMENT, f"report-{time.strftime('%Y%m%d-%H%M%S')}",
-                                     {"experiments": ",".join(names)}, frame, files)
-        print(f"MLflow: {tracking.redact(uri)} (experiment {REPORTS_EXPERIMENT!r}, run {run_id})")
+        run_id = log_report(uri, f"report-{time.strftime('%Y%m%d-%H%M%S')}", {"experiments": ",".join(names)},
+                            frame, files)
+        print(f"MLflow: {store.redact(uri)} (experiment {REPORTS_EXPERIMENT!r}, run {run_id})")
     return 0
 
 

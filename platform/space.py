@@ -28,8 +28,6 @@ SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint", "grid")
 SETTINGS = ("metric", "mode", "search", "num_samples", "max_concurrent_trials", "seed", "scheduler")
 TOP_KEYS = {*SETTINGS, "space", "profiles", "grids"}
-# The space file each ingredient's parameters come from (the shared ones: simcse.yaml).
-INGREDIENT_FILES = {"una": "una", "san": "san", "hince": "san", "vascl": "vascl", "augcse": "augcse"}
 
 
 @dataclasses.dataclass
@@ -112,7 +110,8 @@ def load_space(base: TrainConfig, path: Path | None = None, grid: str | None = N
 
 
 def recipe_space(base: TrainConfig) -> SearchSpace:
-    names = ["simcse"] + [INGREDIENT_FILES[c.name] for c in base.recipe.classes() if c.name in INGREDIENT_FILES]
+    # The shared settings' space (SimCSE's), then the one each ingredient names (``Ingredient.space``).
+    names = ["simcse"] + [c.space for c in base.recipe.classes() if c.space]
     files = [read_file(SPACES_DIR / f"{name}.yaml", base.profile) for name in dict.fromkeys(names)]
     combined = dataclasses.replace(files[0], space={}, grids={}, source=", ".join(f.source for f in files))
     keys = set(base.fields())

@@ -9,8 +9,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from platform import tracking
+from platform.console import format_frame
 from platform.space import SearchSpace
+from platform.tracking import store
+from platform.tracking.runs import Run
 
 
 def trial_table(results, spec: SearchSpace, total_steps: int):
@@ -38,20 +40,6 @@ def trial_table(results, spec: SearchSpace, total_steps: int):
     if len(frame):
         frame = frame.sort_values(f"best_{spec.metric}", ascending=spec.mode == "min", na_position="last")
     return frame.reset_index(drop=True)
-
-
-def format_table(frame) -> str:
-    def cell(value) -> str:
-        if isinstance(value, float):
-            return f"{value:.4g}" if abs(value) < 1e-2 or abs(value) >= 1e4 else f"{value:.2f}"
-        return "" if value is None else str(value)
-
-    header = list(frame.columns)
-    body = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
-    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
-    return "\n".join(lines)
 
 
 def importances(frame, spec: SearchSpace) -> dict[str, float]:
@@ -135,16 +123,16 @@ def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
     return out
 
 
-def summarise(uri: str, parent: str, results, spec: SearchSpace, total_steps: int) -> None:
+def summarise(parent: Run, results, spec: SearchSpace, total_steps: int) -> None:
     frame = trial_table(results, spec, total_steps)
-    print(f"\nsweep: {len(frame)} trials\n{format_table(frame)}", flush=True)
-    tracking.log_table(uri, parent, frame, "sweep_summary.json")
+    print(f"\nsweep: {len(frame)} trials\n{format_frame(frame)}", flush=True)
+    parent.log_table(frame, "sweep_summary.json")
     with tempfile.TemporaryDirectory() as tmp:
         csv = Path(tmp) / "sweep_summary.csv"
         frame.to_csv(csv, index=False)
-        tracking.log_file(uri, parent, csv)
+        parent.log_file(csv)
         for image in plots(frame, spec, Path(tmp)):
-            tracking.log_file(uri, parent, image, "plots")
+            parent.log_file(image, "plots")
 
 
 def grid_frame(runs, param: str):
@@ -205,21 +193,21 @@ def grid_plot(frame, param: str, path: Path) -> Path:
     return path
 
 
-def grid_table(uri: str, parent: str, param: str) -> None:
+def grid_table(parent: Run, param: str) -> None:
     """The grid's table printed, and logged on the parent run (MLflow table, CSV, Markdown) with its plot."""
-    frame = grid_frame(tracking.child_runs(uri, parent), param)
+    frame = grid_frame(store.child_runs(parent.uri, parent.id), param)
     if not len(frame):
         print(f"note: no trial of the {param} grid has a 7-task table", flush=True)
         return
-    print(f"\n{param} grid (best checkpoint of each value):\n{format_table(frame)}", flush=True)
-    tracking.log_table(uri, parent, frame, f"grid_{param}.json")
+    print(f"\n{param} grid (best checkpoint of each value):\n{format_frame(frame)}", flush=True)
+    parent.log_table(frame, f"grid_{param}.json")
     with tempfile.TemporaryDirectory() as tmp:
         csv, md = Path(tmp) / f"grid_{param}.csv", Path(tmp) / f"grid_{param}.md"
         frame.to_csv(csv, index=False)
         md.write_text(_markdown(frame), encoding="utf-8")
         for path in (csv, md):
-            tracking.log_file(uri, parent, path)
-        tracking.log_file(uri, parent, grid_plot(frame, param, Path(tmp) / f"grid_{param}.png"), "plots")
+            parent.log_file(path)
+        parent.log_file(grid_plot(frame, param, Path(tmp) / f"grid_{param}.png"), "plots")
 
 
 def _markdown(frame) -> str:

@@ -18,6 +18,7 @@ import importlib.util
 import itertools
 import logging
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -40,11 +41,12 @@ from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position
 from platform.run.local_models import resolve_local_models
+from platform.tracking.runs import BEST, DEV_METRIC, MetricLog, record_best
 
-DEV_METRIC = "stsb_dev_spearman"
 
-
-def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, Any]:
+    """One worker's training. ``config``: ``RunContext.loop_config()`` (or a flat config, for a
+    hand call). Returns the steps done, training time, and the best STS-B dev with its step."""
     ctx = RunContext.of(config)
     cfg = ctx.cfg
     rt = make_runtime(ctx, cfg)
@@ -61,9 +63,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
     pos = rt.restore(model, optimizer, schedule) or Position()
     if pos.step and rt.is_chief:
-        print(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)", flush=True)
-    log = rt.metric_log(resumed=pos.step > 0)
-    if pos.step >= steps:  # resumed a run that had trained to its end (--resume of a trial cut just after):
+        say(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)")
+    log = rt.metric_log(resumed=ctx.resumed or pos.step > 0)
+    if pos.step >= steps:  # a run restored at its end (--resume of a trial cut just after its last step):
         # its last state reported once more, since Tune expects a result from every trial
         evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, [], (optimizer, schedule), log, steps)
     window: list[float] = []
@@ -98,8 +100,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         if pos.step >= steps:
             break
     log.close()
-    return {"steps": pos.step, "train_time_s": pos.train_time_s, "best_" + DEV_METRIC: pos.best,
-            "best_step": pos.best_step}
+    return {"steps": pos.step, "train_time_s": pos.train_time_s, BEST: pos.best, "best_step": pos.best_step}
 
 
 def make_optimizer(cfg: TrainConfig, recipe: Recipe, model, steps: int):
@@ -121,8 +122,9 @@ def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
 
 
 def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, pos: Position,
-                        window: list[float], optim, log, steps: int) -> None:
-    """STS-B dev on rank 0 (and its one console line), then the runtime's report with a checkpoint of this step."""
+                        window: list[float], optim, log: MetricLog, steps: int) -> None:
+    """STS-B dev on rank 0 (its one console line; the step metrics so far go out to MLflow), then
+    the runtime's report with a checkpoint of this step."""
     metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": sum(window) / max(len(window), 1),
                                "train_time_s": pos.train_time_s}
     write, improved = None, False
@@ -130,20 +132,27 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
         exported = recipe.export_encoder(model)
         dev = evaluator(exported, pooler=recipe.eval_pooler())["STSBenchmark"]
         improved = pos.improve(dev)
-        metrics.update({DEV_METRIC: dev, "best_" + DEV_METRIC: pos.best})
+        metrics.update({DEV_METRIC: dev, BEST: pos.best})
         state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, "method": cfg.method,
                  "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(), "config": cfg.flat()}
 
-        def write(folder: Path) -> None:
+        def write(folder: Path, resumable: bool = True) -> None:
             checkpoint.save(folder, exported, state)
-            if rt.resumable:
+            if resumable:
                 checkpoint.save_train_state(folder, model, *optim, pos)
 
-        log({k: v for k, v in metrics.items() if k not in ("step", "epoch", "train_time_s")}, pos.step)
-        # Straight to stdout: Ray Train turns print() into log records, which the console shows twice.
-        sys.stdout.write(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved) + "\n")
-        sys.stdout.flush()
-    rt.report(metrics, write, improved)
+        log({DEV_METRIC: dev, "train_loss_avg": metrics["train_loss_avg"]}, pos.step)
+        # Before the report: a scheduler may end the trial as soon as the report reaches it.
+        log.commit()
+        say(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved))
+    rt.report(metrics, write, improved, log)
+
+
+def say(line: str) -> None:
+    """One console line, straight to stdout: Ray Train turns print() into log records, which the
+    console shows twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def progress_line(label: str | None, pos: Position, steps: int, loss: float, dev: float, improved: bool) -> str:
@@ -162,43 +171,41 @@ def progress_line(label: str | None, pos: Position, steps: int, loss: float, dev
 
 @dataclasses.dataclass
 class RunContext:
-    """What a training worker gets besides its configuration."""
+    """What a training worker gets: the typed configuration and where its run is."""
 
-    config: dict[str, Any]  # TrainConfig.flat()
+    cfg: TrainConfig
     runtime: str = "process"  # "ray": inside a Ray Train worker group
     num_sentences: int = 0  # the corpus size, when batches come from the Ray Data pipeline
     corpus: CorpusData | None = None  # the prepared corpus, when the driver runs the loop itself
     tracking_uri: str | None = None  # MLflow run that rank 0 logs step metrics to (None: print only)
     run_id: str | None = None
-    run_dir: str | None = None  # process runtime: where the best checkpoint is kept
+    run_dir: str | None = None  # process runtime: where its latest and best checkpoints are kept
     # STS-B dev ({"sent1", "sent2", "scores"} lists) read by the driver: a worker on another node
     # has no data folder. None: rank 0 reads it from $PLATFORM_DATA_DIR.
     dev: dict[str, list] | None = None
     corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, states)
     label: str | None = None  # prefixes rank 0's console line per evaluation (a trial's id)
+    resumed: bool = False  # the MLflow run was reopened by --resume: it may hold points already
 
     def loop_config(self) -> dict[str, Any]:
-        """For Ray's ``train_loop_config``: plain values only. Ray's Train controller unpickles it
-        in a process where ``platform`` is still the standard module, so no class of this package
-        may travel in it."""
-        return {"context": {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+        """For Ray's ``train_loop_config``. Ray's Train controller unpickles it in a process where
+        ``platform`` is still the standard module, so the context travels as bytes that only the
+        workers unpickle; the object-store reference travels as itself, so Ray keeps it alive."""
+        plain = dataclasses.replace(self, corpus=None, corpus_ref=None)
+        return {"context": pickle.dumps(plain), "corpus_ref": self.corpus_ref}
 
     @classmethod
-    def of(cls, loop_config: dict[str, Any]) -> "RunContext":
-        """From ``loop_config()`` or a plain flat config (the loop called by hand)."""
-        if "context" in loop_config:
-            return cls(**loop_config["context"])
-        return cls(config=loop_config)
-
-    @property
-    def cfg(self) -> TrainConfig:
-        return TrainConfig.from_flat(self.config)
+    def of(cls, config: "dict[str, Any] | RunContext") -> "RunContext":
+        """From ``loop_config()``, the context itself (the process runtime), or a flat config."""
+        if isinstance(config, RunContext):
+            return config
+        if "context" in config:
+            return dataclasses.replace(pickle.loads(config["context"]), corpus_ref=config.get("corpus_ref"))
+        return cls(cfg=TrainConfig.from_flat(config))
 
 
 class Runtime:
     """Rank, world size and device of this worker; its batches, checkpoints and metric log."""
-
-    resumable = False  # whether reports carry the full training state (and a restart resumes it)
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         self.ctx, self.cfg = ctx, cfg
@@ -233,26 +240,27 @@ class Runtime:
         return (self.ctx.corpus or self._read_corpus(recipe)).num_sentences
 
     def restore(self, model, optimizer, schedule) -> Position | None:
+        """The training state of the run's latest checkpoint (a restart or --resume), if any."""
         return None
 
-    def report(self, metrics: dict[str, Any], write: Callable[[Path], None] | None, improved: bool) -> None:
-        """Hand an evaluation's metrics on, with a checkpoint that ``write(folder)`` fills (rank 0)."""
+    def report(self, metrics: dict[str, Any], write: Callable[..., None] | None, improved: bool,
+               log: MetricLog) -> None:
+        """Hand an evaluation's metrics on with a checkpoint of this step, which ``write(folder,
+        resumable=True)`` fills on rank 0; once it is persisted, the run's best score (``log``)."""
         raise NotImplementedError
 
-    def metric_log(self, resumed: bool):
-        """Rank 0's step metrics, and MLflow's system metrics of its node, to the run's MLflow run;
-        after a restart, points already logged are kept, not duplicated (steps after the
-        checkpoint run again). Called with ``(metrics, step)``; ``close()`` at the end."""
-        from platform.tracking import MetricSink
-
+    def metric_log(self, resumed: bool) -> MetricLog:
+        """Rank 0's step metrics, and MLflow's system metrics of its node, for the run's MLflow run
+        (``resumed``: the run may hold points of these steps already)."""
         if not (self.is_chief and self.ctx.run_id):
-            return MetricSink(None, None)
-        return MetricSink(self.ctx.tracking_uri, self.ctx.run_id, skip_logged=resumed, system_metrics=True)
+            return MetricLog(None, None)
+        return MetricLog(self.ctx.tracking_uri, self.ctx.run_id, resumed=resumed, system_metrics=True)
 
 
 class ProcessRuntime(Runtime):
-    """This process (``torch.distributed`` ranks if initialised); keeps a new best checkpoint
-    under ``run_dir`` (default ``output_dir/local``)."""
+    """This process (``torch.distributed`` ranks if initialised). Under ``run_dir`` (default
+    ``output_dir/local``) it keeps ``latest`` (resumable: model, heads, optimizer, scheduler, data
+    position, RNG) and ``best`` (the encoder and its state), each replaced in one rename."""
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
@@ -260,6 +268,7 @@ class ProcessRuntime(Runtime):
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if cfg.use_gpu and torch.cuda.is_available():
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        self.run_dir = Path(ctx.run_dir or Path(cfg.output_dir) / "local")
 
     def wrap(self, model):
         model.to(self.device)
@@ -268,23 +277,35 @@ class ProcessRuntime(Runtime):
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
 
-    def report(self, metrics, write, improved):
+    def restore(self, model, optimizer, schedule):
+        latest = self.run_dir / "latest"
+        if not (latest / checkpoint.TRAIN_STATE).is_file():
+            return None
+        return checkpoint.load_train_state(latest, self.rank, model, optimizer, schedule)
+
+    def report(self, metrics, write, improved, log):
         if self.world > 1:
             dist.barrier()
-        if not (self.is_chief and improved and write):
+        if not (self.is_chief and write):
             return
-        target = Path(self.ctx.run_dir or Path(self.cfg.output_dir) / "local") / "best"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix="best.tmp-", dir=target.parent))
-        write(staging)
-        replace_dir(staging, target)
+        self._write("latest", lambda folder: (write(folder), checkpoint.save_rng(folder, self.rank)))
+        if improved:
+            self._write("best", lambda folder: write(folder, resumable=False))
+        best = self.run_dir / "best"
+        record_best(log, metrics["step"], metrics[BEST], str(best) if improved else None)
+
+    def _write(self, name: str, fill: Callable[[Path], Any]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=self.run_dir))
+        fill(staging)
+        replace_dir(staging, self.run_dir / name)
 
 
 class RayTrainRuntime(Runtime):
     """A Ray Train worker: DDP through Ray, batches from its Ray Data shard (or read locally),
-    every evaluation reported with a resumable checkpoint that Ray persists to storage."""
-
-    resumable = True
+    every evaluation reported with a resumable checkpoint that Ray persists to storage. The best
+    score and checkpoint are recorded by Ray Train's controller (``platform.run.fit``) once Ray
+    has persisted the checkpoint, before Tune sees the report."""
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
@@ -341,7 +362,7 @@ class RayTrainRuntime(Runtime):
         with found.as_directory() as directory:
             return checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule)
 
-    def report(self, metrics, write, improved):
+    def report(self, metrics, write, improved, log):
         import ray.train
 
         folder = Path(tempfile.mkdtemp(prefix="ckpt-"))

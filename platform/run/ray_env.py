@@ -8,6 +8,7 @@ the machine's CPUs; with ``RAY_ADDRESS`` set (a cluster, ``ray job submit``) it 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def worker_env() -> dict[str, str]:
     # folder would be a new, empty one: they read the driver's cache, so corpus statistics and
     # generated columns are made once (on another node the folder is created and filled there).
     from platform.data.cache import cache_root
-    from platform.tracking import GIT_COMMIT_ENV, git_commit
+    from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
     env = {"TOKENIZERS_PARALLELISM": "false", "PLATFORM_CACHE_DIR": str(cache_root()), GIT_COMMIT_ENV: git_commit()}
     for key in FORWARDED_ENV:
@@ -59,6 +60,7 @@ def init_ray(num_cpus: int | None = None) -> None:
         # Left to Ray, an address nothing listens on is retried for minutes, then a traceback.
         check_reachable(address)
     env = worker_env()
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     port = None
     if not address:
         # Ray's state API, which Ray Train's placement-group cleaner calls from inside the job
@@ -95,6 +97,10 @@ def init_ray(num_cpus: int | None = None) -> None:
     if port is not None and ray.get_runtime_context().gcs_address != env["RAY_ADDRESS"]:
         raise RuntimeError(f"Ray's GCS started at {ray.get_runtime_context().gcs_address}, "
                            f"not at the address given to its workers ({env['RAY_ADDRESS']})")
+    # ray.init takes SIGTERM (its handler exits with status 15; its core worker's dumps a stack
+    # and aborts): the command's own (SIGTERM as Ctrl-C, platform.errors) is put back.
+    if callable(on_sigterm):
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"

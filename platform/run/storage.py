@@ -74,6 +74,17 @@ def read_text(location: str) -> str | None:
         return src.read().decode("utf-8")
 
 
+def exists(location: str) -> bool:
+    """Whether a file or folder is at ``location`` (False where the storage cannot be opened)."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = filesystem(location)
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+    except (UserError, OSError):
+        return False
+
+
 def list_dirs(location: str) -> list[str]:
     """The names of the folders directly under ``location`` (none if it does not exist)."""
     import pyarrow.fs as pafs

@@ -1,0 +1,31 @@
+"""What the commands print besides the per-evaluation line: tables of results."""
+
+from __future__ import annotations
+
+
+def format_frame(frame) -> str:
+    """A pandas DataFrame as an aligned text table (floats to 2 decimals, tiny or huge ones in g)."""
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}" if abs(value) < 1e-2 or abs(value) >= 1e4 else f"{value:.2f}"
+        return "" if value is None else str(value)
+
+    header = list(frame.columns)
+    body = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
+    return "\n".join(lines)
+
+
+def seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[str, float]) -> str:
+    """One row per seed's 7-task scores, then their mean +- std (``scores``)."""
+    import pandas as pd
+
+    from platform.evaluation.sts import SHORT_NAMES
+
+    rows = [{"": f"seed {s}", **{SHORT_NAMES.get(t, t): f"{v:.2f}" for t, v in row.items()}}
+            for s, row in zip(seeds, per_seed)]
+    rows.append({"": "mean +- std", **{SHORT_NAMES.get(t, t): f"{scores[t]:.2f} +- {scores[t + '_std']:.2f}"
+                                       for t in per_seed[0]}})
+    return format_frame(pd.DataFrame(rows))

@@ -1,0 +1,254 @@
+"""One unit of work, the *configuration run*: one resolved configuration fitted with N >= 1 seeds,
+then finalized. ``platform.train``, every Tune trial and every grid point run it.
+
+In the order it happens: ``preflight`` (everything that can be checked before Ray starts),
+``start`` (Ray, when the runtime uses it), ``prepare`` (the corpus' generated columns and
+statistics, once), ``run_configuration`` (each seed fitted by ``platform.run.fit``: in the
+configuration's own MLflow run for one seed, in a run nested under it per seed for several; the
+configuration's run gets the mean and std of every score), and ``finalize`` (the 7 STS tasks on
+every seed's best checkpoint; for ``final="full"`` the best seed's checkpoint exported and
+registered, ``platform.run.finalize``). A configuration run that was interrupted continues where
+its checkpoints left it: finished seeds are read back, the others resume from storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from platform.config import TrainConfig
+from platform.console import seed_table
+from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
+from platform.data.columns import CorpusData, prepare_corpus
+from platform.errors import ConfigError, DataError, UserError
+from platform.run import finalize as final_steps
+from platform.run import storage
+from platform.run.fit import FitResult, fit
+from platform.run.local_models import resolve_local_models, uses_random_mlm
+from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
+from platform.tracking import store
+from platform.tracking.runs import BEST, Run, checkpoint_exists
+
+FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
+MAX_SEEDS = 100
+
+
+def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
+    """Validate data, corpus, backbone, the ingredients' resources, output folder and MLflow;
+    return the corpus sentences (read once, here). Resolves ``corpus`` and ``output_dir`` in place."""
+    root = data_dir()
+    load_sts("STSBenchmark", root, split="dev")
+    if cfg.final_eval if final_eval is None else final_eval:
+        for task in STS_TASKS:
+            load_sts(task, root)
+    corpus = resolve_corpus(cfg.corpus)
+    cfg.corpus = str(corpus)  # absolute: workers run in a copy of the repository
+    sentences = read_corpus(corpus, limit=cfg.max_sentences or None)
+    if len(sentences) < cfg.batch_size:
+        raise DataError(f"corpus {corpus} has {len(sentences)} sentences, fewer than one batch of {cfg.batch_size}")
+    from methods.encoder import load_tokenizer
+
+    load_tokenizer(cfg.model)
+    resolve_local_models(cfg.ingredient_params)
+    cfg.build_recipe().preflight()
+    if cfg.runtime == "process" and storage.is_uri(cfg.output_dir):
+        raise ConfigError(f"runtime=process keeps its checkpoint on this machine: output_dir must be a local path, not {cfg.output_dir}")
+    cfg.output_dir = storage.check_writable(cfg.output_dir)
+    store.check_reachable(store.tracking_uri())
+    return sentences
+
+
+def start(cfg: TrainConfig, num_cpus: int | None = None) -> None:
+    if cfg.runtime == "ray":
+        init_ray(num_cpus=num_cpus)
+
+
+def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True) -> CorpusData:
+    """Once per corpus, on the driver: the generated columns (Ray Data actors under the Ray
+    runtime) and the corpus statistics, both cached, so errors surface here and every worker and
+    trial finds them ready."""
+    recipe = cfg.build_recipe()
+    corpus = prepare_corpus(recipe, sentences, use_ray=cfg.runtime == "ray", use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus)
+    if check:
+        recipe.check_statistics(corpus.states)
+    return corpus
+
+
+def run_tags(cfg: TrainConfig) -> dict[str, str]:
+    tags = {"method": cfg.method, "recipe": cfg.recipe.describe(), "profile": cfg.profile, "model": cfg.model}
+    if uses_random_mlm(cfg.ingredient_params):
+        tags["mlm_random_weights"] = "true"
+        tags["mlm_note"] = "negatives from a randomly initialised tiny MLM (offline local profile): noise, not real SAN negatives"
+    return tags
+
+
+def seed_values(cfg: TrainConfig, n: int) -> list[int]:
+    """``n`` seeds from the configured one: ``seed, seed + 1, ...`` (one seed: just ``seed``)."""
+    if not 1 <= n <= MAX_SEEDS:
+        raise ConfigError(f"--seeds must be between 1 and {MAX_SEEDS}, got {n}")
+    return [cfg.seed + i for i in range(n)]
+
+
+def mean_std(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per key present in every row: its mean under the key and, for several rows, its sample
+    standard deviation (n - 1 in the denominator, as seed spreads are reported) as ``<key>_std``."""
+    import numpy as np
+
+    out: dict[str, float] = {}
+    for key in [k for k in rows[0] if all(k in r for r in rows)]:
+        values = np.asarray([r[key] for r in rows], dtype=float)
+        out[key] = float(values.mean())
+        if len(values) > 1:
+            out[f"{key}_std"] = float(values.std(ddof=1))
+    return out
+
+
+@dataclasses.dataclass
+class SeedFit:
+    seed: int
+    run: Run  # the seed's MLflow run: the configuration's own for one seed
+    result: FitResult
+
+
+@dataclasses.dataclass
+class ConfigResult:
+    """A configuration's fits, and its 7-task scores once evaluated (means and stds over seeds)."""
+
+    fits: list[SeedFit]
+    scores: dict[str, float] | None = None
+
+    @property
+    def best(self) -> SeedFit:
+        return max(self.fits, key=lambda f: f.result.best_dev)
+
+    @property
+    def dev(self) -> dict[str, float]:
+        """``best_<dev>``: the mean over the seeds' best STS-B dev (and ``best_<dev>_std``)."""
+        return mean_std([{BEST: f.result.best_dev} for f in self.fits])
+
+    @property
+    def checkpoint(self) -> str:
+        return self.best.result.checkpoint
+
+
+def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage_path: str, name: str, seeds: int,
+                      final: str, tune_reports: bool = False, label: str | None = None) -> ConfigResult:
+    """Fit ``cfg`` with ``seeds`` seeds (checkpoints under ``storage_path/name[-seed<s>]``), record
+    them on ``run``, then finalize (``final``: one of ``FINALS``). ``tune_reports``: the first
+    seed's evaluations also go to the Tune trial this runs in (what ASHA compares)."""
+    values = seed_values(cfg, seeds)
+    fits = [_fit_seed(cfg, corpus, run, seed, len(values), storage_path, name, tune_reports and i == 0, label)
+            for i, seed in enumerate(values)]
+    result = ConfigResult(fits)
+    if len(fits) > 1:
+        run.log_metrics(result.dev)
+        run.set_tags({"best_checkpoint": result.checkpoint, "best_seed": str(result.best.seed), "seeds": str(len(fits))})
+    else:
+        run.set_tags({"best_checkpoint": result.checkpoint})
+    finalize(run, result, final)
+    return result
+
+
+def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int, storage_path: str, name: str,
+              tune_reports: bool, label: str | None) -> SeedFit:
+    if n == 1:
+        out = fit(cfg, corpus, run, storage_path=storage_path, name=name, tune_reports=tune_reports, label=label)
+        if out.checkpoint is None:
+            raise DataError("training finished without a checkpoint (no STS-B dev evaluation ran)")
+        return SeedFit(seed, run, out)
+    scfg = cfg.with_values({"seed": seed}, source="--seeds")
+    seed_name = f"{name}-seed{seed}"
+    found = _seed_run(run, seed)
+    if found is not None and found.info.status == "FINISHED" and checkpoint_exists(found.data.tags.get("best_checkpoint")):
+        return SeedFit(seed, Run(run.uri, found.info.run_id, seed_name), _fit_result(found))  # a resumed configuration
+    seed_run = (Run.reopen(run.uri, found.info.run_id, run.ends_on_error) if found is not None
+                else run.child(seed_name, {**run_tags(scfg), "seed": str(seed)}))
+    with seed_run.closing():
+        if found is None:
+            seed_run.log_params(scfg.flat())
+            seed_run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
+        out = fit(scfg, corpus, seed_run, storage_path=storage_path, name=seed_name, tune_reports=tune_reports,
+                  label=" ".join(filter(None, [label, f"seed {seed}"])))
+        if out.checkpoint is None:
+            raise DataError(f"seed {seed}: training finished without a checkpoint (no STS-B dev evaluation ran)")
+        seed_run.set_tags({"best_checkpoint": out.checkpoint})
+        seed_run.complete(out.checkpoint)
+    return SeedFit(seed, seed_run, out)
+
+
+def _seed_run(run: Run, seed: int):
+    """The seed's run nested under ``run`` from an earlier attempt of this configuration, if any."""
+    if not run.resumed:
+        return None
+    found = store.child_runs(run.uri, run.id, f"tags.seed = '{seed}'", order_by=["attributes.start_time DESC"])
+    return found[0] if found else None
+
+
+def _fit_result(mlflow_run) -> FitResult:
+    return FitResult(mlflow_run.data.metrics.get(BEST), mlflow_run.data.tags.get("best_checkpoint"))
+
+
+def read_result(run: Run) -> ConfigResult:
+    """A finished configuration run read back from MLflow (a sweep's trial, to finalize it): its
+    seed runs, or itself for one seed, and its 7-task scores when it holds the full table."""
+    seeds = [r for r in store.child_runs(run.uri, run.id, "attributes.status = 'FINISHED'") if "seed" in r.data.tags]
+    mlflow_run = run.info()
+    fits = ([SeedFit(int(r.data.tags["seed"]), Run(run.uri, r.info.run_id), _fit_result(r))
+             for r in sorted(seeds, key=lambda r: int(r.data.tags["seed"]))]
+            or [SeedFit(int(mlflow_run.data.params.get("seed", 0)), run, _fit_result(mlflow_run))])
+    table = {k[len("sts_"):]: v for k, v in mlflow_run.data.metrics.items() if k.startswith("sts_")}
+    complete = {*STS_TASKS, "avg"} <= set(table) and (len(fits) == 1 or "avg_std" in table)
+    return ConfigResult(fits, table if complete else None)
+
+
+def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...] = ()) -> None:
+    """``final``: ``evaluate`` the 7 STS tasks on every seed's best checkpoint (skipped where
+    ``result`` holds them already), their means and stds on ``run`` and ``log_to``; ``full``: also
+    export and register the best seed's checkpoint with those numbers."""
+    if final not in FINALS:
+        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
+    if final == "none":
+        return
+    if result.scores is None:
+        result.scores = evaluate_fits(run, result.fits)
+    for target in log_to:
+        target.log_metrics({f"sts_{k}": v for k, v in result.scores.items()})
+        target.log_metrics({k: v for k, v in result.dev.items()})
+    if final == "full":
+        n = len(result.fits)
+        dev = result.dev
+        tags = {} if n == 1 else {"seeds": str(n), "best_seed": str(result.best.seed),
+                                  BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
+        final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags)
+
+
+def evaluate_fits(run: Run, fits: list[SeedFit]) -> dict[str, float]:
+    """The 7 STS tasks on every seed's best checkpoint (in the seed's run); for several seeds the
+    per-seed table is printed and the means and stds logged on ``run``."""
+    per_seed = [final_steps.evaluate_sts(f.run, f.result.checkpoint, quiet=len(fits) > 1) for f in fits]
+    if len(fits) == 1:
+        return per_seed[0]
+    scores = mean_std(per_seed)
+    print(seed_table(per_seed, [f.seed for f in fits], scores), flush=True)
+    run.log_metrics({f"sts_{k}": v for k, v in scores.items()})
+    run.set_tags({"seeds": str(len(fits))})
+    return scores
+
+
+# ------------------------------------------------------------------------------------------------
+# A configuration run's state beside its checkpoints: what --resume continues, and checks against
+
+
+RUN_STATE = "platform_run.json"
+
+
+def save_state(location: str, state: dict) -> None:
+    storage.write_text(storage.join(location, RUN_STATE), json.dumps(state, indent=1, default=str))
+
+
+def load_state(location: str) -> dict:
+    text = storage.read_text(storage.join(location, RUN_STATE))
+    if text is None:
+        raise UserError(f"{location} holds no {RUN_STATE}: the run cannot be resumed (started before this version, "
+                        "or its storage is gone)")
+    return json.loads(text)

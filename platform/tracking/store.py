@@ -1,0 +1,171 @@
+"""Where MLflow runs go, the client, and look-ups of runs.
+
+``MLFLOW_TRACKING_URI`` picks the store; without it runs go to a local SQLite database under the
+repository (``mlruns/mlflow.db``, artifacts in ``mlruns/artifacts``), which needs no server.
+Open it with ``mlflow ui --backend-store-uri sqlite:///$PWD/mlruns/mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from platform.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
+GIT_COMMIT_ENV = "PLATFORM_GIT_COMMIT"
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{REPO_ROOT / 'mlruns' / 'mlflow.db'}"
+
+
+def redact(uri: str) -> str:
+    """The URI with any password or token masked, for messages and logs."""
+    import re
+
+    return re.sub(r"(?<=://)([^:/@]+):([^@/]+)@", r"\1:***@", uri)
+
+
+def artifact_root(uri: str) -> str | None:
+    """Local stores keep artifacts beside the database; servers decide for themselves."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///") :]).parent / "artifacts").as_uri()
+    return None
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast (before Ray starts) if the tracking store cannot be used."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+                if resp.status >= 400:
+                    raise UserError(f"MLflow tracking server {redact(uri)} answered HTTP {resp.status}")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({reason}); check MLFLOW_TRACKING_URI") from None
+    elif uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"MLflow store {uri}: cannot create {db.parent} ({exc.strerror})") from None
+        if not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+            raise UserError(f"MLflow store {uri}: {db} is not writable")
+    elif uri.startswith("file:") or "://" not in uri:
+        raise UserError(
+            f"MLflow tracking URI {redact(uri)!r}: the file store is deprecated in MLflow 3; "
+            "use sqlite:////absolute/path/mlflow.db or an http(s) server"
+        )
+
+
+def client(uri: str | None = None):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri or tracking_uri())
+
+
+def ensure_experiment(name: str, uri: str) -> str:
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name, artifact_location=artifact_root(uri))
+    except Exception:  # created concurrently by another process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def git_commit() -> str:
+    """The repository's commit. Ray ships the repository to workers (and ``ray job submit`` to
+    the driver) without ``.git``: there the commit comes from ``$PLATFORM_GIT_COMMIT``, which the
+    driver forwards to its workers and ``ray job submit`` is given (README, "On a cluster")."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------------------------
+# The process that drives a run: recorded on the run, so that a later --resume can tell a run whose
+# driver died (SIGKILL, the OOM killer, a lost head) from one that is still being driven.
+
+DRIVER_TAG = "platform.driver"
+
+
+def driver_id() -> str:
+    """``host:pid:start time`` of this process (the start time tells a reused pid apart)."""
+    import psutil
+
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def driver_alive(driver: str | None) -> bool:
+    """Whether the process a ``driver_id`` names still runs (on this host; another host's driver
+    cannot be seen from here and counts as gone: a resume is run where the driver ran)."""
+    import psutil
+
+    host, _, rest = (driver or "").partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.2f}" == started
+    except psutil.Error:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
+# Look-ups
+
+
+def check_run(uri: str, run_id: str) -> None:
+    """The store is reachable and holds ``run_id``."""
+    from mlflow.exceptions import MlflowException
+
+    check_reachable(uri)
+    try:
+        client(uri).get_run(run_id)
+    except MlflowException:
+        raise UserError(f"no MLflow run {run_id!r} in {redact(uri)}") from None
+
+
+def child_runs(uri: str, parent: str, extra_filter: str = "", order_by: list[str] | None = None) -> list:
+    """The runs nested directly under ``parent`` (a sweep's trials, a configuration's seeds)."""
+    c = client(uri)
+    exp = c.get_run(parent).info.experiment_id
+    query = f"tags.`{PARENT_TAG}` = '{parent}'" + (f" and {extra_filter}" if extra_filter else "")
+    return c.search_runs([exp], filter_string=query, order_by=order_by)
+
+
+def find_run(uri: str, experiment: str, name_or_id: str):
+    """A run by its id, or by its name in ``experiment``; a user error naming what was looked for."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(uri)
+    try:
+        return c.get_run(name_or_id)
+    except MlflowException:
+        pass
+    exp = c.get_experiment_by_name(experiment)
+    found = c.search_runs([exp.experiment_id], f"attributes.run_name = '{name_or_id}'") if exp else []
+    if len(found) != 1:
+        what = "no run" if not found else f"{len(found)} runs"
+        raise UserError(f"{what} named or numbered {name_or_id!r} in experiment {experiment!r} of {redact(uri)}")
+    return found[0]
