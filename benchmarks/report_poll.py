@@ -28,7 +28,7 @@ if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"
     del sys.modules["platform"]
 
 from platform.run.ray_env import TRAIN_POLL_ENV  # noqa: E402
-from tests.recipe_reference import build_tiny_bert  # noqa: E402
+from platform.run.local_models import build_tiny_bert  # noqa: E402
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def main() -> None:
     sentences = read_corpus(cfg.corpus, limit=cfg.max_sentences)
 
     from platform.data.columns import CorpusData
-    from platform.run.job import fit
+    from platform.run.fit import fit
     from platform.run.ray_env import init_ray
 
     init_ray(num_cpus=cpus)
@@ -54,8 +54,7 @@ def main() -> None:
         torch.set_num_threads(cpus)
         res = train_loop_per_worker(cfg.flat())
         plain.append(res["steps"] * args.batch_size / res["train_time_s"])
-        result = fit(cfg, CorpusData({"sentence": sentences}, {}), uri=None, run_id=None, storage_path=str(out),
-                     name=f"bench-{r}")
+        result = fit(cfg, CorpusData({"sentence": sentences}, {}), None, storage_path=str(out), name=f"bench-{r}")
         metrics = result.metrics
         ray_times.append(metrics["step"] * args.batch_size / metrics["train_time_s"])
         print(f"repeat {r}: plain {plain[-1]:.1f} sent/s, Ray Train {ray_times[-1]:.1f} sent/s", flush=True)

@@ -280,6 +280,9 @@ def resumable_sweep(uri: str, base: TrainConfig, identity: dict[str, Any]) -> tu
                           f"{', '.join(changed)}; give the same --profile, --set, --space, --grid, --num-samples and "
                           "--seeds, or start a new sweep without --resume")
     parent = store.client(uri).get_run(state["parent_run_id"])
+    if parent.info.status == "FINISHED":
+        raise UserError(f"--resume: the sweep in {folder} finished (best run {parent.data.tags.get('best_run_id')}); "
+                        "there is nothing to resume")
     if parent.info.status == "RUNNING" and store.driver_alive(parent.data.tags.get(store.DRIVER_TAG)):
         raise UserError(f"--resume: the sweep in {folder} is still running (process "
                         f"{parent.data.tags[store.DRIVER_TAG].split(':')[1]}); stop it first (Ctrl-C or kill)")

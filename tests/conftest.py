@@ -1,5 +1,6 @@
 """Shared fixtures: the real data folder, a tiny randomly initialised BERT with a real tokenizer,
-a real MLflow SQLite store per test, and helpers to run the CLIs as a user would."""
+a real MLflow SQLite store per test, a real MLflow server per module, and the commands called in
+this process. (Helpers that are not fixtures: ``tests/helpers.py``.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import new_mlflow_db
 
 
 def _data_root() -> Path:
@@ -47,7 +48,7 @@ def _isolated_env(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer, 32-d BERT with random weights and the packaged MiniLM (uncased) tokenizer."""
-    from tests.recipe_reference import build_tiny_bert
+    from platform.run.local_models import build_tiny_bert
 
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
@@ -63,14 +64,6 @@ def _empty_mlflow_db(tmp_path_factory) -> Path:
     return path
 
 
-def new_mlflow_db(template: Path, path: Path) -> str:
-    """A fresh store at ``path`` (a copy of the empty one); its ``sqlite:///`` URI."""
-    import shutil
-
-    shutil.copyfile(template, path)
-    return f"sqlite:///{path}"
-
-
 @pytest.fixture()
 def mlflow_uri(tmp_path, _empty_mlflow_db) -> str:
     return new_mlflow_db(_empty_mlflow_db, tmp_path / "mlflow.db")
@@ -79,7 +72,7 @@ def mlflow_uri(tmp_path, _empty_mlflow_db) -> str:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory, _empty_mlflow_db):
     """A real ``mlflow server`` process (SQLite, local artifacts), one per test module."""
-    from benchmarks.topology import MLFLOW_SERVER_ENV, free_port
+    from platform.topology import MLFLOW_SERVER_ENV, free_port
 
     base = tmp_path_factory.mktemp("mlflow-server")
     store = new_mlflow_db(_empty_mlflow_db, base / "mlflow.db")
@@ -116,22 +109,6 @@ def small_corpus(tmp_path_factory, data_root) -> Path:
     return path
 
 
-def corpus_head(corpus: Path, n: int, folder: Path) -> Path:
-    """The first ``n`` sentences of ``corpus``, as a corpus file of their own in ``folder``."""
-    path = folder / f"first{n}.txt"
-    path.write_text("\n".join(corpus.read_text(encoding="utf-8").split("\n")[:n]) + "\n", encoding="utf-8")
-    return path
-
-
-def run_cli(module: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m platform.<module> ...`` from the repository root, as a user would."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", f"platform.{module}", *args],
-        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
-    )
-
-
 @pytest.fixture()
 def cli(monkeypatch, capsys):
     """``cli(module, *args, env=...)``: ``main(argv)`` in this process, as ``python -m`` calls it,
@@ -154,13 +131,3 @@ def cli(monkeypatch, capsys):
         return subprocess.CompletedProcess([module, *args], code, out.out, out.err)
 
     return call
-
-
-def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    """Exit code 2, one 'error:' line on stderr naming the problem, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, proc.stderr[-2000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]

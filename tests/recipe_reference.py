@@ -21,10 +21,7 @@ from pathlib import Path
 
 import torch
 
-TINY_BERT = dict(
-    vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-    max_position_embeddings=512,
-)
+from methods.recipe import Recipe
 
 SENTENCES = [
     "a man is playing a guitar .", "the cat sleeps on the mat .", "stocks fell sharply on monday .",
@@ -72,16 +69,20 @@ COLUMNS = {"sentence": SENTENCES, "negative": NEGATIVES, "paraphrase": PARAPHRAS
            "aug_label": AUG_LABELS}
 
 
-def build_tiny_bert(path: Path) -> Path:
-    """The tests' 2-layer, 32-d random BERT (seed 0) with the packaged MiniLM tokenizer."""
-    from transformers import BertConfig, BertModel
+def recipe_build(method: str, params: dict, encoder):
+    params = dict(params)
+    if "paraphrase_cache" in params:
+        params["positives"] = "paraphrase"
+    recipe = Recipe.named(method, **params)
+    model = recipe.build(encoder)
+    columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES}
 
-    from methods.encoder import load_tokenizer
+    def loss_fn(model, _columns, step):
+        tokens = {c: encoder.tokenize(columns[c], max_len=32) for c in recipe.text_columns}
+        tokens.update(recipe.tensor_columns(columns, None))
+        return recipe.loss(model, tokens, step)
 
-    torch.manual_seed(0)
-    BertModel(BertConfig(**TINY_BERT)).save_pretrained(path)
-    load_tokenizer("minilm").save_pretrained(path)
-    return path
+    return model, loss_fn
 
 
 def summarise(model: torch.nn.Module, loss: torch.Tensor, metrics: dict) -> dict:
@@ -122,7 +123,7 @@ def record(out: Path, cases: list[str], why: str) -> None:
     import subprocess
     import tempfile
 
-    from tests.test_recipes import recipe_build
+    from platform.run.local_models import build_tiny_bert
 
     data = json.loads(out.read_text()) if out.is_file() else {"cases": {}}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

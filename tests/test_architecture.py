@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 PACKAGES = ("platform", "methods")
 

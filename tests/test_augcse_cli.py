@@ -7,7 +7,7 @@ import pytest
 
 from platform.config import TrainConfig
 from platform.space import load_space
-from tests.conftest import assert_user_error, corpus_head, run_cli
+from tests.helpers import assert_user_error, corpus_head, run_cli
 
 
 @pytest.fixture()

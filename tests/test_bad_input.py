@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 TABLE = re.compile(r"<!-- bad-input-table -->(.*?)<!-- /bad-input-table -->", re.S)
 

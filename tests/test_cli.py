@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli, runs_of
 
 
 def _train_args(tiny_model, small_corpus, tmp_path, *extra):
@@ -18,14 +18,6 @@ def _train_args(tiny_model, small_corpus, tmp_path, *extra):
     }
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     return [*args, *extra]
-
-
-def _runs(uri, experiment="simcse"):
-    from mlflow.tracking import MlflowClient
-
-    c = MlflowClient(uri)
-    exp = c.get_experiment_by_name(experiment)
-    return c, ([] if exp is None else c.search_runs([exp.experiment_id]))
 
 
 def test_evaluate_cli_table_and_json(tiny_model, tmp_path):
@@ -70,7 +62,7 @@ def test_train_bad_input(args, needles, tmp_path, mlflow_uri, monkeypatch, capsy
         main(args)
     err = capsys.readouterr().err
     assert_user_error(subprocess.CompletedProcess(args, exit_info.value.code, "", err), *needles)
-    assert all(r.info.status != "RUNNING" for r in _runs(mlflow_uri)[1])
+    assert all(r.info.status != "RUNNING" for r in runs_of(mlflow_uri)[1])
 
 
 @pytest.mark.parametrize("kind,needle", [("empty", "no sentences"), ("binary", "binary"), ("undecodable", "line 2")])
@@ -102,7 +94,7 @@ def test_a_cluster_address_that_is_not_one_is_one_line_before_ray(tiny_model, sm
     env = {"MLFLOW_TRACKING_URI": mlflow_uri, "RAY_ADDRESS": "headnode"}
     proc = cli("tune", "simcse", *_train_args(tiny_model, small_corpus, tmp_path), env=env)
     assert_user_error(proc, "RAY_ADDRESS='headnode' is not host:port")
-    assert _runs(mlflow_uri)[1] == []
+    assert runs_of(mlflow_uri)[1] == []
 
 
 def test_a_ray_that_cannot_start_is_one_line(tiny_model, small_corpus, tmp_path, mlflow_uri):
@@ -112,7 +104,7 @@ def test_a_ray_that_cannot_start_is_one_line(tiny_model, small_corpus, tmp_path,
     proc = run_cli("train", "simcse", *_train_args(tiny_model, small_corpus, tmp_path),
                    env={"MLFLOW_TRACKING_URI": mlflow_uri, "RAY_TMPDIR": str(deep)})
     assert_user_error(proc, "Ray failed starting a local Ray", "AF_UNIX path length")
-    assert _runs(mlflow_uri)[1] == []
+    assert runs_of(mlflow_uri)[1] == []
 
 
 def test_tune_bad_space_and_samples(tmp_path, mlflow_uri, cli):
@@ -123,7 +115,7 @@ def test_tune_bad_space_and_samples(tmp_path, mlflow_uri, cli):
     assert_user_error(cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "unknown key 'nonsense'")
     space.write_text("scheduler: {type: hyperband}\nspace:\n  lr: {loguniform: [1.0e-5, 1.0e-4]}\n")
     assert_user_error(cli("tune", "simcse", "--space", str(space), env={"MLFLOW_TRACKING_URI": mlflow_uri}), "scheduler")
-    assert _runs(mlflow_uri)[1] == []  # rejected before any MLflow run exists
+    assert runs_of(mlflow_uri)[1] == []  # rejected before any MLflow run exists
     space.write_text("spaces: {}\n")
     assert_user_error(cli("tune", "simcse", "--space", str(space)), "unknown key(s) spaces")
     assert_user_error(cli("tune", "simcse", "--num-samples", "0"), "--num-samples must be >= 1")

@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _config():

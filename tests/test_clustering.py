@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from platform.evaluation.clustering import cluster_accuracy, kmeans_accuracy, load_labelled
-from tests.conftest import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli
 
 
 def test_matching_is_invariant_to_cluster_names():

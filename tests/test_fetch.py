@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli
 
 
 class Server:

@@ -16,9 +16,7 @@ import pytest
 from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
 from platform.config import TrainConfig
 from platform.space import load_space
-from tests.conftest import corpus_head, run_cli
-from tests.test_cli import _runs
-from tests.test_report import check_seed_means
+from tests.helpers import check_seed_means, corpus_head, run_cli, runs_of
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
 SPACES = Path(__file__).resolve().parent.parent / "tune_spaces"
@@ -77,7 +75,7 @@ def test_augment_then_grid_with_seeds_from_the_cache(tiny_model, small_corpus, t
     assert "over 2 seeds" in proc.stdout and "best_stsb_dev_spearman_std" in proc.stdout
     # One table of the seeds' 7 tasks per value; the best value's seeds are not evaluated again.
     assert (proc.stdout + proc.stderr).count("mean +- std |") == 2
-    c, runs = _runs(mlflow_uri, "augcse")
+    c, runs = runs_of(mlflow_uri, "augcse")
     children = [r for r in runs if r.data.tags.get("trial_id")]
     parent = next(r for r in runs if r.data.tags.get("sweep") == "true")
     assert parent.info.status == "FINISHED" and parent.data.tags["seeds"] == "2"

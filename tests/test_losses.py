@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 
@@ -11,21 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from methods.losses import gather_with_grad, info_nce
-
-
-def slow_info_nce(z1, z2, tau, negatives=None):
-    """Gao et al. (2021) Eq. 1, one term at a time with explicit cosines."""
-    def cos(a, b):
-        return float(a @ b) / (math.sqrt(float(a @ a)) * math.sqrt(float(b @ b)))
-
-    n = z1.shape[0]
-    cols = [z2[j] for j in range(n)] + ([negatives[k] for k in range(negatives.shape[0])] if negatives is not None else [])
-    total = 0.0
-    for i in range(n):
-        num = math.exp(cos(z1[i], z2[i]) / tau)
-        den = sum(math.exp(cos(z1[i], c) / tau) for c in cols)
-        total += -math.log(num / den)
-    return total / n
+from tests.helpers import slow_info_nce
 
 
 @pytest.mark.parametrize("tau", [0.05, 0.5])

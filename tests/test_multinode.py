@@ -1,10 +1,14 @@
-"""The cluster of cluster.yaml on one machine (``benchmarks/topology.py``): a Ray head with no CPUs
+"""The cluster of cluster.yaml on one machine (``platform/topology.py``): a Ray head with no CPUs
 running the driver, an MLflow server whose artifacts go to an S3 endpoint, two worker nodes that
 see neither the data folder nor the repository's runs/, mlruns/ or caches. Only the network and
 the S3 endpoint connect them; ``output_dir`` is an ``s3://`` URI.
 
 These tests need mount namespaces (root). Where ``unshare --mount`` is refused they skip with the
 reason, except under ``PLATFORM_REQUIRE_MULTINODE=1`` (set by ``.ci/run``), where they fail.
+
+The drivers run from a copy of the repository with the test ingredient ``aux=barrier``
+(``tests/barrier.py``), which holds a run at a chosen step while a file says so: each test
+interrupts its run there, mid-fit, every time.
 """
 
 from __future__ import annotations
@@ -12,14 +16,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.topology import BUCKET, Topology, available, processes
-from tests.conftest import ROOT
+from platform.topology import BUCKET, Topology, available, processes
+from tests.helpers import (ROOT, assert_user_error, release_barrier, repo_with_barrier, runs_of, sets, start_cli,
+                           steps_of, wait_for)
 
 pytestmark = pytest.mark.multinode
 
@@ -33,7 +36,7 @@ def topology(tmp_path_factory):
         pytest.skip(why)
     topo = Topology(base=tmp_path_factory.mktemp("topology"), workers=2, cpus_per_worker=2)
     topo.up()
-    yield topo
+    yield topo, repo_with_barrier(tmp_path_factory.mktemp("repo"))
     topo.down()
     # As after `ray stop`: no later Ray job on this machine is pointed at the stopped cluster.
     from ray._common.utils import get_ray_address_file
@@ -46,97 +49,101 @@ def _head_commit() -> str:
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-def _driver(topo: Topology, module: str, args: list[str]) -> subprocess.Popen:
-    """The driver on the head: the platform's command with the variables README "On a cluster" sets."""
-    env = {**os.environ, **topo.client_env()}
-    return subprocess.Popen([sys.executable, "-m", f"platform.{module}", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _driver(topology, module: str, args: list[str]) -> subprocess.Popen:
+    """The driver on the head (the repository with the barrier), with the variables README "On a
+    cluster" sets; the platform's cache where the workers cannot see it."""
+    topo, repo = topology
+    env = {**topo.client_env(), "PLATFORM_GIT_COMMIT": _head_commit(), "PLATFORM_CACHE_DIR": str(ROOT / ".cache" / "platform")}
+    return start_cli(module, *args, env=env, cwd=repo)
 
 
-def _sets(**kv) -> list[str]:
-    return [a for k, v in kv.items() for a in ("--set", f"{k}={v}")]
+def _barrier(folder: Path, step: int) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"aux": "barrier", "barrier_dir": folder, "barrier_step": step}
 
 
-def _runs(topo: Topology, experiment: str):
-    from mlflow.tracking import MlflowClient
-
-    c = MlflowClient(topo.tracking_uri)
-    exp = c.get_experiment_by_name(experiment)
-    return c, (c.search_runs([exp.experiment_id]) if exp else [])
-
-
-def test_una_sweep_interrupted_on_the_driver_resumes_from_s3(topology, tiny_model, small_corpus, tmp_path):
-    """A UNA sweep of 3 trials (Ray Data on the workers, TF-IDF statistics made once on the head)
-    interrupted on the driver (SIGINT) once a trial has finished resumes from the sweep and Tune
-    state in S3 without re-running finished trials; every run ends FINISHED in the MLflow server
-    with the real commit; the best checkpoint lives in S3, its 7-task table is in MLflow and its
-    sentence-transformers export downloads from the server's artifact store and loads; resuming
-    the finished sweep runs nothing again."""
-    output = topology.storage("una-sweep")
-    args = ["una", "--num-samples", "3", *_sets(
+def test_una_sweep_stopped_on_the_driver_resumes_from_s3(topology, tiny_model, small_corpus, tmp_path):
+    """A UNA sweep of 2 trials, one after the other (Ray Data on the workers, TF-IDF statistics made
+    once on the head), gets SIGTERM (``ray job stop``) while its second trial is held mid-fit: it
+    stops as Ctrl-C does (exit 130, the cut trial's run KILLED, nothing RUNNING) and resumes from
+    the sweep and Tune state in S3: the finished trial does not run again, the cut one continues
+    in its own run from its checkpoint (every step once), every run ends FINISHED in the MLflow
+    server with the real commit; the best checkpoint lives in S3, its 7-task table is in MLflow and
+    its sentence-transformers export downloads from the server's artifact store and loads."""
+    topo, _ = topology
+    output = topo.storage("una-sweep")
+    space = tmp_path / "una.yaml"  # one trial at a time, no early stopping: the second trial reaches the barrier
+    space.write_text((ROOT / "tune_spaces" / "una.yaml").read_text().replace("type: asha", "type: none")
+                     .replace("local: {num_samples: 4, max_concurrent_trials: 2}", "local: {num_samples: 2, max_concurrent_trials: 1}"))
+    barrier = tmp_path / "barrier"
+    args = ["una", "--space", str(space), *sets(
         model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=6, eval_steps=3, log_steps=1,
-        num_workers=1, use_gpu="false", output_dir=output)]
+        num_workers=1, use_gpu="false", output_dir=output, **_barrier(barrier, step=5))]
     proc = _driver(topology, "tune", args)
-    deadline = time.time() + 600
-    finished: set[str] = set()
-    while time.time() < deadline and proc.poll() is None and not finished:
-        time.sleep(0.5)
-        _, runs = _runs(topology, "una")
-        finished = {r.data.tags["trial_id"] for r in runs if r.data.tags.get("trial_id") and r.info.status == "FINISHED"}
-    assert finished, "no trial finished before the sweep ended"
-    proc.send_signal(signal.SIGINT)
+
+    def finished_trials():
+        return {r.data.tags["trial_id"] for r in runs_of(topo.tracking_uri, "una")[1]
+                if r.data.tags.get("trial_id") and r.info.status == "FINISHED"}
+
+    first = wait_for("the first trial to finish", finished_trials, proc=proc)
+    (barrier / "armed").touch()
+    wait_for("the second trial to reach step 5", (barrier / "blocked").exists, proc=proc)
+
+    def registered():  # Ray Train resumes from the checkpoints its controller registered, which then records the best
+        c, runs = runs_of(topo.tracking_uri, "una")
+        return any(3 in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in runs
+                   if r.data.tags.get("trial_id") and r.info.status == "RUNNING")
+
+    wait_for("its checkpoint of step 3", registered, proc=proc)
+    proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
-    if proc.returncode == 0:
-        pytest.skip("the sweep completed before the interrupt reached it")
     assert proc.returncode == 130, err[-3000:]
     assert "--resume" in out
-    c, runs = _runs(topology, "una")
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    done_before = {r.data.tags["trial_id"] for r in runs if r.data.tags.get("trial_id") and r.info.status == "FINISHED"}
-    assert finished <= done_before
+    release_barrier(barrier)
+    c, runs = runs_of(topo.tracking_uri, "una")
+    status = {r.data.tags.get("trial_id", "parent"): r.info.status for r in runs}
+    assert sorted(status.values()) == ["FINISHED", "KILLED", "KILLED"] and status[next(iter(first))] == "FINISHED"
+    cut = next(r for r in runs if r.info.status == "KILLED" and r.data.tags.get("trial_id"))
+    assert steps_of(c, cut.info.run_id, "stsb_dev_spearman") == [3]
 
     resumed = _driver(topology, "tune", [*args, "--resume"])
     out, err = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, err[-3000:]
     assert "best trial" in out and f"{output}/" in out
-    c, runs = _runs(topology, "una")
+    c, runs = runs_of(topo.tracking_uri, "una")
     children = [r for r in runs if r.data.tags.get("trial_id")]
-    per_trial: dict[str, list] = {}
-    for r in children:
-        per_trial.setdefault(r.data.tags["trial_id"], []).append(r)
-    assert len(per_trial) == 3
-    for trial_id in done_before:
-        assert len(per_trial[trial_id]) == 1  # a finished trial did not run again
+    assert len(children) == 2 and {r.info.run_id for r in children} >= {cut.info.run_id}  # one run per trial
+    cut = c.get_run(cut.info.run_id)
+    assert cut.data.tags["platform.resumed"] == "1"
+    assert steps_of(c, cut.info.run_id, "train_loss") == list(range(1, 7))
+    assert steps_of(c, cut.info.run_id, "stsb_dev_spearman") == [3, 6]
     parents = [r for r in runs if not r.data.tags.get("trial_id")]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(parents) == 1
     parent = parents[0]
     commit = _head_commit()
     for run in runs:
-        assert run.info.status in ("FINISHED", "KILLED"), run.info  # KILLED: a trial's run cut by the interrupt
+        assert run.info.status == "FINISHED", run.info
         assert run.data.tags["git_commit"] == commit
     best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
-    assert best.info.status == "FINISHED"
-    assert best.data.metrics["best_stsb_dev_spearman"] == max(
-        r.data.metrics.get("best_stsb_dev_spearman", -1e9) for r in children)
+    assert best.data.metrics["best_stsb_dev_spearman"] == max(r.data.metrics["best_stsb_dev_spearman"] for r in children)
     assert "sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
     for child in children:
         assert {"alpha", "beta", "r", "lr"} <= set(child.data.params)
-        if child.info.status == "FINISHED":
-            assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")
+        assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")
     assert parent.data.tags["best_checkpoint"].startswith(f"{output}/una-sweep-")
     assert {a.path for a in c.list_artifacts(best.info.run_id, "best_checkpoint")} == {
         "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
 
     # The artifacts are in the S3 store behind the server, not on the head's disk.
-    s3 = topology.s3_client()
+    s3 = topo.s3_client()
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="mlflow/").get("Contents", [])]
     assert any(k.endswith("sts_results.json") for k in keys)
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix="una-sweep/").get("KeyCount", 0) > 0
 
     # Nothing was read from or written to a worker's own copy of the head's folders: the TF-IDF
     # statistics were made once, on the head, and reached the workers through the object store.
-    for i in range(topology.workers):
-        for hidden, disk in topology.worker_disks(i).items():
+    for i in range(topo.workers):
+        for hidden, disk in topo.worker_disks(i).items():
             assert not any(disk.iterdir()), f"worker{i} wrote into its {hidden}: {sorted(disk.rglob('*'))[:5]}"
 
     import mlflow
@@ -144,69 +151,62 @@ def test_una_sweep_interrupted_on_the_driver_resumes_from_s3(topology, tiny_mode
 
     local = mlflow.artifacts.download_artifacts(run_id=best.info.run_id,
                                                 artifact_path="best_checkpoint/sentence-transformers",
-                                                tracking_uri=topology.tracking_uri, dst_path=str(tmp_path))
+                                                tracking_uri=topo.tracking_uri, dst_path=str(tmp_path))
     emb = SentenceTransformer(local, device="cpu").encode(["A man is playing a guitar.", "A woman slices a tomato."])
     assert emb.shape == (2, 32)
 
-    again = _driver(topology, "tune", [*args, "--resume"])
+    again = _driver(topology, "tune", [*args, "--resume"])  # a finished sweep: nothing to resume
     out, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-3000:]
-    c, runs = _runs(topology, "una")
-    assert len([r for r in runs if r.data.tags.get("trial_id")]) == len(children)
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    assert parent.data.tags["best_run_id"] in out
+    assert_user_error(subprocess.CompletedProcess(args, again.returncode, out, err), "finished", "nothing to resume")
+
+
+def _checkpointed(topo, step: int) -> bool:
+    """Whether Ray Train's controller registered the run's checkpoint of ``step`` (it then records the best)."""
+    c, runs = runs_of(topo.tracking_uri, "simcse")
+    runs = [r for r in runs if r.data.params.get("output_dir", "").endswith("killed-node")]
+    return bool(runs) and step in steps_of(c, runs[0].info.run_id, "best_stsb_dev_spearman")
 
 
 def _train_workers() -> list[int]:
     return [pid for pid, cmd in processes() if "RayTrainWorker" in cmd]
 
 
-def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_corpus):
-    """A 2-worker DDP run: the raylet of a node running a Train worker is killed (its workers die
-    with it) after a checkpoint reached S3. Ray Train restarts the worker group on the nodes left
-    from that checkpoint, every rank from its own state, and the run finishes with a clean metric
-    history (every step and every evaluation once). Runs last: it takes a node down (and brings
-    it back for whatever runs after)."""
+def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_corpus, tmp_path):
+    """A 2-worker DDP run held at step 20 (checkpoints of steps 8 and 16 in S3): the raylet of a
+    node running a Train worker is killed (its workers die with it). Ray Train restarts the worker
+    group on the nodes left from the checkpoint of step 16, every rank from its own state, and the
+    run finishes with a clean metric history (every step and every evaluation once). Runs last: it
+    takes a node down (and brings it back for whatever runs after)."""
+    topo, _ = topology
     steps, eval_steps = 48, 8
+    barrier = tmp_path / "barrier"
+    held = _barrier(barrier, step=20)
+    (barrier / "armed").touch()
     # 1 CPU per worker: the group fits on one 2-CPU node, so it can restart on the node left.
-    args = ["simcse", *_sets(model=tiny_model, corpus=small_corpus, batch_size=4, max_steps=steps,
-                             eval_steps=eval_steps, log_steps=1, num_workers=2, cpus_per_worker=1, use_gpu="false",
-                             final_eval="false", max_failures=2, data_pipeline="local",
-                             output_dir=topology.storage("killed-node"))]
+    args = ["simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=4, max_steps=steps,
+                            eval_steps=eval_steps, log_steps=1, num_workers=2, cpus_per_worker=1, use_gpu="false",
+                            final_eval="false", max_failures=2, data_pipeline="local",
+                            output_dir=topo.storage("killed-node"), **held)]
     proc = _driver(topology, "train", args)
-    killed_node, first_checkpoint_seen = None, None
-    deadline = time.time() + 400
+    killed_node = None
     try:
-        while time.time() < deadline and proc.poll() is None and killed_node is None:
-            time.sleep(0.3)
-            c, runs = _runs(topology, "simcse")
-            runs = [r for r in runs if r.data.params.get("output_dir", "").endswith("killed-node")]
-            if not runs:
-                continue
-            if first_checkpoint_seen is None and c.get_metric_history(runs[0].info.run_id, "stsb_dev_spearman"):
-                first_checkpoint_seen = time.time()
-            # Ray Train registers a reported checkpoint on its next poll of the workers.
-            if first_checkpoint_seen and time.time() - first_checkpoint_seen > 3:
-                for pid in _train_workers():
-                    node = topology.node_of(pid)
-                    if node is not None:
-                        os.kill(topology.raylet_pid(node), signal.SIGKILL)
-                        killed_node = node
-                        break
+        wait_for("the run to reach step 20", (barrier / "blocked").exists, proc=proc)
+        wait_for("its checkpoint of step 16", lambda: _checkpointed(topo, 16), proc=proc)
+        node = next(n for n in map(topo.node_of, _train_workers()) if n is not None)
+        os.kill(topo.raylet_pid(node), signal.SIGKILL)
+        killed_node = node
+        release_barrier(barrier, kill_held=False)  # the group restarts from step 16 and passes
         out, err = proc.communicate(timeout=600)
     finally:
         if killed_node is not None:
-            topology.start_worker(killed_node)
-            topology.wait_for_nodes(topology.workers + 1)
-    assert killed_node is not None, "the run ended before its node could be killed"
+            topo.start_worker(killed_node)
+            topo.wait_for_nodes(topo.workers + 1)
     assert proc.returncode == 0, err[-3000:]
-    assert "resumed at step" in out + err
-    c, runs = _runs(topology, "simcse")
+    assert "resumed at step 16" in out + err
+    c, runs = runs_of(topo.tracking_uri, "simcse")
     run = next(r for r in runs if r.data.params.get("output_dir", "").endswith("killed-node"))
     assert run.info.status == "FINISHED"
     assert run.data.tags["git_commit"] == _head_commit()
     assert run.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/killed-node/")
-    loss_steps = [m.step for m in c.get_metric_history(run.info.run_id, "train_loss")]
-    assert sorted(loss_steps) == list(range(1, steps + 1))  # no gap, no duplicate
-    dev_steps = [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")]
-    assert sorted(dev_steps) == list(range(eval_steps, steps + 1, eval_steps))
+    assert steps_of(c, run.info.run_id, "train_loss") == list(range(1, steps + 1))  # no gap, no duplicate
+    assert steps_of(c, run.info.run_id, "stsb_dev_spearman") == list(range(eval_steps, steps + 1, eval_steps))

@@ -11,7 +11,7 @@ import torch
 from methods.recipe import Recipe
 from platform.data.columns import corpus_columns, statistics_input
 from platform.data import DataError
-from tests.conftest import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli
 
 SENTS = ["a man plays the guitar .", "the cat sleeps on the mat .", "rain is expected tomorrow .", "stocks fell on monday ."]
 

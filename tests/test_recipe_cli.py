@@ -15,8 +15,7 @@ import pytest
 
 from methods.ingredients import InvalidParams
 from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
-from tests.conftest import assert_user_error, run_cli
-from tests.test_cli import _runs
+from tests.helpers import assert_user_error, run_cli, runs_of
 
 # Each row: positives, negatives, loss, aux. Together they hold every combinable pair (checked below).
 # Six is the fewest: each (positives, loss) pair needs a recipe of its own.
@@ -98,7 +97,7 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     proc = run_cli("train", "recipe", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri,
                                                   "PLATFORM_CACHE_DIR": str(cache)})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    c, runs = _runs(mlflow_uri, "recipe")
+    c, runs = runs_of(mlflow_uri, "recipe")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     run = runs[0]
     want = f"positives={pos} negatives={negs} loss={loss} aux={aux}"
@@ -122,7 +121,7 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
                    "--num-samples", "2", *args,
                    env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    c, runs = _runs(mlflow_uri, "recipe")
+    c, runs = runs_of(mlflow_uri, "recipe")
     parents = [r for r in runs if r.data.tags.get("sweep") == "true"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(parents) == 1 and len(children) == 2

@@ -10,28 +10,12 @@ from pathlib import Path
 import pytest
 
 from methods.ingredients import InvalidParams
-from methods.recipe import Recipe, RecipeSpec
-from tests.recipe_reference import CASES, COLUMNS, NEGATIVES, run_case
+from methods.recipe import RecipeSpec
+from tests.recipe_reference import CASES, recipe_build, run_case
 
 REFERENCE = json.loads((Path(__file__).parent / "fixtures" / "recipe_reference.json").read_text())["cases"]
 # Metrics that were renamed when the methods became recipes.
 RENAMED = {"vascl_instance": "contrastive_loss"}
-
-
-def recipe_build(method: str, params: dict, encoder):
-    params = dict(params)
-    if "paraphrase_cache" in params:
-        params["positives"] = "paraphrase"
-    recipe = Recipe.named(method, **params)
-    model = recipe.build(encoder)
-    columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES}
-
-    def loss_fn(model, _columns, step):
-        tokens = {c: encoder.tokenize(columns[c], max_len=32) for c in recipe.text_columns}
-        tokens.update(recipe.tensor_columns(columns, None))
-        return recipe.loss(model, tokens, step)
-
-    return model, loss_fn
 
 
 def close(a: float, b: float, scale: float, floor: float) -> bool:

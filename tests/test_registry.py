@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow_server, tiny_model, small_corpus,
@@ -16,8 +16,8 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     from mlflow.tracking import MlflowClient
 
     from methods.encoder import Encoder
-    from platform import tracking
     from platform.run import checkpoint
+    from platform.tracking import registry
 
     proc = run_cli("train", "simcse", *[a for kv in (
         f"model={tiny_model}", f"corpus={small_corpus}", "batch_size=8", "max_steps=4", "eval_steps=2",
@@ -54,55 +54,16 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
 
     # A worse version does not take the alias; a better one does.
     model_uri = f"runs:/{champion.run_id}/model"
-    worse, promoted = tracking.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev - 1, {})
+    worse, promoted = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev - 1, {})
     assert not promoted and c.get_model_version_by_alias("simcse-encoder", "champion").version == "1"
-    better, promoted = tracking.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev + 1, {})
+    better, promoted = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev + 1, {})
     assert promoted and c.get_model_version_by_alias("simcse-encoder", "champion").version == str(better)
     assert str(worse) == "2" and str(better) == "3"
 
 
 def test_registered_names():
-    from platform.tracking import registered_name
+    from platform.tracking.registry import registered_name
 
     assert registered_name("una", "positives=dropout negatives=una loss=infonce aux=none") == "una-encoder"
     assert registered_name("recipe", "positives=dropout negatives=una,san loss=hince aux=vascl") == \
         "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
-
-
-def test_ctrl_c_kills_only_the_runs_of_trials_that_resume_will_run_again(mlflow_uri):
-    """After Ctrl-C, a trial Tune had already ended (it trained to its end, or ASHA stopped it on
-    its last report) but whose run was still open closes as a finished trial and ranks; the run
-    of a trial cut mid-fit ends KILLED (``--resume`` trains it again, in a new run)."""
-    from platform import tracking
-
-    parent = tracking.start_run(mlflow_uri, "una", "sweep", {"sweep": "true"})
-    runs = {}
-    for trial, dev in [("ended", 80.0), ("cut", 90.0), ("closed", 70.0)]:
-        runs[trial] = tracking.start_run(mlflow_uri, "una", trial, {"trial_id": trial}, parent_run_id=parent)
-        tracking.log_metrics(mlflow_uri, runs[trial], {"best_stsb_dev_spearman": dev})
-    tracking.end_run(mlflow_uri, runs["closed"], "FINISHED")
-    tracking.close_child_runs(mlflow_uri, parent, errored=set(), interrupted=True, ended={"ended", "closed"})
-    c = tracking.client(mlflow_uri)
-    status = {t: c.get_run(r).info.status for t, r in runs.items()}
-    assert status == {"ended": "FINISHED", "cut": "KILLED", "closed": "FINISHED"}
-    assert c.get_run(runs["ended"]).data.tags["stopped_by_scheduler"] == "true"
-    assert "stopped_by_scheduler" not in c.get_run(runs["closed"]).data.tags
-    ranked = tracking.ranked_child_runs(mlflow_uri, parent, "stsb_dev_spearman", "max")
-    assert [r.info.run_id for r in ranked] == [runs["ended"], runs["closed"]]
-
-
-def test_a_trial_cut_by_ctrl_c_never_ranks_above_its_resumed_run(mlflow_uri):
-    """After Ctrl-C and ``--resume`` a trial has two runs: the KILLED one (its partial curve may
-    have the higher dev) and the FINISHED one it was trained again in. Only finished runs rank."""
-    from platform import tracking
-
-    parent = tracking.start_run(mlflow_uri, "una", "sweep", {"sweep": "true"})
-    runs = {}
-    for name, status, dev in [("cut", "KILLED", 80.0), ("resumed", "FINISHED", 70.0), ("other", "FINISHED", 60.0),
-                              ("errored", "FAILED", 90.0)]:
-        runs[name] = tracking.start_run(mlflow_uri, "una", name, {"trial_id": "t1" if name != "other" else "t2"},
-                                        parent_run_id=parent)
-        tracking.log_metrics(mlflow_uri, runs[name], {"best_stsb_dev_spearman": dev})
-        tracking.end_run(mlflow_uri, runs[name], status)
-    ranked = tracking.ranked_child_runs(mlflow_uri, parent, "stsb_dev_spearman", "max")
-    assert [r.info.run_id for r in ranked] == [runs["resumed"], runs["other"]]

@@ -13,8 +13,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT, run_cli
-from tests.test_cli import _runs
+from tests.helpers import ROOT, run_cli, runs_of, sets
 
 
 @pytest.fixture()
@@ -26,10 +25,6 @@ def two_node_cluster():
     cluster.wait_for_nodes()
     yield cluster
     cluster.shutdown()
-
-
-def _sets(**kv):
-    return [a for k, v in kv.items() for a in ("--set", f"{k}={v}")]
 
 
 def _train(args, env) -> subprocess.CompletedProcess:
@@ -52,12 +47,12 @@ def test_train_on_two_nodes_equals_one_process_end_to_end(two_node_cluster, tiny
     common = dict(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=6, eval_steps=3, log_steps=1,
                   dropout=0.0, data_pipeline="local", output_dir=tmp_path / "runs")
     env = {"MLFLOW_TRACKING_URI": mlflow_uri}
-    proc = _train(_sets(**common, runtime="process", num_workers=1, final_eval="false"), env)
+    proc = _train(sets(**common, runtime="process", num_workers=1, final_eval="false"), env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _train(_sets(**common, num_workers=2, cpus_per_worker=1.5), {**env, "RAY_ADDRESS": two_node_cluster.address})
+    proc = _train(sets(**common, num_workers=2, cpus_per_worker=1.5), {**env, "RAY_ADDRESS": two_node_cluster.address})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STS12" in proc.stdout and "avg" in proc.stdout
-    c, runs = _runs(mlflow_uri)
+    c, runs = runs_of(mlflow_uri)
     by_runtime = {r.data.params["runtime"]: r for r in runs}
     assert set(by_runtime) == {"process", "ray"} and by_runtime["ray"].data.params["num_workers"] == "2"
     history = {rt: {key: sorted((m.step, m.value) for m in c.get_metric_history(r.info.run_id, key))

@@ -11,13 +11,9 @@ import statistics
 import pandas as pd
 import pytest
 
-from tests.conftest import assert_user_error, run_cli
+from tests.helpers import assert_user_error, check_seed_means, run_cli, sets
 
 STS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
-
-
-def _sets(**values) -> list[str]:
-    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
 
 
 def _top_run(c, experiment: str, **tags):
@@ -30,17 +26,6 @@ def _nested(c, run):
     return c.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
 
 
-def check_seed_means(parent, seed_runs) -> None:
-    """The parent's scores are the seeds' mean and sample std, computed here directly."""
-    for task in STS:
-        values = [r.data.metrics[f"sts_{task}"] for r in seed_runs]
-        assert parent.data.metrics[f"sts_{task}"] == pytest.approx(statistics.mean(values), abs=1e-6)
-        assert parent.data.metrics[f"sts_{task}_std"] == pytest.approx(statistics.stdev(values), abs=1e-6)
-    devs = [r.data.metrics["best_stsb_dev_spearman"] for r in seed_runs]
-    assert parent.data.metrics["best_stsb_dev_spearman"] == pytest.approx(statistics.mean(devs), abs=1e-6)
-    assert parent.data.metrics["best_stsb_dev_spearman_std"] == pytest.approx(statistics.stdev(devs), abs=1e-6)
-
-
 @pytest.fixture(scope="module")
 def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
     """SimCSE and UNA, two seeds each, in this process' runtime (no Ray); clustering on SimCSE."""
@@ -50,9 +35,9 @@ def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
     common = dict(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4, eval_steps=2, runtime="process",
                   num_workers=1, output_dir=out / "runs", lr=1e-3)
     env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}
-    simcse = run_cli("train", "simcse", "--seeds", "2", *_sets(**common), env=env)
+    simcse = run_cli("train", "simcse", "--seeds", "2", *sets(**common), env=env)
     assert simcse.returncode == 0, simcse.stderr[-3000:]
-    una = run_cli("train", "una", "--seeds", "2", *_sets(**common, r=500), env=env)  # 256 sentences: ~1500 terms
+    una = run_cli("train", "una", "--seeds", "2", *sets(**common, r=500), env=env)  # 256 sentences: ~1500 terms
     assert una.returncode == 0, una.stderr[-3000:]
     c = MlflowClient(mlflow_server)
     parent = _top_run(c, "simcse", seeds="2")
@@ -150,11 +135,12 @@ def test_reference_rows_follow_the_backbones_and_methods_present():
 
 
 def test_mean_std_against_direct_computation():
-    from platform.run.job import mean_std
+    from platform.run.unit import mean_std
 
     rows = [{"a": 1.0, "b": 2.0}, {"a": 4.0, "b": 2.0}, {"a": 7.5}]
     out = mean_std(rows)
     assert out == {"a": pytest.approx(statistics.mean([1, 4, 7.5])), "a_std": pytest.approx(statistics.stdev([1, 4, 7.5]))}
+    assert mean_std([{"a": 2.0}]) == {"a": 2.0}  # one seed: no spread to report
 
 
 def test_progress_line():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tests.conftest import assert_user_error, corpus_head, run_cli
+from tests.helpers import assert_user_error, corpus_head, run_cli
 
 
 @pytest.fixture()

@@ -9,7 +9,7 @@ import pytest
 
 from platform.evaluation import classifier as engine
 from platform.evaluation import transfer
-from tests.conftest import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli
 from tests.senteval_reference import FIXTURE, cases, text_digest
 
 REFERENCE = json.loads(FIXTURE.read_text())

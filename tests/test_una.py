@@ -21,7 +21,7 @@ from methods.una import (
     replacement_probabilities,
     sample_in_windows,
 )
-from tests.test_losses import slow_info_nce
+from tests.helpers import slow_info_nce, slow_nt_xent
 
 DOCS = [
     "The cat sat on the mat.",
@@ -250,15 +250,6 @@ def test_tiny_corpus_and_small_vocabulary_are_rejected():
         fit_tfidf(["only one"])
     with pytest.raises(InvalidParams, match="vocabulary larger than 2r"):
         UNA(UNAParams(r=4000)).check_statistics(fit_tfidf(DOCS))
-
-
-def slow_nt_xent(rows, partner, tau):
-    total = 0.0
-    for i, zi in enumerate(rows):
-        sims = [float(torch.nn.functional.cosine_similarity(zi, zj, dim=0)) / tau for zj in rows]
-        den = sum(math.exp(v) for j, v in enumerate(sims) if j != i)
-        total += -(sims[partner[i]] - math.log(den))
-    return total / len(rows)
 
 
 def test_authors_loss_matches_reference():

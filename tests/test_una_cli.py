@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tests.conftest import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli
 
 
 def test_augment_una_writes_parquet(small_corpus, tmp_path):

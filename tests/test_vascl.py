@@ -23,7 +23,7 @@ from methods.vascl import (
     virtual_augmentation_loss,
     virtual_perturbation,
 )
-from tests.test_una import slow_nt_xent
+from tests.helpers import slow_nt_xent
 
 
 def brute_neighbours(e, k):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import assert_user_error
+from tests.helpers import assert_user_error
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,23 @@ from platform.data.cache import cached
 from platform.data import DATA_ENV
 
 TINY_MLM = "tiny-random-mlm"
+# The tests' and benchmarks' encoder: 2 layers, 32-d, random weights (seed 0), the MiniLM tokenizer.
+TINY_BERT = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=512)
+
+
+def build_tiny_bert(path: Path) -> Path:
+    """A randomly initialised 2-layer 32-d BERT (seed 0) with the packaged MiniLM (uncased)
+    tokenizer, saved at ``path``: the encoder of the tests and the benchmarks."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from methods.encoder import load_tokenizer
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(**TINY_BERT)).save_pretrained(path)
+    load_tokenizer("minilm").save_pretrained(path)
+    return path
 
 
 def ensure_tiny_mlm() -> Path:

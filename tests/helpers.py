@@ -1,0 +1,200 @@
+"""What several test modules share: running the commands as a user does, reading what they wrote
+to MLflow, slow reference computations of the losses, and a copy of the repository with an
+ingredient added the way ``docs/recipes.md`` says (its own file plus one registry line)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------------------
+# Running the commands
+
+
+def run_cli(module: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT
+            ) -> subprocess.CompletedProcess:
+    """Run ``python -m platform.<module> ...`` from the repository root, as a user would."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", f"platform.{module}", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(module: str, *args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.Popen:
+    """The same command in the background (to be signalled), its output in pipes, in a process
+    group of its own (``kill_group`` ends what a killed driver leaves behind)."""
+    return subprocess.Popen([sys.executable, "-m", f"platform.{module}", *args], cwd=cwd,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the command's process group: it and whatever of its local Ray outlived it."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def sets(**values) -> list[str]:
+    """``--set key=value`` arguments."""
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """Exit code 2, one 'error:' line on stderr naming the problem, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def corpus_head(corpus: Path, n: int, folder: Path) -> Path:
+    """The first ``n`` sentences of ``corpus``, as a corpus file of their own in ``folder``."""
+    path = folder / f"first{n}.txt"
+    path.write_text("\n".join(corpus.read_text(encoding="utf-8").split("\n")[:n]) + "\n", encoding="utf-8")
+    return path
+
+
+def new_mlflow_db(template: Path, path: Path) -> str:
+    """A fresh store at ``path`` (a copy of an empty one); its ``sqlite:///`` URI."""
+    shutil.copyfile(template, path)
+    return f"sqlite:///{path}"
+
+
+def wait_for(what: str, condition, timeout: float = 300.0, proc: subprocess.Popen | None = None):
+    """Poll ``condition()`` until it returns something true (returned); fail after ``timeout`` or
+    when ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the command ended (exit {proc.returncode}) before {what}: {err[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# ------------------------------------------------------------------------------------------------
+# MLflow
+
+
+def runs_of(uri: str, experiment: str = "simcse"):
+    """``(client, runs)`` of an experiment (no runs when it does not exist)."""
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name(experiment)
+    return c, ([] if exp is None else c.search_runs([exp.experiment_id]))
+
+
+def steps_of(client, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def check_seed_means(parent, seed_runs) -> None:
+    """The parent's scores are the seeds' mean and sample std, computed here directly."""
+    import pytest
+
+    for task in ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]:
+        values = [r.data.metrics[f"sts_{task}"] for r in seed_runs]
+        assert parent.data.metrics[f"sts_{task}"] == pytest.approx(statistics.mean(values), abs=1e-6)
+        assert parent.data.metrics[f"sts_{task}_std"] == pytest.approx(statistics.stdev(values), abs=1e-6)
+    devs = [r.data.metrics["best_stsb_dev_spearman"] for r in seed_runs]
+    assert parent.data.metrics["best_stsb_dev_spearman"] == pytest.approx(statistics.mean(devs), abs=1e-6)
+    assert parent.data.metrics["best_stsb_dev_spearman_std"] == pytest.approx(statistics.stdev(devs), abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Slow references of the losses
+
+
+def slow_info_nce(z1, z2, tau, negatives=None):
+    """Gao et al. (2021) Eq. 1, one term at a time with explicit cosines."""
+    def cos(a, b):
+        return float(a @ b) / (math.sqrt(float(a @ a)) * math.sqrt(float(b @ b)))
+
+    n = z1.shape[0]
+    cols = [z2[j] for j in range(n)] + ([negatives[k] for k in range(negatives.shape[0])] if negatives is not None else [])
+    total = 0.0
+    for i in range(n):
+        num = math.exp(cos(z1[i], z2[i]) / tau)
+        den = sum(math.exp(cos(z1[i], c) / tau) for c in cols)
+        total += -math.log(num / den)
+    return total / n
+
+
+def slow_nt_xent(rows, partner, tau):
+    """NT-Xent (SimCLR, Eq. 1): row i against every other row, its positive ``partner[i]``."""
+    import torch
+
+    total = 0.0
+    for i, zi in enumerate(rows):
+        sims = [float(torch.nn.functional.cosine_similarity(zi, zj, dim=0)) / tau for zj in rows]
+        den = sum(math.exp(v) for j, v in enumerate(sims) if j != i)
+        total += -(sims[partner[i]] - math.log(den))
+    return total / len(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# The repository with an ingredient added (docs/recipes.md): its own file plus one registry line
+
+
+def repo_with_ingredient(folder: Path, module: str, source: str, registry_line: str) -> Path:
+    """A copy of the repository's code in ``folder`` with ``methods/<module>.py`` holding
+    ``source`` and ``registry_line`` added to ``methods/registry.py``'s list; the commands run
+    from it as from the repository (its Ray workers get this copy)."""
+    files = subprocess.run(["git", "ls-files", "platform", "methods", "tune_spaces"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for rel in files:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, folder / rel)
+    (folder / "methods" / f"{module}.py").write_text(source, encoding="utf-8")
+    registry = folder / "methods" / "registry.py"
+    text = registry.read_text(encoding="utf-8")
+    last = '    "methods.augcse:AugCSE",\n'
+    assert last in text, "methods/registry.py no longer ends its list with AugCSE"
+    registry.write_text(text.replace(last, last + registry_line.rstrip("\n") + "\n"), encoding="utf-8")
+    return folder
+
+
+BARRIER_SOURCE = ROOT / "tests" / "barrier.py"
+
+
+def release_barrier(folder: Path, kill_held: bool = True) -> None:
+    """Let runs past the barrier again; with ``kill_held`` the processes it holds are killed first
+    (a driver killed with SIGKILL leaves its local Ray's workers running for a moment: here they
+    die with it, as the whole machine would)."""
+    import signal
+
+    blocked = folder / "blocked"
+    if kill_held and blocked.exists():
+        for pid in {int(line) for line in blocked.read_text().split()}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            wait_for(f"process {pid} to exit", lambda pid=pid: not Path(f"/proc/{pid}").exists() or
+                     Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", timeout=30)
+    (folder / "armed").unlink()
+
+
+def repo_with_barrier(folder: Path) -> Path:
+    """The repository with ``aux=barrier`` (``tests/barrier.py``): a run that blocks at a step while
+    a file says so, so that a test interrupts it mid-fit, at a known point, every time."""
+    return repo_with_ingredient(folder, "barrier", BARRIER_SOURCE.read_text(encoding="utf-8"),
+                                '    "methods.barrier:Barrier",')

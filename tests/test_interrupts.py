@@ -1,0 +1,147 @@
+"""Whatever stops a run, its recorded status is true and ``--resume`` continues it, with real
+signals, a real local Ray and a real MLflow store. Each command runs from a copy of the repository
+with the test ingredient ``aux=barrier`` (``tests/barrier.py``), which holds training at a chosen
+step while a file says so: the signal always lands mid-fit, with checkpoints before it.
+(SIGTERM to a sweep on the multi-node topology: tests/test_multinode.py.)"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.helpers import kill_group, release_barrier, repo_with_barrier, runs_of, sets, start_cli, steps_of, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return repo_with_barrier(tmp_path_factory.mktemp("repo"))
+
+
+def _held(tmp_path, step: int) -> tuple:
+    folder = tmp_path / "barrier"
+    folder.mkdir()
+    (folder / "armed").touch()
+    return folder, {"aux": "barrier", "barrier_dir": folder, "barrier_step": step}
+
+
+def _registered(uri: str, step: int, trial: bool = False) -> bool:
+    """Whether Ray Train's controller has registered the checkpoint of ``step`` (it then records
+    the run's best score at that step): only registered checkpoints are resumed from."""
+    c, runs = runs_of(uri)
+    runs = [r for r in runs if r.info.status == "RUNNING" and bool(r.data.tags.get("trial_id")) == trial]
+    return any(step in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in runs)
+
+
+def _stop(proc, sig) -> tuple[str, str]:
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+
+
+def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """SIGKILL to a sweep's driver while its second trial is held mid-fit leaves the sweep's and
+    that trial's runs RUNNING (nothing can run after SIGKILL). ``--resume`` closes them truthfully
+    and continues the trial in its own run from its checkpoint: no run stays RUNNING, every
+    FINISHED trial names a checkpoint that exists, and the best run is the best of them."""
+    from platform.tracking.runs import checkpoint_exists
+
+    space = tmp_path / "simcse.yaml"  # one trial at a time, no early stopping: the second reaches the barrier
+    space.write_text("search: optuna\nnum_samples: 2\nmax_concurrent_trials: 1\nscheduler: {type: none}\n"
+                     "space:\n  lr: {loguniform: [1.0e-5, 1.0e-4]}\n")
+    barrier, held = _held(tmp_path, step=5)
+    (barrier / "armed").unlink()  # armed once the first trial has finished
+    args = ["simcse", "--space", str(space), *sets(
+        model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=6, eval_steps=2, log_steps=1, num_workers=1,
+        data_pipeline="local", final_eval="false", output_dir=tmp_path / "runs", **held)]
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri}
+    proc = start_cli("tune", *args, env=env, cwd=repo)
+    wait_for("the first trial to finish",
+             lambda: [r for r in runs_of(mlflow_uri)[1] if r.data.tags.get("trial_id") and r.info.status == "FINISHED"],
+             proc=proc)
+    (barrier / "armed").touch()
+    wait_for("the second trial to reach step 5", (barrier / "blocked").exists, proc=proc)
+    wait_for("its checkpoint of step 4", lambda: _registered(mlflow_uri, 4, trial=True), proc=proc)
+    _stop(proc, signal.SIGKILL)
+    c, runs = runs_of(mlflow_uri)
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "RUNNING", "RUNNING"]  # the driver could not close them
+    cut = next(r for r in runs if r.data.tags.get("trial_id") and r.info.status == "RUNNING")
+    release_barrier(barrier)
+
+    proc = start_cli("tune", *args, "--resume", env=env, cwd=repo)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    c, runs = runs_of(mlflow_uri)
+    trials = [r for r in runs if r.data.tags.get("trial_id")]
+    parent = next(r for r in runs if r.data.tags.get("sweep") == "true")
+    assert len(trials) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    assert all(checkpoint_exists(r.data.tags["best_checkpoint"]) for r in trials)
+    best = max(trials, key=lambda r: r.data.metrics["best_stsb_dev_spearman"])
+    assert parent.data.tags["best_run_id"] == best.info.run_id
+    # The cut trial continued in its own run from the checkpoint of step 4: every step once.
+    assert c.get_run(cut.info.run_id).data.tags["platform.resumed"] == "1"
+    assert steps_of(c, cut.info.run_id, "train_loss") == [1, 2, 3, 4, 5, 6]
+    assert steps_of(c, cut.info.run_id, "stsb_dev_spearman") == [2, 4, 6]
+    assert "resumed at step 4" in out + err
+
+
+def test_sigterm_stops_a_train_run_as_ctrl_c_and_resume_continues_it(repo, tiny_model, small_corpus, tmp_path,
+                                                                    mlflow_uri):
+    """SIGTERM (``ray job stop``, a batch scheduler) to ``train`` on Ray while it is held at step
+    5: the run ends KILLED with exit 130, its checkpoints stay; ``--resume RUN`` continues it
+    from step 4 in the same MLflow run, with every step's metrics once."""
+    barrier, held = _held(tmp_path, step=5)
+    args = ["simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=8, eval_steps=2,
+                            log_steps=1, num_workers=1, data_pipeline="local", final_eval="false",
+                            output_dir=tmp_path / "runs", **held)]
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri}
+    proc = start_cli("train", *args, env=env, cwd=repo)
+    wait_for("the run to reach step 5", (barrier / "blocked").exists, proc=proc)
+    wait_for("its checkpoint of step 4", lambda: _registered(mlflow_uri, 4), proc=proc)
+    out, err = _stop(proc, signal.SIGTERM)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    c, runs = runs_of(mlflow_uri)
+    (run,) = runs
+    assert run.info.status == "KILLED" and run.data.tags["platform.end_reason"] == "interrupted"
+    assert steps_of(c, run.info.run_id, "train_loss") == [1, 2, 3, 4]  # delivered with the checkpoint of step 4
+    release_barrier(barrier)
+
+    proc = start_cli("train", *args, "--resume", run.info.run_name, env=env, cwd=repo)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed at step 4" in out + err
+    c, runs = runs_of(mlflow_uri)
+    assert [r.info.run_id for r in runs] == [run.info.run_id] and runs[0].info.status == "FINISHED"
+    assert steps_of(c, run.info.run_id, "train_loss") == list(range(1, 9))
+    assert steps_of(c, run.info.run_id, "stsb_dev_spearman") == [2, 4, 6, 8]
+
+
+def test_a_killed_train_run_resumes_from_its_latest_checkpoint(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """SIGKILL to ``train`` in the process runtime while it is held at step 7: its run stays
+    RUNNING (its driver is dead); ``--resume RUN`` (by name) continues it from the checkpoint of
+    step 6 (``latest``), no step missing or twice, and the run ends FINISHED."""
+    barrier, held = _held(tmp_path, step=7)
+    args = ["simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=10, eval_steps=3,
+                            log_steps=1, runtime="process", num_workers=1, final_eval="false",
+                            output_dir=tmp_path / "runs", **held)]
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri}
+    proc = start_cli("train", *args, env=env, cwd=repo)
+    wait_for("the run to reach step 7", (barrier / "blocked").exists, proc=proc)
+    _stop(proc, signal.SIGKILL)
+    c, (run,) = runs_of(mlflow_uri)
+    assert run.info.status == "RUNNING"
+    release_barrier(barrier)
+
+    proc = start_cli("train", *args, "--resume", run.info.run_name, env=env, cwd=repo)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed at step 6" in out
+    c, runs = runs_of(mlflow_uri)
+    assert [r.info.run_id for r in runs] == [run.info.run_id] and runs[0].info.status == "FINISHED"
+    assert steps_of(c, run.info.run_id, "train_loss") == list(range(1, 11))
+    assert steps_of(c, run.info.run_id, "stsb_dev_spearman") == [3, 6, 9, 10]

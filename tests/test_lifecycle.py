@@ -1,0 +1,176 @@
+"""A run's MLflow life against a real store: the status each ending earns, the sweep's closing of
+the runs Tune ended or a dead driver left open, the ranking of trials, metrics delivered with
+their checkpoint, and ``--resume`` refusing what it cannot continue. (The same, end to end with
+real signals and real Ray: tests/test_interrupts.py and tests/test_multinode.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from platform.tracking.runs import BEST, MetricLog, Run, closing_status
+from tests.helpers import assert_user_error, sets
+
+
+def _checkpoint(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "state.json").write_text("{}")
+    return str(folder)
+
+
+def _status(run: Run) -> str:
+    return run.info().info.status
+
+
+@pytest.mark.parametrize("outcome,exists,status", [
+    ("completed", True, "FINISHED"), ("completed", False, "FAILED"), ("stopped", True, "FINISHED"),
+    ("stopped", False, "KILLED"), ("interrupted", True, "KILLED"), ("failed", True, "FAILED")])
+def test_each_ending_earns_its_status(outcome, exists, status, tmp_path):
+    checkpoint = _checkpoint(tmp_path / "ckpt") if exists else str(tmp_path / "never-written")
+    assert closing_status(outcome, checkpoint)[0] == status
+
+
+def test_a_run_ends_with_what_happened_inside_it(mlflow_uri, tmp_path):
+    done = Run.create(mlflow_uri, "simcse", "done", {})
+    with done.closing():
+        done.complete(_checkpoint(tmp_path / "a"))
+    assert _status(done) == "FINISHED"
+
+    lost = Run.create(mlflow_uri, "simcse", "lost", {})
+    with lost.closing():  # completed, but names a checkpoint that is not in storage
+        lost.complete(str(tmp_path / "gone"))
+    assert _status(lost) == "FAILED" and "not in storage" in lost.info().data.tags["platform.end_reason"]
+
+    never = Run.create(mlflow_uri, "simcse", "never", {})
+    with never.closing():  # returned without completing
+        pass
+    assert _status(never) == "FAILED"
+
+    for exc, status in ((KeyboardInterrupt(), "KILLED"), (RuntimeError("boom"), "FAILED")):
+        run = Run.create(mlflow_uri, "simcse", status, {})
+        with pytest.raises(type(exc)), run.closing():
+            raise exc
+        assert _status(run) == status
+
+    trial = Run.create(mlflow_uri, "simcse", "trial", {}, ends_on_error=False)
+    with pytest.raises(RuntimeError), trial.closing():  # a trial's error is the driver's to judge
+        raise RuntimeError("stopped by Tune")
+    assert _status(trial) == "RUNNING"
+
+    report = Run.create(mlflow_uri, "reports", "report", {})
+    with report.closing():
+        report.complete(None, needs_checkpoint=False)
+    assert _status(report) == "FINISHED"
+
+
+def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflow_uri, tmp_path):
+    """Each open trial run ends as Tune's saved state has its trial, its seeds' runs with it; the
+    runs that trials ended themselves are left as they are. Only FINISHED trials whose best
+    checkpoint exists in storage are ranked."""
+    from platform.tune import close_open_trials, ranked_trials
+
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    states = {"stopped": "TERMINATED", "no-ckpt": "TERMINATED", "errored": "ERROR", "cut": "RUNNING",
+              "done": "TERMINATED", "lost": "TERMINATED"}
+    devs = {"stopped": 80.0, "no-ckpt": 95.0, "errored": 90.0, "cut": 99.0, "done": 70.0, "lost": 97.0}
+    runs = {}
+    for trial, dev in devs.items():
+        run = runs[trial] = Run.create(mlflow_uri, "una", trial, {"trial_id": trial}, parent=parent)
+        run.log_metrics({BEST: dev})
+        if trial != "no-ckpt":
+            run.set_tags({"best_checkpoint": _checkpoint(tmp_path / trial)})
+    seed = Run.create(mlflow_uri, "una", "cut-seed42", {"seed": "42"}, parent=runs["cut"])
+    with runs["done"].closing():
+        runs["done"].complete(runs["done"].info().data.tags["best_checkpoint"])
+    runs["lost"].end("completed", runs["lost"].info().data.tags["best_checkpoint"])
+    (tmp_path / "lost" / "state.json").unlink()  # finished, but its checkpoint has gone since
+
+    close_open_trials(mlflow_uri, parent.id, states)
+    status = {t: _status(r) for t, r in runs.items()}
+    assert status == {"stopped": "FINISHED", "no-ckpt": "KILLED", "errored": "FAILED", "cut": "KILLED",
+                      "done": "FINISHED", "lost": "FINISHED"}
+    assert _status(seed) == "KILLED"
+    assert runs["stopped"].info().data.tags["stopped_by_scheduler"] == "true"
+    assert "stopped_by_scheduler" not in runs["done"].info().data.tags
+    ranked = ranked_trials(mlflow_uri, parent.id, "stsb_dev_spearman", "max")
+    assert [r.info.run_name for r in ranked] == ["stopped", "done"]
+
+
+def test_metrics_go_out_with_their_checkpoint_and_a_resumed_run_logs_each_step_once(mlflow_uri):
+    run = Run.create(mlflow_uri, "simcse", "metrics", {})
+    log = MetricLog(mlflow_uri, run.id)
+    for step in (1, 2, 3):
+        log({"train_loss": float(step)}, step)
+    from platform.tracking.store import client
+
+    history = lambda: [(m.step, m.value) for m in client(mlflow_uri).get_metric_history(run.id, "train_loss")]  # noqa: E731
+    assert history() == []  # nothing before the checkpoint of step 3 is reported
+    log.commit()
+    log({"train_loss": 4.0}, 4)  # never committed: the run was killed before its next checkpoint
+    assert sorted(history()) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+    resumed = MetricLog(mlflow_uri, run.id, resumed=True)  # restarted from the checkpoint of step 2
+    for step in (3, 4, 5):
+        resumed({"train_loss": 10.0 + step}, step)
+    resumed.close()
+    assert sorted(history()) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0)]
+
+
+def _saved_run(uri: str, output_dir, config: dict, status: str = "KILLED") -> Run:
+    from platform.run import unit
+    from platform.tracking.runs import STORAGE_TAG
+
+    run = Run.create(uri, "simcse", "simcse-20260101-000000", {STORAGE_TAG: str(output_dir / "simcse-20260101-000000")})
+    unit.save_state(str(output_dir / "simcse-20260101-000000"), {"run_id": run.id, "config": config, "seeds": 1})
+    run.end({"KILLED": "interrupted", "FINISHED": "completed"}[status], _checkpoint(output_dir / "ckpt"))
+    return run
+
+
+def _resolved(tiny_model, small_corpus, output_dir, **extra):
+    from platform.config import TrainConfig
+    from platform.run import storage
+
+    cfg = TrainConfig.build("simcse", "local", {"model": str(tiny_model), "corpus": str(small_corpus),
+                                                "output_dir": str(output_dir), **extra})
+    cfg.output_dir = storage.check_writable(cfg.output_dir)
+    return cfg
+
+
+def test_train_resume_refuses_a_changed_configuration_naming_the_keys(tiny_model, small_corpus, tmp_path, mlflow_uri,
+                                                                      cli):
+    out = tmp_path / "runs"
+    cfg = _resolved(tiny_model, small_corpus, out)
+    run = _saved_run(mlflow_uri, out, cfg.flat())
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri}
+    base = sets(model=tiny_model, corpus=small_corpus, output_dir=out)
+    proc = cli("train", "simcse", *base, "--set", "lr=1e-4", "--set", "temperature=0.1", "--resume", run.info().info.run_name,
+               env=env)
+    assert_user_error(proc, "was started with another configuration", "lr (3e-05 -> 0.0001)", "temperature (0.05 -> 0.1)")
+    assert_user_error(cli("train", "simcse", *base, "--seeds", "2", "--resume", run.id, env=env), "seeds (1 -> 2)")
+    assert_user_error(cli("train", "simcse", *base, "--resume", "nosuchrun", env=env), "no run named or numbered 'nosuchrun'")
+    assert _status(run) == "KILLED"  # nothing was reopened
+
+    finished = _saved_run(mlflow_uri, tmp_path / "other", cfg.flat(), status="FINISHED")
+    assert_user_error(cli("train", "simcse", *base, "--resume", finished.id, env=env), "finished; there is nothing to resume")
+
+
+def test_tune_resume_refuses_a_changed_configuration_and_a_live_driver(tiny_model, small_corpus, tmp_path, mlflow_uri,
+                                                                       cli):
+    from platform.space import load_space
+    from platform.tune import SWEEP_STATE, sweep_state
+
+    out = tmp_path / "runs"
+    cfg = _resolved(tiny_model, small_corpus, out)
+    identity = sweep_state(cfg, load_space(cfg), 1, None)
+    parent = Run.create(mlflow_uri, "simcse", "simcse-sweep-20260101-000000", {"sweep": "true"})
+    folder = out / "simcse-sweep-20260101-000000"
+    folder.mkdir(parents=True)
+    (folder / SWEEP_STATE).write_text(json.dumps({"parent_run_id": parent.id, "expected_trials": 4, **identity}))
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri}
+    base = sets(model=tiny_model, corpus=small_corpus, output_dir=out)
+    assert_user_error(cli("tune", "simcse", *base, "--set", "batch_size=16", "--resume", env=env),
+                      "was started with another configuration", "batch_size (32 -> 16)")
+    assert_user_error(cli("tune", "simcse", *base, "--num-samples", "7", "--resume", env=env), "num_samples (4 -> 7)")
+    # The parent run is RUNNING and names this (live) process as its driver.
+    assert_user_error(cli("tune", "simcse", *base, "--resume", env=env), "is still running", "stop it first")
