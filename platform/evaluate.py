@@ -74,8 +74,7 @@ def write_json_atomic(path: str, payload: dict) -> None:
         raise UserError(f"cannot write {path}: {exc.strerror}") from None
 
 
-@cli_main
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m platform.evaluate", description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--pooler", choices=POOLERS, default=None, help="default: the checkpoint's, else cls_before_pooler")
@@ -95,9 +94,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.transfer_jobs is not None and args.transfer_jobs < 1:
         raise UserError(f"--transfer-jobs must be >= 1, got {args.transfer_jobs}")
+    return args
 
+
+@cli_main
+def main(argv=None) -> int:
     from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 
+    args = parse_args(argv)
     tasks = expand_tasks(args.tasks)
     if args.log_to:
         from platform.tracking import store
@@ -128,14 +132,19 @@ def main(argv=None) -> int:
     if args.json_out:
         write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     if args.log_to:
-        from platform.tracking import store
-        from platform.tracking.runs import log_metrics
-
-        logged = {k.replace(":", "_") if k.startswith("cluster:") else f"transfer_{k}": v
-                  for k, v in scores.items() if k in TRANSFER_TASKS or k.startswith("cluster:")}
-        log_metrics(store.tracking_uri(), args.log_to, logged)
-        print(f"logged {', '.join(logged) or 'nothing (no transfer or clustering task)'} to MLflow run {args.log_to}")
+        log_scores(args.log_to, scores)
     return 0
+
+
+def log_scores(run_id: str, scores: dict[str, float]) -> None:
+    """The transfer and clustering scores on an MLflow run (``transfer_<task>``, ``cluster_<set>``)."""
+    from platform.tracking import store
+    from platform.tracking.runs import log_metrics
+
+    logged = {k.replace(":", "_") if k.startswith("cluster:") else f"transfer_{k}": v
+              for k, v in scores.items() if k in TRANSFER_TASKS or k.startswith("cluster:")}
+    log_metrics(store.tracking_uri(), run_id, logged)
+    print(f"logged {', '.join(logged) or 'nothing (no transfer or clustering task)'} to MLflow run {run_id}")
 
 
 if __name__ == "__main__":

@@ -61,9 +61,7 @@ class SearchSpace:
         """Every searched key must be a config key of the run, and each end point a valid value."""
         for name, (kind, args) in self.space.items():
             for value in args if kind in ("choice", "grid") else args[:2]:
-                probe = TrainConfig.from_flat(base.flat())
-                probe.update({name: value}, source=f"tune space {name}")
-                probe.validate()
+                base.with_values({name: value}, source=f"tune space {name}")
 
     def clip(self, limits: dict[str, tuple[float, float]]) -> None:
         """Clip ranges and values to what the corpus allows (UNA: r below half the vocabulary)."""

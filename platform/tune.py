@@ -171,10 +171,8 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
         from ray.tune.search.optuna import OptunaSearch
 
         search_alg = ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=spec.max_concurrent_trials)
-    # The trial itself only waits on its Train workers: no CPU of its own, so two trials fit on
-    # 2 CPUs. It runs on the head node, beside the driver: the corpus' columns and statistics a
-    # trial prepares come from (or go into) the head's cache, made once per sweep, never per GPU
-    # node; its Train workers get them through the object store.
+    # A trial only waits on its Train workers: no CPU of its own. It runs on the head, where the
+    # cache of the corpus' columns and statistics is; its workers get them through the object store.
     trainable = tune.with_resources(tune.with_parameters(trial, sweep=sweep),
                                     {"cpu": 0, "memory": 256 * 2**20, HEAD_NODE: 0.001})
     experiment = storage.join(sweep.folder, "tune")

@@ -1,5 +1,6 @@
-"""The shape of the code: imports go one way (no cycles, ``methods/`` without Ray or MLflow), the
-repository stands alone, and the training loop stays readable on one screen."""
+"""The shape of the code: imports go one way (no cycles, ``methods/`` without Ray or MLflow, the run
+layer below the commands, tests and benchmarks apart), the repository stands alone, functions
+stay short, and the path of a sweep is the README's code map."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers import ROOT
+
+# The commands (``python -m platform.<name>``) and what only they use: nothing below them imports these.
+COMMANDS = {"platform.train", "platform.tune", "platform.evaluate", "platform.augment", "platform.report",
+            "platform.topology", "platform.data.fetch", "platform.data.__main__", "platform.sweep_summary"}
 
 PACKAGES = ("platform", "methods")
 
@@ -100,3 +105,59 @@ def test_train_loop_fits_on_one_screen():
 
     lines = inspect.getsource(train_loop_per_worker).splitlines()
     assert len(lines) <= 62, len(lines)
+
+
+def test_no_function_of_the_platform_is_over_60_lines():
+    long = []
+    for path in (ROOT / "platform").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})")
+    assert not long, long
+
+
+def test_the_run_layer_imports_no_command():
+    known = _modules()
+    upward = {m: _imports(p, known) & COMMANDS for m, p in known.items()
+              if m.startswith(("platform.run.", "platform.tracking", "platform.data", "platform.evaluation"))
+              and m not in COMMANDS}
+    assert not {m: c for m, c in upward.items() if c}
+
+
+def _python_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_tests_and_benchmarks_do_not_import_each_other_nor_tests_other_tests():
+    offenders = []
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        offenders += [f"{path.name}: {n}" for n in _python_imports(path) if n.split(".")[0] == "tests"]
+    for path in (ROOT / "tests").glob("*.py"):
+        offenders += [f"{path.name}: {n}" for n in _python_imports(path)
+                      if n.split(".")[0] == "benchmarks" or n.startswith(("tests.test_", "tests.conftest"))]
+    assert not offenders, offenders
+
+
+def test_the_readme_code_map_is_the_sweep_path_in_at_most_8_files():
+    """README's "Code map" lists the files of ``python -m platform.tune una`` from the command line
+    to the loss and to MLflow; each exists and is imported along that path."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Code map", 1)[1].split("\n## ", 1)[0]
+    path = re.findall(r"^\d+\. `([\w/]+\.py)`", section, flags=re.M)
+    assert 3 <= len(path) <= 8, path
+    known = _modules()
+    reached, frontier = {"platform.tune"}, ["platform.tune"]
+    while frontier:
+        for name in _imports(known[frontier.pop()], known):
+            if name not in reached:
+                reached.add(name)
+                frontier.append(name)
+    for rel in path:
+        assert (ROOT / rel).is_file(), rel
+        assert _module_name(ROOT / rel) in reached, rel

@@ -132,7 +132,7 @@ def test_evaluate_bad_input(tmp_path, cli):
 
 
 def test_credentials_in_the_tracking_uri_are_masked(tiny_model, small_corpus, tmp_path):
-    from platform.tracking import redact
+    from platform.tracking.store import redact
 
     assert redact("https://alice:s3cr3t@mlflow.example:5000") == "https://alice:***@mlflow.example:5000"
     assert redact("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

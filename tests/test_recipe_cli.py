@@ -15,7 +15,7 @@ import pytest
 
 from methods.ingredients import InvalidParams
 from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
-from tests.helpers import assert_user_error, run_cli, runs_of
+from tests.helpers import ROOT, assert_user_error, repo_with_ingredient, run_cli, runs_of, sets, steps_of
 
 # Each row: positives, negatives, loss, aux. Together they hold every combinable pair (checked below).
 # Six is the fewest: each (positives, loss) pair needs a recipe of its own.
@@ -213,3 +213,28 @@ def test_invalid_recipes_are_one_line_before_ray(sets, needle, tmp_path, mlflow_
 def test_named_recipe_is_refused_a_missing_ingredient_setting():
     proc = run_cli("train", "una", "--set", "tau2=0.1")
     assert_user_error(proc, "'tau2' belongs to loss=hince", "--set loss=hince")
+
+
+def _doc_block(marker: str) -> str:
+    text = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    return text.split(f"<!-- {marker} -->\n```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_an_ingredient_added_as_the_docs_say_trains(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """docs/recipes.md's toy ingredient, its file and its registry line taken from the page into a
+    copy of the repository: the recipe trains two steps with it, and its parameter is a config key."""
+    repo = repo_with_ingredient(tmp_path / "repo", "shuffled", _doc_block("toy-ingredient"),
+                                _doc_block("toy-registry-line"))
+    args = sets(negatives="shuffled", loss="hince", shuffle_every=1, model=tiny_model, corpus=small_corpus,
+                batch_size=8, max_steps=2, eval_steps=2, log_steps=1, runtime="process", num_workers=1,
+                final_eval="false", output_dir=tmp_path / "runs")
+    card = run_cli("train", "recipe", *args, "--print-config", cwd=repo)
+    assert card.returncode == 0 and "shuffle_every: 1  # --set" in card.stdout, card.stderr[-2000:]
+    proc = run_cli("train", "recipe", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri}, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    c, (run,) = runs_of(mlflow_uri, "recipe")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["recipe"] == "positives=dropout negatives=shuffled loss=hince aux=none"
+    assert run.data.params["shuffle_every"] == "1"
+    assert steps_of(c, run.info.run_id, "shuffled_negatives") == [1, 2]
+    assert [m.value for m in c.get_metric_history(run.info.run_id, "shuffled_negatives")] == [1.0, 1.0]

@@ -118,8 +118,8 @@ def test_report_puts_two_recipes_with_seeds_side_by_side(seeded_runs, mlflow_ser
 def test_report_errors(cli, mlflow_server, tmp_path):
     proc = cli("report", "--experiment", "nope", "--out", str(tmp_path / "rep"), env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert_user_error(proc, "no MLflow experiment named 'nope'")
-    proc = cli("train", "simcse", "--seeds", "0")
-    assert_user_error(proc, "--seeds must be >= 1")
+    assert_user_error(cli("train", "simcse", "--seeds", "0"), "--seeds must be between 1 and 100, got 0")
+    assert_user_error(cli("train", "simcse", "--seeds", "1000000000"), "--seeds must be between 1 and 100")
 
 
 def test_reference_rows_follow_the_backbones_and_methods_present():

@@ -159,34 +159,3 @@ def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_r
                      tmp_path / "slow.parquet", use_ray=True, use_gpu=False, cpu_bound=True)
     slow = pq.read_table(tmp_path / "slow.parquet").to_pydict()
     assert slow["sentence"] == sentences and slow["upper"] == [s.upper() for s in sentences]
-
-
-def test_the_run_knows_its_best_checkpoint_before_fit_returns(local_ray, tiny_model, small_corpus, tmp_path,
-                                                              mlflow_uri, monkeypatch):
-    """The run's ``best_checkpoint`` tag and best score are written from inside Ray Train (its
-    controller runs this package's callback) once each checkpoint is persisted, before the report
-    reaches Tune: ASHA may end a trial on its last report, before ``fit`` returns. ``fit`` itself
-    writes neither, so here the callback alone can have written them."""
-    from platform.config import TrainConfig
-    from platform.run import unit
-    from platform.run.fit import fit
-    from platform.tracking.runs import Run
-    from platform.tracking.store import client
-
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)  # the preflight checks it
-    cfg = TrainConfig.build("simcse", "local", {
-        "model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8, "max_steps": 6, "eval_steps": 2,
-        "num_workers": 1, "final_eval": False, "data_pipeline": "local", "output_dir": str(tmp_path / "runs")})
-    corpus = unit.prepare(cfg, unit.preflight(cfg))
-    run = Run.create(mlflow_uri, "simcse", "fit", {})
-    out = fit(cfg, corpus, run, storage_path=cfg.output_dir, name="fit")
-    c = client(mlflow_uri)
-    assert out.checkpoint and c.get_run(run.id).data.tags["best_checkpoint"] == out.checkpoint
-    assert [m.step for m in c.get_metric_history(run.id, "best_stsb_dev_spearman")] == [2, 4, 6]
-
-    # The same fit again (as `--resume` trains a trial cut after its last step): Ray Train resumes
-    # the run of that name at its last checkpoint, and the worker still reports that state once.
-    again = Run.create(mlflow_uri, "simcse", "fit-again", {})
-    out = fit(cfg, corpus, again, storage_path=cfg.output_dir, name="fit")
-    assert [m.step for m in c.get_metric_history(again.id, "stsb_dev_spearman")] == [6]
-    assert out.metrics["step"] == 6 and out.checkpoint  # the run's best, kept by Ray since the first fit

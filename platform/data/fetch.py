@@ -70,8 +70,6 @@ def _sha256(path: Path) -> str:
 
 def download(url: str, target: Path, sha256: str | None = None, timeout: float = 30.0) -> Path:
     """``url`` -> ``target`` via ``target.part``: resumed, verified, renamed. Returns ``target``."""
-    from tqdm import tqdm
-
     part = target.with_name(target.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -84,50 +82,12 @@ def download(url: str, target: Path, sha256: str | None = None, timeout: float =
         response = None  # nothing past the part file: it is complete, or longer than the file
     except (urllib.error.URLError, OSError) as exc:
         raise _unreachable(url, exc) from None
-
     if response is None:
-        # A 416 answer carries neither the checksum nor always the size: ask with a HEAD request.
-        try:
-            head = _head(url, timeout)
-        except urllib.error.HTTPError as exc:
-            raise UserError(f"cannot check {part.name} against {url}: HEAD answered HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise _unreachable(url, exc) from None
-        expected = expected or _server_sha256(head)
-        size = head.get("Content-Length")
-        if size is not None and int(size) != have:
-            part.unlink()
-            raise UserError(
-                f"{part.name} holds {have:,} bytes but the file has {int(size):,}; discarded it, "
-                "run the same command again to download it afresh"
-            )
-    if response is not None:
+        expected = expected or _check_complete_part(url, part, have, timeout)
+    else:
         with response:
             expected = expected or _server_sha256(response.headers)
-            if have and response.status != 206:  # the server ignored the Range: start over
-                have = 0
-            length = response.headers.get("Content-Length")
-            total = have + int(length) if length is not None else None
-            try:
-                with open(part, "ab" if have else "wb") as out, tqdm(
-                    total=total, initial=have, unit="B", unit_scale=True, desc=target.name, disable=None
-                ) as bar:
-                    while True:
-                        block = response.read(CHUNK)
-                        if not block:
-                            break
-                        out.write(block)
-                        bar.update(len(block))
-            except OSError as exc:  # the connection dropped mid-file (incl. http.client.IncompleteRead)
-                raise UserError(
-                    f"download of {url} interrupted after {part.stat().st_size:,} bytes ({exc.__class__.__name__}); "
-                    "run the same command again to resume"
-                ) from None
-            if total is not None and part.stat().st_size < total:
-                raise UserError(
-                    f"download of {url} interrupted after {part.stat().st_size:,} of {total:,} bytes; "
-                    "run the same command again to resume"
-                )
+            _receive(url, response, part, 0 if have and response.status != 206 else have, target.name)
     if expected is None:
         raise UserError(f"cannot verify {url}: no sha256 pinned and the server states none; the file was not installed")
     actual = _sha256(part)
@@ -137,6 +97,49 @@ def download(url: str, target: Path, sha256: str | None = None, timeout: float =
     os.replace(part, target)
     print(f"{target}: sha256 {actual} verified")
     return target
+
+
+def _check_complete_part(url: str, part: Path, have: int, timeout: float) -> str | None:
+    """A part file the server has nothing past: whole if its size is the file's (a 416 answer
+    carries neither the checksum nor always the size, so a HEAD request asks); discarded if not.
+    Returns the checksum the server states, if any."""
+    try:
+        head = _head(url, timeout)
+    except urllib.error.HTTPError as exc:
+        raise UserError(f"cannot check {part.name} against {url}: HEAD answered HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise _unreachable(url, exc) from None
+    size = head.get("Content-Length")
+    if size is not None and int(size) != have:
+        part.unlink()
+        raise UserError(f"{part.name} holds {have:,} bytes but the file has {int(size):,}; discarded it, "
+                        "run the same command again to download it afresh")
+    return _server_sha256(head)
+
+
+def _receive(url: str, response, part: Path, have: int, name: str) -> None:
+    """The response's body appended to ``part`` (which holds ``have`` bytes; 0: written afresh,
+    also when the server ignored the Range), with a progress bar."""
+    from tqdm import tqdm
+
+    length = response.headers.get("Content-Length")
+    total = have + int(length) if length is not None else None
+    try:
+        with open(part, "ab" if have else "wb") as out, tqdm(
+            total=total, initial=have, unit="B", unit_scale=True, desc=name, disable=None
+        ) as bar:
+            while True:
+                block = response.read(CHUNK)
+                if not block:
+                    break
+                out.write(block)
+                bar.update(len(block))
+    except OSError as exc:  # the connection dropped mid-file (incl. http.client.IncompleteRead)
+        raise UserError(f"download of {url} interrupted after {part.stat().st_size:,} bytes "
+                        f"({exc.__class__.__name__}); run the same command again to resume") from None
+    if total is not None and part.stat().st_size < total:
+        raise UserError(f"download of {url} interrupted after {part.stat().st_size:,} of {total:,} bytes; "
+                        "run the same command again to resume")
 
 
 def _safe_members(tar: tarfile.TarFile):

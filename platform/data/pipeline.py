@@ -21,10 +21,8 @@ class BoundAugment:
     are gathered from the table first.
 
     The statistics (and the table) travel as object-store references that each worker process
-    fetches once (``_fetch``), instead of with every task; the method's per-process caches (UNA's
-    word look-up) then last across tasks. Passing the state itself in ``fn_kwargs`` also made Ray
-    Data convert the whole table (a dataclass) into its topology metadata on the driver at every
-    execution: 0.5 s per epoch for the 70k-term UNA table (benchmarks/RESULTS.md).
+    fetches once (``_fetch``): per-process caches (UNA's word look-up) last across tasks, and
+    Ray Data does not copy the state into its plan at every execution (benchmarks/RESULTS.md).
     """
 
     def __init__(self, recipe: Recipe, states_ref, corpus_ref=None):
@@ -101,9 +99,7 @@ def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[s
 def _one_operator_context() -> None:
     import ray.data
 
-    # Ray Data reserves part of the CPUs for each operator so that long pipelines cannot starve
-    # one another; with this single map operator that reservation only idles CPUs (measured on
-    # 2 CPUs: 1.2 tasks in flight with it, 1.85 without; benchmarks/RESULTS.md).
+    # Ray Data's per-operator CPU reservation only idles CPUs with one map operator (RESULTS.md).
     context = ray.data.DataContext.get_current()
     context.op_resource_reservation_enabled = False
     # One progress bar per dataset, not one per operator besides it (a trial turns them all off).
@@ -138,10 +134,8 @@ def generate_columns(
     else:  # model-based generators use a few threads each; pure-Python ones one CPU each
         actors = cluster_cpus if cpu_bound else max(1, cluster_cpus // 2)
     table = pa.table({"index": list(range(len(sentences))), "sentence": sentences})
-    # Blocks made here, not by a repartition task: with one actor per CPU holding every CPU, a
-    # task would wait forever for a CPU. Small blocks (about a second of 8-aug work on one core)
-    # so the actors finish together: each actor has up to two blocks queued, and with 64 blocks
-    # of the 163k corpus one actor went on alone for 4 s at the end.
+    # Blocks cut here: a repartition task would wait forever for a CPU the actors hold. Small ones
+    # (about a second of work each) so the actors finish together.
     ds = arrow_blocks(table, max(actors, min(-(-len(sentences) // BLOCK_SENTENCES), MAX_BLOCKS)))
     ds = ds.map_batches(
         cls,

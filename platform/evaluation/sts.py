@@ -29,8 +29,7 @@ SHORT_NAMES = {
 
 
 def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> float:
-    # Imported here: 0.5 s of scipy.stats in every Ray process that loads the training loop,
-    # most of which (other ranks, Tune trials) never score.
+    # Imported here: scipy.stats costs every Ray process that loads the loop, most never score.
     from scipy.stats import spearmanr
 
     sims = F.cosine_similarity(emb1.double(), emb2.double(), dim=-1).numpy()

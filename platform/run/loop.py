@@ -314,8 +314,7 @@ class RayTrainRuntime(Runtime):
 
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
-        # Ray Train's per-report INFO lines ("Checkpoint successfully created ...", "Reporting
-        # training result ...", the latter from a logger named by its module's file) would bury
+        # Ray Train's per-report INFO lines (one logger is named by its module's file) would bury
         # the one line per evaluation this loop prints.
         logging.getLogger("ray.train").setLevel(logging.WARNING)
         spec = importlib.util.find_spec("ray.train.v2._internal.execution.context")

@@ -16,15 +16,11 @@ from platform.errors import ClusterError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Ray folds console lines that differ only in words with digits into "[repeated Nx across
-# cluster]": every trial's per-evaluation line (platform.run.loop.progress_line) would vanish into
-# one. Ray reads this when it is imported, so this module is imported before Ray is.
+# Ray's log dedup would fold every trial's per-evaluation line into one; read when Ray is
+# imported, so this module is imported before Ray is.
 os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"step \d+/\d+  loss ")
-# Ray Train's controller collects a worker's report (metrics and checkpoint) when it polls the
-# workers, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default), and a worker holds one
-# report at a time: each evaluation after the first waited up to that long. Polling every 0.5 s
-# costs a few small calls per second per worker; a user's own setting is kept. Ray Train sends
-# it from the process that fits (the driver, or a Tune trial) to its controller and workers.
+# A worker holds one report until Ray Train's controller polls it (every 2 s by default): each
+# evaluation waited up to that long (RESULTS.md). A user's own setting is kept.
 TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 os.environ.setdefault(TRAIN_POLL_ENV, "0.5")
 EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
@@ -35,9 +31,8 @@ FORWARDED_ENV = (TRAIN_POLL_ENV, "PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF
 
 
 def worker_env() -> dict[str, str]:
-    # Workers run in a copy of the repository (the job's working_dir), where the default cache
-    # folder would be a new, empty one: they read the driver's cache, so corpus statistics and
-    # generated columns are made once (on another node the folder is created and filled there).
+    # Workers run in a copy of the repository, where the default cache would be a new, empty
+    # one: they read the driver's, so statistics and generated columns are made once.
     from platform.data.cache import cache_root
     from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
@@ -63,15 +58,9 @@ def init_ray(num_cpus: int | None = None) -> None:
     on_sigterm = signal.getsignal(signal.SIGTERM)
     port = None
     if not address:
-        # Ray's state API, which Ray Train's placement-group cleaner calls from inside the job
-        # every second, finds its cluster through RAY_ADDRESS, else the cluster the last `ray
-        # start` on this machine recorded, else any Ray running here. A local instance started
-        # beside another one (or after one that ended without `ray stop`) asked the other one:
-        # a 12 s timeout and a traceback at the end of every fit, and, where the other cluster
-        # answers, the cleaner would take this run's controller for dead and remove its
-        # placement group. So the local GCS listens on a port chosen here and the job's
-        # processes are told its address.
-        # (A port the user chose through Ray's own variable is kept.)
+        # Ray's state API inside the job (Ray Train's placement-group cleaner) finds its cluster
+        # through RAY_ADDRESS, else whichever Ray the machine last started: the local GCS gets a
+        # port chosen here (or the user's) and the job's processes its address.
         port = int(os.environ.get(GCS_PORT_ENV) or free_port())
         env["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
     ours = port is not None and GCS_PORT_ENV not in os.environ
