@@ -108,8 +108,14 @@ def dynamic_scores(nlp, tokenizer, sentences: list[str], max_length: int = 512) 
     return out
 
 
-_LEXICONS: dict[tuple[str, int, str], np.ndarray] = {}
-_ALONE: dict[str, dict[str, int]] = {}  # per spaCy pipeline: word -> importance of the word tagged alone
+_LEXICONS: dict[tuple, np.ndarray] = {}
+_ALONE: dict[tuple, dict[str, int]] = {}  # per spaCy pipeline: word -> importance of the word tagged alone
+
+
+def _pipeline_key(nlp) -> tuple:
+    # The model and its enabled components: with the parser, spaCy's attribute ruler may give a
+    # word another POS than without it.
+    return nlp.meta.get("name", ""), tuple(nlp.pipe_names)
 
 
 def static_lexicon(nlp, tokenizer, subword_tags: str = "x") -> np.ndarray:
@@ -117,7 +123,7 @@ def static_lexicon(nlp, tokenizer, subword_tags: str = "x") -> np.ndarray:
     X (``subword_tags="x"``, the authors' lexicon) or tagged as its stem (``"stem"``); special
     tokens 0. Computed once per process; a word (a stem that is also a vocabulary entry, or both
     variants) is tagged once."""
-    key = (nlp.meta.get("name", ""), len(tokenizer), subword_tags)
+    key = (_pipeline_key(nlp), len(tokenizer), subword_tags)
     if key not in _LEXICONS:
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         piece = [t.startswith("##") for t in tokens]
@@ -131,7 +137,7 @@ def static_lexicon(nlp, tokenizer, subword_tags: str = "x") -> np.ndarray:
 
 def tag_alone(nlp, words: list[str]) -> dict[str, int]:
     """The importance of each word's first token, the word tagged on its own (1 for an empty one)."""
-    known = _ALONE.setdefault(nlp.meta.get("name", ""), {})
+    known = _ALONE.setdefault(_pipeline_key(nlp), {})
     new = sorted({w for w in words if w not in known})
     for word, doc in zip(new, nlp.pipe(new, batch_size=1024)):
         known[word] = importance(doc[0].pos_) if len(doc) else 1

@@ -110,24 +110,10 @@ def small_corpus(tmp_path_factory, data_root) -> Path:
 
 
 @pytest.fixture()
-def cli(monkeypatch, capsys):
-    """``cli(module, *args, env=...)``: ``main(argv)`` in this process, as ``python -m`` calls it,
-    for commands that fail before Ray starts (an interpreter start costs ~5 s); the result looks
-    like ``run_cli``'s. The subprocess path of the same handler is tested by ``run_cli`` tests."""
-    import importlib
+def cli():
+    """``cli(module, *args, env=...)``: the command's ``main`` in this process (``run_main``), for
+    commands that fail before Ray starts or run without it. The subprocess path of the same
+    handler is tested by ``run_cli`` tests."""
+    from tests.helpers import run_main
 
-    def call(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        import ray
-
-        for key, value in (env or {}).items():
-            monkeypatch.setenv(key, value)
-        main = importlib.import_module("platform.data.fetch" if module == "data" else f"platform.{module}").main
-        try:
-            code = main(list(args)) or 0
-        except SystemExit as exc:
-            code = exc.code
-        out = capsys.readouterr()
-        assert not ray.is_initialized(), "this command started Ray: test it with run_cli"
-        return subprocess.CompletedProcess([module, *args], code, out.out, out.err)
-
-    return call
+    return run_main

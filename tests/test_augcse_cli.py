@@ -38,6 +38,7 @@ def test_augcse_bad_input(sets, needle, few_sentences, tmp_path, cli):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.e2e
 def test_missing_wordnet_is_one_clear_line(few_sentences, tmp_path):
     """A subprocess: NLTK reads $NLTK_DATA when it is first imported."""
     empty = tmp_path / "no_nltk"

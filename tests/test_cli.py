@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import assert_user_error, run_cli, runs_of
+from tests.helpers import assert_user_error, run_cli, run_main, runs_of
 
 
 def _train_args(tiny_model, small_corpus, tmp_path, *extra):
@@ -21,7 +21,7 @@ def _train_args(tiny_model, small_corpus, tmp_path, *extra):
 
 
 def test_evaluate_cli_table_and_json(tiny_model, tmp_path):
-    proc = run_cli("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "STS12", "STSBenchmark", "--json", str(tmp_path / "o.json"))
+    proc = run_main("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "STS12", "STSBenchmark", "--json", str(tmp_path / "o.json"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "STS12" in proc.stdout and "STS-B" in proc.stdout
     data = json.loads((tmp_path / "o.json").read_text())
@@ -65,12 +65,14 @@ def test_train_bad_input(args, needles, tmp_path, mlflow_uri, monkeypatch, capsy
     assert all(r.info.status != "RUNNING" for r in runs_of(mlflow_uri)[1])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind,needle", [("empty", "no sentences"), ("binary", "binary"), ("undecodable", "line 2")])
 def test_train_bad_corpus(kind, needle, tmp_path, mlflow_uri):
     proc = run_cli("train", "simcse", "--set", f"corpus={_bad_corpus(tmp_path, kind)}", env={"MLFLOW_TRACKING_URI": mlflow_uri})
     assert_user_error(proc, needle)
 
 
+@pytest.mark.e2e
 def test_data_dir_missing_or_incomplete(tmp_path, mlflow_uri):
     proc = run_cli("train", "simcse", env={"PLATFORM_DATA_DIR": str(tmp_path / "nowhere"), "MLFLOW_TRACKING_URI": mlflow_uri})
     assert_user_error(proc, "does not exist", "SentEval layout")
@@ -79,6 +81,7 @@ def test_data_dir_missing_or_incomplete(tmp_path, mlflow_uri):
     assert_user_error(proc, "STS.input.MSRpar.txt", "expected SentEval layout")
 
 
+@pytest.mark.e2e
 def test_unreachable_tracking_uri_fails_before_ray(tiny_model, small_corpus, tmp_path):
     proc = run_cli(
         "train", "simcse", *_train_args(tiny_model, small_corpus, tmp_path),
@@ -97,6 +100,7 @@ def test_a_cluster_address_that_is_not_one_is_one_line_before_ray(tiny_model, sm
     assert runs_of(mlflow_uri)[1] == []
 
 
+@pytest.mark.e2e
 def test_a_ray_that_cannot_start_is_one_line(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """Here Ray's socket paths under a long temp folder exceed the 107 bytes AF_UNIX allows."""
     deep = tmp_path / ("x" * 110)
@@ -131,6 +135,7 @@ def test_evaluate_bad_input(tmp_path, cli):
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_credentials_in_the_tracking_uri_are_masked(tiny_model, small_corpus, tmp_path):
     from platform.tracking.store import redact
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from platform.evaluation.clustering import cluster_accuracy, kmeans_accuracy, load_labelled
-from tests.helpers import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_main
 
 
 def test_matching_is_invariant_to_cluster_names():
@@ -48,7 +48,7 @@ def test_trec_loader(data_root):
 
 
 def test_evaluate_cli_clustering(tiny_model, tmp_path):
-    proc = run_cli("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "clustering", "--json", str(tmp_path / "c.json"))
+    proc = run_main("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "clustering", "--json", str(tmp_path / "c.json"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "clustering TREC (5952 sentences, 6 classes)" in proc.stdout
     acc = json.loads((tmp_path / "c.json").read_text())["scores"]["cluster:TREC"]

@@ -18,6 +18,8 @@ from platform.config import TrainConfig
 from platform.space import load_space
 from tests.helpers import check_seed_means, corpus_head, run_cli, runs_of
 
+pytestmark = pytest.mark.e2e
+
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
 SPACES = Path(__file__).resolve().parent.parent / "tune_spaces"
 

@@ -27,12 +27,12 @@ def _held(tmp_path, step: int) -> tuple:
     return folder, {"aux": "barrier", "barrier_dir": folder, "barrier_step": step}
 
 
-def _registered(uri: str, step: int, trial: bool = False) -> bool:
-    """Whether Ray Train's controller has registered the checkpoint of ``step`` (it then records
-    the run's best score at that step): only registered checkpoints are resumed from."""
+def _registered(uri: str, step: int, trial: bool = False, count: int = 1) -> bool:
+    """Whether Ray Train's controller has registered the checkpoint of ``step`` of ``count`` runs
+    (it then records the run's best score at that step): only registered checkpoints are resumed from."""
     c, runs = runs_of(uri)
     runs = [r for r in runs if r.info.status == "RUNNING" and bool(r.data.tags.get("trial_id")) == trial]
-    return any(step in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in runs)
+    return sum(step in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in runs) >= count
 
 
 def _stop(proc, sig) -> tuple[str, str]:
@@ -44,32 +44,27 @@ def _stop(proc, sig) -> tuple[str, str]:
 
 
 def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):
-    """SIGKILL to a sweep's driver while its second trial is held mid-fit leaves the sweep's and
-    that trial's runs RUNNING (nothing can run after SIGKILL). ``--resume`` closes them truthfully
-    and continues the trial in its own run from its checkpoint: no run stays RUNNING, every
+    """SIGKILL to a sweep's driver while both its trials are held mid-fit leaves the sweep's and
+    the trials' runs RUNNING (nothing can run after SIGKILL). ``--resume`` closes them truthfully
+    and continues each trial in its own run from its checkpoint: no run stays RUNNING, every
     FINISHED trial names a checkpoint that exists, and the best run is the best of them."""
     from platform.tracking.runs import checkpoint_exists
 
-    space = tmp_path / "simcse.yaml"  # one trial at a time, no early stopping: the second reaches the barrier
-    space.write_text("search: optuna\nnum_samples: 2\nmax_concurrent_trials: 1\nscheduler: {type: none}\n"
+    space = tmp_path / "simcse.yaml"  # both trials at once, no early stopping: both reach the barrier
+    space.write_text("search: optuna\nnum_samples: 2\nmax_concurrent_trials: 2\nscheduler: {type: none}\n"
                      "space:\n  lr: {loguniform: [1.0e-5, 1.0e-4]}\n")
     barrier, held = _held(tmp_path, step=5)
-    (barrier / "armed").unlink()  # armed once the first trial has finished
     args = ["simcse", "--space", str(space), *sets(
         model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=6, eval_steps=2, log_steps=1, num_workers=1,
-        data_pipeline="local", final_eval="false", output_dir=tmp_path / "runs", **held)]
+        cpus_per_worker=0.4, data_pipeline="local", final_eval="false", output_dir=tmp_path / "runs", **held)]
     env = {"MLFLOW_TRACKING_URI": mlflow_uri}
     proc = start_cli("tune", *args, env=env, cwd=repo)
-    wait_for("the first trial to finish",
-             lambda: [r for r in runs_of(mlflow_uri)[1] if r.data.tags.get("trial_id") and r.info.status == "FINISHED"],
-             proc=proc)
-    (barrier / "armed").touch()
-    wait_for("the second trial to reach step 5", (barrier / "blocked").exists, proc=proc)
-    wait_for("its checkpoint of step 4", lambda: _registered(mlflow_uri, 4, trial=True), proc=proc)
+    wait_for("both trials to reach step 5", lambda: len((barrier / "blocked").read_text().split()) == 2
+             if (barrier / "blocked").exists() else False, proc=proc)
+    wait_for("their checkpoints of step 4", lambda: _registered(mlflow_uri, 4, trial=True, count=2), proc=proc)
     _stop(proc, signal.SIGKILL)
     c, runs = runs_of(mlflow_uri)
-    assert sorted(r.info.status for r in runs) == ["FINISHED", "RUNNING", "RUNNING"]  # the driver could not close them
-    cut = next(r for r in runs if r.data.tags.get("trial_id") and r.info.status == "RUNNING")
+    assert sorted(r.info.status for r in runs) == ["RUNNING"] * 3  # the driver could not close them
     release_barrier(barrier)
 
     proc = start_cli("tune", *args, "--resume", env=env, cwd=repo)
@@ -82,11 +77,12 @@ def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, sma
     assert all(checkpoint_exists(r.data.tags["best_checkpoint"]) for r in trials)
     best = max(trials, key=lambda r: r.data.metrics["best_stsb_dev_spearman"])
     assert parent.data.tags["best_run_id"] == best.info.run_id
-    # The cut trial continued in its own run from the checkpoint of step 4: every step once.
-    assert c.get_run(cut.info.run_id).data.tags["platform.resumed"] == "1"
-    assert steps_of(c, cut.info.run_id, "train_loss") == [1, 2, 3, 4, 5, 6]
-    assert steps_of(c, cut.info.run_id, "stsb_dev_spearman") == [2, 4, 6]
-    assert "resumed at step 4" in out + err
+    # Each trial continued in its own run from its checkpoint of step 4: every step once.
+    assert (out + err).count("resumed at step 4") == 2
+    for trial in trials:
+        assert trial.data.tags["platform.resumed"] == "1"
+        assert steps_of(c, trial.info.run_id, "train_loss") == [1, 2, 3, 4, 5, 6]
+        assert steps_of(c, trial.info.run_id, "stsb_dev_spearman") == [2, 4, 6]
 
 
 def test_sigterm_stops_a_train_run_on_ray_as_ctrl_c(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):

@@ -89,6 +89,7 @@ def test_paraphrases_are_the_positives_in_the_loss(tiny_model):
     assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-4)
 
 
+@pytest.mark.e2e
 def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tmp_path):
     env = {"PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
     few = tmp_path / "few.txt"

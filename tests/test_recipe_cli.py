@@ -15,7 +15,7 @@ import pytest
 
 from methods.ingredients import InvalidParams
 from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
-from tests.helpers import ROOT, assert_user_error, repo_with_ingredient, run_cli, runs_of, sets, steps_of
+from tests.helpers import ROOT, assert_user_error, repo_with_ingredient, run_cli, run_main, runs_of, sets, steps_of
 
 # Each row: positives, negatives, loss, aux. Together they hold every combinable pair (checked below).
 # Six is the fewest: each (positives, loss) pair needs a recipe of its own.
@@ -77,6 +77,7 @@ def corpus_and_paraphrases(tmp_path_factory, small_corpus):
     return corpus, paraphrases, folder / "cache"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("row", COVERING, ids=["+".join(r) for r in COVERING])
 def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_paraphrases, tmp_path, mlflow_uri):
     pos, negs, loss, aux = row
@@ -94,7 +95,7 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     for name in (pos, *negs.split(","), aux):
         sets.update(own.get(name, {}))
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    proc = run_cli("train", "recipe", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri,
+    proc = run_main("train", "recipe", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri,
                                                   "PLATFORM_CACHE_DIR": str(cache)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     c, runs = runs_of(mlflow_uri, "recipe")
@@ -111,6 +112,7 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     assert len(c.get_metric_history(run.info.run_id, extra)) == 2
 
 
+@pytest.mark.e2e
 def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """The issue's example: UNA's and SAN's negatives under HiNCE with VaSCL's term, 2 trials. It is
     also UNA's, SAN's and VaSCL's sweep: their spaces, caches, tags and metrics are checked here."""
@@ -211,7 +213,7 @@ def test_invalid_recipes_are_one_line_before_ray(sets, needle, tmp_path, mlflow_
 
 
 def test_named_recipe_is_refused_a_missing_ingredient_setting():
-    proc = run_cli("train", "una", "--set", "tau2=0.1")
+    proc = run_main("train", "una", "--set", "tau2=0.1")
     assert_user_error(proc, "'tau2' belongs to loss=hince", "--set loss=hince")
 
 
@@ -220,6 +222,7 @@ def _doc_block(marker: str) -> str:
     return text.split(f"<!-- {marker} -->\n```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.e2e
 def test_an_ingredient_added_as_the_docs_say_trains(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """docs/recipes.md's toy ingredient, its file and its registry line taken from the page into a
     copy of the repository: the recipe trains two steps with it, and its parameter is a config key."""

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import run_main
+
+pytestmark = pytest.mark.e2e
 
 
 def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow_server, tiny_model, small_corpus,
@@ -19,7 +21,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     from platform.run import checkpoint
     from platform.tracking import registry
 
-    proc = run_cli("train", "simcse", *[a for kv in (
+    proc = run_main("train", "simcse", *[a for kv in (
         f"model={tiny_model}", f"corpus={small_corpus}", "batch_size=8", "max_steps=4", "eval_steps=2",
         "runtime=process", "num_workers=1", f"output_dir={tmp_path / 'runs'}") for a in ("--set", kv)],
         env={"MLFLOW_TRACKING_URI": mlflow_server})

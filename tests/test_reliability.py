@@ -15,6 +15,8 @@ import torch
 
 from tests.helpers import ROOT, run_cli, runs_of, sets
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture()
 def two_node_cluster():

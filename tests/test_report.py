@@ -11,7 +11,9 @@ import statistics
 import pandas as pd
 import pytest
 
-from tests.helpers import assert_user_error, check_seed_means, run_cli, sets
+from tests.helpers import assert_user_error, check_seed_means, run_main, sets
+
+pytestmark = pytest.mark.e2e
 
 STS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
 
@@ -35,14 +37,14 @@ def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
     common = dict(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4, eval_steps=2, runtime="process",
                   num_workers=1, output_dir=out / "runs", lr=1e-3)
     env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}
-    simcse = run_cli("train", "simcse", "--seeds", "2", *sets(**common), env=env)
+    simcse = run_main("train", "simcse", "--seeds", "2", *sets(**common), env=env)
     assert simcse.returncode == 0, simcse.stderr[-3000:]
-    una = run_cli("train", "una", "--seeds", "2", *sets(**common, r=500), env=env)  # 256 sentences: ~1500 terms
+    una = run_main("train", "una", "--seeds", "2", *sets(**common, r=500), env=env)  # 256 sentences: ~1500 terms
     assert una.returncode == 0, una.stderr[-3000:]
     c = MlflowClient(mlflow_server)
     parent = _top_run(c, "simcse", seeds="2")
     best = parent.data.tags["best_checkpoint"]
-    evaluated = run_cli("evaluate", best, "--tasks", "clustering", "--log-to", parent.info.run_id, env=env)
+    evaluated = run_main("evaluate", best, "--tasks", "clustering", "--log-to", parent.info.run_id, env=env)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     return {"simcse": simcse, "una": una, "client": c, "out": out}
 
@@ -91,7 +93,7 @@ def test_report_puts_two_recipes_with_seeds_side_by_side(seeded_runs, mlflow_ser
     from PIL import Image
 
     c = seeded_runs["client"]
-    proc = run_cli("report", "--experiment", "simcse", "--experiment", "una", "--out", str(tmp_path / "rep"),
+    proc = run_main("report", "--experiment", "simcse", "--experiment", "una", "--out", str(tmp_path / "rep"),
                    env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (tmp_path / "rep" / "report.md").read_text()

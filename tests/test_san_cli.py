@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers import assert_user_error, corpus_head, run_cli
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture()
 def few_sentences(small_corpus, tmp_path):

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def local_ray():

@@ -46,6 +46,7 @@ def _epoch(ds) -> list[list[str]]:
     return [list(b["sentence"]) for b in ds.iter_batches(batch_size=BATCH, drop_last=True, batch_format="numpy")]
 
 
+@pytest.mark.e2e
 def test_every_epoch_is_a_fresh_uniform_permutation_under_ray_data(local_ray):
     from platform.data.pipeline import epoch_datasets
 
@@ -59,6 +60,7 @@ def test_every_epoch_is_a_fresh_uniform_permutation_under_ray_data(local_ray):
     assert epochs[0] != epochs[1]
 
 
+@pytest.mark.e2e
 def test_the_per_epoch_columns_follow_their_rows(local_ray):
     """UNA's negatives are made for the gathered rows: each negative belongs to its sentence."""
     from methods.una import fit_tfidf
@@ -79,6 +81,7 @@ def test_the_local_pipeline_has_the_same_distribution():
     assert same_group_fraction(batches) == pytest.approx(UNIFORM, rel=0.25)
 
 
+@pytest.mark.e2e
 def test_the_earlier_pipeline_fails_the_statistic(local_ray):
     """Corpus-order blocks and a local shuffle buffer of 4 batches (what training used before)."""
     from platform.data.pipeline import augment_dataset

@@ -9,7 +9,7 @@ import pytest
 
 from platform.evaluation import classifier as engine
 from platform.evaluation import transfer
-from tests.helpers import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_main
 from tests.senteval_reference import FIXTURE, cases, text_digest
 
 REFERENCE = json.loads(FIXTURE.read_text())
@@ -63,7 +63,7 @@ def test_tasks_come_in_sentevals_order(data_root):
 
 
 def test_transfer_slice_through_the_cli(tiny_model, tmp_path):
-    proc = run_cli("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "MR", "--transfer-limit", "200",
+    proc = run_main("evaluate", str(tiny_model), "--pooler", "avg", "--tasks", "MR", "--transfer-limit", "200",
                    "--transfer-classifier", "sklearn", "--json", str(tmp_path / "t.json"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     acc = json.loads((tmp_path / "t.json").read_text())["scores"]["MR"]

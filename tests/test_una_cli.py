@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers import assert_user_error, run_cli
 
+pytestmark = pytest.mark.e2e
+
 
 def test_augment_una_writes_parquet(small_corpus, tmp_path):
     out = tmp_path / "aug"
