@@ -44,8 +44,9 @@ from methods.augmentations import (
     require_wordnet,
     resolve_set,
     sentence_seed,
+    substitutes,
 )
-from methods.ingredients import AuxTerm, GeneratedColumn, InvalidParams, Params, StepOutputs, check
+from methods.ingredients import AuxTerm, Draws, GeneratedColumn, InvalidParams, Params, StepOutputs, check
 from methods.losses import global_mean
 
 # Bump when an augmentation's output changes, so cached generations are not reused.
@@ -95,7 +96,13 @@ def grad_reverse(x: torch.Tensor, multiplier: float) -> torch.Tensor:
 
 class BatchNormProjector(nn.Module):
     """g: Linear(d, 2d) + BN + ReLU + Linear(2d, d) + BN without affine (DiffCSE's projector,
-    used by AugCSE in training only)."""
+    used by AugCSE in training only).
+
+    ``forward(x, reference)``: in training, the batch statistics of the rows ``reference`` marks
+    (the step's own batch) normalise every row, and only they update the running statistics: a
+    recipe's negatives are projected with their anchors' statistics, not their own."""
+
+    uses_batch_statistics = True
 
     def __init__(self, hidden: int):
         super().__init__()
@@ -104,8 +111,27 @@ class BatchNormProjector(nn.Module):
             nn.Linear(2 * hidden, hidden, bias=False), nn.BatchNorm1d(hidden, affine=False),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+    def forward(self, x: torch.Tensor, reference: torch.Tensor | None = None) -> torch.Tensor:
+        if reference is None or not self.training:
+            return self.net(x)
+        for layer in self.net:
+            x = batch_norm_from(layer, x, reference) if isinstance(layer, nn.BatchNorm1d) else layer(x)
+        return x
+
+
+def batch_norm_from(bn: nn.BatchNorm1d, x: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """``bn`` in training mode with the mean and (biased) variance of the rows ``reference``
+    marks applied to every row of ``x``; the running statistics move with those rows alone, as
+    ``nn.BatchNorm1d`` moves them (momentum, unbiased variance)."""
+    ref = x[reference]
+    mean, var = ref.mean(0), ref.var(0, unbiased=False)
+    with torch.no_grad():
+        n = ref.shape[0]
+        bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
+        bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * var * n / max(n - 1, 1))
+        bn.num_batches_tracked += 1
+    y = (x - mean) / torch.sqrt(var + bn.eps)
+    return y * bn.weight + bn.bias if bn.affine else y
 
 
 class AugmentationDiscriminator(nn.Module):
@@ -176,7 +202,11 @@ class AugCSE(AuxTerm):
                                            kwargs=key, group=group, cpu_bound=True))
         return columns
 
-    def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
+    def run_tags(self) -> dict[str, str]:
+        found = substitutes(self.params.augmentations)
+        return {"augcse_substitutes": ", ".join(found)} if found else {}
+
+    def augment(self, batch: dict[str, Any], state: Any, draws: Draws) -> dict[str, Any]:
         """One augmentation per sentence, uniformly from the set and fixed across epochs (footnote
         6: a hash of the sentence and ``generation_seed``); unchanged text is labelled "no
         augmentation". The generated ``aug_*`` columns are dropped: the step needs only these."""

@@ -173,10 +173,11 @@ class Encoder(nn.Module):
     @torch.inference_mode()
     def encode(
         self, sentences: list[str], batch_size: int = 128, pooler: str | None = None, normalize: bool = False,
-        progress: str | None = None,
+        progress: str | None = None, max_len: int | None = None,
     ) -> torch.Tensor:
         """Embeddings in input order; batches are formed over length-sorted sentences for speed.
-        ``progress``: a progress bar with this title on a terminal."""
+        ``progress``: a progress bar with this title on a terminal; ``max_len``: truncation (None:
+        none, as the STS protocol)."""
         from tqdm.auto import tqdm
 
         was_training = self.training
@@ -188,7 +189,7 @@ class Encoder(nn.Module):
         starts = range(0, len(order), batch_size)
         for start in tqdm(starts, desc=progress, unit=" batches", disable=None if progress else True, leave=False):
             idx = order[start : start + batch_size]
-            inputs = self.tokenize([sentences[i] for i in idx], device=device)
+            inputs = self.tokenize([sentences[i] for i in idx], max_len=max_len, device=device)
             chunks.append(self(inputs, pooler=pooler).float().cpu())
         self.train(was_training)
         if not chunks:

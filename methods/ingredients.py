@@ -22,8 +22,11 @@ registered with one line in ``methods/registry.py`` (``docs/recipes.md`` walks t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 from typing import Any, Callable, ClassVar
+
+import numpy as np
 
 from methods.errors import InvalidParams
 
@@ -43,6 +46,48 @@ def check(conditions: list[tuple[bool, str]]) -> None:
     for ok, message in conditions:
         if not ok:
             raise InvalidParams(message)
+
+
+def derive_seed(seed: int, *keys: object) -> int:
+    """A 63-bit seed that is a fixed function of the run's ``seed`` and ``keys`` (a purpose, a rank,
+    a step): every random draw of a run derives from its seed, and draws for different purposes
+    are independent."""
+    digest = hashlib.sha256(repr((int(seed), *keys)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    # SplitMix64's finaliser (Steele et al., 2014): a counter to 64 well-mixed bits.
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def counter_uniforms(seed: int, *keys: np.ndarray) -> np.ndarray:
+    """Uniforms in [0, 1), one per element of the (broadcast) ``keys``, each a fixed function of
+    ``seed`` and its keys: draws that can be recomputed rather than stored, and that do not depend
+    on the order or the batches they are drawn in."""
+    arrays = np.broadcast_arrays(*[np.asarray(k, dtype=np.int64) for k in keys])
+    with np.errstate(over="ignore"):
+        x = _mix(np.full(arrays[0].shape, seed & (2**64 - 1), dtype=np.uint64))
+        for a in arrays:
+            x = _mix(x ^ a.astype(np.uint64))
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+@dataclasses.dataclass(frozen=True)
+class Draws:
+    """The random numbers of one epoch of a run, keyed by corpus row: ``uniform(rows, *keys,
+    stream=)`` is a fixed function of (the run's seed, the epoch, the stream, each row and key).
+    An ingredient's per-epoch columns (UNA's negatives) are then the same whatever the batches,
+    the workers or the pipeline that made them: a function of the seed."""
+
+    seed: int
+    epoch: int = 0
+
+    def uniform(self, rows: np.ndarray, *keys: np.ndarray, stream: int) -> np.ndarray:
+        return counter_uniforms(derive_seed(self.seed, "draws", self.epoch, stream), rows, *keys)
 
 
 @dataclasses.dataclass
@@ -101,6 +146,7 @@ class StepOutputs:
     e: dict[str, Any]
     z: dict[str, Any]
     batch: dict[str, Any]
+    seed: int = 0  # the run's: a term's random draws derive from it (and the step)
 
 
 class Ingredient:
@@ -114,6 +160,9 @@ class Ingredient:
     cites: ClassVar[str] = ""
     # The search space its parameters come from: ``tune_spaces/<space>.yaml`` ("" for none).
     space: ClassVar[str] = ""
+    # Run-level settings (``TrainConfig``'s) its authors use where the paper is silent, each with
+    # why: ``{"max_grad_norm": (0.0, "their code steps without clipping")}``.
+    config_defaults: ClassVar[dict[str, tuple[Any, str]]] = {}
 
     def __init__(self, params: Params | None = None, shared=None):
         self.params = params if params is not None else self.Params()
@@ -124,6 +173,14 @@ class Ingredient:
 
     def preflight(self) -> None:
         """Cheap checks of external resources (models, taggers) before any distributed work."""
+
+    def notes(self, batch_size: int) -> list[str]:
+        """Lines worth a user's attention about this run (printed before it starts)."""
+        return []
+
+    def run_tags(self) -> dict[str, str]:
+        """MLflow tags of a run with this ingredient (e.g. an offline substitution it made)."""
+        return {}
 
     def generated_columns(self) -> list[GeneratedColumn]:
         return []
@@ -141,7 +198,9 @@ class Ingredient:
     # True when ``augment`` adds columns to every epoch's batches (e.g. UNA's fresh negatives).
     augments_per_epoch: ClassVar[bool] = False
 
-    def augment(self, batch: dict[str, Any], state: Any) -> dict[str, Any]:
+    def augment(self, batch: dict[str, Any], state: Any, draws: Draws) -> dict[str, Any]:
+        """The epoch's columns for a batch (its rows' corpus indices in ``batch["row"]``); random
+        draws come from ``draws``."""
         return batch
 
     def text_columns(self) -> tuple[str, ...]:

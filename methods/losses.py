@@ -61,9 +61,17 @@ def global_mean(local_mean: torch.Tensor) -> torch.Tensor:
     return total / n + (share - share.detach())
 
 
+def full_precision(device: torch.device):
+    """Autocast off on ``device``: the similarities and softmax of every loss run in float32
+    whatever the caller's autocast (a bf16 cosine near 1 is off by ~0.004, ~0.08 in a logit at
+    tau 0.05). The authors' code does the same (autocast keeps ``cosine_similarity`` in fp32)."""
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[sim(a_i, b_j)]_{ij}`` with cosine similarity, computed in float32 for stable softmax."""
-    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+    """``[sim(a_i, b_j)]_{ij}`` with cosine similarity, in float32 under any autocast."""
+    with full_precision(a.device):
+        return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
 
 
 def info_nce(
@@ -74,7 +82,7 @@ def info_nce(
     ``l_i = -log exp(sim(z1_i, z2_i)/tau) / sum_j exp(sim(z1_i, z2_j)/tau)`` over the N x N
     in-batch matrix, averaged over the batch. ``negatives`` (M x d), when given, add M columns
     ``sim(z1_i, n_k)/tau`` to every row's denominator (SimCSE's hard-negative form, Eq. 5, with
-    weight 1; UNA uses its generated negatives this way).
+    weight 1; UNA uses its generated negatives this way). In float32 under any autocast.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -82,7 +90,8 @@ def info_nce(
     if negatives is not None:
         logits = torch.cat([logits, cosine_matrix(z1, negatives)], dim=1)
     labels = torch.arange(z1.shape[0], device=z1.device)
-    return F.cross_entropy(logits / temperature, labels)
+    with full_precision(z1.device):
+        return F.cross_entropy(logits / temperature, labels)
 
 
 def hince(
@@ -101,34 +110,40 @@ def hince(
     hard-negative weight). ``valid`` (one bool per row of z3) drops negatives that do not exist
     (their columns get -inf). With tau1 = tau2 and w = 1 this is InfoNCE with the negatives as
     extra columns. ``z3`` may stack several sources' aligned negatives (k*N rows, source after
-    source): each block's row i is anchor i's own negative."""
+    source): each block's row i is anchor i's own negative. In float32 under any autocast."""
     if tau1 <= 0 or tau2 <= 0:
         raise ValueError(f"temperatures must be > 0, got tau1={tau1}, tau2={tau2}")
     pos = cosine_matrix(z1, z2) / tau1
     neg = cosine_matrix(z1, z3) / tau2
     n = z1.shape[0]
-    if own_negative_weight != 1.0:
-        own = torch.eye(n, device=neg.device).repeat(1, z3.shape[0] // n)
-        neg = neg + own * torch.log(torch.tensor(own_negative_weight, device=neg.device))
-    if valid is not None:
-        neg = neg.masked_fill(~valid.bool().unsqueeze(0), float("-inf"))
-    labels = torch.arange(n, device=z1.device)
-    return F.cross_entropy(torch.cat([pos, neg], dim=1), labels)
+    with full_precision(z1.device):
+        if own_negative_weight != 1.0:
+            own = torch.eye(n, device=neg.device).repeat(1, z3.shape[0] // n)
+            neg = neg + own * torch.log(torch.tensor(own_negative_weight, device=neg.device))
+        if valid is not None:
+            neg = neg.masked_fill(~valid.bool().unsqueeze(0), float("-inf"))
+        labels = torch.arange(n, device=z1.device)
+        return F.cross_entropy(torch.cat([pos, neg], dim=1), labels)
 
 
 def nt_xent(pairs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float) -> torch.Tensor:
     """Symmetric NT-Xent (SimCLR, Chen et al., 2020, Eq. 1) over all rows of the given positive
     pairs, as the UNA authors' code trains: every row's positive is its partner, every other row is
-    a negative, itself excluded. With [(anchor, positive), (negative, negative')] this is their
-    4N x 4N loss; with the first pair alone, the 2N x 2N loss of the steps without negatives."""
-    n = pairs[0][0].shape[0]
+    a negative, itself excluded; mean over all rows. With [(anchor, positive), (negative,
+    negative')] this is their 4N x 4N loss; with the first pair alone, the 2N x 2N loss of the
+    steps without negatives. Pairs may have different lengths (the rows of the negatives that
+    exist). In float32 under any autocast."""
     z = torch.cat([t for pair in pairs for t in pair])
-    total = z.shape[0]
     sim = cosine_matrix(z, z) / temperature
-    sim = sim.masked_fill(torch.eye(total, dtype=torch.bool, device=z.device), float("-inf"))
-    idx = torch.arange(n, device=z.device)
-    targets = torch.cat([torch.cat([idx + (2 * k + 1) * n, idx + 2 * k * n]) for k in range(len(pairs))])
-    return F.cross_entropy(sim, targets)
+    targets, start = [], 0
+    for a, b in pairs:
+        n = a.shape[0]
+        idx = torch.arange(start, start + n, device=z.device)
+        targets += [idx + n, idx]
+        start += 2 * n
+    with full_precision(z.device):
+        sim = sim.masked_fill(torch.eye(z.shape[0], dtype=torch.bool, device=z.device), float("-inf"))
+        return F.cross_entropy(sim, torch.cat(targets))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,8 +185,12 @@ class Loss(Ingredient, nn.Module):
 
 
 class InfoNCE(Loss):
-    """SimCSE's InfoNCE (Gao et al., 2021, Eq. 1 and 4; hard-negative form Eq. 5 with weight 1):
-    the positives of the batch, plus every valid negative of every source as an extra column."""
+    """SimCSE's InfoNCE (Gao et al., 2021, Eq. 1 and 4; hard-negative form Eq. 5 with weight 1).
+
+    Views: anchors h_i and positives h_i+ (N x d each, all-gathered), and each active source's
+    negatives n_k (N x d, row i anchor i's; ``valid`` marks those that exist). Loss, mean over i:
+    ``-log e^{sim(h_i, h_i+)/tau} / (sum_j e^{sim(h_i, h_j+)/tau} + sum_k e^{sim(h_i, n_k)/tau})``,
+    sim = cosine, tau = ``temperature``; every valid negative of every source is a column."""
 
     name = "infonce"
     cites = "Gao et al. (2021), SimCSE, Eq. 1, 4 and 5"
@@ -194,7 +213,13 @@ class HiNCEParams(Params):
 
 
 class HiNCE(Loss):
-    """HiNCE (Cai et al., Eq. 2): positives at tau1, every source's aligned negatives at tau2."""
+    """HiNCE (Cai et al., Eq. 2): positives at tau1, the batch's aligned negatives at tau2.
+
+    Views: anchors h_i, positives h_i+ (N x d), and each active source's negatives h_i- (N x d,
+    row i anchor i's own; invalid ones masked). Logits of row i:
+    ``[sim(h_i, h_j+)/tau1]_j ++ [sim(h_i, h_k-)/tau2]_k``, target i, cross-entropy, mean over i.
+    A step on which no source is active (UNA uses its negatives every alpha-th step) has the
+    positive part alone: InfoNCE at tau1."""
 
     name = "hince"
     Params = HiNCEParams
@@ -204,20 +229,25 @@ class HiNCE(Loss):
 
     def forward(self, v: Views) -> torch.Tensor:
         p = self.params
+        if not v.negatives:
+            return info_nce(v.anchor, v.positive, self.shared.temperature)
         return hince(v.anchor, v.positive, torch.cat([n.z for n in v.negatives]), self.shared.temperature, p.tau2,
                      p.own_negative_weight, torch.cat([n.valid for n in v.negatives]))
 
 
 class NTXent(Loss):
-    """Symmetric NT-Xent: (anchor, positive) and each negative with its second dropout view are
-    positive pairs; every other row of the 2(1 + k)N is a negative. VaSCL's instance loss (Zhang et
-    al., Eq. 1: each of the 2M views against the 2M-1 others) and the UNA authors' 4N x 4N loss."""
+    """Symmetric NT-Xent over the views: VaSCL's instance loss (Zhang et al., Eq. 1: each of the 2M
+    views against the 2M-1 others) and the UNA authors' 4N x 4N loss.
+
+    Views: anchors and positives (N x d each), and each active source's negatives with a second
+    dropout view of them. Positive pairs: (h_i, h_i+) and, for a negative that exists, its two
+    views; every other row is a negative. Row r's loss
+    ``-log e^{sim(z_r, z_r')/tau} / sum_{s != r} e^{sim(z_r, z_s)/tau}`` (r' its partner), mean over rows."""
 
     name = "ntxent"
     cites = "Zhang et al. (2021), VaSCL, Eq. 1; Shu et al., UNA, authors' code (SimCLR's NT-Xent)"
     pairs_negatives = True
 
     def forward(self, v: Views) -> torch.Tensor:
-        pairs = [(v.anchor, v.positive)] + [(n.z, n.second) for n in v.negatives]
+        pairs = [(v.anchor, v.positive)] + [(n.z[n.valid], n.second[n.valid]) for n in v.negatives]
         return nt_xent(pairs, self.shared.temperature)
-

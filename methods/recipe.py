@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from methods.encoder import POOLERS, Encoder, dropout_override, pad_cat
-from methods.ingredients import KINDS, Ingredient, InvalidParams, Params, StepOutputs, check
+from methods.ingredients import KINDS, Draws, Ingredient, InvalidParams, Params, StepOutputs, check
 from methods.losses import Negative, Views, gather_with_grad
 from methods.registry import INGREDIENTS
 
@@ -159,8 +159,8 @@ class ProjectionMLP(nn.Module):
 
 
 class RecipeModel(nn.Module):
-    """The encoder, the projection the loss sees, and the aux terms' own heads. ``forward``
-    returns the pooled embeddings ``e`` and their projections ``z`` for a tokenised batch."""
+    """The encoder, the projection the loss sees, and the aux terms' own heads. ``forward`` returns
+    the pooled embeddings ``e`` of a tokenised batch; ``project`` gives their projections ``z``."""
 
     def __init__(self, encoder: Encoder, pooler: str, projection: nn.Module | None, heads: dict[str, nn.Module]):
         super().__init__()
@@ -174,9 +174,23 @@ class RecipeModel(nn.Module):
             # Unused in training; frozen so DDP sees no trainable parameter without a gradient.
             backbone_pooler.requires_grad_(False)
 
-    def forward(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        e = self.encoder(inputs, pooler=self.pool_with)
-        return e, (self.projection(e) if self.projection is not None else e)
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.encoder(inputs, pooler=self.pool_with)
+
+    def project(self, e: dict[str, torch.Tensor], reference: list[str]) -> dict[str, torch.Tensor]:
+        """``z`` of every role's embeddings. A projection with batch statistics (AugCSE's g) takes
+        them from the ``reference`` roles' rows (the step's own batch) and applies them to every
+        row: negatives encoded apart, or beside the batch, do not move them."""
+        if self.projection is None:
+            return dict(e)
+        roles = list(e)
+        x = torch.cat([e[r] for r in roles])
+        if getattr(self.projection, "uses_batch_statistics", False) and set(reference) != set(roles):
+            mask = torch.cat([torch.full((len(e[r]),), r in reference, device=x.device) for r in roles])
+            z = self.projection(x, mask)
+        else:
+            z = self.projection(x)
+        return dict(zip(roles, torch.split(z, [len(e[r]) for r in roles])))
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -190,9 +204,10 @@ def unwrap(model: nn.Module) -> nn.Module:
 class Recipe:
     """The ingredients of a run, built from a spec and their typed parameters."""
 
-    def __init__(self, spec: RecipeSpec, params: dict[str, Params], shared: SharedParams | None = None):
+    def __init__(self, spec: RecipeSpec, params: dict[str, Params], shared: SharedParams | None = None,
+                 seed: int = 0):
         spec.validate()
-        self.spec = spec
+        self.spec, self.seed = spec, seed  # every random draw of the run's ingredients derives from seed
         self.shared = shared or SharedParams(pooler=spec.default_pooler())
         self.shared.validate()
 
@@ -254,11 +269,13 @@ class Recipe:
     def augments_per_epoch(self) -> bool:
         return any(i.augments_per_epoch for i in self.ingredients)
 
-    def augment(self, batch: dict[str, Any], states: dict[str, Any]) -> dict[str, Any]:
-        """Every epoch's columns (UNA's negatives, AugCSE's drawn augmentation) for a batch."""
+    def augment(self, batch: dict[str, Any], states: dict[str, Any], epoch: int) -> dict[str, Any]:
+        """Every epoch's columns (UNA's negatives, AugCSE's drawn augmentation) for a batch whose
+        ``row`` column holds its corpus rows: the draws are a function of the seed, epoch and rows."""
+        draws = Draws(self.seed, epoch)
         for ingredient in self.ingredients:
             if ingredient.augments_per_epoch:
-                batch = ingredient.augment(batch, states.get(ingredient.name))
+                batch = ingredient.augment(batch, states.get(ingredient.name), draws)
         return batch
 
     @property
@@ -323,7 +340,8 @@ class Recipe:
     # -- the training step ----------------------------------------------------------------------
 
     def loss(self, model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """``(loss, metrics)`` of one step; ``loss`` is the global loss, identical on every worker."""
+        """``(loss, metrics)`` of one step; ``loss`` is the global loss, identical on every worker.
+        ``batch``: the tokenised text columns and the tensor columns of this worker's rows."""
         twice = 2 if self.loss_fn.pairs_negatives else 1
         active = [n for n in self.negatives if n.active(step)]
         roles = ["anchor", "positive"]
@@ -336,14 +354,15 @@ class Recipe:
             extra = a.extra_rows(batch)
             roles += [a.name] * len(extra)
             rows += extra
-        e, z = _split(model(pad_cat(rows)), roles, batch["sentence"]["input_ids"].shape[0])
+        size = batch["sentence"]["input_ids"].shape[0]
+        e = _split(model(pad_cat(rows)), roles, size)
         for n in active:
             if n.dropout is not None:
                 with dropout_override(model, n.dropout):
-                    own = _split(model(pad_cat([batch[n.column]] * twice)), [f"{n.name}:{i}" for i in range(twice)],
-                                 batch[n.column]["input_ids"].shape[0])
-                e.update(own[0])
-                z.update(own[1])
+                    e.update(_split(model(pad_cat([batch[n.column]] * twice)),
+                                    [f"{n.name}:{i}" for i in range(twice)], size))
+        negative_roles = {f"{n.name}:{i}" for n in active for i in range(twice)}
+        z = unwrap(model).project(e, reference=[r for r in dict.fromkeys(roles) if r not in negative_roles])
 
         negatives = []
         for n in active:
@@ -356,7 +375,7 @@ class Recipe:
         metrics = {"contrastive_loss": float(contrastive.detach())}
         metrics.update({f"{n.name}_negatives": float(n in active) for n in self.negatives})
         total = contrastive
-        outputs = StepOutputs(unwrap(model), step, e, z, batch)
+        outputs = StepOutputs(unwrap(model), step, e, z, batch, seed=self.seed)
         for a in self.aux:
             term, extra = a.forward(outputs)
             total = total + term
@@ -364,10 +383,13 @@ class Recipe:
         return total, metrics
 
 
-def _split(ez: tuple[torch.Tensor, torch.Tensor], roles: list[str], n: int):
-    e, z = ez
-    return ({role: e[i * n : (i + 1) * n] for i, role in enumerate(roles)},
-            {role: z[i * n : (i + 1) * n] for i, role in enumerate(roles)})
+def _split(x: torch.Tensor, roles: list[str], n: int) -> dict[str, torch.Tensor]:
+    """Rows of consecutive blocks of ``n`` by role; a role named several times (an aux term's
+    rows) gets all its blocks."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for i, role in enumerate(roles):
+        out.setdefault(role, []).append(x[i * n : (i + 1) * n])
+    return {role: parts[0] if len(parts) == 1 else torch.cat(parts) for role, parts in out.items()}
 
 
 __all__ = ["INGREDIENTS", "KINDS", "NAMED", "CUSTOM", "Recipe", "RecipeSpec", "SharedParams", "RecipeModel"]

@@ -19,6 +19,13 @@ for SimCSE + SAN and the authors' SimCSE script leaves it off): when a negative 
 (``guard: negation``): "not" is removed after, or inserted after, the main auxiliary found by
 spaCy's parser; without an auxiliary the negative is dropped.
 
+``fidelity: paper`` keeps ids from round to round, predicts the masked positions only, and masks
+at least one position per sentence (the most important) so that every negative differs.
+``fidelity: authors_code`` follows the authors' code (``SANNegatives.generate_authors``): "." is
+appended to a sentence without final punctuation; each round decodes the text and encodes it
+again, masks no position by force, and writes the MLM's argmax at every position, not only the
+masked ones. The MLM runs in float32 in both (the authors' code; the paper is silent).
+
 In a recipe (``negatives=san``): the negatives' forward pass uses dropout p2 (0.2) instead of the
 model's p1; the paper pairs them with HiNCE (``loss=hince``, ``methods.losses``), which contrasts
 positives at tau1 and the batch's negatives at tau2.
@@ -27,6 +34,7 @@ positives at tau1 and the batch's negatives at tau2.
 from __future__ import annotations
 
 import dataclasses
+import string
 import unicodedata
 from typing import Any
 
@@ -264,18 +272,18 @@ def negation_negative(doc) -> str:
 
 
 class SANNegatives:
-    """Callable over ``{"sentence": [...]}`` batches: adds ``san_negative`` (mask-predict + guard)."""
+    """Callable over ``{"sentence": [...]}`` batches: adds ``san_negative`` (mask-predict + guard).
+    ``fidelity="authors_code"``: ``generate_authors``. The MLM runs in float32 (the authors' code;
+    the paper is silent)."""
 
-    def __init__(self, params: dict[str, Any], device: str | None = None):
+    def __init__(self, params: dict[str, Any], device: str | None = None, fidelity: str = "paper"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        self.p = SANParams(**params)
+        self.p, self.fidelity = SANParams(**params), fidelity
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer, self.mlm = load_mlm(self.p.mlm)
-        self.mlm = self.mlm.eval().to(self.device)
-        if self.device.type == "cuda":
-            self.mlm = self.mlm.to(torch.bfloat16)
+        self.mlm = self.mlm.eval().to(self.device).float()
         self.nlp = load_spacy(self.p.spacy_model, parser=self.p.guard == "negation")
         self.generator = torch.Generator().manual_seed(self.p.generation_seed)
 
@@ -292,6 +300,8 @@ class SANNegatives:
         return lexicon.to(ids.device, torch.float32)[ids]
 
     def generate(self, sentences: list[str]) -> list[str]:
+        if self.fidelity == "authors_code":
+            return [self.guard(s, n) for s, n in zip(sentences, self.generate_authors(sentences))]
         out: list[str] = []
         bs = self.p.generation_batch_size
         for start in range(0, len(sentences), bs):
@@ -307,6 +317,35 @@ class SANNegatives:
             )
             out.extend(self.tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True))
         return [self.guard(s, n) for s, n in zip(sentences, out)]
+
+    def generate_authors(self, sentences: list[str]) -> list[str]:
+        """Mask-predict as the authors' code does it, where it differs from ``generate``: a
+        sentence without final punctuation gets "."; each round encodes the current text, masks
+        each position with its probability (no position forced), takes the MLM's argmax at every
+        position (not only the masked ones; greedy, whatever ``sampling``) and decodes the text
+        the next round encodes again."""
+        texts = [s if s.rstrip()[-1:] in string.punctuation else s.rstrip() + "." for s in sentences]
+        special = torch.tensor(self.tokenizer.all_special_ids, device=self.device)
+        bs = self.p.generation_batch_size
+        for _ in range(self.p.rounds):
+            out: list[str] = []
+            for start in range(0, len(texts), bs):
+                chunk = texts[start : start + bs]
+                enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=512, return_tensors="pt")
+                ids, attention = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+                probs = torch.zeros(ids.shape)
+                for i, scores in enumerate(self.scores(chunk)):
+                    probs[i, : len(scores)] = torch.from_numpy(scores / self.p.scale)
+                maskable = attention.bool() & ~torch.isin(ids, special)
+                mask = (torch.rand(probs.shape, generator=self.generator).to(self.device) < probs.to(self.device)) & maskable
+                with torch.no_grad():
+                    logits = self.mlm(input_ids=ids.masked_fill(mask, self.tokenizer.mask_token_id),
+                                      attention_mask=attention).logits.float()
+                logits[..., special] = float("-inf")
+                new = torch.where(maskable, logits.argmax(-1), ids)
+                out.extend(self.tokenizer.batch_decode(new.cpu(), skip_special_tokens=True))
+            texts = out
+        return texts
 
     def guard(self, sentence: str, negative: str) -> str:
         if self.p.guard == "none" or not is_degenerate(negative, self.p.min_chars, self.p.max_punct_ratio):
@@ -344,5 +383,7 @@ class SAN(NegativesSource):
         load_mlm(self.params.mlm)
 
     def generated_columns(self) -> list[GeneratedColumn]:
-        kwargs = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}}
+        kwargs: dict[str, Any] = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}}
+        if self.shared is not None and self.shared.fidelity == "authors_code":
+            kwargs["fidelity"] = "authors_code"  # negatives of their own, cached under their own key
         return [GeneratedColumn(self.column, generator="methods.san:SANNegatives", kwargs=kwargs)]

@@ -9,16 +9,25 @@ s-sorted vocabulary (itself excluded), with probability proportional to s (Algor
 
 Tokenisation (the paper says only "words"). ``fidelity: paper``: terms are words with at least one
 letter (digits and punctuation are never replaced); untouched text keeps its casing and spacing
-and a replacement copies the casing pattern of the word it replaces. ``fidelity: authors_code``:
-the authors' tokeniser, NLTK's word tokenizer on lowercased text, so punctuation, numbers and
-clitics ("n't", "'s") are terms too (they count in n of tf, in the vocabulary and its s-ranks, and
-can be replaced), and the negative is the lowercased tokens joined by spaces. The authors call
-``word_tokenize``, which first splits the text into sentences with Punkt (a download); we call its
-word tokenizer directly (``NLTKWordTokenizer``, no data), which differs only on a line holding
-several sentences (a period inside the line stays attached to its word). The two tokenisations
-give different TF-IDF tables, cached under different keys. A chosen term is replaced at every
-occurrence by the same sampled word. A sentence without any term gets the empty negative ``""``,
-which the loss masks out (it contributes no negative column).
+and a replacement copies the casing pattern of the word it replaces. A chosen term is replaced at
+every occurrence by the same sampled word. A sentence without any term gets the empty negative
+``""``, which the loss masks out (it contributes no negative column).
+
+``fidelity: authors_code`` follows the authors' code (``ThresholdRep``) where it differs: NLTK's
+word tokenizer on lowercased text, so punctuation, numbers and clitics ("n't", "'s") are terms too
+(in n of tf, in the vocabulary and its s-ranks, and replaceable; a table of its own in the cache);
+z per token position, so C counts a repeated token each time; each position replaced on its own
+draw, from its word's list of 2r+1 draws from the +-r window *including the word itself*; no cap
+at 1, the top position forced only when every p < 1; the negative is the lowercased tokens joined
+by spaces, and one equal to its sentence becomes a single random word (``authors_negatives``).
+The authors call ``word_tokenize``, which first splits the text into sentences with Punkt (a
+download); we call its word tokenizer directly (``NLTKWordTokenizer``), which differs only on a
+line holding several sentences. Their loss is ``loss=ntxent`` (``methods.losses``).
+
+Every random draw is a fixed function of the run's seed, the epoch and the corpus row
+(``methods.ingredients.Draws``): two runs with one seed get the same negatives, whatever the
+batches or workers; the authors walk each word's cached list in processing order, which here is
+a drawn entry of the same list.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from methods.ingredients import CorpusStatistics, InvalidParams, NegativesSource, Params, check
+from methods.ingredients import (CorpusStatistics, Draws, InvalidParams, NegativesSource, Params, check,
+                                 counter_uniforms, derive_seed)
 
 SPLIT = re.compile(r"(\w+)", re.UNICODE)  # split() keeps the words at odd positions
 TERM = r"(?u)\b\w*[^\W\d_]\w*\b"  # a word with at least one letter
@@ -181,97 +191,43 @@ def replacement_probabilities(z: np.ndarray, beta: float) -> np.ndarray:
 # Step 3: replacements
 
 
-def sample_in_windows(
-    table: TfIdfTable, terms: np.ndarray, r: int, rng: np.random.Generator | None = None,
-    uniforms: np.ndarray | None = None,
-) -> np.ndarray:
-    """For each term, a word from the +-r window of its rank (itself excluded), P proportional to s.
+def sample_in_windows(table: TfIdfTable, terms: np.ndarray, r: int, uniforms: np.ndarray,
+                      include_self: bool = False) -> np.ndarray:
+    """For each term, a word from the +-r window of its rank (itself excluded, unless
+    ``include_self``: the authors' code), P proportional to s; ``uniforms``: one in [0, 1) per term.
 
     Vectorised inverse-CDF sampling on the prefix sums of s in rank order: the term's own mass is
-    cut out of the window by shifting draws that land at or after it. The uniforms come from
-    ``rng``, or are given (one per term, in [0, 1)).
+    cut out of the window by shifting draws that land at or after it.
     """
     m = table.size
     k = table.rank[terms]
     lo = np.maximum(k - r, 0)
     hi = np.minimum(k + r, m - 1)  # inclusive
-    own = table.s[terms]
+    own = np.zeros(len(terms)) if include_self else table.s[terms]
     before_lo, before_k = table.cum[lo], table.cum[k]
     total = table.cum[hi + 1] - before_lo - own
-    given = uniforms is not None
-    u = (uniforms if given else rng.random(len(terms))) * total
-    target = before_lo + u
-    target = np.where(target >= before_k, target + own, target)
-    pos = np.searchsorted(table.cum, target, side="right") - 1
-    pos = np.clip(pos, lo, hi)
+    target = before_lo + uniforms * total
+    if not include_self:
+        target = np.where(target >= before_k, target + own, target)
+    pos = np.clip(np.searchsorted(table.cum, target, side="right") - 1, lo, hi)
     # All-zero windows (terms present in every sentence have s = 0) fall back to uniform.
     flat = total <= 0
     if flat.any():
-        width = hi[flat] - lo[flat]  # number of candidates without the term itself
-        draw = lo[flat] + ((uniforms[flat] if given else rng.random(flat.sum())) * width).astype(np.int64)
-        pos[flat] = np.where(draw >= k[flat], draw + 1, draw)
-    pos = np.where(pos == k, np.where(k > lo, k - 1, k + 1), pos)  # float round-off guard
+        width = hi[flat] - lo[flat] + include_self  # the number of candidates
+        draw = lo[flat] + (uniforms[flat] * width).astype(np.int64)
+        pos[flat] = draw if include_self else np.where(draw >= k[flat], draw + 1, draw)
+    if not include_self:
+        pos = np.where(pos == k, np.where(k > lo, k - 1, k + 1), pos)  # float round-off guard
     return table.order[pos]
 
 
-def counter_uniforms(seed: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Uniforms in [0, 1) that are a fixed function of (seed, a, b): SplitMix64 (Steele et al.,
-    2014) over the three, so a list of draws can be recomputed instead of stored."""
-    def mix(x):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
-    with np.errstate(over="ignore"):
-        x = mix(mix(mix(np.full(len(a), seed, dtype=np.uint64)) ^ a.astype(np.uint64)) ^ b.astype(np.uint64))
-    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-class CachedWindowSampler:
-    """Step 3 as the UNA authors' code does it: each word has a list of 2r+1 replacements drawn from
-    its window once, handed out in order and cycling. Same marginal distribution as
-    ``sample_in_windows``; successive negatives of a word are correlated through the shared list.
-
-    The authors draw every list at start-up and keep them (2r+1 entries for each of the ~70k words);
-    here entry j of word t is recomputed from counter-based uniforms of (seed, t, j), so the lists are
-    the same fixed lists without being stored, and a batch is sampled without a per-word loop. One
-    position counter per word is all the state."""
-
-    def __init__(self, table: TfIdfTable, r: int, seed: int = 0):
-        self.table, self.r, self.seed = table, r, seed
-        self.length = 2 * r + 1
-        self.next = np.zeros(table.size, dtype=np.int64)
-
-    def cached_list(self, term: int) -> np.ndarray:
-        """The 2r+1 replacements of ``term``, in the order they are handed out."""
-        return self._entries(np.full(self.length, term, dtype=np.int64), np.arange(self.length))
-
-    def _entries(self, terms: np.ndarray, j: np.ndarray) -> np.ndarray:
-        return sample_in_windows(self.table, terms, self.r, uniforms=counter_uniforms(self.seed, terms, j))
-
-    def __call__(self, terms: np.ndarray) -> np.ndarray:
-        terms = np.asarray(terms, dtype=np.int64)
-        order = np.argsort(terms, kind="stable")  # a word's occurrences stay in batch order
-        ordered = terms[order]
-        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-        sizes = np.diff(np.r_[starts, len(terms)])
-        position = np.empty(len(terms), dtype=np.int64)
-        position[order] = self.next[ordered] + np.arange(len(terms)) - np.repeat(starts, sizes)
-        self.next[ordered[starts]] += sizes
-        return self._entries(terms, position % self.length)
-
-
-_SAMPLERS: dict[tuple, CachedWindowSampler] = {}
-
-
-def authors_sampler(table: TfIdfTable, r: int) -> CachedWindowSampler:
-    """One sampler per (table, r) and process, like the authors' start-up cache."""
-    key = (table.size, float(table.cum[-1]), r)
-    if key not in _SAMPLERS:
-        _SAMPLERS.clear()  # a new table or window replaces the old cache
-        _SAMPLERS[key] = CachedWindowSampler(table, r)
-    return _SAMPLERS[key]
+def cached_replacements(table: TfIdfTable, terms: np.ndarray, j: np.ndarray, r: int, seed: int) -> np.ndarray:
+    """Entry ``j`` of each term's list of 2r+1 replacements, drawn once from its window (itself
+    included, P proportional to s), as the UNA authors' code draws every word's list at start-up.
+    The lists are a fixed function of the run's seed, recomputed rather than stored (2r+1 entries
+    for each of ~70k words)."""
+    uniforms = counter_uniforms(derive_seed(seed, "una-cached-lists"), terms, j)
+    return sample_in_windows(table, terms, r, uniforms, include_self=True)
 
 
 def check_window(table: TfIdfTable, params: UNAParams) -> None:
@@ -294,60 +250,43 @@ def match_case(word: str, like: str) -> str:
 # The negatives of a batch
 
 
-def make_negatives(
-    sentences: list[str], table: TfIdfTable, params: UNAParams, rng: np.random.Generator, fidelity: str = "paper"
-) -> list[str]:
-    """Steps 2-3 for a batch. The batch is split into words in one regex pass over the joined text
-    and everything after that runs on flat arrays of words and (sentence, term) pairs; Python only
-    touches the replaced words."""
+# Streams of the run's draws (``Draws``): each purpose its own, independent of the others.
+_PICK, _STEP3, _FORCED, _RANDOM_TOKEN, _ENTRY = 1, 2, 3, 4, 5
+
+
+def make_negatives(sentences: list[str], table: TfIdfTable, params: UNAParams, draws: Draws, rows: np.ndarray,
+                   fidelity: str = "paper") -> list[str]:
+    """Steps 2-3 for a batch whose sentences are the corpus rows ``rows``: every draw is a fixed
+    function of (the run's seed, the epoch, the row, the term), so the negatives do not depend on
+    the batches or workers. ``fidelity="authors_code"``: ``authors_negatives``."""
     check_window(table, params)
     if not sentences:
         return []
-    if fidelity == "authors_code":  # the authors' tokens: NLTK on lowercased text, all are terms
-        tokens = [nltk_tokens(s) for s in sentences]
-        words = [w for ts in tokens for w in ts]
-        word_sid = np.repeat(np.arange(len(sentences)), [len(ts) for ts in tokens])
-        index = table.index
-        word_tid = np.fromiter((index.get(w, -1) for w in words), dtype=np.int64, count=len(words))
-    else:
-        joined, sep = _join(sentences)
-        parts = SPLIT.split(joined)  # [gap, word, gap, ..., word, gap]; sep only in gaps
-        words = parts[1::2]
-        lookup = table.word_ids()
-        word_tid = np.fromiter(map(lookup.__getitem__, words), dtype=np.int64, count=len(words))
-        # The sentence of each word: its offset in the joined text against the sentences' offsets.
-        lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-        word_start = np.cumsum(lengths)[0::2][:-1]
-        sentence_start = np.cumsum([0] + [len(s) + 1 for s in sentences[:-1]])
-        word_sid = np.searchsorted(sentence_start, word_start, side="right") - 1
+    rows = np.asarray(rows, dtype=np.int64)
+    if fidelity == "authors_code":
+        return authors_negatives(sentences, table, params, draws, rows)
+    joined, sep = _join(sentences)
+    parts = SPLIT.split(joined)  # [gap, word, gap, ..., word, gap]; sep only in gaps
+    words = parts[1::2]
+    lookup = table.word_ids()
+    word_tid = np.fromiter(map(lookup.__getitem__, words), dtype=np.int64, count=len(words))
+    # The sentence of each word: its offset in the joined text against the sentences' offsets.
+    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    word_start = np.cumsum(lengths)[0::2][:-1]
+    sentence_start = np.cumsum([0] + [len(s) + 1 for s in sentences[:-1]])
+    word_sid = np.searchsorted(sentence_start, word_start, side="right") - 1
     is_term = word_tid >= 0  # words the corpus' vocabulary holds
 
     m = table.size
     keys, inverse, counts = np.unique(word_sid[is_term] * m + word_tid[is_term], return_inverse=True,
                                       return_counts=True)
     sid, tid = keys // m, keys % m  # sorted by sentence: each sentence's terms are contiguous
-    if len(keys):
-        starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
-        group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(keys)]))
-        if params.step2 == "tfidf":
-            n_terms = np.add.reduceat(counts, starts)[group]
-            z = np.log1p(counts / n_terms) * table.idf[tid]  # this sentence's row of Z (Eq. 2)
-            p = grouped_probabilities(z, starts, group, params.beta)
-        else:  # ablation: uniform choice with the same expected fraction, one random term forced
-            p = np.full(len(keys), min(params.beta, 1.0))
-            sizes = np.diff(np.r_[starts, len(keys)])
-            p[starts + (rng.random(len(starts)) * sizes).astype(np.int64)] = 1.0
-        pick = rng.random(len(keys)) < p
-    else:
-        pick = np.zeros(0, dtype=bool)
-    terms = tid[pick]
-
-    if params.step3 == "tfidf" and fidelity == "authors_code":
-        repl = authors_sampler(table, params.r)(terms)
-    elif params.step3 == "tfidf":
-        repl = sample_in_windows(table, terms, params.r, rng)
+    pick = _pick_terms(sid, tid, counts, table, params, draws, rows)
+    terms, term_rows = tid[pick], rows[sid[pick]]
+    if params.step3 == "tfidf":
+        repl = sample_in_windows(table, terms, params.r, draws.uniform(term_rows, terms, stream=_STEP3))
     else:  # ablation: uniform over the vocabulary, the term itself excluded
-        draw = rng.integers(m - 1, size=len(terms))
+        draw = (draws.uniform(term_rows, terms, stream=_STEP3) * (m - 1)).astype(np.int64)
         repl = np.where(draw >= terms, draw + 1, draw)
     # Every occurrence of a chosen term in its sentence gets the same replacement.
     key_repl = np.full(len(keys), -1, dtype=np.int64)
@@ -358,19 +297,100 @@ def make_negatives(
     new = table.vocab[word_repl[at]].tolist()
     has_negative = np.zeros(len(sentences), dtype=bool)
     has_negative[sid[pick]] = True
-
-    if fidelity == "authors_code":  # the lowercased tokens joined by spaces
-        lowered = list(words)
-        for i, w in zip(at.tolist(), new):
-            lowered[i] = w
-        bounds = np.searchsorted(word_sid, np.arange(len(sentences) + 1)).tolist()
-        return [" ".join(lowered[a:b]) if has_negative[j] else ""
-                for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
     for i, w in zip(at.tolist(), new):
         original = parts[2 * i + 1]
         parts[2 * i + 1] = w if original.islower() else match_case(w, original)
     out = "".join(parts).split(sep)
     return [text if keep else "" for text, keep in zip(out, has_negative.tolist())]
+
+
+def _pick_terms(sid: np.ndarray, tid: np.ndarray, counts: np.ndarray, table: TfIdfTable, params: UNAParams,
+                draws: Draws, rows: np.ndarray) -> np.ndarray:
+    """Step 2 over the batch's (sentence, term) pairs, grouped by sentence: which terms are replaced."""
+    if not len(sid):
+        return np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(sid)]))
+    if params.step2 == "tfidf":
+        n_terms = np.add.reduceat(counts, starts)[group]
+        z = np.log1p(counts / n_terms) * table.idf[tid]  # this sentence's row of Z (Eq. 2)
+        p = grouped_probabilities(z, starts, group, params.beta)
+    else:  # ablation: uniform choice with the same expected fraction, one random term forced
+        p = np.full(len(sid), min(params.beta, 1.0))
+        sizes = np.diff(np.r_[starts, len(sid)])
+        p[starts + (draws.uniform(rows[sid[starts]], stream=_FORCED) * sizes).astype(np.int64)] = 1.0
+    return draws.uniform(rows[sid], tid, stream=_PICK) < p
+
+
+def authors_negatives(sentences: list[str], table: TfIdfTable, params: UNAParams, draws: Draws,
+                      rows: np.ndarray) -> list[str]:
+    """Steps 2-3 as the UNA authors' code does them (their ``ThresholdRep``), where it differs from
+    the paper: the tokens are NLTK's on the lowercased text; z is per token position, so C, the
+    mean of (z - min z), counts a repeated token each time; each position is replaced on its own
+    draw, from its word's cached list of draws from the +-r window **including the word itself**;
+    p_i = beta (z_i - min z) / C without the cap at 1, and the top position forced only when every
+    p < 1 (a sentence whose positions all score the same is left as it is, their 0/0); the negative
+    is the tokens joined by spaces, and one equal to its sentence is replaced by a single random
+    word (P proportional to s - min s). The cached list's entry for each replacement is drawn
+    (their code walks the list in order, which depends on the order sentences are processed in)."""
+    tokens = [nltk_tokens(s) for s in sentences]
+    sizes = np.array([len(t) for t in tokens], dtype=np.int64)
+    words = [w for ts in tokens for w in ts]
+    word_sid = np.repeat(np.arange(len(sentences)), sizes)
+    position = np.arange(len(words)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    tid = np.fromiter((table.index.get(w, -1) for w in words), dtype=np.int64, count=len(words))
+    if params.step2 == "tfidf":
+        p = _authors_probabilities(_position_scores(word_sid, tid, sizes, table), sizes, params.beta)
+    else:  # the ablation: each position with the same probability (their uniform replacement)
+        p = np.full(len(words), min(params.beta, 1.0))
+    word_rows = rows[word_sid]
+    pick = (draws.uniform(word_rows, position, stream=_PICK) < p) & (tid >= 0)
+    entry = (draws.uniform(word_rows[pick], position[pick], stream=_ENTRY) * (2 * params.r + 1)).astype(np.int64)
+    if params.step3 == "tfidf":
+        repl = cached_replacements(table, tid[pick], entry, params.r, draws.seed)
+    else:
+        repl = (draws.uniform(word_rows[pick], position[pick], stream=_STEP3) * table.size).astype(np.int64)
+    out = list(words)
+    for i, t in zip(np.flatnonzero(pick).tolist(), table.vocab[repl].tolist()):
+        out[i] = t
+    bounds = np.r_[0, np.cumsum(sizes)].tolist()
+    negatives = [" ".join(out[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    unchanged = [j for j, (neg, sentence) in enumerate(zip(negatives, sentences)) if neg == sentence]
+    if unchanged:  # the authors' "if example == output": one random word instead
+        shifted = np.concatenate([[0.0], np.cumsum(table.s - table.s.min())])
+        u = draws.uniform(rows[unchanged], stream=_RANDOM_TOKEN) * shifted[-1]
+        for j, term in zip(unchanged, np.searchsorted(shifted, u, side="right") - 1):
+            negatives[j] = str(table.vocab[min(term, table.size - 1)])
+    return negatives
+
+
+def _position_scores(word_sid: np.ndarray, tid: np.ndarray, sizes: np.ndarray, table: TfIdfTable) -> np.ndarray:
+    """z of each token position: log(1 + n_t / n) idf(t) of its word in its sentence (0 off the vocabulary)."""
+    m = table.size + 1
+    keys = word_sid * m + np.where(tid >= 0, tid, table.size)
+    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    idf = np.where(tid >= 0, table.idf[np.maximum(tid, 0)], 0.0)
+    return np.log1p(counts[inverse] / sizes[word_sid]) * idf
+
+
+def _authors_probabilities(z: np.ndarray, sizes: np.ndarray, beta: float) -> np.ndarray:
+    """Per position: beta (z - min z) / mean(z - min z) over the sentence's positions; the first
+    top position 1 when all are below 1; all 0 for a sentence whose positions score the same."""
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    nonempty = sizes > 0
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    zmin = np.zeros(len(sizes))
+    zmin[nonempty] = np.minimum.reduceat(z, starts[nonempty]) if len(z) else 0.0
+    shifted = z - zmin[group]
+    total = np.zeros(len(sizes))
+    total[nonempty] = np.add.reduceat(shifted, starts[nonempty]) if len(z) else 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(total[group] > 0, beta * shifted * sizes[group] / total[group], 0.0)
+    for j in np.flatnonzero(nonempty & (total > 0)):
+        a, b = starts[j], starts[j] + sizes[j]
+        if p[a:b].max() < 1:
+            p[a + int(np.argmax(p[a:b]))] = 1.0
+    return p
 
 
 def _join(sentences: list[str]) -> tuple[str, str]:
@@ -411,6 +431,7 @@ class UNA(NegativesSource):
     space = "una"
     column = "una_negative"  # encoded in the anchors' pass (the interface's dropout None)
     augments_per_epoch = True
+    config_defaults = {"max_grad_norm": (0.0, "Shu et al.'s code (una.py) steps its optimizer without clipping gradients")}
 
     def statistics(self) -> CorpusStatistics:
         # The table depends on the corpus and the tokeniser (the formula is versioned here).
@@ -424,10 +445,10 @@ class UNA(NegativesSource):
     def space_limits(self, state: TfIdfTable) -> dict[str, tuple[float, float]]:
         return {"r": (1, (state.size - 1) // 2)}
 
-    def augment(self, batch: dict[str, Any], state: TfIdfTable) -> dict[str, Any]:
-        rng = np.random.default_rng()  # fresh negatives every epoch
+    def augment(self, batch: dict[str, Any], state: TfIdfTable, draws: Draws) -> dict[str, Any]:
+        """Fresh negatives every epoch, drawn from the run's seed (``draws``) by corpus row."""
         sentences = [str(s) for s in batch["sentence"]]
-        negatives = make_negatives(sentences, state, self.params, rng, self.shared.fidelity)
+        negatives = make_negatives(sentences, state, self.params, draws, batch["row"], self.shared.fidelity)
         return {**batch, self.column: np.asarray(negatives, dtype=object)}
 
     def active(self, step: int) -> bool:

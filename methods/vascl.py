@@ -12,10 +12,12 @@ the raw dot product), self excluded, over the all-gathered batch:
   ``l_N(i)(z_i^delta, z_i) = l(z_i^delta, z_i; {z_j : j in N(i)})`` and
   ``z_i^delta = h(e_i + delta_i)``.
 - Virtual augmentation (Eq. 3): ``delta_i* = argmax_{||delta_i|| <= Delta} l_N(i)(z_i^delta, z_i)``,
-  approximated as in virtual adversarial training: start from random noise of norm ``xi`` (paper:
-  Gaussian, xi 1e-3; authors' code: uniform noise at xi = Delta), take the gradient of
-  sum_i l_N(i) with respect to delta (embeddings held fixed), normalise it per instance
-  (``power_iterations`` times), and place it on the sphere of radius Delta.
+  approximated as in virtual adversarial training: start from random noise of norm ``xi`` (the
+  paper: isotropic Gaussian; the authors' code: uniform in [-0.5, 0.5)), take the gradient of
+  sum_i l_N(i) with respect to delta at e + delta (embeddings held fixed), normalise it per
+  instance (``power_iterations`` times), and place it on the sphere of radius Delta. The paper
+  gives no scale for the noise; the authors' ``vat_utils.py`` evaluates the gradient at
+  e + Delta u (xi = Delta, ``xi=0``, the default); ``--set xi=1e-3`` is VAT's small-xi variant.
 - The term (Eq. 4): the instance and its virtual augmentation discriminated in both directions
   against the augmented neighbourhood N_A(i) = {k, k*}: the K neighbours and their virtual
   augmentations, 2K negatives, ``l(z_i^delta, z_i; N_A(i)) + l(z_i, z_i^delta; N_A(i))``. Both
@@ -37,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.ingredients import AuxTerm, Params, StepOutputs, check
-from methods.losses import gather_with_grad, rank
+from methods.ingredients import AuxTerm, Params, StepOutputs, check, derive_seed
+from methods.losses import full_precision, gather_with_grad, rank
 
 
 @dataclasses.dataclass
@@ -46,7 +48,8 @@ class VaSCLParams(Params):
     k: int = 16  # neighbourhood size (Zhang et al., Sec. 4 / Appendix A)
     delta: float = 15.0  # radius of the virtual augmentation (15 for base models, 30 for large)
     power_iterations: int = 1  # VAT's power iterations; the authors' code takes one step
-    xi: float = 1e-3  # norm of the initial random perturbation (paper; authors_code: xi = delta)
+    # Norm of the initial random perturbation; 0: delta, as the authors' vat_utils.py (the paper gives none).
+    xi: float = 0.0
     head_dim: int = 128  # the head's output size, 128 (Zhang et al., Sec. 3)
     head_lr_scale: float = 100.0  # head learning rate = 100 x backbone (Appendix A)
 
@@ -55,8 +58,8 @@ class VaSCLParams(Params):
             (self.k >= 1, f"k must be >= 1, got {self.k}"),
             (self.delta > 0, f"delta must be > 0, got {self.delta}"),
             (self.power_iterations >= 1, f"power_iterations must be >= 1, got {self.power_iterations}"),
-            (self.head_lr_scale > 0 and self.xi > 0 and self.head_dim >= 1,
-             "head_lr_scale and xi must be > 0, head_dim >= 1"),
+            (self.head_lr_scale > 0 and self.xi >= 0 and self.head_dim >= 1,
+             "head_lr_scale must be > 0, xi >= 0 and head_dim >= 1"),
         ])
 
     def validate_batch(self, batch_size: int) -> None:
@@ -77,8 +80,8 @@ class Head(nn.Module):
 
 def neighbours(e: torch.Tensor, k: int, cosine: bool = True) -> torch.Tensor:
     """Indices (N x K) of each row's top-K rows by cosine similarity (Eq. 1's sim; ``cosine=False``:
-    the raw dot product of the authors' code), itself excluded."""
-    with torch.no_grad():
+    the raw dot product of the authors' code), itself excluded; ranked in float32."""
+    with torch.no_grad(), full_precision(e.device):
         x = F.normalize(e.float(), dim=-1) if cosine else e.float()
         scores = x @ x.T
         scores.fill_diagonal_(float("-inf"))
@@ -87,11 +90,13 @@ def neighbours(e: torch.Tensor, k: int, cosine: bool = True) -> torch.Tensor:
 
 def neighbourhood_loss(q: torch.Tensor, p: torch.Tensor, negatives: torch.Tensor, temperature: float) -> torch.Tensor:
     """Mean over i of -log exp(q_i.p_i/tau) / (exp(q_i.p_i/tau) + sum_j exp(q_i.n_ij/tau)) (Eq. 2);
-    rows are unit vectors, ``negatives`` is N x K x d (K or 2K per row)."""
-    pos = (q * p).sum(-1, keepdim=True)
-    neg = torch.einsum("nd,nkd->nk", q, negatives)
-    logits = torch.cat([pos, neg], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long, device=q.device))
+    rows are unit vectors, ``negatives`` is N x K x d (K or 2K per row). In float32 under any autocast."""
+    with full_precision(q.device):
+        q, p, negatives = q.float(), p.float(), negatives.float()
+        pos = (q * p).sum(-1, keepdim=True)
+        neg = torch.einsum("nd,nkd->nk", q, negatives)
+        logits = torch.cat([pos, neg], dim=1) / temperature
+        return F.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long, device=q.device))
 
 
 def virtual_perturbation(
@@ -99,15 +104,15 @@ def virtual_perturbation(
     generator: torch.Generator | None = None, authors: bool = False,
 ) -> torch.Tensor:
     """delta on the sphere of radius Delta that (approximately) maximises l_N (Eq. 3), for every
-    row of the (all-gathered) batch ``e``; no parameter receives a gradient from it. ``authors``:
-    the initial noise as the authors' code draws it (uniform in [-0.5, 0.5), at norm Delta)."""
+    row of the (all-gathered) batch ``e``; no parameter receives a gradient from it. The initial
+    noise: isotropic Gaussian (the paper), or uniform in [-0.5, 0.5) (``authors``, their code),
+    at norm ``xi`` (0: Delta, the authors' code)."""
     e = e.detach().float().clone()
     if authors:
         noise = torch.rand(e.shape, generator=generator, device="cpu").sub(0.5).to(e.device)
-        xi = params.delta
     else:
         noise = torch.randn(e.shape, generator=generator, device="cpu").to(e.device)
-        xi = params.xi
+    xi = params.xi or params.delta
     d = xi * F.normalize(noise, dim=-1)
     with torch.enable_grad():  # a gradient w.r.t. delta only, also when called under no_grad
         z = head(e).detach()
@@ -146,6 +151,12 @@ class VaSCL(AuxTerm):
     space = "vascl"
     default_pooler = "avg"  # VaSCL pools the mean of the last layer; the head replaces SimCSE's MLP
     brings_projection = True
+    config_defaults = {"max_grad_norm": (0.0, "Zhang et al.'s code (training.py) steps its optimizer without clipping gradients")}
+
+    def notes(self, batch_size: int) -> list[str]:
+        k = self.params.k
+        return [f"aux=vascl: each instance's neighbourhood is its {k} nearest of the {batch_size - 1} others in the "
+                f"global batch ({k / (batch_size - 1):.1%}; the paper's: 16 of 1023, 1.6%)"]
 
     def projection(self, hidden: int) -> nn.Module:
         return Head(hidden, self.params.head_dim)
@@ -161,8 +172,8 @@ class VaSCL(AuxTerm):
         e = gather_with_grad(local)
         paper = self.shared.fidelity == "paper"
         nbrs = neighbours(e, p.k, cosine=paper)
-        # Same noise on every worker (seeded by step): each computes the same global loss.
-        gen = torch.Generator().manual_seed(1_000_003 * (out.step + 1))
+        # The same noise on every worker (it computes the same global loss), from the run's seed and the step.
+        gen = torch.Generator().manual_seed(derive_seed(out.seed, "vascl-noise", out.step))
         delta = virtual_perturbation(head, e, nbrs, p, tau, gen, authors=not paper)
         va = virtual_augmentation_loss(head, local, nbrs, delta, tau, attach=paper)
         return va, {"vascl_neighbourhood": float(va.detach())}

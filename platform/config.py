@@ -51,6 +51,9 @@ class TrainConfig:
     optimizer: str = "adamw"  # adamw | adam
     schedule: str = "linear"  # linear | constant
     warmup_steps: int = 0  # no warm-up (SimCSE's HF Trainer default)
+    # Gradient norm clipped at 1.0: the Hugging Face Trainer's max_grad_norm, which SimCSE, SAN and
+    # AugCSE train with (their papers are silent); 0: no clipping. UNA's and VaSCL's code do not clip.
+    max_grad_norm: float = 1.0
     epochs: int = 1  # SimCSE: one epoch over wiki1m
     max_steps: int = 0  # 0: the full epochs
     seed: int = 42  # SimCSE's run script's seed
@@ -108,14 +111,28 @@ class TrainConfig:
         recipe_keys = {k: v for layer in (data, method_layer, overrides) for k, v in layer.items() if k in (*KINDS, "fidelity")}
         cfg = cls.for_recipe(method, recipe_keys)
         cfg.profile = profile
-        layers = [(data, f"profile {profile!r}")]
-        layers += [(sections["ingredients"].get(c.name) or {}, f"profile {profile!r} (ingredients.{c.name})")
-                   for c in cfg.recipe.classes()]
-        layers += [(method_layer, f"profile {profile!r} (methods.{method})"), (overrides, "--set")]
-        for values, source in layers:
+        cfg.update({k: v for k, v in data.items() if k not in KINDS}, source=f"profile {profile!r}")
+        cfg.layer_ingredients({c.name: sections["ingredients"].get(c.name) or {} for c in cfg.recipe.classes()},
+                              f"profile {profile!r} (ingredients.%s)")
+        for values, source in [(method_layer, f"profile {profile!r} (methods.{method})"), (overrides, "--set")]:
             cfg.update({k: v for k, v in values.items() if k not in KINDS}, source=source)
         cfg.validate()
         return cfg
+
+    def layer_ingredients(self, values: dict[str, dict[str, Any]], source: str) -> None:
+        """Each ingredient's values (``{name: {key: value}}``, in the recipe's order); where two of
+        the recipe's ingredients set one key differently, the later one wins and its source says
+        over which value (``--print-config`` shows it)."""
+        set_by: dict[str, tuple[str, Any]] = {}
+        for name, layer in values.items():
+            for key, value in layer.items():
+                if key in KINDS:
+                    continue
+                note = source % name
+                if key in set_by and set_by[key][1] != value:
+                    note += f", over {set_by[key][0]}'s {set_by[key][1]}: the later ingredient of the recipe wins"
+                self.update({key: value}, source=note)
+                set_by[key] = (name, value)
 
     @classmethod
     def for_recipe(cls, method: str, recipe_keys: dict[str, Any]) -> "TrainConfig":
@@ -141,6 +158,13 @@ class TrainConfig:
         cfg.sources["pooler"] = ("default: SimCSE's [CLS] + MLP (Sec. 3)" if spec.default_pooler() == "cls"
                                  else f"default of aux={','.join(spec.aux)} (its paper's pooling)")
         cfg.update({k: v for k, v in defaults.items() if k in cfg.fields()}, source=f"recipe {method!r}")
+        # What the ingredients' authors use where their papers are silent (``Ingredient.config_defaults``).
+        cfg.layer_ingredients({c.name: {k: v for k, (v, _) in c.config_defaults.items()} for c in spec.classes()},
+                              "ingredient %s")
+        for c in spec.classes():
+            for key, (_, why) in c.config_defaults.items():
+                if cfg.sources.get(key, "").startswith(f"ingredient {c.name}"):
+                    cfg.sources[key] = cfg.sources[key].replace(f"ingredient {c.name}", f"ingredient {c.name}: {why}", 1)
         return cfg
 
     @classmethod
@@ -223,7 +247,7 @@ class TrainConfig:
     def build_recipe(self) -> Recipe:
         """The recipe of this configuration, built once per process (it shares these params)."""
         if self.__dict__.get("_recipe") is None:
-            self.__dict__["_recipe"] = Recipe(self.recipe, self.params, self.shared)
+            self.__dict__["_recipe"] = Recipe(self.recipe, self.params, self.shared, seed=self.seed)
         return self.__dict__["_recipe"]
 
     @property
@@ -247,6 +271,7 @@ class TrainConfig:
             (self.log_steps >= 1, f"log_steps must be >= 1, got {self.log_steps}"),
             (self.max_sentences >= 0, f"max_sentences must be >= 0, got {self.max_sentences}"),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (self.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.cpus_per_worker > 0, f"cpus_per_worker must be > 0, got {self.cpus_per_worker}"),
             (self.augment_cpus > 0, f"augment_cpus must be > 0, got {self.augment_cpus}"),

@@ -168,6 +168,30 @@ def slow_info_nce(z1, z2, tau, negatives=None):
     return total / n
 
 
+def slow_hince(z1, z2, z3, t1, t2, w=1.0, valid=None):
+    """HiNCE (Cai et al., Eq. 2) term by term with explicit cosines."""
+    def cos(a, b):
+        return float(a @ b) / (math.sqrt(float(a @ a)) * math.sqrt(float(b @ b)))
+
+    n, total = len(z1), 0.0
+    for i in range(n):
+        terms = [math.exp(cos(z1[i], z2[j]) / t1) for j in range(n)]
+        terms += [(w if j == i else 1.0) * math.exp(cos(z1[i], z3[j]) / t2) for j in range(n) if valid is None or valid[j]]
+        total += -math.log(math.exp(cos(z1[i], z2[i]) / t1) / sum(terms))
+    return total / n
+
+
+def slow_neighbourhood_loss(q, p, negs, tau):
+    """VaSCL's neighbourhood loss (Zhang et al., Eq. 2) one instance at a time with explicit dot
+    products of unit vectors."""
+    total = 0.0
+    for i in range(len(q)):
+        pos = math.exp(float(q[i] @ p[i]) / tau)
+        den = pos + sum(math.exp(float(q[i] @ n) / tau) for n in negs[i])
+        total += -math.log(pos / den)
+    return total / len(q)
+
+
 def slow_nt_xent(rows, partner, tau):
     """NT-Xent (SimCLR, Eq. 1): row i against every other row, its positive ``partner[i]``."""
     import torch

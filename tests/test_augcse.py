@@ -20,7 +20,7 @@ from methods.augcse import (
     grad_reverse,
 )
 from methods.augmentations import NO_AUGMENTATION
-from methods.ingredients import InvalidParams
+from methods.ingredients import Draws, InvalidParams
 from methods.encoder import Encoder, pad_cat
 from methods.recipe import Recipe, SharedParams
 from methods.losses import global_mean, info_nce
@@ -72,7 +72,7 @@ def _batch(n=3000):
 
 def test_augment_samples_uniformly_and_labels_unchanged_text_as_no_augmentation():
     method = AugCSE(AugCSEParams(augmentations="random_swap,yoda_perturbation,tense_transformation"))
-    out = method.augment(_batch(), None)
+    out = method.augment(_batch(), None, Draws(0))
     assert set(out) == {"sentence", "augmented", "aug_label"}
     labels, aug, sent = out["aug_label"], out["augmented"], out["sentence"]
     assert all((lab == NO_AUGMENTATION) == (a == s) for lab, a, s in zip(labels, aug, sent))
@@ -95,11 +95,11 @@ def test_sampling_is_fixed_across_epochs_and_seeded():
     (generation_seed) decides which."""
     names = "random_swap,yoda_perturbation,tense_transformation"
     batch = _batch(600)
-    first = AugCSE(AugCSEParams(augmentations=names)).augment(batch, None)["augmented"]
-    again = AugCSE(AugCSEParams(augmentations=names)).augment(batch, None)["augmented"]
+    first = AugCSE(AugCSEParams(augmentations=names)).augment(batch, None, Draws(0))["augmented"]
+    again = AugCSE(AugCSEParams(augmentations=names)).augment(batch, None, Draws(0))["augmented"]
     half = {k: v[300:] for k, v in batch.items()}
-    alone = AugCSE(AugCSEParams(augmentations=names)).augment(half, None)["augmented"]
-    other = AugCSE(AugCSEParams(augmentations=names, generation_seed=1)).augment(batch, None)["augmented"]
+    alone = AugCSE(AugCSEParams(augmentations=names)).augment(half, None, Draws(0))["augmented"]
+    other = AugCSE(AugCSEParams(augmentations=names, generation_seed=1)).augment(batch, None, Draws(0))["augmented"]
     assert (first == again).all() and (first[300:] == alone).all()
     assert (first != other).mean() > 0.3
 
@@ -155,7 +155,7 @@ def test_loss_is_contrastive_plus_lambda_disc(tiny_model):
 def _forward(model, batch, multiplier):
     """[x; x; x_aug] in one pass through encoder and projector, the discriminator behind the GRL."""
     n = batch["sentence"]["input_ids"].shape[0]
-    _, z = model(pad_cat([batch["sentence"], batch["sentence"], batch["augmented"]]))
+    z = model.projection(model(pad_cat([batch["sentence"], batch["sentence"], batch["augmented"]])))
     z1, z2, za = z[:n], z[n : 2 * n], z[2 * n :]
     return z1, z2, model.heads["augcse"](grad_reverse(torch.cat([z1, za], dim=1), multiplier))
 
@@ -212,6 +212,7 @@ def _gm_worker(rank, world, init_file, out_dir):
         (loss * world).backward()  # the training loop's x W
         results[kind] = {"loss": float(loss.detach()), "grad": head.module.weight.grad.clone()}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank leaves while another still uses the store (gloo aborts)
     dist.destroy_process_group()
 
 
@@ -227,3 +228,24 @@ def test_global_mean_gives_the_global_gradient_under_ddp():
         torch.testing.assert_close(out["global_mean"]["grad"], head.weight.grad)
         # Without it, a local mean x W is W times the global gradient: the check can fail.
         torch.testing.assert_close(out["naive"]["grad"], 2 * head.weight.grad)
+
+
+def test_the_projector_normalises_every_row_with_the_reference_rows_statistics():
+    """AugCSE's BN projector: negatives projected beside (or apart from) the batch take the
+    anchors' batch statistics, not their own; with every row as the reference it is plain BN."""
+    from methods.augcse import BatchNormProjector
+
+    torch.manual_seed(0)
+    g = BatchNormProjector(16).train()
+    x = torch.randn(12, 16)
+    reference = torch.tensor([True] * 8 + [False] * 4)
+    plain = BatchNormProjector(16).train()
+    plain.load_state_dict(g.state_dict())
+    torch.testing.assert_close(g(x, torch.ones(12, dtype=torch.bool)), plain(x))
+    alone = plain(x[:8])  # the reference rows by themselves
+    mixed = g(x, reference)
+    torch.testing.assert_close(mixed[:8], alone)  # the negatives do not move the batch's statistics
+    moved = BatchNormProjector(16).train()
+    moved.load_state_dict(g.state_dict())
+    assert not torch.allclose(moved(x)[:8], alone)  # as they would as part of the batch
+    torch.testing.assert_close(g.net[1].running_mean, plain.net[1].running_mean)  # updated by the reference rows

@@ -98,10 +98,13 @@ def test_sets_follow_the_documented_choices():
     assert len(AUGMENTATIONS) >= 8
     assert [len(AUGMENTATION_SETS[k]) for k in ("4-aug", "8-aug", "12-aug")] == [4, 8, 12]
     # Table 3's asterisked 4-aug set, DiverseParaphrase substituted offline as in the 12-aug set.
-    assert AUGMENTATION_SETS["4-aug"] == [SUBSTITUTIONS["DiverseParaphrase"][0], "tense_transformation", "random_swap",
-                                          "contraction_expansion"]
-    assert set(AUGMENTATION_SETS["4-aug"]) <= set(AUGMENTATION_SETS["12-aug"])
-    assert set(AUGMENTATION_SETS["8-aug"]) <= set(AUGMENTATION_SETS["12-aug"])
+    assert set(AUGMENTATION_SETS["4-aug"]) == {SUBSTITUTIONS["DiverseParaphrase"][0], "tense_transformation",
+                                               "random_swap", "contraction_expansion"}
+    # Table 3's sets are nested: 4 within 8 within 12, each in the released list's order.
+    assert set(AUGMENTATION_SETS["4-aug"]) < set(AUGMENTATION_SETS["8-aug"]) < set(AUGMENTATION_SETS["12-aug"])
+    for name in ("4-aug", "8-aug"):
+        twelve = AUGMENTATION_SETS["12-aug"]
+        assert AUGMENTATION_SETS[name] == [n for n in twelve if n in AUGMENTATION_SETS[name]]
     for names in AUGMENTATION_SETS.values():
         assert all(n in AUGMENTATIONS for n in names)
     for used, _why in SUBSTITUTIONS.values():
@@ -137,3 +140,17 @@ def test_generator_parses_once_and_adds_one_column_per_augmentation(data_root):
     assert set(out) == {"sentence", "aug_random_swap", "aug_yoda_perturbation", "aug_synonym_substitution"}
     assert out["aug_yoda_perturbation"][0] == "In the garden, the cat chased the mouse."
     assert out["aug_yoda_perturbation"][1] == "!!!"
+
+
+def test_a_named_set_says_which_augmentations_it_substitutes():
+    """A run whose set stands in for the authors' augmentations is tagged with which (as SAN's
+    random-weight MLM runs are); a list of names says what it is."""
+    from methods.augcse import AugCSE, AugCSEParams
+    from methods.augmentations import substitutes
+
+    assert substitutes("4-aug") == ["DiverseParaphrase->synonym_substitution"]
+    assert substitutes("12-aug") == ["DiverseParaphrase->synonym_substitution", "Casual2Formal->number_to_word",
+                                     "CityNamesTransformation->random_delete"]
+    assert AugCSE(AugCSEParams(augmentations="8-aug")).run_tags() == {
+        "augcse_substitutes": "DiverseParaphrase->synonym_substitution"}
+    assert AugCSE(AugCSEParams(augmentations="random_swap,synonym_substitution")).run_tags() == {}

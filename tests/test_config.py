@@ -116,10 +116,36 @@ def test_runtime_process_is_one_worker():
 def test_recipe_card_says_where_every_value_comes_from():
     """``--print-config``: the layer that set a value, else the citation at its field."""
     card = {key: (value, source) for key, value, source in TrainConfig.build("vascl", "paper").recipe_card()}
-    assert card["batch_size"] == (1024, "profile 'paper' (methods.vascl)")
-    assert card["schedule"] == ("constant", "profile 'paper' (methods.vascl)")
+    assert card["batch_size"] == (1024, "profile 'paper' (ingredients.vascl)")
+    assert card["schedule"] == ("constant", "profile 'paper' (ingredients.vascl)")
     assert card["loss"][0] == "ntxent" and "Zhang et al." in card["loss"][1]
     assert "Appendix A" in card["head_lr_scale"][1] and card["head_lr_scale"][1].startswith("default: ")
     una = {key: source for key, _, source in TrainConfig.build("una", "local", {"alpha": "3"}).recipe_card()}
     assert una["alpha"] == "--set" and "Table C5" in una["beta"]
     assert all(source != "default: no note" for source in una.values()), [k for k, s in una.items() if s.endswith("no note")]
+
+
+def test_a_papers_values_follow_its_ingredient_into_combinations():
+    """The paper profile's SAN dropout reaches ``recipe`` with SAN's negatives and HiNCE as it
+    reaches the named ``san``; two ingredients that set one key differently: the later wins, and
+    the card says over whose value."""
+    named = TrainConfig.build("san", "paper")
+    combined = TrainConfig.build("recipe", "paper", {"negatives": "san", "loss": "hince"})
+    assert named.dropout == combined.dropout == 0.15
+    card = {key: (value, source) for key, value, source in
+            TrainConfig.build("recipe", "paper", {"negatives": "una", "aux": "vascl"}).recipe_card()}
+    assert card["eval_steps"] == (500, "profile 'paper' (ingredients.vascl), over una's 100: the later "
+                                       "ingredient of the recipe wins")
+    assert card["batch_size"] == (1024, "profile 'paper' (ingredients.vascl)")
+
+
+def test_max_grad_norm_is_on_every_card_with_its_source():
+    """1.0 where the authors train with the HF Trainer's default (SimCSE, SAN, AugCSE); 0 (no
+    clipping) where their code steps without it (UNA, VaSCL); a negative value is refused."""
+    for method, want, needle in [("simcse", 1.0, "Hugging Face Trainer"), ("san", 1.0, "Hugging Face Trainer"),
+                                 ("augcse", 1.0, "Hugging Face Trainer"), ("una", 0.0, "Shu et al.'s code"),
+                                 ("vascl", 0.0, "Zhang et al.'s code")]:
+        card = {key: (value, source) for key, value, source in TrainConfig.build(method, "paper").recipe_card()}
+        assert card["max_grad_norm"][0] == want and needle in card["max_grad_norm"][1], (method, card["max_grad_norm"])
+    with pytest.raises(ConfigError, match="max_grad_norm must be >= 0"):
+        TrainConfig.build("simcse", "local", {"max_grad_norm": "-1"})

@@ -69,6 +69,7 @@ def _worker(rank, world, model_dir, init_file, out_dir, recipe):
     (loss * world).backward()  # exactly what train_loop_per_worker does
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank leaves while another still uses the store (gloo aborts)
     dist.destroy_process_group()
 
 
@@ -96,3 +97,121 @@ def test_ddp_two_workers_equal_one_process(tiny_model, recipe):
     for name, g in ref.items():
         torch.testing.assert_close(outs[0]["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
         torch.testing.assert_close(outs[1]["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Under bf16 autocast (the GPU path) the similarities and softmax stay in float32
+
+
+def _close_views(seed: int, n: int = 8, d: int = 64):
+    """bf16 embeddings whose cosines all sit near 1 (a shared direction, rows near it, views near
+    their row: ~0.98 between rows, ~0.997 within one), where the bf16 rounding of a similarity
+    (~0.004) is ~0.08 in a logit at tau 0.05 while the logits differ by a few tenths."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(d, generator=g) + 0.15 * torch.randn(n, d, generator=g)
+    return [(rows + 0.05 * torch.randn(n, d, generator=g)).bfloat16() for _ in range(4)]
+
+
+def test_every_loss_is_float32_under_bf16_autocast():
+    """Each loss on bf16 embeddings inside CPU bf16 autocast (which, like CUDA's, casts matmuls to
+    bf16) equals the float64 computation on the same embeddings within 1e-3 relative."""
+    from methods.losses import hince, nt_xent
+    from methods.vascl import neighbourhood_loss
+    from tests.helpers import slow_hince, slow_neighbourhood_loss, slow_nt_xent
+
+    z1, z2, z3, z4 = _close_views(0)
+    d = [z.double() for z in (z1, z2, z3, z4)]
+    unit = [torch.nn.functional.normalize(z, dim=-1) for z in d]
+    negs = torch.stack([unit[2][(i + 1) % 8 : (i + 1) % 8 + 1].repeat(3, 1) for i in range(8)])
+    cases = {
+        "infonce": (lambda: info_nce(z1, z2, 0.05, z3), slow_info_nce(d[0], d[1], 0.05, d[2])),
+        "hince": (lambda: hince(z1, z2, z3, 0.05, 0.08), slow_hince(d[0], d[1], d[2], 0.05, 0.08)),
+        "ntxent": (lambda: nt_xent([(z1, z2), (z3, z4)], 0.05),
+                   slow_nt_xent(list(torch.cat(d)), [8 + i for i in range(8)] + list(range(8))
+                                + [24 + i for i in range(8)] + [16 + i for i in range(8)], 0.05)),
+        "vascl": (lambda: neighbourhood_loss(unit[0].bfloat16(), unit[1].bfloat16(), negs.bfloat16(), 0.05),
+                  slow_neighbourhood_loss(*(t.bfloat16().double() for t in (unit[0], unit[1], negs)), 0.05)),
+    }
+    for name, (loss, want) in cases.items():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = loss()
+        assert got.dtype == torch.float32, name
+        assert float(got) == pytest.approx(want, rel=1e-3), name
+
+
+def test_the_bf16_similarity_the_losses_avoid_is_off_by_more():
+    """The comparison above can fail: the same InfoNCE with its matmul left to bf16 autocast is
+    off by more than 1e-3 relative."""
+    z1, z2, z3, _ = _close_views(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sims = torch.nn.functional.normalize(z1.float(), dim=-1) @ torch.nn.functional.normalize(z2.float(), dim=-1).T
+        assert sims.dtype == torch.bfloat16
+        bf16_loss = torch.nn.functional.cross_entropy(sims.float() / 0.05, torch.arange(8))
+    want = slow_info_nce(z1.double(), z2.double(), 0.05)
+    assert abs(float(bf16_loss) - want) / want > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# HiNCE on steps without negatives; NT-Xent's empty negatives
+
+
+def test_hince_on_a_step_without_active_negatives_is_its_positive_part():
+    """UNA's negatives arrive every alpha-th step: on the others HiNCE is InfoNCE at tau1."""
+    from methods.losses import HiNCE, Views
+    from methods.recipe import SharedParams
+
+    z1, z2, _, _ = _close_views(1)
+    loss = HiNCE(shared=SharedParams(temperature=0.05))(Views(z1.float(), z2.float(), []))
+    assert float(loss) == pytest.approx(slow_info_nce(z1.double(), z2.double(), 0.05), rel=1e-5)
+
+
+def test_ntxent_leaves_out_the_negatives_that_do_not_exist():
+    """An empty negative (no replaceable word) is in no pair: both of its views leave the matrix,
+    as InfoNCE and HiNCE leave out its column."""
+    from methods.losses import Negative, NTXent, Views
+    from methods.recipe import SharedParams
+    from tests.helpers import slow_nt_xent
+
+    g = torch.Generator().manual_seed(2)
+    a, p, n1, n2 = (torch.randn(4, 6, generator=g) for _ in range(4))
+    valid = torch.tensor([True, False, True, True])
+    loss = NTXent(shared=SharedParams(temperature=0.05))(Views(a, p, [Negative(n1, valid, n2)]))
+    rows = list(torch.cat([a, p, n1[valid], n2[valid]]).double())
+    partner = [4, 5, 6, 7, 0, 1, 2, 3, 11, 12, 13, 8, 9, 10]
+    assert float(loss) == pytest.approx(slow_nt_xent(rows, partner, 0.05), rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Gradient clipping
+
+
+def test_the_loop_clips_the_gradient_norm_before_each_step(tiny_model, small_corpus, tmp_path):
+    """``max_grad_norm`` (1.0, the HF Trainer's default that SimCSE, SAN and AugCSE train with):
+    the optimizer steps with a gradient of at most that norm; 0 leaves it as it is."""
+    from platform.config import TrainConfig
+    from platform.run import loop
+
+    seen: list[float] = []
+    original = loop.make_optimizer
+
+    def recording(*args, **kwargs):
+        optimizer, schedule = original(*args, **kwargs)
+        grads = lambda: [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]  # noqa: E731
+        optimizer.register_step_pre_hook(
+            lambda *_: seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads()])))))
+        return optimizer, schedule
+
+    loop.make_optimizer = recording
+    try:
+        for norm in (1e-3, 0.0):
+            cfg = TrainConfig.build("simcse", "local", {"model": str(tiny_model), "corpus": str(small_corpus),
+                                                        "batch_size": 8, "max_steps": 3, "eval_steps": 3,
+                                                        "max_grad_norm": norm, "output_dir": str(tmp_path / str(norm))})
+            loop.train_loop_per_worker(cfg.flat())
+    finally:
+        loop.make_optimizer = original
+    clipped, free = seen[:3], seen[3:]
+    assert all(n == pytest.approx(1e-3, rel=1e-4) for n in clipped), clipped
+    assert all(n > 1e-2 for n in free), free
+    assert TrainConfig.build("simcse", "paper").max_grad_norm == 1.0
+    assert TrainConfig.build("una", "paper").max_grad_norm == 0.0 and TrainConfig.build("vascl", "paper").max_grad_norm == 0.0

@@ -62,102 +62,131 @@ def _barrier(folder: Path, step: int) -> dict:
     return {"aux": "barrier", "barrier_dir": folder, "barrier_step": step}
 
 
-def test_una_sweep_stopped_on_the_driver_resumes_from_s3(topology, tiny_model, small_corpus, tmp_path):
-    """A UNA sweep of 2 trials, one after the other (Ray Data on the workers, TF-IDF statistics made
-    once on the head), gets SIGTERM (``ray job stop``) while its second trial is held mid-fit: it
-    stops as Ctrl-C does (exit 130, the cut trial's run KILLED, nothing RUNNING) and resumes from
-    the sweep and Tune state in S3: the finished trial does not run again, the cut one continues
-    in its own run from its checkpoint (every step once), every run ends FINISHED in the MLflow
-    server with the real commit; the best checkpoint lives in S3, its 7-task table is in MLflow and
-    its sentence-transformers export downloads from the server's artifact store and loads."""
+@pytest.fixture(scope="module")
+def sweep(topology, tiny_model, small_corpus, tmp_path_factory):
+    """A UNA sweep of 2 trials, one after the other (Ray Data on the workers, TF-IDF statistics
+    made once on the head), sent SIGTERM (``ray job stop``) while its second trial is held mid-fit,
+    then resumed with the same command and ``--resume``, then resumed once more."""
     topo, _ = topology
+    tmp = tmp_path_factory.mktemp("una-sweep")
     output = topo.storage("una-sweep")
-    space = tmp_path / "una.yaml"  # one trial at a time, no early stopping: the second trial reaches the barrier
+    space = tmp / "una.yaml"  # one trial at a time, no early stopping: the second trial reaches the barrier
     space.write_text((ROOT / "tune_spaces" / "una.yaml").read_text().replace("type: asha", "type: none")
                      .replace("local: {num_samples: 4, max_concurrent_trials: 2}", "local: {num_samples: 2, max_concurrent_trials: 1}"))
-    barrier = tmp_path / "barrier"
+    barrier = tmp / "barrier"
     args = ["una", "--space", str(space), *sets(
         model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=6, eval_steps=3, log_steps=1,
         num_workers=1, use_gpu="false", output_dir=output, **_barrier(barrier, step=5))]
     proc = _driver(topology, "tune", args)
 
-    def finished_trials():
-        return {r.data.tags["trial_id"] for r in runs_of(topo.tracking_uri, "una")[1]
-                if r.data.tags.get("trial_id") and r.info.status == "FINISHED"}
-
-    first = wait_for("the first trial to finish", finished_trials, proc=proc)
-    (barrier / "armed").touch()
-    wait_for("the second trial to reach step 5", (barrier / "blocked").exists, proc=proc)
+    def trials(status: str) -> list:
+        return [r for r in runs_of(topo.tracking_uri, "una")[1] if r.data.tags.get("trial_id") and r.info.status == status]
 
     def registered():  # Ray Train resumes from the checkpoints its controller registered, which then records the best
         c, runs = runs_of(topo.tracking_uri, "una")
-        return any(3 in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in runs
-                   if r.data.tags.get("trial_id") and r.info.status == "RUNNING")
+        return any(3 in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in trials("RUNNING"))
 
+    out = {"first": wait_for("the first trial to finish", lambda: trials("FINISHED"), proc=proc)[0], "output": output}
+    (barrier / "armed").touch()
+    wait_for("the second trial to reach step 5", (barrier / "blocked").exists, proc=proc)
     wait_for("its checkpoint of step 3", registered, proc=proc)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-3000:]
-    assert "--resume" in out
+    stdout, stderr = proc.communicate(timeout=300)
+    out["stopped"] = (proc.returncode, stdout, stderr)
     release_barrier(barrier)
-    c, runs = runs_of(topo.tracking_uri, "una")
-    status = {r.data.tags.get("trial_id", "parent"): r.info.status for r in runs}
-    assert sorted(status.values()) == ["FINISHED", "KILLED", "KILLED"] and status[next(iter(first))] == "FINISHED"
-    cut = next(r for r in runs if r.info.status == "KILLED" and r.data.tags.get("trial_id"))
-    assert steps_of(c, cut.info.run_id, "stsb_dev_spearman") == [3]
-
+    out["after_stop"] = runs_of(topo.tracking_uri, "una")[1]
     resumed = _driver(topology, "tune", [*args, "--resume"])
-    out, err = resumed.communicate(timeout=900)
-    assert resumed.returncode == 0, err[-3000:]
-    assert "best trial" in out and f"{output}/" in out
-    c, runs = runs_of(topo.tracking_uri, "una")
-    children = [r for r in runs if r.data.tags.get("trial_id")]
-    assert len(children) == 2 and {r.info.run_id for r in children} >= {cut.info.run_id}  # one run per trial
+    stdout, stderr = resumed.communicate(timeout=900)
+    out["resumed"] = (resumed.returncode, stdout, stderr)
+    out["client"], out["runs"] = runs_of(topo.tracking_uri, "una")
+    again = _driver(topology, "tune", [*args, "--resume"])
+    stdout, stderr = again.communicate(timeout=600)
+    out["again"] = subprocess.CompletedProcess(args, again.returncode, stdout, stderr)
+    return out
+
+
+def _children(runs) -> list:
+    return [r for r in runs if r.data.tags.get("trial_id")]
+
+
+def test_sigterm_stops_a_sweep_as_ctrl_c(sweep):
+    """Exit 130 with the resume command printed; the finished trial FINISHED, the cut trial's run
+    and the sweep's KILLED, none RUNNING; the cut trial's points up to its last checkpoint."""
+    code, out, err = sweep["stopped"]
+    assert code == 130, err[-3000:]
+    assert "--resume" in out
+    status = {r.data.tags.get("trial_id", "parent"): r.info.status for r in sweep["after_stop"]}
+    assert status == {sweep["first"].data.tags["trial_id"]: "FINISHED", "parent": "KILLED",
+                      **{t: "KILLED" for t in status if t not in ("parent", sweep["first"].data.tags["trial_id"])}}
+    assert len(status) == 3
+
+
+def test_the_resumed_sweep_continues_the_cut_trial_in_its_run(sweep):
+    """The finished trial does not run again; the cut trial continues in its own run from its
+    checkpoint of step 3, every step once; every run ends FINISHED with the real commit."""
+    code, out, err = sweep["resumed"]
+    assert code == 0, err[-3000:]
+    assert "best trial" in out and f"{sweep['output']}/" in out
+    c, runs = sweep["client"], sweep["runs"]
+    cut = next(r for r in sweep["after_stop"] if r.data.tags.get("trial_id") and r.info.status == "KILLED")
+    assert {r.info.run_id for r in _children(runs)} == {cut.info.run_id, sweep["first"].info.run_id}
     cut = c.get_run(cut.info.run_id)
     assert cut.data.tags["platform.resumed"] == "1"
     assert steps_of(c, cut.info.run_id, "train_loss") == list(range(1, 7))
     assert steps_of(c, cut.info.run_id, "stsb_dev_spearman") == [3, 6]
-    parents = [r for r in runs if not r.data.tags.get("trial_id")]
-    assert len(parents) == 1
-    parent = parents[0]
+    assert "resumed at step 3" in out + err
     commit = _head_commit()
     for run in runs:
         assert run.info.status == "FINISHED", run.info
         assert run.data.tags["git_commit"] == commit
+
+
+def test_the_best_trial_is_finalized_from_s3(sweep):
+    """The best of the FINISHED trials: its checkpoint in S3, its 7-task table on it and the parent,
+    its export in the server's artifact store (not on the head's disk)."""
+    c, runs = sweep["client"], sweep["runs"]
+    children = _children(runs)
+    (parent,) = [r for r in runs if not r.data.tags.get("trial_id")]
     best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
     assert best.data.metrics["best_stsb_dev_spearman"] == max(r.data.metrics["best_stsb_dev_spearman"] for r in children)
     assert "sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
     for child in children:
         assert {"alpha", "beta", "r", "lr"} <= set(child.data.params)
         assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")
-    assert parent.data.tags["best_checkpoint"].startswith(f"{output}/una-sweep-")
+    assert parent.data.tags["best_checkpoint"].startswith(f"{sweep['output']}/una-sweep-")
     assert {a.path for a in c.list_artifacts(best.info.run_id, "best_checkpoint")} == {
         "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
 
-    # The artifacts are in the S3 store behind the server, not on the head's disk.
+
+def test_artifacts_and_data_never_touch_a_workers_disk(topology, sweep):
+    """MLflow's artifacts are in the S3 store behind the server; the TF-IDF statistics were made
+    once, on the head, and reached the workers through the object store: nothing was read from or
+    written to a worker's own copy of the head's folders."""
+    topo, _ = topology
     s3 = topo.s3_client()
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="mlflow/").get("Contents", [])]
     assert any(k.endswith("sts_results.json") for k in keys)
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix="una-sweep/").get("KeyCount", 0) > 0
-
-    # Nothing was read from or written to a worker's own copy of the head's folders: the TF-IDF
-    # statistics were made once, on the head, and reached the workers through the object store.
     for i in range(topo.workers):
         for hidden, disk in topo.worker_disks(i).items():
             assert not any(disk.iterdir()), f"worker{i} wrote into its {hidden}: {sorted(disk.rglob('*'))[:5]}"
 
+
+def test_the_best_model_downloads_from_the_server_and_loads(topology, sweep, tmp_path):
     import mlflow
     from sentence_transformers import SentenceTransformer
 
-    local = mlflow.artifacts.download_artifacts(run_id=best.info.run_id,
+    topo, _ = topology
+    (parent,) = [r for r in sweep["runs"] if not r.data.tags.get("trial_id")]
+    local = mlflow.artifacts.download_artifacts(run_id=parent.data.tags["best_run_id"],
                                                 artifact_path="best_checkpoint/sentence-transformers",
                                                 tracking_uri=topo.tracking_uri, dst_path=str(tmp_path))
     emb = SentenceTransformer(local, device="cpu").encode(["A man is playing a guitar.", "A woman slices a tomato."])
     assert emb.shape == (2, 32)
 
-    again = _driver(topology, "tune", [*args, "--resume"])  # a finished sweep: nothing to resume
-    out, err = again.communicate(timeout=600)
-    assert_user_error(subprocess.CompletedProcess(args, again.returncode, out, err), "finished", "nothing to resume")
+
+def test_resuming_a_finished_sweep_is_refused(sweep):
+    assert_user_error(sweep["again"], "finished", "nothing to resume")
 
 
 def _checkpointed(topo, step: int) -> bool:

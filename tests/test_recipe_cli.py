@@ -90,7 +90,8 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
         "final_eval": "false", "output_dir": tmp_path / "runs",
     }
     # Each ingredient's own settings, given only where the recipe has it (others are refused).
-    own = {"paraphrase": {"paraphrase_cache": paraphrases}, "una": {"r": 20, "alpha": 1}, "vascl": {"k": 4},
+    # UNA every second step: its first step trains without them (under HiNCE and NT-Xent too).
+    own = {"paraphrase": {"paraphrase_cache": paraphrases}, "una": {"r": 20, "alpha": 2}, "vascl": {"k": 4},
            "augcse": {"augmentations": "4-aug"}}
     for name in (pos, *negs.split(","), aux):
         sets.update(own.get(name, {}))
@@ -106,8 +107,11 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     assert (run.data.params["positives"], run.data.params["negatives"], run.data.params["loss"],
             run.data.params["aux"]) == row
     assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
-    for name in negs.split(","):  # every source's negatives were used (alpha 1)
-        assert [m.value for m in c.get_metric_history(run.info.run_id, f"{name}_negatives")] == [1.0, 1.0]
+    for name in negs.split(","):  # SAN's negatives at every step, UNA's at the second
+        used = [m.value for m in sorted(c.get_metric_history(run.info.run_id, f"{name}_negatives"), key=lambda m: m.step)]
+        assert used == ([0.0, 1.0] if name == "una" else [1.0, 1.0])
+    if aux == "vascl":  # K against the global batch, and the share of it that K is
+        assert "note: aux=vascl: each instance's neighbourhood is its 4 nearest of the 15 others in the global batch (26.7%" in proc.stdout
     extra = {"vascl": "vascl_neighbourhood", "augcse": "disc_loss"}[aux]
     assert len(c.get_metric_history(run.info.run_id, extra)) == 2
 
@@ -195,6 +199,7 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
         (["aux=vascl,augcse"], "each bring their own projection head"),
         (["negatives=tfidf"], "unknown negatives 'tfidf'; choose from una, san"),
         (["tau2=0.1"], "'tau2' belongs to loss=hince"),
+        (["aux=vascl", "k=64", "batch_size=64"], "k=64 must be smaller than the batch size 64"),
     ],
 )
 def test_invalid_recipes_are_one_line_before_ray(sets, needle, tmp_path, mlflow_uri, monkeypatch, capsys):

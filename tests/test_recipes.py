@@ -64,3 +64,58 @@ def test_the_reference_can_fail(tiny_model):
 def test_invalid_recipes_are_refused(kinds, needle):
     with pytest.raises(InvalidParams, match=needle):
         RecipeSpec.parse(kinds).validate()
+
+
+@pytest.mark.parametrize("case", ["simcse", "una_negatives", "san", "augcse_authors", "vascl"])
+def test_a_few_steps_under_bf16_autocast_stay_close_to_fp32(case, tiny_model):
+    """The GPU path's bf16 autocast (here CPU's, which casts matmuls the same way): three AdamW
+    steps of each named recipe from one initialisation and one batch follow the fp32 run."""
+    import contextlib
+
+    import torch
+
+    from methods.encoder import Encoder
+    from tests.recipe_reference import COLUMNS
+
+    method, params, _ = CASES[case]
+    losses = {}
+    for bf16 in (False, True):
+        encoder = Encoder.from_pretrained(str(tiny_model), dropout=0.1)
+        torch.manual_seed(1)
+        model, loss_fn = recipe_build(method, params, encoder)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        losses[bf16] = []
+        for step in range(3):
+            torch.manual_seed(10 + step)
+            with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+                loss, _ = loss_fn(model, COLUMNS, step if method != "una" else 0)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[bf16].append(float(loss.detach()))
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2), losses
+
+
+def test_una_negatives_under_hince_train_on_the_steps_between_them(tiny_model):
+    """``negatives=una`` with ``loss=hince``: UNA's negatives come every alpha-th step; on the
+    others HiNCE is its positive part, InfoNCE at tau1 over the batch (step 0 with alpha 2 once
+    crashed on an empty concatenation)."""
+    import torch
+
+    from methods.encoder import Encoder
+    from methods.losses import info_nce
+    from tests.recipe_reference import COLUMNS
+
+    encoder = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
+    model, loss_fn = recipe_build("una", {"loss": "hince", "alpha": 2}, encoder)
+    model.eval()
+    loss, metrics = loss_fn(model, COLUMNS, 0)
+    loss.backward()
+    assert metrics["una_negatives"] == 0.0
+    with torch.no_grad():
+        e = model(encoder.tokenize(COLUMNS["sentence"], max_len=32))
+        z = model.project({"x": e}, ["x"])["x"]
+    assert float(loss) == pytest.approx(float(info_nce(z, z, 0.05)), rel=1e-5)
+    with_negatives, metrics = loss_fn(model, COLUMNS, 1)
+    assert metrics["una_negatives"] == 1.0 and float(with_negatives) != float(loss)

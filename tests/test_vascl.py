@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 
@@ -11,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from methods.ingredients import InvalidParams
+from methods.ingredients import InvalidParams, derive_seed
 from methods.losses import gather_with_grad
 from methods.recipe import Recipe
 from methods.vascl import (
@@ -23,7 +22,7 @@ from methods.vascl import (
     virtual_augmentation_loss,
     virtual_perturbation,
 )
-from tests.helpers import slow_nt_xent
+from tests.helpers import slow_neighbourhood_loss, slow_nt_xent
 
 
 def brute_neighbours(e, k):
@@ -59,6 +58,7 @@ def _nbr_worker(rank, world, init_file, out_dir):
     local = full[rank * 5 : (rank + 1) * 5].clone()
     nb = neighbours(gather_with_grad(local), 3, cosine=False)
     torch.save(nb, os.path.join(out_dir, f"nb{rank}.pt"))
+    dist.barrier()  # no rank leaves while another still uses the store (gloo aborts)
     dist.destroy_process_group()
 
 
@@ -69,16 +69,6 @@ def test_neighbourhood_over_two_gloo_workers_uses_global_indices():
     full = torch.randn(10, 6, generator=torch.Generator().manual_seed(3))
     for nb in got:
         assert [sorted(r) for r in nb.tolist()] == brute_neighbours(full, 3)
-
-
-def slow_neighbourhood_loss(q, p, negs, tau):
-    """Eq. 2 one instance at a time with explicit dot products of unit vectors."""
-    total = 0.0
-    for i in range(len(q)):
-        pos = math.exp(float(q[i] @ p[i]) / tau)
-        den = pos + sum(math.exp(float(q[i] @ n) / tau) for n in negs[i])
-        total += -math.log(pos / den)
-    return total / len(q)
 
 
 def test_neighbourhood_loss_matches_reference():
@@ -98,11 +88,12 @@ def test_total_loss_matches_reference(tiny_model):
     sents = ["a man plays guitar", "the cat sleeps", "rain falls", "stocks fell", "she reads", "dogs run"]
     loss, metrics = method.loss(model, {"sentence": enc.tokenize(sents)}, step=0)
     with torch.no_grad():
-        e = model(enc.tokenize(sents))[0]
+        e = model(enc.tokenize(sents))
         z = model.projection(e)
         nb = neighbours(e, 3)
+        # The step's noise: from the run's seed (0) and the step.
         delta = virtual_perturbation(model.projection, e, nb, VaSCLParams(k=3), 0.05,
-                                     torch.Generator().manual_seed(1_000_003))
+                                     torch.Generator().manual_seed(derive_seed(0, "vascl-noise", 0)))
         za = model.projection(e + delta)
     # Eq. 1: each of the 2M views (no dropout: the two coincide) among the 2M-1 others.
     n = len(sents)
@@ -132,20 +123,37 @@ def test_delta_has_norm_Delta_and_beats_a_random_direction():
     assert adv > rnd
 
 
-def test_authors_initial_perturbation_is_uniform_noise_at_radius_delta():
-    """The authors' code starts the power iteration from uniform noise at norm Delta (their xi is
-    their eps); the paper's VAT step starts from Gaussian noise of norm xi. The result lies on the
-    Delta-sphere either way, and with one power iteration the two starts give different deltas."""
+def test_the_initial_perturbation_is_at_radius_delta_as_in_the_authors_code():
+    """The authors' vat_utils.py takes the gradient at e + Delta u (xi = Delta, ``xi=0``), u uniform
+    in [-0.5, 0.5) normalised; the paper's start is isotropic Gaussian. Checked against the gradient
+    of the slow Eq. 2 at that point; the result lies on the Delta-sphere, the two starts differ."""
     torch.manual_seed(0)
-    head = Head(8, 4)
-    e = torch.randn(10, 8)
+    head = Head(16, 8)
+    e = torch.randn(10, 16)
     nb = neighbours(e, 3)
-    params = VaSCLParams(k=3, delta=2.0, xi=1e-3)
+    params = VaSCLParams(k=3, delta=2.0)
     paper = virtual_perturbation(head, e, nb, params, 0.05, torch.Generator().manual_seed(0))
     authors = virtual_perturbation(head, e, nb, params, 0.05, torch.Generator().manual_seed(0), authors=True)
     for d in (paper, authors):
         torch.testing.assert_close(d.norm(dim=-1), torch.full((10,), 2.0))
     assert not torch.allclose(paper, authors)
+
+    u = torch.rand(e.shape, generator=torch.Generator().manual_seed(0)) - 0.5
+    start = (2.0 * F.normalize(u, dim=-1)).double().requires_grad_(True)
+    head64 = Head(16, 8).double()
+    head64.load_state_dict({k: v.double() for k, v in head.state_dict().items()})
+    z = head64(e.double()).detach()
+    q = head64(e.double() + start)
+    loss = sum(-torch.log(torch.exp(q[i] @ z[i] / 0.05)
+                          / (torch.exp(q[i] @ z[i] / 0.05) + sum(torch.exp(q[i] @ z[j] / 0.05) for j in nb[i])))
+               for i in range(10))  # sum over i of l_N(i) (Eq. 2), one instance at a time
+    (grad,) = torch.autograd.grad(loss, start)
+    # Row by row the same direction (float32 against float64 through tau = 0.05).
+    cosines = F.cosine_similarity(authors.double(), grad, dim=-1)
+    assert float(cosines.min()) > 0.9999, cosines
+    small = virtual_perturbation(head, e, nb, VaSCLParams(k=3, delta=2.0, xi=1e-3), 0.05,
+                                 torch.Generator().manual_seed(0), authors=True)
+    assert not torch.allclose(small, authors, atol=1e-2)  # VAT's small xi: another direction
 
 
 @pytest.mark.parametrize("fidelity,reaches", [("paper", True), ("authors_code", False)])
@@ -156,7 +164,7 @@ def test_neighbourhood_term_reaches_encoder_only_in_paper_mode(tiny_model, fidel
     enc = Encoder.from_pretrained(str(tiny_model), dropout=0.0)
     method = Recipe.named("vascl", k=2, fidelity=fidelity)
     model = method.build(enc)
-    e = model(enc.tokenize(["a b c", "the cat", "rain falls", "dogs run"]))[0]
+    e = model(enc.tokenize(["a b c", "the cat", "rain falls", "dogs run"]))
     nb = neighbours(e, 2)
     head = model.projection
     delta = virtual_perturbation(head, e, nb, VaSCLParams(k=2), 0.05, torch.Generator().manual_seed(0))

@@ -1,9 +1,12 @@
-"""``python -m platform.data fetch senteval|wiki1m|all [--data-dir DIR]``: the papers' data.
+"""``python -m platform.data fetch senteval|wiki1m|clustering|all [--data-dir DIR]``: the papers' data.
 
 Downloads SimCSE's copies (huggingface.co/datasets/princeton-nlp/datasets-for-simcse):
 ``wiki1m_for_simcse.txt`` into ``<data>/corpus/`` and ``senteval.tar`` unpacked into
-``<data>/downstream/`` (SentEval's layout). ``$PLATFORM_DATA_MIRROR`` replaces the base URL (a
-mirror, or the loopback server of the tests).
+``<data>/downstream/`` (SentEval's layout); and the eight short-text clustering sets of VaSCL's
+Table 4 (AgNews, SearchSnippets, StackOverflow, Biomedical, GoogleNews TS/T/S, Tweet) from the
+copy SCCL's ``get_data.sh`` uses (rashadulrakib/short-text-clustering-enhancement, at a pinned
+commit) into ``<data>/clustering/<name>.tsv``. ``$PLATFORM_DATA_MIRROR`` replaces every base URL
+(a mirror holding the same relative paths, or the loopback server of the tests).
 
 Each file is downloaded to ``<name>.part`` (an interrupted download resumes from there with an
 HTTP Range request; a part file that is already whole, left by a run stopped before the rename,
@@ -17,6 +20,7 @@ that can be verified neither way is refused.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import re
@@ -31,13 +35,40 @@ from platform.data import DATA_ENV
 from platform.errors import UserError, cli_main, writable_dir
 
 BASE_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+CLUSTERING_URL = ("https://raw.githubusercontent.com/rashadulrakib/short-text-clustering-enhancement/"
+                  "f363b66e6fd51f9dd1db679d2a9ce55538ab9868")
 MIRROR_ENV = "PLATFORM_DATA_MIRROR"
 
-# name -> (file, sha256 or None: taken from the server's LFS ETag). Not pinned: this repository
-# was written offline; pin the values printed by the first verified download.
-SOURCES = {
-    "wiki1m": ("wiki1m_for_simcse.txt", None),
-    "senteval": ("senteval.tar", None),
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A file to fetch: ``base/remote`` into ``<data>/local``, checked against ``sha256`` (None:
+    the server's LFS ETag)."""
+
+    remote: str
+    local: str
+    sha256: str | None = None
+    base: str = BASE_URL
+
+
+# The SimCSE files are not pinned: this repository was written offline; pin the values printed by
+# the first verified download. The clustering files are pinned (read from their commit).
+_CLUSTERING = {
+    "AgNews": ("data/agnewsdataraw-8000", "9a3ecfb3d5daef1cdef2fa1cc23d1f1c23784220116c39072d6d8422f5781c06"),
+    "SearchSnippets": ("data/search_snippets/search_snippets_true_text",
+                       "e39dbcb5d956c2a34d1a68727c18b05646dfd4921857f7f61beccf6481e94787"),
+    "StackOverflow": ("data/stackoverflow/stackoverflow_true_text",
+                      "e683a764d1c05828ee13828695fb273c3d61991b853af716da383061356e9ff5"),
+    "Biomedical": ("data/biomedical/biomedical_true_text", "a52cc072e35bfac1a971880ff3222239438cea24571b8910dd549f1831b34a04"),
+    "GoogleNews-TS": ("data/TS", "a2bd94663542b849477b0a2a95a23626a7c8af50d50978056159997ddd800065"),
+    "GoogleNews-T": ("data/T", "4b4a5feeaa35e7e96e08203fe44f0b5b136c7d1e01eba3a282d25ae4ecae8f8c"),
+    "GoogleNews-S": ("data/S", "004e6210fbfcd11414f27b8bb6a83df6051bb8449c063b9d77955e2df0294082"),
+    "Tweet": ("data/tweet-original-order.txt", "bd63058a56d4b2ff35eca50db6fdbdf51d4dbc222e16604cbcaad813c2831479"),
+}
+SOURCES: dict[str, list[Source]] = {
+    "wiki1m": [Source("wiki1m_for_simcse.txt", "corpus/wiki1m_for_simcse.txt")],
+    "senteval": [Source("senteval.tar", "senteval.tar")],
+    "clustering": [Source(remote, f"clustering/{name}.tsv", sha, CLUSTERING_URL) for name, (remote, sha) in _CLUSTERING.items()],
 }
 CHUNK = 1 << 20
 _SHA = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
@@ -172,22 +203,17 @@ def install_senteval(tar_path: Path, root: Path) -> Path:
 
 
 def fetch(what: str, root: Path) -> list[Path]:
-    base = os.environ.get(MIRROR_ENV, BASE_URL).rstrip("/")
-    names = list(SOURCES) if what == "all" else [what]
+    mirror = os.environ.get(MIRROR_ENV)
     done = []
-    for name in names:
-        filename, sha = SOURCES[name]
-        folder = root / "corpus" if name == "wiki1m" else root
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / filename
-        if not target.exists():
-            download(f"{base}/{filename}", target, sha)
-        else:
-            print(f"{target} already present")
-        if name == "senteval":
-            done.append(install_senteval(target, root))
-        else:
-            done.append(target)
+    for name in list(SOURCES) if what == "all" else [what]:
+        for source in SOURCES[name]:
+            target = root / source.local
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                download(f"{(mirror or source.base).rstrip('/')}/{source.remote}", target, source.sha256)
+            else:
+                print(f"{target} already present")
+            done.append(install_senteval(target, root) if name == "senteval" else target)
     return done
 
 

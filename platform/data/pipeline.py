@@ -16,25 +16,27 @@ from methods.recipe import Recipe
 
 
 class BoundAugment:
-    """``recipe.augment`` with the corpus statistics, for ``map_batches``; with ``corpus`` (an
-    object-store reference to the corpus table) its input is a batch of row numbers, and the rows
-    are gathered from the table first.
+    """``recipe.augment`` of epoch ``epoch`` with the corpus statistics, for ``map_batches``; with
+    ``corpus`` (an object-store reference to the corpus table) its input is a batch of row numbers,
+    and the rows are gathered from the table first. Batches keep their ``row`` column: the epoch's
+    draws are keyed by corpus row.
 
     The statistics (and the table) travel as object-store references that each worker process
     fetches once (``_fetch``): per-process caches (UNA's word look-up) last across tasks, and
     Ray Data does not copy the state into its plan at every execution (benchmarks/RESULTS.md).
     """
 
-    def __init__(self, recipe: Recipe, states_ref, corpus_ref=None):
-        self.recipe, self.state_ref, self.corpus_ref = recipe, states_ref, corpus_ref
+    def __init__(self, recipe: Recipe, states_ref, corpus_ref=None, epoch: int = 0):
+        self.recipe, self.state_ref, self.corpus_ref, self.epoch = recipe, states_ref, corpus_ref, epoch
 
     def __call__(self, batch):
         if self.corpus_ref is not None:
             rows = _fetch(self.corpus_ref).take(np.asarray(batch["row"]))
-            batch = {name: rows.column(name).to_numpy(zero_copy_only=False) for name in rows.column_names}
+            batch = {"row": np.asarray(batch["row"]),
+                     **{name: rows.column(name).to_numpy(zero_copy_only=False) for name in rows.column_names}}
         if not self.recipe.augments_per_epoch:
             return batch
-        return self.recipe.augment(batch, _fetch(self.state_ref))
+        return self.recipe.augment(batch, _fetch(self.state_ref), self.epoch)
 
     def __repr__(self) -> str:
         return f"BoundAugment({self.recipe.spec.describe()})"
@@ -63,13 +65,12 @@ def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], states: dict[
     import ray
 
     _one_operator_context()
-    table = pa.table(columns)
+    table = pa.table({"row": np.arange(len(columns["sentence"])), **columns})
     ds = arrow_blocks(table, min(table.num_rows // batch_size, 64))
-    if not recipe.augments_per_epoch:
-        return ds
-    return ds.map_batches(
-        BoundAugment(recipe, ray.put(states)), batch_format="numpy", batch_size=batch_size, num_cpus=num_cpus
-    )
+    if recipe.augments_per_epoch:
+        ds = ds.map_batches(BoundAugment(recipe, ray.put(states)), batch_format="numpy", batch_size=batch_size,
+                            num_cpus=num_cpus)
+    return ds.drop_columns(["row"])
 
 
 def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[str, Any], epochs: int, seed: int,
@@ -91,7 +92,8 @@ def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[s
     for epoch in range(epochs):
         rows = pa.table({"row": np.random.default_rng(seed + epoch).permutation(n)})
         out[f"train_{epoch}"] = arrow_blocks(rows, blocks).map_batches(
-            BoundAugment(recipe, states_ref, corpus_ref), batch_format="numpy", batch_size=batch_size, num_cpus=num_cpus,
+            BoundAugment(recipe, states_ref, corpus_ref, epoch), batch_format="numpy", batch_size=batch_size,
+            num_cpus=num_cpus,
         )
     return out
 
@@ -102,6 +104,8 @@ def _one_operator_context() -> None:
     # Ray Data's per-operator CPU reservation only idles CPUs with one map operator (RESULTS.md).
     context = ray.data.DataContext.get_current()
     context.op_resource_reservation_enabled = False
+    # Batches in the epoch's order: a run is a function of its seed, not of which task ended first.
+    context.execution_options.preserve_order = True
     # One progress bar per dataset, not one per operator besides it (a trial turns them all off).
     context.enable_operator_progress_bars = False
 

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from methods.encoder import Encoder
+from methods.ingredients import derive_seed
 from methods.recipe import Recipe
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
@@ -50,11 +51,13 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     ctx = RunContext.of(config)
     cfg = ctx.cfg
     rt = make_runtime(ctx, cfg)
-    torch.manual_seed(cfg.seed)  # identical head initialisation on every rank
     resolve_local_models(cfg.ingredient_params)
+    # Weights a checkpoint lacks and the heads: the same on every rank, from the seed.
+    torch.manual_seed(derive_seed(cfg.seed, "init"))
     recipe = cfg.build_recipe()
     encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
     model = rt.wrap(recipe.build(encoder))
+    torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))  # each rank its own masks, from the seed
     steps = total_steps(cfg, rt.num_sentences(recipe))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" and cfg.bf16
@@ -85,6 +88,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
             # Every worker holds the same global loss; DDP averages gradients over workers, so
             # scaling by W makes the applied gradient that of the global loss (see gather_with_grad).
             (loss * rt.world).backward()
+            extra["grad_norm"] = clip_gradients(model, cfg.max_grad_norm)
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
@@ -101,6 +105,15 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
             break
     log.close()
     return {"steps": pos.step, "train_time_s": pos.train_time_s, BEST: pos.best, "best_step": pos.best_step}
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
+    """The global gradient's L2 norm, before it is scaled to ``max_norm`` when above it (0: never),
+    as the Hugging Face Trainer's ``max_grad_norm`` does."""
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters])))
 
 
 def make_optimizer(cfg: TrainConfig, recipe: Recipe, model, steps: int):
@@ -227,7 +240,7 @@ class Runtime:
         """This worker's share of the epoch's global batches, with the recipe's per-epoch columns."""
         corpus = self.ctx.corpus or self._read_corpus(recipe)
         for batch in local_batches(corpus.columns, self.cfg, self.rank, self.world, epoch):
-            yield recipe.augment(batch, corpus.states) if recipe.augments_per_epoch else batch
+            yield recipe.augment(batch, corpus.states, epoch) if recipe.augments_per_epoch else batch
 
     def _read_corpus(self, recipe: Recipe) -> CorpusData:
         # Generated columns and statistics come from the cache the driver filled.
@@ -388,4 +401,4 @@ def local_batches(
     local = cfg.batch_size // world
     for start in range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size):
         idx = perm[start + rank * local : start + (rank + 1) * local]
-        yield {k: a[idx] for k, a in arrays.items()}
+        yield {"row": idx, **{k: a[idx] for k, a in arrays.items()}}

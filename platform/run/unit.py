@@ -50,7 +50,10 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
 
     load_tokenizer(cfg.model)
     resolve_local_models(cfg.ingredient_params)
-    cfg.build_recipe().preflight()
+    recipe = cfg.build_recipe()
+    recipe.preflight()
+    for line in [n for i in recipe.ingredients for n in i.notes(cfg.batch_size)]:
+        print(f"note: {line}", flush=True)
     if cfg.runtime == "process" and storage.is_uri(cfg.output_dir):
         raise ConfigError(f"runtime=process keeps its checkpoint on this machine: output_dir must be a local path, not {cfg.output_dir}")
     cfg.output_dir = storage.check_writable(cfg.output_dir)
@@ -76,6 +79,8 @@ def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True) -> Corpu
 
 def run_tags(cfg: TrainConfig) -> dict[str, str]:
     tags = {"method": cfg.method, "recipe": cfg.recipe.describe(), "profile": cfg.profile, "model": cfg.model}
+    for ingredient in cfg.build_recipe().ingredients:
+        tags.update(ingredient.run_tags())
     if uses_random_mlm(cfg.ingredient_params):
         tags["mlm_random_weights"] = "true"
         tags["mlm_note"] = "negatives from a randomly initialised tiny MLM (offline local profile): noise, not real SAN negatives"
