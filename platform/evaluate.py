@@ -18,13 +18,14 @@ from pathlib import Path
 from methods.encoder import POOLERS, Encoder
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main
-from platform.evaluation.clustering import CLUSTER_SETS, kmeans_accuracy, load_labelled
+from platform.evaluation.clustering import CLUSTER_SETS, PAPER_SETS, embed, kmeans_accuracy, load_labelled, protocol
 from platform.evaluation.classifier import CLASSIFIERS
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer
 from platform.run import checkpoint
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
-TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"], "transfer": list(TRANSFER_TASKS)}
+TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"],
+               "clustering-paper": [f"cluster:{name}" for name in PAPER_SETS], "transfer": list(TRANSFER_TASKS)}
 
 
 def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
@@ -55,7 +56,7 @@ def expand_tasks(tasks: list[str]) -> list[str]:
     for t in tasks:
         for name in TASK_GROUPS.get(t.lower(), [t]):
             if name not in STS_TASKS and name not in CLUSTER_TASKS and name not in TRANSFER_TASKS:
-                choices = ["sts", "clustering", "transfer", *STS_TASKS, *CLUSTER_TASKS, *TRANSFER_TASKS]
+                choices = [*TASK_GROUPS, *STS_TASKS, *CLUSTER_TASKS, *TRANSFER_TASKS]
                 raise UserError(f"unknown task {t!r}; choose from {', '.join(choices)}")
             if name not in out:
                 out.append(name)
@@ -79,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("model")
     p.add_argument("--pooler", choices=POOLERS, default=None, help="default: the checkpoint's, else cls_before_pooler")
     p.add_argument("--tasks", nargs="+", default=["sts"],
-                   help="task names, or the groups 'sts' (default), 'transfer' (SentEval) and 'clustering' (K-means on TREC)")
+                   help="task names, or the groups 'sts' (default), 'transfer' (SentEval), 'clustering' (K-means on "
+                        "TREC, offline) and 'clustering-paper' (VaSCL's eight sets: python -m platform.data fetch clustering)")
     p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
     p.add_argument("--log-to", default=None, metavar="RUN_ID",
                    help="record the transfer and clustering scores on this MLflow run (as transfer_<task>, "
@@ -125,10 +127,11 @@ def main(argv=None) -> int:
         print(f"transfer {task}: accuracy {acc:.2f} (SentEval protocol, {args.transfer_classifier} logistic "
               f"regression on frozen embeddings)")
     for set_name, (texts, labels) in cluster_sets.items():
-        result = kmeans_accuracy(encoder.encode(texts, batch_size=args.batch_size).numpy(), labels)
+        result = kmeans_accuracy(embed(encoder, texts, set_name, args.batch_size), labels)
         scores[f"cluster:{set_name}"] = result["accuracy"]
         print(f"clustering {set_name} ({len(texts)} sentences, {labels.max() + 1} classes): K-means accuracy "
-              f"{result['accuracy']:.2f} +- {result['std']:.2f} (Hungarian matching, 10 seeds of 10 restarts)")
+              f"{result['accuracy']:.2f} +- {result['std']:.2f} (Hungarian matching, 10 seeds of 10 restarts; "
+              f"{protocol(set_name).describe()})")
     if args.json_out:
         write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     if args.log_to:

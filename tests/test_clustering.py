@@ -57,3 +57,65 @@ def test_evaluate_cli_clustering(tiny_model, tmp_path):
 
 def test_unknown_clustering_set(cli):
     assert_user_error(cli("evaluate", "minilm", "--tasks", "cluster:AGNEWS"), "unknown task 'cluster:AGNEWS'")
+
+
+def _write_set(root, name, rows):
+    folder = root / "clustering"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.tsv").write_text("".join(f"{label}\t{text}\r\n" for label, text in rows), encoding="utf-8")
+
+
+def test_paper_sets_are_embedded_as_the_authors_code_does(tiny_model, tmp_path):
+    """VaSCL's sets: the masked mean of the last layer over at most 64 tokens, whatever the model's
+    pooler; against a direct transformers computation (their clustering_eval.py's steps). The
+    SentEval stand-ins keep the model's pooler and no truncation."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from methods.encoder import Encoder
+    from platform.evaluation.clustering import embed
+
+    texts = ["a short one", "word " * 150, "the cat sat on the mat"]
+    encoder = Encoder.from_pretrained(str(tiny_model), pooler="cls_before_pooler")
+    got = embed(encoder, texts, "AgNews")
+    tok, model = AutoTokenizer.from_pretrained(str(tiny_model)), AutoModel.from_pretrained(str(tiny_model)).eval()
+    with torch.no_grad():
+        f = tok(texts, max_length=64, padding="max_length", truncation=True, return_tensors="pt")
+        last = model(**f)[0]
+        mask = f["attention_mask"].unsqueeze(-1)
+        want = ((last * mask).sum(1) / mask.sum(1)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    untruncated = embed(encoder, texts, "TREC")
+    np.testing.assert_allclose(untruncated, encoder.encode(texts).numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(untruncated[1], got[1], atol=1e-3)
+
+
+def test_paper_set_files_read_as_the_public_copy_writes_them(tmp_path):
+    _write_set(tmp_path, "StackOverflow", [(18, "How do I fill a DataSet ?\t"), (3, "Best clients"), (18, ""), (7, "x")])
+    texts, labels = load_labelled("StackOverflow", tmp_path)
+    assert texts == ["How do I fill a DataSet ?", "Best clients", ".", "x"]
+    assert labels.tolist() == [2, 0, 2, 1]  # classes in label order, 0..K-1
+    (tmp_path / "clustering" / "Tweet.tsv").write_text("37 no tab here\n", encoding="utf-8")
+    from platform.errors import DataError
+
+    with pytest.raises(DataError, match=r"Tweet.tsv:1: expected 'label<TAB>text'"):
+        load_labelled("Tweet", tmp_path)
+    with pytest.raises(DataError, match="python -m platform.data fetch clustering"):
+        load_labelled("Biomedical", tmp_path)
+
+
+def test_evaluate_cli_on_a_paper_set(tiny_model, tmp_path):
+    rows = [(label, f"topic {label} sentence {k} " + "filler " * k) for label in (1, 2, 3) for k in range(12)]
+    _write_set(tmp_path, "AgNews", rows)
+    proc = run_main("evaluate", str(tiny_model), "--tasks", "cluster:AgNews", "--json", str(tmp_path / "c.json"),
+                    env={"PLATFORM_DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "clustering AgNews (36 sentences, 3 classes)" in proc.stdout
+    assert "VaSCL authors' protocol: mean pooling, 64 tokens" in proc.stdout
+    acc = json.loads((tmp_path / "c.json").read_text())["scores"]["cluster:AgNews"]
+    assert 100 / 3 <= acc <= 100
+
+
+def test_the_paper_group_without_the_data_is_one_line(cli, tmp_path):
+    proc = cli("evaluate", "minilm", "--tasks", "clustering-paper", env={"PLATFORM_DATA_DIR": str(tmp_path)})
+    assert_user_error(proc, "python -m platform.data fetch clustering")

@@ -30,7 +30,7 @@ class Server:
                 self.do_GET(head=True)
 
             def do_GET(self, head=False):
-                name = self.path.rsplit("/", 1)[-1]
+                name = self.path.split("/", 2)[-1]  # the path under the mirror's base
                 if name not in outer.files:
                     self.send_error(404)
                     return
@@ -199,3 +199,53 @@ def test_senteval_tar_with_path_traversal_is_refused(tmp_path):
 def test_no_data_dir(tmp_path):
     proc = run_cli("data", "fetch", "wiki1m", env={"PLATFORM_DATA_DIR": ""})
     assert_user_error(proc, "no data directory")
+
+
+def _clustering_files() -> dict[str, bytes]:
+    """Small stand-ins for the eight files, as the public copy writes them (label, tab, text; some
+    with CRLF and a trailing tab, one line with no text)."""
+    from platform.data.fetch import SOURCES
+
+    files = {}
+    for i, source in enumerate(SOURCES["clustering"]):
+        lines = [f"{1 + k % 3}\t{source.local} text {k}" + ("\t\r" if i % 2 else "") for k in range(9)]
+        files[source.remote] = ("\n".join(lines + ["2\t"]) + "\n").encode()
+    return files
+
+
+def test_clustering_sets_install_pinned_and_load(tmp_path, monkeypatch):
+    """``fetch clustering``: the eight files from the mirror's relative paths, each checked against
+    its pinned sha256 (pinned here to the stand-ins' own), into ``<data>/clustering/<Name>.tsv``,
+    where the evaluator reads them."""
+    import dataclasses
+    import hashlib
+
+    from platform.data import fetch as fetch_module
+    from platform.evaluation.clustering import PAPER_SETS, load_labelled
+    from tests.helpers import run_main
+
+    files = _clustering_files()
+    pinned = [dataclasses.replace(s, sha256=hashlib.sha256(files[s.remote]).hexdigest())
+              for s in fetch_module.SOURCES["clustering"]]
+    monkeypatch.setitem(fetch_module.SOURCES, "clustering", pinned)
+    server = Server(files)
+    try:
+        proc = run_main("data", "fetch", "clustering", "--data-dir", str(tmp_path), env={"PLATFORM_DATA_MIRROR": server.url})
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "clustering").iterdir()) == sorted(f"{n}.tsv" for n in PAPER_SETS)
+    texts, labels = load_labelled("Tweet", tmp_path)
+    assert texts[:2] == ["clustering/Tweet.tsv text 0", "clustering/Tweet.tsv text 1"] and texts[-1] == "."
+    assert labels.tolist() == [0, 1, 2] * 3 + [1]
+
+
+def test_a_clustering_file_that_is_not_the_pinned_one_is_refused(tmp_path):
+    """The real pins: a mirror's file with other bytes is refused, and nothing is installed."""
+    server = Server(_clustering_files())
+    try:
+        proc = fetch("clustering", tmp_path, server.url)
+    finally:
+        server.stop()
+    assert_user_error(proc, "sha256")
+    assert not list((tmp_path / "clustering").glob("*.tsv")) and not list(tmp_path.rglob("*.part"))
