@@ -46,14 +46,47 @@ def resolve_backbone(name_or_path: str) -> str:
     return name_or_path
 
 
+def pretrained_source(name_or_path: str) -> tuple[str, dict[str, str]]:
+    """``(what from_pretrained loads, its keyword arguments)``: ``name@revision`` is a Hugging Face
+    model at a pinned commit (the paper profiles pin theirs: a hub model that changes under the
+    same name would change a run); an alias becomes its packaged folder; a path stays a path."""
+    if "@" in name_or_path and not Path(name_or_path).exists():
+        name, _, revision = name_or_path.rpartition("@")
+        if name and revision:
+            return name, {"revision": revision}
+    return resolve_backbone(name_or_path), {}
+
+
 def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
-    path = resolve_backbone(name_or_path)
+    path, pinned = pretrained_source(name_or_path)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, **pinned)
     except OSError as exc:
         raise BackboneNotFound(_not_found_message(name_or_path)) from exc
+
+
+def max_positions(name_or_path: str) -> int | None:
+    """The longest input, in tokens, the backbone's position embeddings take (RoBERTa-style
+    models reserve the first ``pad_token_id + 1`` positions); None when its config says nothing."""
+    from transformers import AutoConfig
+
+    path, pinned = pretrained_source(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(path, **pinned)
+    except OSError as exc:
+        raise BackboneNotFound(_not_found_message(name_or_path)) from exc
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    if config.model_type in ("roberta", "xlm-roberta", "camembert", "longformer"):
+        positions -= (config.pad_token_id or 0) + 1
+    return int(positions)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def _not_found_message(name: str) -> str:
@@ -70,21 +103,28 @@ def load_backbone(name_or_path: str, dropout: float | None = None, strict: bool 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    path = resolve_backbone(name_or_path)
+    path, pinned = pretrained_source(name_or_path)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, **pinned)
     except OSError as exc:
         raise BackboneNotFound(_not_found_message(name_or_path)) from exc
     if dropout is not None:
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
             if hasattr(config, key):
                 setattr(config, key, dropout)
-    model, info = AutoModel.from_pretrained(path, config=config, output_loading_info=True)
+    try:
+        model, info = AutoModel.from_pretrained(path, config=config, output_loading_info=True, **pinned)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise WeightLoadError(f"cannot read the weights in {path}: {_first_line(exc)}") from None
+    except Exception as exc:  # the safetensors reader's own error type on a truncated or corrupt file
+        if type(exc).__module__.startswith("safetensors"):
+            raise WeightLoadError(f"cannot read the weights in {path}: {_first_line(exc)}") from None
+        raise
     missing = sorted(info["missing_keys"])
     if missing and all(k.startswith("pooler.") for k in missing):
         # Checkpoints without a pooler layer are fine for every pooler except ``cls``.
         model, info = AutoModel.from_pretrained(
-            path, config=config, add_pooling_layer=False, output_loading_info=True
+            path, config=config, add_pooling_layer=False, output_loading_info=True, **pinned
         )
         missing = sorted(info["missing_keys"])
     unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith(_HEAD_PREFIXES))

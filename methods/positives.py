@@ -68,8 +68,11 @@ class Paraphraser:
 
         hf_logging.disable_progress_bar()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.model = AutoModelForSeq2SeqLM.from_pretrained(model).eval().to(self.device)
+        from methods.encoder import pretrained_source
+
+        path, pinned = pretrained_source(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, **pinned)
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(path, **pinned).eval().to(self.device)
         self.num_beams, self.max_length, self.batch_size = num_beams, max_length, batch_size
 
     @torch.inference_mode()

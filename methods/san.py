@@ -161,14 +161,17 @@ def load_mlm(name: str):
     checkpoint) or a tokenizer without a mask token is an error, not random predictions."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
+    from methods.encoder import pretrained_source
+
+    path, pinned = pretrained_source(name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(path, **pinned)
     except OSError:
         raise InvalidParams(f"MLM {name!r} not found (a Hugging Face name or a local folder)") from None
     if tokenizer.mask_token_id is None:
         raise InvalidParams(f"the tokenizer of {name!r} has no mask token; SAN needs a masked language model")
     try:
-        mlm, info = AutoModelForMaskedLM.from_pretrained(name, output_loading_info=True)
+        mlm, info = AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True, **pinned)
     except (ValueError, OSError) as exc:
         raise InvalidParams(f"{name!r} is not a masked language model ({str(exc).splitlines()[0]})") from None
     missing = sorted(info["missing_keys"])

@@ -3,22 +3,24 @@
 Runs a recipe's augmentation over a corpus with Ray Data (``map_batches`` across the CPUs) and
 writes the result as Parquet: the columns the recipe trains on, e.g. for UNA ``sentence`` and
 ``una_negative``. The output folder appears complete or not at all (written beside it, then
-renamed). Prints the throughput.
+renamed). ``--out`` is refused when it is a non-empty folder this platform did not write: a
+re-run replaces its own earlier output and nothing else. Prints the throughput.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
-from platform.data.cache import replace_dir
+from platform import outputs
 from platform.errors import UserError, cli_main, writable_dir
 from platform.run import unit
 from platform.run.local_models import resolve_local_models
+
+OUT_ADVICE = "choose a new or empty folder for --out"
 
 
 @cli_main
@@ -40,6 +42,7 @@ def main(argv=None) -> int:
         raise UserError(f"method {cfg.method!r} has no augmentation to generate")
     corpus_path = resolve_corpus(cfg.corpus)
     out = Path(args.out or Path("outputs") / "augment" / f"{cfg.method}-{corpus_path.name.split('.')[0]}").resolve()
+    outputs.check_replaceable(out, OUT_ADVICE)
     writable_dir(out.parent)
     sentences = read_corpus(corpus_path, limit=cfg.max_sentences or None)
 
@@ -49,18 +52,17 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     corpus = unit.prepare(cfg, sentences)
     t_prepare = time.perf_counter() - t0
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = outputs.staging(out)
     t1 = time.perf_counter()
     try:
         augment_dataset(recipe, corpus.columns, corpus.states).write_parquet(str(tmp))
-    except Exception as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        outputs.discard(tmp)
         if isinstance(exc, OSError):
             raise UserError(f"cannot write {tmp}: {exc}") from None
         raise
     seconds = time.perf_counter() - t1
-    replace_dir(tmp, out)
+    outputs.install(tmp, out, "platform.augment", OUT_ADVICE)
     print(f"{len(sentences)} sentences -> {out}")
     print(f"prepare (generated columns and corpus statistics, cached): {t_prepare:.1f}s; augmentation with Ray Data: "
           f"{seconds:.1f}s = {len(sentences) / seconds:,.0f} sentences/s")

@@ -27,9 +27,11 @@ import yaml
 from methods.ingredients import KINDS, InvalidParams, Params
 from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams
 from platform.errors import ConfigError
+from platform.run.storage import check_uri
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 METHODS = sorted(NAMED) + [CUSTOM]
+MAX_SEED = 2**32 - 1
 
 
 @dataclasses.dataclass
@@ -281,12 +283,16 @@ class TrainConfig:
             (self.optimizer in ("adamw", "adam"), f"optimizer must be adamw or adam, got {self.optimizer!r}"),
             (self.schedule in ("linear", "constant"), f"schedule must be linear or constant, got {self.schedule!r}"),
             (self.runtime in ("ray", "process"), f"runtime must be ray or process, got {self.runtime!r}"),
+            (0 <= self.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}] (a NumPy seed), got {self.seed}"),
+            (bool(self.output_dir.strip()), "output_dir is empty; give a folder or a storage URI (default: runs)"),
+            (bool(self.corpus.strip()), "corpus is empty; give a corpus path or a file name under $PLATFORM_DATA_DIR/corpus"),
             (self.runtime == "ray" or self.num_workers == 1,
              f"runtime=process trains in this one process: num_workers must be 1, got {self.num_workers}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        check_uri(self.output_dir)
         try:
             self.shared.validate()
             for params in self.params.values():
@@ -340,16 +346,13 @@ def coerce(key: str, raw: Any, typ: type, source: str) -> Any:
                 return False
             raise ValueError
         if typ is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            value = int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
-            return value
+            return _whole(key, raw, source)
         if typ is float:
             if isinstance(raw, bool):
                 raise ValueError
             value = float(raw)
-            if math.isnan(value):
-                raise ValueError
+            if not math.isfinite(value):
+                raise ConfigError(f"{source}: {key}={raw!r} is not a finite number")
             return value
         if typ is str:
             if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
@@ -358,6 +361,24 @@ def coerce(key: str, raw: Any, typ: type, source: str) -> Any:
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {key}={raw!r} is not a valid {typ.__name__}") from None
     raise ConfigError(f"{source}: {key} has unsupported type {typ}")
+
+
+def _whole(key: str, raw: Any, source: str) -> int:
+    """An integer written as one (``32``, ``1e3``), never a fraction rounded away (``7.9e0``)."""
+    if isinstance(raw, bool):
+        raise ValueError
+    if isinstance(raw, int):
+        return raw
+    text = str(raw).strip()
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)  # '1e3'; a ValueError here is 'not a valid int'
+    if not math.isfinite(value):
+        raise ConfigError(f"{source}: {key}={raw!r} is not a finite number")
+    if not value.is_integer():
+        raise ConfigError(f"{source}: {key}={raw!r} is not a whole number")
+    return int(value)
 
 
 def available_profiles() -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -52,8 +53,17 @@ def writable_dir(path, what: str = "output folder") -> Path:
     return path
 
 
+# The user part of a URI with a password (``scheme://user:password@``): never printed.
+_CREDENTIALS = re.compile(r"(?<=://)[^\s/@:]*:[^\s/@]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URI in it masked (``s3://***@bucket``)."""
+    return _CREDENTIALS.sub("***@", str(text))
+
+
 def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {redact(message)}", file=sys.stderr)
     raise SystemExit(2)
 
 

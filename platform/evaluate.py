@@ -94,8 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--transfer-jobs", type=int, default=None,
                    help="processes fitting a task's classifiers in parallel (default: one per CPU; same result)")
     args = p.parse_args(argv)
-    if args.transfer_jobs is not None and args.transfer_jobs < 1:
-        raise UserError(f"--transfer-jobs must be >= 1, got {args.transfer_jobs}")
+    for option, value in (("--batch-size", args.batch_size), ("--transfer-jobs", args.transfer_jobs),
+                          ("--transfer-limit", args.transfer_limit)):
+        if value is not None and value < 1:
+            raise UserError(f"{option} must be >= 1, got {value}")
     return args
 
 

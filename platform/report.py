@@ -16,6 +16,7 @@ import math
 import time
 from pathlib import Path
 
+from platform import outputs
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.evaluation.sts import SHORT_NAMES
@@ -96,8 +97,11 @@ def recipe_name(run) -> str:
 
 
 def backbone(run) -> str:
+    """The backbone's name: a local folder's last part, a hub model's name without its pinned revision."""
     model = run.data.tags.get("model") or run.data.params.get("model", "?")
-    return Path(model).name if "/" in model and Path(model).exists() else model
+    if "/" in model and Path(model).exists():
+        return Path(model).name
+    return model.rpartition("@")[0] or model
 
 
 def best_per_recipe(runs) -> list:
@@ -239,7 +243,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m platform.report", description=__doc__.splitlines()[0])
     p.add_argument("--experiment", dest="experiments", action="append", metavar="NAME",
                    help="an MLflow experiment to read (repeatable; default: all)")
-    p.add_argument("--out", type=Path, default=Path("report"), help="folder for report.md, report.csv, report.png")
+    p.add_argument("--out", type=Path, default=Path("report"),
+                   help="folder for report.md, report.csv, report.png (a new or empty one, or an earlier report's)")
     p.add_argument("--no-log", action="store_true", help=f"do not log the report to the {REPORTS_EXPERIMENT!r} experiment")
     return p.parse_args(argv)
 
@@ -249,13 +254,21 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     uri = store.tracking_uri()
     store.check_reachable(uri)
-    out = writable_dir(args.out, "report folder")
+    out = args.out.expanduser().resolve()
+    outputs.check_replaceable(out, "choose a new or empty folder for --out")
+    writable_dir(out.parent, "report folder")
     frame, names = build(uri, args.experiments)
     references = reference_rows(frame)
+    tmp = outputs.staging(out)
+    try:
+        (tmp / "report.md").write_text(markdown(frame, references, names), encoding="utf-8")
+        frame.to_csv(tmp / "report.csv", index=False)
+        plot(frame, tmp / "report.png")
+    except BaseException:
+        outputs.discard(tmp)
+        raise
+    outputs.install(tmp, out, "platform.report", "choose a new or empty folder for --out")
     files = [out / "report.md", out / "report.csv", out / "report.png"]
-    files[0].write_text(markdown(frame, references, names), encoding="utf-8")
-    frame.to_csv(files[1], index=False)
-    plot(frame, files[2])
     print(files[0].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(f) for f in files)}")
     if not args.no_log:

@@ -27,6 +27,15 @@ from platform.errors import ConfigError
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint", "grid")
 SETTINGS = ("metric", "mode", "search", "num_samples", "max_concurrent_trials", "seed", "scheduler")
+MAX_SAMPLES = 10_000  # trials of one sweep: a bound that catches a typo, not a budget
+# What every trial reports and the sweep ranks on (the best of it: best_<metric>).
+METRICS = ("stsb_dev_spearman",)
+SCHEDULER_KEYS = ("type", "grace_period", "reduction_factor")
+# Keys a trial cannot change: the sweep prepares one corpus and writes to one place.
+FIXED = {"corpus": "the sweep reads its corpus once, before the trials",
+         "max_sentences": "the sweep reads its corpus once, before the trials",
+         "output_dir": "the sweep keeps every trial's checkpoints in its own folder",
+         "runtime": "a sweep's trials run on Ray"}
 TOP_KEYS = {*SETTINGS, "space", "profiles", "grids"}
 
 
@@ -58,8 +67,11 @@ class SearchSpace:
         self.search, self.num_samples, self.scheduler = "grid", 1, {"type": "none"}
 
     def check(self, base: TrainConfig) -> None:
-        """Every searched key must be a config key of the run, and each end point a valid value."""
+        """Every searched key must be a config key of the run that a trial can change, and each
+        end point a valid value."""
         for name, (kind, args) in self.space.items():
+            if name in FIXED:
+                raise ConfigError(f"{self.source}: {name} cannot be searched: {FIXED[name]}; set it with --set")
             for value in args if kind in ("choice", "grid") else args[:2]:
                 base.with_values({name: value}, source=f"tune space {name}")
 
@@ -148,13 +160,17 @@ def read_file(path: Path, profile: str) -> SearchSpace:
     spec = SearchSpace(space={}, grids=dict(raw.get("grids") or {}), source=str(path), **settings)
     if spec.mode not in ("max", "min"):
         raise ConfigError(f"{path}: mode must be max or min")
-    if not isinstance(spec.scheduler, dict) or spec.scheduler.get("type", "asha") not in ("asha", "none"):
-        raise ConfigError(f"{path}: scheduler must be a mapping with type asha or none, got {spec.scheduler!r}")
+    if spec.metric not in METRICS:
+        raise ConfigError(f"{path}: metric {spec.metric!r} is not one the trials report; use {' or '.join(METRICS)}")
+    check_scheduler(spec.scheduler, path)
     if spec.search not in ("optuna", "grid"):
         raise ConfigError(f"{path}: search must be optuna or grid, got {spec.search!r}")
     for key in ("num_samples", "max_concurrent_trials"):
-        if not isinstance(getattr(spec, key), int) or getattr(spec, key) < 1:
-            raise ConfigError(f"{path}: {key} must be a positive integer")
+        value = getattr(spec, key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAMPLES:
+            raise ConfigError(f"{path}: {key} must be an integer between 1 and {MAX_SAMPLES}, got {value!r}")
+    if isinstance(spec.seed, bool) or not isinstance(spec.seed, int) or spec.seed < 0:
+        raise ConfigError(f"{path}: seed must be an integer >= 0, got {spec.seed!r}")
     space = raw.get("space")
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{path}: 'space' must map parameter names to distributions")
@@ -172,3 +188,18 @@ def read_file(path: Path, profile: str) -> SearchSpace:
             raise ConfigError(f"{path}: {name}: {kind} takes a non-empty list")
         spec.space[name] = (kind, list(args))
     return spec
+
+
+def check_scheduler(scheduler: Any, path: Path) -> None:
+    """``scheduler``: ``{type: asha | none, grace_period: int >= 1, reduction_factor: > 1}``."""
+    if not isinstance(scheduler, dict) or scheduler.get("type", "asha") not in ("asha", "none"):
+        raise ConfigError(f"{path}: scheduler must be a mapping with type asha or none, got {scheduler!r}")
+    unknown = set(scheduler) - set(SCHEDULER_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: scheduler: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(SCHEDULER_KEYS)}")
+    grace = scheduler.get("grace_period", 1)
+    if isinstance(grace, bool) or not isinstance(grace, int) or grace < 1:
+        raise ConfigError(f"{path}: scheduler: grace_period must be an integer >= 1 (evaluations), got {grace!r}")
+    factor = scheduler.get("reduction_factor", 2)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
+        raise ConfigError(f"{path}: scheduler: reduction_factor must be a number > 1, got {factor!r}")

@@ -2,7 +2,8 @@
 
 - an S3-compatible object store on 127.0.0.1 (moto's server mode), holding ``output_dir`` and the
   MLflow artifacts;
-- an MLflow tracking server (``mlflow server``, SQLite backend, ``--artifacts-destination s3://...``);
+- an MLflow tracking server (``mlflow server``, SQLite backend, ``--artifacts-destination s3://...``)
+  with basic authentication (its own admin account), as ``cluster.yaml`` runs it;
 - a Ray head started with ``--num-cpus 0`` (it runs the driver and the trials' coordinators, no
   training work);
 - worker nodes, each ``ray start --address ...`` inside its own mount namespace (``unshare
@@ -35,6 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from platform.cluster import write_mlflow_auth
 from platform.run.ray_env import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +111,8 @@ class Topology:
         # Ray's token authentication, as a cluster should run: this topology's own token, which
         # every node and driver is given (nothing read from ~/.ray).
         self.ray_token = secrets.token_hex(32)
+        # MLflow's basic authentication, as cluster.yaml runs it: this topology's own admin account.
+        self.mlflow_account = {"MLFLOW_TRACKING_USERNAME": "platform", "MLFLOW_TRACKING_PASSWORD": secrets.token_urlsafe(18)}
 
     # -- what clients need ----------------------------------------------------------------------
 
@@ -144,7 +148,8 @@ class Topology:
 
     def client_env(self) -> dict[str, str]:
         """What a driver on the head exports (README, "On a cluster")."""
-        return {**self.ray_env(), "RAY_ADDRESS": self.ray_address, "MLFLOW_TRACKING_URI": self.tracking_uri}
+        return {**self.ray_env(), **self.mlflow_account, "RAY_ADDRESS": self.ray_address,
+                "MLFLOW_TRACKING_URI": self.tracking_uri}
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -169,11 +174,13 @@ class Topology:
         s3 = self._start("s3", [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)], {})
         _wait("S3 server", lambda: _http_ok(self.s3_endpoint + "/moto-api/"), proc=s3)
         self.s3_client().create_bucket(Bucket=BUCKET)
+        auth = write_mlflow_auth(self.mlflow_dir / "basic_auth.ini", *self.mlflow_account.values())
         mlflow = self._start("mlflow", [
-            _bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{self.mlflow_dir / 'mlflow.db'}",
+            _bin("mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", str(self.mlflow_port),
+            "--workers", "1", "--backend-store-uri", f"sqlite:///{self.mlflow_dir / 'mlflow.db'}",
             "--artifacts-destination", f"s3://{BUCKET}/mlflow",
-        ], {**self.s3_env(), "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint, **MLFLOW_SERVER_ENV})
+        ], {**self.s3_env(), "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint, **MLFLOW_SERVER_ENV,
+            "MLFLOW_AUTH_CONFIG_PATH": str(auth), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)})
         _wait("MLflow server", lambda: _http_ok(self.tracking_uri + "/health"), timeout=120, proc=mlflow)
         head = self._start("head", [
             _bin("ray"), "start", "--head", "--block", "--num-cpus", "0", "--num-gpus", "0",

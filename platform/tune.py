@@ -26,12 +26,13 @@ from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import storage, unit
 from platform.run.loop import total_steps
-from platform.space import SearchSpace, load_space
+from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.tracking import store
-from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run, checkpoint_exists
+from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run, checkpoint_exists, deliver_points_under
 
 SWEEP_STATE = "platform_sweep.json"
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
+POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow
 
 
 @dataclasses.dataclass
@@ -106,36 +107,41 @@ def trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig) -> Run | None:
 # The trials' runs, seen from the driver
 
 
-def close_trial_runs(uri: str, parent: str, trial_id: str, outcome: str) -> None:
+def close_trial_runs(uri: str, parent: str, trial_id: str, outcome: str, folder: str | None = None) -> None:
     """End the still-open runs of a trial Tune ended (and of its seeds) with ``outcome``:
-    ``stopped`` by the scheduler, ``failed``, or ``interrupted``."""
+    ``stopped`` by the scheduler, ``failed``, or ``interrupted``. With the sweep's ``folder``, the
+    step metrics kept in each run's latest checkpoint are sent first where missing (the trial
+    was stopped with points on their way, or during a tracking outage)."""
     extra = {"stopped_by_scheduler": "true"} if outcome == "stopped" else None
     for found in store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}' and attributes.status = 'RUNNING'"):
         for r in [*store.child_runs(uri, found.info.run_id, "attributes.status = 'RUNNING'"), found]:
+            if folder is not None:
+                fit_name = trial_id if r is found else r.info.run_name
+                deliver_points_under(uri, r.info.run_id, storage.join(folder, "trials", fit_name), POINTS_WAIT_S)
             Run(uri, r.info.run_id).end(outcome, r.data.tags.get("best_checkpoint"), only_if_running=True, tags=extra)
 
 
-def close_open_trials(uri: str, parent: str, states: dict[str, str]) -> None:
+def close_open_trials(uri: str, parent: str, states: dict[str, str], folder: str | None = None) -> None:
     """After the driver stopped (Ctrl-C, SIGTERM) or died (closed here by ``--resume``): each
     trial run still open ends as Tune's saved state has its trial: stopped (TERMINATED), failed
     (ERROR), else interrupted (KILLED; ``--resume`` runs the trial again in the same run)."""
     for found in store.child_runs(uri, parent, "attributes.status = 'RUNNING'"):
         trial_id = found.data.tags.get("trial_id", "")
         outcome = {"TERMINATED": "stopped", "ERROR": "failed"}.get(states.get(trial_id, ""), "interrupted")
-        close_trial_runs(uri, parent, trial_id, outcome)
+        close_trial_runs(uri, parent, trial_id, outcome, folder)
 
 
-def trial_runs_callback(uri: str, parent: str):
+def trial_runs_callback(uri: str, parent: str, folder: str):
     """A Tune callback that ends a trial's runs as soon as Tune ends the trial, unless the trial
     did (it ends its run before it returns): a trial ASHA stopped, or one that errored."""
     from ray import tune
 
     class TrialRuns(tune.Callback):
         def on_trial_complete(self, iteration, trials, trial, **info):
-            close_trial_runs(uri, parent, trial.trial_id, "stopped")
+            close_trial_runs(uri, parent, trial.trial_id, "stopped", folder)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            close_trial_runs(uri, parent, trial.trial_id, "failed")
+            close_trial_runs(uri, parent, trial.trial_id, "failed", folder)
 
     return TrialRuns()
 
@@ -176,7 +182,7 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
     trainable = tune.with_resources(tune.with_parameters(trial, sweep=sweep),
                                     {"cpu": 0, "memory": 256 * 2**20, HEAD_NODE: 0.001})
     experiment = storage.join(sweep.folder, "tune")
-    callbacks = [trial_runs_callback(sweep.uri, sweep.parent)]
+    callbacks = [trial_runs_callback(sweep.uri, sweep.parent, sweep.folder)]
     if resume and tune.Tuner.can_restore(experiment):
         # The restored Tuner brings the callbacks it was started with (the same sweep and run).
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_errored=True, restart_errored=False,
@@ -323,8 +329,8 @@ def configure(args: argparse.Namespace) -> tuple[TrainConfig, SearchSpace, int]:
         raise ConfigError("a sweep runs its trials on Ray: runtime must be ray")
     spec = load_space(base, args.space, grid=args.grid)
     if args.num_samples is not None:
-        if args.num_samples < 1:
-            raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
+        if not 1 <= args.num_samples <= MAX_SAMPLES:
+            raise ConfigError(f"--num-samples must be between 1 and {MAX_SAMPLES}, got {args.num_samples}")
         spec.num_samples = args.num_samples
     return base, spec, len(unit.seed_values(base, args.seeds))
 
@@ -344,7 +350,7 @@ def main(argv=None) -> int:
     if found is not None:  # Tune restores the sweep as it was started
         folder, state = found
         parent = Run.reopen(uri, state["parent_run_id"])
-        close_open_trials(uri, parent.id, saved_trial_states(folder))  # left open by a driver that died
+        close_open_trials(uri, parent.id, saved_trial_states(folder), folder)  # left open by a driver that died
     else:
         parent, folder = new_sweep(uri, base, spec, corpus, identity)
         state = {"expected_trials": spec.expected_trials()}
@@ -356,7 +362,7 @@ def main(argv=None) -> int:
                 raise KeyboardInterrupt
             parent.complete(finish_sweep(sweep, parent, spec, results))
     except KeyboardInterrupt:
-        close_open_trials(uri, parent.id, saved_trial_states(folder))
+        close_open_trials(uri, parent.id, saved_trial_states(folder), folder)
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume "
               "(and the same arguments)", flush=True)
         raise

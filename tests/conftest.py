@@ -5,10 +5,6 @@ this process. (Helpers that are not fixtures: ``tests/helpers.py``.)"""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -72,30 +68,12 @@ def mlflow_uri(tmp_path, _empty_mlflow_db) -> str:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory, _empty_mlflow_db):
     """A real ``mlflow server`` process (SQLite, local artifacts), one per test module."""
-    from platform.topology import MLFLOW_SERVER_ENV, free_port
+    from tests.helpers import MlflowServer
 
     base = tmp_path_factory.mktemp("mlflow-server")
-    store = new_mlflow_db(_empty_mlflow_db, base / "mlflow.db")
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(os.path.join(os.path.dirname(sys.executable), "mlflow")), "server", "--host", "127.0.0.1", "--port",
-         str(port), "--workers", "1", "--backend-store-uri", store,
-         "--artifacts-destination", (base / "artifacts").as_uri()],
-        stdout=open(base / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, **MLFLOW_SERVER_ENV})
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(base / 'server.log').read_text()[-2000:]}") from None
-            time.sleep(0.5)
-    yield uri
-    proc.terminate()
-    proc.wait(timeout=30)
+    server = MlflowServer(base, new_mlflow_db(_empty_mlflow_db, base / "mlflow.db")).start()
+    yield server.uri
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -252,3 +252,110 @@ def repo_with_barrier(folder: Path) -> Path:
     a file says so, so that a test interrupts it mid-fit, at a known point, every time."""
     return repo_with_ingredient(folder, "barrier", BARRIER_SOURCE.read_text(encoding="utf-8"),
                                 '    "methods.barrier:Barrier",')
+
+
+# ------------------------------------------------------------------------------------------------
+# Servers a test starts for real: MLflow's tracking server, PostgreSQL
+
+
+class MlflowServer:
+    """``mlflow server`` on a fixed port over ``backend`` (artifacts in ``base/artifacts``), that
+    can be stopped and started again on the same port (a tracking outage). ``account``: basic
+    authentication with that admin (``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` values)."""
+
+    def __init__(self, base: Path, backend: str, account: dict | None = None, env: dict | None = None):
+        from platform.topology import MLFLOW_SERVER_ENV, free_port
+
+        self.base, self.backend, self.account = Path(base), backend, account
+        self.port, self.proc = free_port(), None
+        self.env = {**os.environ, **MLFLOW_SERVER_ENV, **(env or {})}
+        self.base.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120) -> "MlflowServer":
+        import secrets
+        import urllib.request
+
+        args = []
+        env = dict(self.env)
+        if self.account:
+            from platform.cluster import write_mlflow_auth
+
+            auth = write_mlflow_auth(self.base / "basic_auth.ini", self.account["MLFLOW_TRACKING_USERNAME"],
+                                     self.account["MLFLOW_TRACKING_PASSWORD"])
+            args = ["--app-name", "basic-auth"]
+            env.update({"MLFLOW_AUTH_CONFIG_PATH": str(auth), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)})
+        log = open(self.base / "server.log", "a")
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "mlflow"), "server", *args, "--host", "127.0.0.1", "--port", str(self.port),
+             "--workers", "1", "--backend-store-uri", self.backend, "--artifacts-destination", (self.base / "artifacts").as_uri()],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2):
+                    return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server did not start: {(self.base / 'server.log').read_text()[-2000:]}") from None
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            import signal
+
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+class Postgres:
+    """A PostgreSQL server of Debian's ``postgresql`` package on a temporary folder and a free port,
+    password-protected (``password``); as root, its processes run as the ``postgres`` user, in a
+    folder of the system's temporary directory it can reach (pytest's are root's alone)."""
+
+    def __init__(self, user: str = "mlflow", password: str = "pg-pass-for-tests"):
+        import glob
+        import tempfile
+
+        from platform.topology import free_port
+
+        self.base, self.user, self.password, self.port = Path(tempfile.mkdtemp(prefix="pg-")), user, password, free_port()
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        self.bin = Path(found[-1]).parent if found else Path(shutil.which("initdb") or "initdb").parent
+        self.data = self.base / "data"
+
+    def available(self) -> str | None:
+        return None if (self.bin / "initdb").exists() else "PostgreSQL's initdb is not installed (apt install postgresql)"
+
+    def _run(self, *args: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *args], check=True, capture_output=True, text=True,
+                       env={**os.environ, "PGPASSWORD": self.password})
+
+    def start(self) -> "Postgres":
+        self.base.mkdir(parents=True, exist_ok=True)
+        pwfile = self.base / "pw"
+        pwfile.write_text(self.password + "\n")
+        if os.geteuid() == 0:
+            shutil.chown(self.base, "postgres")
+            shutil.chown(pwfile, "postgres")
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", self.user, "--auth=scram-sha-256",
+                  f"--pwfile={pwfile}", "--no-sync")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.base / "log"), "-w", "start",
+                  "-o", f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1")
+        self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "mlflow")
+        return self
+
+    @property
+    def uri(self) -> str:
+        """Without the password: it goes in ``PGPASSWORD``, as the platform requires."""
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/mlflow"
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.base, ignore_errors=True)

@@ -12,6 +12,7 @@ import importlib
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def table_rows() -> list[tuple[str, str]]:
 
 
 def test_the_table_is_long_enough():
-    assert len(table_rows()) >= 20
+    assert len(table_rows()) >= 45
 
 
 def _read_only_dir(tmp_path: Path) -> Path:
@@ -57,11 +58,31 @@ def files(tmp_path_factory, tiny_model, small_corpus):
     (d / "unknown.yaml").write_text("metric: stsb_dev_spearman\ntrials: 3\nspace: {lr: {loguniform: [1.0e-5, 1.0e-4]}}\n")
     (d / "not-a-checkpoint").mkdir()
     (d / "not-a-checkpoint" / "notes.txt").write_text("hello")
+    (d / "invisible.txt").write_text("\u200b\u200c\u2060\n" * 100, encoding="utf-8")
+    space = "mode: max\nsearch: optuna\nscheduler: {type: asha}\nspace: {beta: {uniform: [0.3, 0.8]}}\n"
+    (d / "metric.yaml").write_text("metric: accuracy\n" + space)
+    (d / "grace0.yaml").write_text(space.replace("{type: asha}", "{type: asha, grace_period: 0}"))
+    (d / "corpus.yaml").write_text(space.replace("{beta:", "{corpus: {choice: [a.txt, b.txt]}, beta:"))
+    user = d / "thesis"
+    (user / "src").mkdir(parents=True)
+    (user / "thesis.tex").write_text("\\documentclass{article}")
+    (user / "src" / "main.py").write_text("print(1)")
+    (d / "user-data" / "downstream").mkdir(parents=True)
+    (d / "user-data" / "downstream" / "notes.txt").write_text("mine")
+    shutil.copytree(tiny_model, d / "truncated")
+    weights = d / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    (d / "broken-checkpoint" / "model").mkdir(parents=True)
+    (d / "broken-checkpoint" / "state.json").write_text('{"step": 3, "eval_pool')
     return {
         "MISSING": str(d / "does-not-exist.txt"), "EMPTY": str(d / "empty.txt"), "BINARY": str(d / "binary.bin"),
         "LATIN1": str(d / "latin1.txt"), "HUGE_LINE": str(d / "huge.txt"), "MALFORMED_YAML": str(d / "malformed.yaml"),
         "UNKNOWN_KEY_YAML": str(d / "unknown.yaml"), "NOT_A_CHECKPOINT": str(d / "not-a-checkpoint"),
         "TINY_MODEL": str(tiny_model), "CORPUS": str(small_corpus), "READ_ONLY": str(_read_only_dir(d)),
+        "INVISIBLE": str(d / "invisible.txt"), "SPACE_METRIC": str(d / "metric.yaml"),
+        "SPACE_GRACE0": str(d / "grace0.yaml"), "SPACE_CORPUS": str(d / "corpus.yaml"), "USER_FOLDER": str(user),
+        "USER_DATA": str(d / "user-data"), "TRUNCATED_MODEL": str(d / "truncated"),
+        "BROKEN_CHECKPOINT": str(d / "broken-checkpoint"),
     }
 
 
@@ -81,6 +102,7 @@ def test_bad_input_row(command, needle, files, tmp_path, monkeypatch, capsys, ml
         monkeypatch.setenv(key, value)
     assert words[:2] == ["python", "-m"] and words[2].startswith("platform.")
     module, argv = words[2].split(".", 1)[1], words[3:]
+    before = _tree(Path(files["USER_FOLDER"]).parent)
     with pytest.raises(SystemExit) as exit_info:
         _entry(module)(argv)
     err = capsys.readouterr().err
@@ -89,12 +111,21 @@ def test_bad_input_row(command, needle, files, tmp_path, monkeypatch, capsys, ml
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1, err
     assert needle in lines[0], lines[0]
-    # Nothing left behind in a bad state.
-    if os.environ["MLFLOW_TRACKING_URI"] == mlflow_uri and Path(mlflow_uri.split("///", 1)[1]).exists():
+    for secret in re.findall(r"://[^\s/@:]*:([^\s/@]+)@", command):  # a password in the command is never printed
+        assert secret not in err
+    # Before any Ray work or MLflow run, and nothing a user made is changed.
+    import ray
+
+    assert not ray.is_initialized()
+    if Path(mlflow_uri.split("///", 1)[1]).exists():
         from mlflow.tracking import MlflowClient
 
         c = MlflowClient(mlflow_uri)
-        exps = [e.experiment_id for e in c.search_experiments()]
-        assert not [r for r in c.search_runs(exps) if r.info.status == "RUNNING"]
+        assert not c.search_runs([e.experiment_id for e in c.search_experiments()])
     if cache.exists():
         assert not [p for p in cache.iterdir() if ".tmp-" in p.name]
+    assert _tree(Path(files["USER_FOLDER"]).parent) == before
+
+
+def _tree(folder: Path) -> list:
+    return sorted((str(p.relative_to(folder)), p.stat().st_size if p.is_file() else None) for p in folder.rglob("*"))

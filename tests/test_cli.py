@@ -122,7 +122,7 @@ def test_tune_bad_space_and_samples(tmp_path, mlflow_uri, cli):
     assert runs_of(mlflow_uri)[1] == []  # rejected before any MLflow run exists
     space.write_text("spaces: {}\n")
     assert_user_error(cli("tune", "simcse", "--space", str(space)), "unknown key(s) spaces")
-    assert_user_error(cli("tune", "simcse", "--num-samples", "0"), "--num-samples must be >= 1")
+    assert_user_error(cli("tune", "simcse", "--num-samples", "0"), "--num-samples must be between 1 and 10000, got 0")
 
 
 def test_evaluate_bad_input(tmp_path, cli):

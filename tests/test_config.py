@@ -13,7 +13,7 @@ from platform.config import ConfigError, TrainConfig, parse_sets
 def test_paper_defaults_are_simcse_bert_base():
     cfg = TrainConfig.build("simcse", "paper")
     assert (cfg.model, cfg.batch_size, cfg.lr, cfg.max_len, cfg.epochs, cfg.eval_steps) == (
-        "bert-base-uncased", 64, 3e-5, 32, 1, 125)
+        "bert-base-uncased@86b5e0934494bd15c9632b12f734a8a67f723594", 64, 3e-5, 32, 1, 125)
     assert cfg.shared.temperature == 0.05 and cfg.dropout == 0.1 and cfg.use_gpu
 
 
@@ -34,7 +34,14 @@ def test_flat_round_trip():
     [
         ({"learning_rate": "1"}, "unknown key 'learning_rate'"),
         ({"lr": "fast"}, "lr='fast' is not a valid float"),
-        ({"batch_size": "3.5"}, "not a valid int"),
+        ({"batch_size": "3.5"}, "batch_size='3.5' is not a whole number"),
+        ({"batch_size": "many"}, "batch_size='many' is not a valid int"),
+        ({"batch_size": "1e400"}, "batch_size='1e400' is not a finite number"),
+        ({"eval_steps": "7.9e0"}, "eval_steps='7.9e0' is not a whole number"),
+        ({"lr": "inf"}, "lr='inf' is not a finite number"),
+        ({"lr": "nan"}, "lr='nan' is not a finite number"),
+        ({"seed": "-1"}, "seed must be in [0, 4294967295]"),
+        ({"output_dir": ""}, "output_dir is empty"),
         ({"use_gpu": "maybe"}, "not a valid bool"),
         ({"lr": "0"}, "lr must be > 0"),
         ({"lr": "-1e-5"}, "lr must be > 0"),

@@ -92,3 +92,21 @@ def test_sentence_transformers_export_embeds_identically(tiny_model, tmp_path, p
     ours = Encoder.from_pretrained(str(tiny_model)).encode(SENTS, pooler=pooler)
     theirs = torch.as_tensor(st.encode(SENTS))
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
+
+
+def test_a_hub_model_at_a_pinned_revision(tmp_path):
+    """``name@revision`` loads that commit of a hub model (the paper profiles pin theirs); a path
+    with an '@' in it stays a path; an alias stays its packaged folder."""
+    from methods.encoder import pretrained_source
+    from platform.config import TrainConfig
+
+    assert pretrained_source("bert-base-uncased@86b5e0934494bd15c9632b12f734a8a67f723594") == (
+        "bert-base-uncased", {"revision": "86b5e0934494bd15c9632b12f734a8a67f723594"})
+    folder = tmp_path / "me@work"
+    folder.mkdir()
+    assert pretrained_source(str(folder)) == (str(folder), {})
+    assert pretrained_source("minilm")[0].endswith("model")
+    for method in ("simcse", "una", "san", "augcse"):
+        assert TrainConfig.build(method, "paper").model == "bert-base-uncased@86b5e0934494bd15c9632b12f734a8a67f723594"
+    assert TrainConfig.build("vascl", "paper").model == "roberta-base@e2da8e2f811d1448a5b465c236feacd80ffbac7b"
+    assert TrainConfig.build("san", "paper").params["san"].mlm.endswith("@86b5e0934494bd15c9632b12f734a8a67f723594")

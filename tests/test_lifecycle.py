@@ -97,24 +97,32 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
     assert [r.info.run_name for r in ranked] == ["stopped", "done"]
 
 
-def test_metrics_go_out_with_their_checkpoint_and_a_resumed_run_logs_each_step_once(mlflow_uri):
-    run = Run.create(mlflow_uri, "simcse", "metrics", {})
-    log = MetricLog(mlflow_uri, run.id)
-    for step in (1, 2, 3):
-        log({"train_loss": float(step)}, step)
+def test_points_go_out_with_their_checkpoint_and_a_restart_keeps_each_step_once(mlflow_uri):
+    """A point reaches MLflow once the checkpoint holding it is published; a worker restarted from
+    the checkpoint of step 2 takes back that checkpoint's points (not the abandoned attempt's later
+    ones, never sent) and the history is the re-run's, each step once, whatever is sent twice."""
+    from platform.tracking.runs import Publisher
     from platform.tracking.store import client
 
-    history = lambda: [(m.step, m.value) for m in client(mlflow_uri).get_metric_history(run.id, "train_loss")]  # noqa: E731
-    assert history() == []  # nothing before the checkpoint of step 3 is reported
-    log.commit()
-    log({"train_loss": 4.0}, 4)  # never committed: the run was killed before its next checkpoint
-    assert sorted(history()) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    run = Run.create(mlflow_uri, "simcse", "metrics", {})
+    history = lambda: sorted((m.step, m.value) for m in client(mlflow_uri).get_metric_history(run.id, "train_loss"))  # noqa: E731
+    log, publisher = MetricLog(), Publisher(mlflow_uri, run.id)
+    for step in (1, 2):
+        log({"train_loss": float(step)}, step)
+    at_step_2 = log.points()  # what the checkpoint of step 2 keeps
+    publisher.publish(at_step_2)
+    log({"train_loss": 3.0}, 3)  # the attempt dies before its next checkpoint: step 3 is never sent
+    publisher.finish(30)
+    assert history() == [(1, 1.0), (2, 2.0)]
 
-    resumed = MetricLog(mlflow_uri, run.id, resumed=True)  # restarted from the checkpoint of step 2
-    for step in (3, 4, 5):
-        resumed({"train_loss": 10.0 + step}, step)
-    resumed.close()
-    assert sorted(history()) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0)]
+    restarted = MetricLog()
+    restarted.restore(at_step_2 + [("train_loss", 3.0, 1, 3)], step=2)  # points after the checkpoint's step are not its
+    for step in (3, 4):
+        restarted({"train_loss": 10.0 + step}, step)
+    again = Publisher(mlflow_uri, run.id)
+    again.publish(restarted.points())  # the restored points a second time: nothing is stored twice
+    again.finish(30)
+    assert history() == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
 
 
 def _saved_run(uri: str, output_dir, config: dict, status: str = "KILLED") -> Run:

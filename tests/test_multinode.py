@@ -36,8 +36,13 @@ def topology(tmp_path_factory):
         pytest.skip(why)
     topo = Topology(base=tmp_path_factory.mktemp("topology"), workers=2, cpus_per_worker=2)
     topo.up()
-    yield topo, repo_with_barrier(tmp_path_factory.mktemp("repo"))
-    topo.down()
+    os.environ.update(topo.mlflow_account)  # this process reads the server as a user would
+    try:
+        yield topo, repo_with_barrier(tmp_path_factory.mktemp("repo"))
+    finally:
+        for key in topo.mlflow_account:
+            os.environ.pop(key, None)
+        topo.down()
     # As after `ray stop`: no later Ray job on this machine is pointed at the stopped cluster.
     from ray._common.utils import get_ray_address_file
 

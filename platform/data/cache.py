@@ -16,20 +16,22 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from platform.outputs import remove_leftovers, writer_id
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished folder ``src`` to ``dst`` so that ``dst`` is never half-written: the old
-    ``dst`` is renamed aside first and removed only after ``src`` took its place."""
-    old = dst.with_name(dst.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
+    """Move the finished folder ``src`` to ``dst`` (folders of the platform's own: checkpoints)
+    so that ``dst`` is never half-written: the old ``dst`` is renamed aside (a fresh name no
+    user folder has) and removed only after ``src`` took its place."""
+    aside = None
     if dst.exists():
-        os.replace(dst, old)
+        aside = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+        os.replace(dst, aside / dst.name)
     os.replace(src, dst)
-    if old.exists():
-        shutil.rmtree(old)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def cache_root() -> Path:
@@ -61,7 +63,8 @@ def cached(kind: str, digest: str, params: dict[str, Any], build: Callable[[Path
     if (final / "COMPLETE").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=root))
+    remove_leftovers(root, final.name + ".tmp-")
+    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-{writer_id()}-", dir=root))
     try:
         build(tmp)
         (tmp / "COMPLETE").write_text(json.dumps({"kind": kind, "corpus": digest, "params": params}, default=str))

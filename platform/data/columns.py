@@ -11,6 +11,8 @@ instead of pairing sentences with someone else's outputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -95,7 +97,19 @@ def corpus_columns(
 
 
 def _key(spec: GeneratedColumn) -> dict:
-    return {"generator": spec.generator, **spec.kwargs}
+    """What made the column: its generator, the generator's code (a digest of its module's source:
+    a changed generator makes new columns), and its settings (model names carry their pinned
+    revision)."""
+    return {"generator": spec.generator, "code": source_digest(spec.generator.split(":")[0]), **spec.kwargs}
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest(module: str) -> str:
+    import importlib.util
+
+    found = importlib.util.find_spec(module)
+    origin = Path(found.origin) if found and found.origin else None
+    return hashlib.sha256(origin.read_bytes()).hexdigest()[:16] if origin and origin.is_file() else "unknown"
 
 
 def _read_parquet(path: Path):

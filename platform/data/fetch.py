@@ -38,6 +38,7 @@ BASE_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/re
 CLUSTERING_URL = ("https://raw.githubusercontent.com/rashadulrakib/short-text-clustering-enhancement/"
                   "f363b66e6fd51f9dd1db679d2a9ce55538ab9868")
 MIRROR_ENV = "PLATFORM_DATA_MIRROR"
+SENTEVAL_ADVICE = "move it away or choose another --data-dir"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,8 +183,9 @@ def _safe_members(tar: tarfile.TarFile):
 
 
 def install_senteval(tar_path: Path, root: Path) -> Path:
-    """Unpack ``senteval.tar`` and put its ``downstream/`` folder in place in one rename."""
-    from platform.data.cache import replace_dir
+    """Unpack ``senteval.tar`` and put its ``downstream/`` folder in place in one rename (an
+    existing ``downstream/`` only if this command wrote it: ``platform.outputs``)."""
+    from platform import outputs
 
     with tempfile.TemporaryDirectory(dir=root, prefix=".senteval-") as tmp:
         try:
@@ -194,18 +196,24 @@ def install_senteval(tar_path: Path, root: Path) -> Path:
         found = sorted(Path(tmp).rglob("downstream"), key=lambda p: len(p.parts))
         if not found or not found[0].is_dir():
             raise UserError(f"{tar_path} has no downstream/ folder")
-        staging = root / ".downstream.new"
-        if staging.exists():
-            shutil.rmtree(staging)
-        os.replace(found[0], staging)
-        replace_dir(staging, root / "downstream")
+        staging = outputs.staging(root / "downstream")
+        os.replace(found[0], staging / "downstream")
+        outputs.install(staging / "downstream", root / "downstream", "platform.data fetch senteval", SENTEVAL_ADVICE)
+        outputs.discard(staging)
     return root / "downstream"
 
 
 def fetch(what: str, root: Path) -> list[Path]:
+    from platform import outputs
+
     mirror = os.environ.get(MIRROR_ENV)
+    if mirror is not None and not re.match(r"^https?://[^/\s]+", mirror):
+        raise UserError(f"{MIRROR_ENV}={mirror!r} is not an http(s) URL; unset it to download from the sources")
+    names = list(SOURCES) if what == "all" else [what]
+    if "senteval" in names:  # before minutes of download
+        outputs.check_replaceable(root / "downstream", SENTEVAL_ADVICE)
     done = []
-    for name in list(SOURCES) if what == "all" else [what]:
+    for name in names:
         for source in SOURCES[name]:
             target = root / source.local
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from platform.data.cache import replace_dir
+from platform import outputs
 
 # Our pooler -> sentence-transformers Pooling mode. 'cls' additionally needs the pooler layer as a
 # Dense(d, d, tanh) module; avg_first_last has no sentence-transformers equivalent.
@@ -40,8 +39,12 @@ def export_sentence_transformers(hf_dir: str | Path, out_dir: str | Path, pooler
             )
         )
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    SentenceTransformer(modules=modules, device="cpu").save(str(tmp))
-    replace_dir(tmp, out_dir)
-    return out_dir
+    outputs.check_replaceable(out_dir, "remove it or export elsewhere")
+    tmp = outputs.staging(out_dir)
+    try:
+        SentenceTransformer(modules=modules, device="cpu").save(str(tmp))
+    except BaseException:
+        outputs.discard(tmp)
+        raise
+    return outputs.install(tmp, out_dir, "platform export (sentence-transformers)",
+                           "remove it or export elsewhere")

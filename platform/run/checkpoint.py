@@ -7,6 +7,8 @@ A checkpoint is a folder::
     train_state.pt    resumable training state: model with its training heads, optimizer,
                       scheduler, data position (written where the runtime can resume)
     rng_rank<r>.pt    each worker's RNG state
+    metrics.json      every step metric of the run up to this checkpoint's step (resumable ones):
+                      what MLflow is sent once the checkpoint is persisted, and again after a restart
 
 Everything resumable is read with ``weights_only=True``: tensors and plain values, never code.
 """
@@ -23,10 +25,12 @@ import torch
 
 from methods.encoder import Encoder
 from platform.errors import DataError
+from platform.tracking.runs import POINTS_FILE
 
 STATE = "state.json"
 MODEL = "model"
 TRAIN_STATE = "train_state.pt"
+POINTS = POINTS_FILE  # read back by platform.tracking.runs (which Ray Train's controller imports, torch-free)
 
 
 @dataclasses.dataclass
@@ -86,7 +90,13 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     state_file = Path(path) / STATE
     if not state_file.is_file() or not (Path(path) / MODEL).is_dir():
         raise DataError(f"{path} is not a checkpoint (expected {STATE} and {MODEL}/)")
-    return json.loads(state_file.read_text(encoding="utf-8"))
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{state_file} is not a readable checkpoint state ({exc}); the checkpoint is damaged") from None
+    if not isinstance(state, dict) or "eval_pooler" not in state:
+        raise DataError(f"{state_file} is not a checkpoint state (no eval_pooler); the checkpoint is damaged")
+    return state
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:
@@ -95,3 +105,8 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 def model_dir(path: str | os.PathLike) -> Path:
     return Path(path) / MODEL
+
+
+
+def save_points(directory: Path, points: list) -> None:
+    (directory / POINTS).write_text(json.dumps([list(p) for p in points]), encoding="utf-8")

@@ -1,6 +1,8 @@
 """One fit of one configuration and seed: Ray Train's ``TorchTrainer`` (DDP workers, every
-evaluation's checkpoint persisted to ``storage_path``, the run's best recorded by Ray Train's
-controller once Ray has persisted it) or the training loop in this process (``runtime=process``).
+evaluation's checkpoint persisted to ``storage_path``, its step metrics sent to MLflow by Ray
+Train's controller once Ray has persisted it) or the training loop in this process
+(``runtime=process``). At its end the fit sends its latest checkpoint's points again where any
+are missing (a tracking outage) and waits for them (``platform.tracking.runs.Publisher``).
 
 A fit named like an earlier one in the same storage continues it: Ray Train restores the run of
 that name from its latest checkpoint; the process runtime restores ``<run_dir>/latest``.
@@ -18,7 +20,8 @@ from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
 from platform.run import storage
 from platform.run.loop import RunContext, train_loop_per_worker
-from platform.tracking.runs import BEST, DEV_METRIC, MetricLog, Run, checkpoint_exists, record_best
+from platform.tracking.runs import (BEST, DEV_METRIC, Publisher, Run, checkpoint_exists, load_points,
+                                    published_checkpoint)
 
 
 @dataclasses.dataclass
@@ -43,12 +46,19 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
     ctx = RunContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences,
                      tracking_uri=run.uri if run else None, run_id=run.id if run else None, dev=dev_pairs(),
                      label=label, resumed=bool(run and run.resumed))
+    publisher = Publisher(run.uri, run.id) if run else None
     if cfg.runtime == "process":
-        ctx.corpus, ctx.run_dir = corpus, storage.join(storage_path, name)
+        ctx.corpus, ctx.run_dir, ctx.publisher = corpus, storage.join(storage_path, name), publisher
         out = train_loop_per_worker(ctx)
         best = str(Path(ctx.run_dir, "best"))
-        return FitResult(out[BEST], best if checkpoint_exists(best) else None, metrics=out)
-    return _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
+        result = FitResult(out[BEST], best if checkpoint_exists(best) else None, metrics=out)
+        latest = str(Path(ctx.run_dir, "latest"))
+    else:
+        result, latest = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
+    if publisher is not None:  # every point of the run, and its best checkpoint, arrived (or one line)
+        published_checkpoint(publisher, latest if latest and storage.exists(latest) else None, result.checkpoint)
+        publisher.finish(where=f" ({storage.join(storage_path, name)})")
+    return result
 
 
 def _off_the_main_thread(fn: Callable[[], Any]) -> Any:
@@ -83,7 +93,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     from platform.data.pipeline import epoch_datasets
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
-    callbacks = [best_recorder(ctx.tracking_uri, ctx.run_id)] if ctx.run_id else []
+    callbacks = [checkpoint_publisher(ctx.tracking_uri, ctx.run_id)] if ctx.run_id else []
     if tune_reports:  # after the recorder: Tune (and ASHA, which may end the trial on it) sees the report last
         from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -116,30 +126,32 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     scored = [(c, m) for c, m in (result.best_checkpoints or []) if DEV_METRIC in m]
     best = max(scored, key=lambda cm: cm[1][DEV_METRIC])[0] if scored else result.checkpoint
     metrics = dict(result.metrics or {})
-    return FitResult(metrics.get(BEST), storage.uri_of(best.filesystem, best.path) if best else None, metrics)
+    latest = storage.uri_of(result.checkpoint.filesystem, result.checkpoint.path) if result.checkpoint else None
+    return FitResult(metrics.get(BEST), storage.uri_of(best.filesystem, best.path) if best else None, metrics), latest
 
 
-def best_recorder(uri: str | None, run_id: str):
-    """A Ray Train callback that records the run's best score, and tags a new best checkpoint,
-    as soon as Ray has persisted the checkpoint and before the report goes on to Tune: a scheduler
-    that ends the trial on that report ends it before ``fit`` returns. Runs in Ray Train's
-    controller. (Built here: Ray is imported only by a fit that uses it, and cloudpickle sends a
-    class defined in a function by value, so the controller imports only the tracking modules.)"""
+def checkpoint_publisher(uri: str, run_id: str):
+    """A Ray Train callback that sends each persisted checkpoint's step metrics (every point up
+    to its step, ``metrics.json``) and, for a new best, the tag naming it, in the background,
+    before the report goes on to Tune: a scheduler that ends the trial on that report ends it
+    with its points on their way. Runs in Ray Train's controller, which registers exactly the
+    checkpoints a restarted worker group resumes from: the history follows them. (Built here: Ray
+    is imported only by a fit that uses it, and cloudpickle sends a class defined in a function by
+    value, so the controller imports only the tracking modules.)"""
     import ray.train
 
-    class RecordBest(ray.train.UserCallback):
+    class PublishCheckpoint(ray.train.UserCallback):
         def __init__(self):
-            self.log: MetricLog | None = None
+            self.publisher: Publisher | None = None
 
         def after_report(self, run_context, metrics, checkpoint):
-            # Rank 0 evaluates; its best so far is restored with the loop after a restart.
-            first = metrics[0]
+            first = metrics[0]  # rank 0 evaluates
             if checkpoint is None or BEST not in first:
                 return
-            if self.log is None:  # points of an earlier attempt of this run are not logged twice
-                self.log = MetricLog(uri, run_id, resumed=True)
+            if self.publisher is None:
+                self.publisher = Publisher(uri, run_id)
+            location = storage.uri_of(checkpoint.filesystem, checkpoint.path)
             improved = first[DEV_METRIC] >= first[BEST]
-            location = storage.uri_of(checkpoint.filesystem, checkpoint.path) if improved else None
-            record_best(self.log, first["step"], first[BEST], location)
+            self.publisher.publish(load_points(location), location if improved else None)
 
-    return RecordBest()
+    return PublishCheckpoint()

@@ -42,7 +42,7 @@ from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position
 from platform.run.local_models import resolve_local_models
-from platform.tracking.runs import BEST, DEV_METRIC, MetricLog, record_best
+from platform.tracking.runs import BEST, DEV_METRIC, MetricLog, Publisher, load_points
 
 
 def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, Any]:
@@ -60,17 +60,16 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))  # each rank its own masks, from the seed
     steps = total_steps(cfg, rt.num_sentences(recipe))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" and cfg.bf16
-                else contextlib.nullcontext())
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" and cfg.bf16 else contextlib.nullcontext()
     evaluator = rt.dev_evaluator() if rt.is_chief else None
 
-    pos = rt.restore(model, optimizer, schedule) or Position()
+    log = rt.metric_log()
+    pos = rt.restore(model, optimizer, schedule, log) or Position()
     if pos.step and rt.is_chief:
         say(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)")
-    log = rt.metric_log(resumed=ctx.resumed or pos.step > 0)
     if pos.step >= steps:  # a run restored at its end (--resume of a trial cut just after its last step):
-        # its last state reported once more, since Tune expects a result from every trial
-        evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, [], (optimizer, schedule), log, steps)
+        # its last state reported once more (its points are the checkpoint's), since Tune expects a result from every trial
+        evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, [], (optimizer, schedule), log, steps, record=False)
     window: list[float] = []
     model.train()
     for epoch in range(pos.epoch, cfg.epochs):
@@ -104,6 +103,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
         if pos.step >= steps:
             break
     log.close()
+    rt.close()
     return {"steps": pos.step, "train_time_s": pos.train_time_s, BEST: pos.best, "best_step": pos.best_step}
 
 
@@ -135,7 +135,7 @@ def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
 
 
 def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, pos: Position,
-                        window: list[float], optim, log: MetricLog, steps: int) -> None:
+                        window: list[float], optim, log: MetricLog, steps: int, record: bool = True) -> None:
     """STS-B dev on rank 0 (its one console line; the step metrics so far go out to MLflow), then
     the runtime's report with a checkpoint of this step."""
     metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": sum(window) / max(len(window), 1),
@@ -149,14 +149,15 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
         state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, "method": cfg.method,
                  "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(), "config": cfg.flat()}
 
+        if record:  # the best so far goes with this step's points: sent once this checkpoint is persisted
+            log({DEV_METRIC: dev, BEST: pos.best, "train_loss_avg": metrics["train_loss_avg"]}, pos.step)
+
         def write(folder: Path, resumable: bool = True) -> None:
             checkpoint.save(folder, exported, state)
             if resumable:
                 checkpoint.save_train_state(folder, model, *optim, pos)
+                checkpoint.save_points(folder, log.points())
 
-        log({DEV_METRIC: dev, "train_loss_avg": metrics["train_loss_avg"]}, pos.step)
-        # Before the report: a scheduler may end the trial as soon as the report reaches it.
-        log.commit()
         say(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved))
     rt.report(metrics, write, improved, log)
 
@@ -198,13 +199,14 @@ class RunContext:
     dev: dict[str, list] | None = None
     corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, states)
     label: str | None = None  # prefixes rank 0's console line per evaluation (a trial's id)
-    resumed: bool = False  # the MLflow run was reopened by --resume: it may hold points already
+    resumed: bool = False  # the MLflow run was reopened by --resume
+    publisher: Any = None  # process runtime: sends rank 0's checkpointed points to MLflow (the fit's)
 
     def loop_config(self) -> dict[str, Any]:
         """For Ray's ``train_loop_config``. Ray's Train controller unpickles it in a process where
         ``platform`` is still the standard module, so the context travels as bytes that only the
         workers unpickle; the object-store reference travels as itself, so Ray keeps it alive."""
-        plain = dataclasses.replace(self, corpus=None, corpus_ref=None)
+        plain = dataclasses.replace(self, corpus=None, corpus_ref=None, publisher=None)
         return {"context": pickle.dumps(plain), "corpus_ref": self.corpus_ref}
 
     @classmethod
@@ -252,22 +254,26 @@ class Runtime:
     def num_sentences(self, recipe: Recipe) -> int:
         return (self.ctx.corpus or self._read_corpus(recipe)).num_sentences
 
-    def restore(self, model, optimizer, schedule) -> Position | None:
-        """The training state of the run's latest checkpoint (a restart or --resume), if any."""
+    def restore(self, model, optimizer, schedule, log: MetricLog) -> Position | None:
+        """The training state of the run's latest checkpoint (a restart or --resume), if any, and
+        its step metrics into ``log``."""
         return None
 
     def report(self, metrics: dict[str, Any], write: Callable[..., None] | None, improved: bool,
                log: MetricLog) -> None:
         """Hand an evaluation's metrics on with a checkpoint of this step, which ``write(folder,
-        resumable=True)`` fills on rank 0; once it is persisted, the run's best score (``log``)."""
+        resumable=True)`` fills on rank 0 (with the step metrics so far, which MLflow is sent once
+        the checkpoint is persisted)."""
         raise NotImplementedError
 
-    def metric_log(self, resumed: bool) -> MetricLog:
-        """Rank 0's step metrics, and MLflow's system metrics of its node, for the run's MLflow run
-        (``resumed``: the run may hold points of these steps already)."""
+    def close(self) -> None:
+        """The loop's end (after its last report)."""
+
+    def metric_log(self) -> MetricLog:
+        """Rank 0's step metrics, and MLflow's system metrics of its node for the run."""
         if not (self.is_chief and self.ctx.run_id):
-            return MetricLog(None, None)
-        return MetricLog(self.ctx.tracking_uri, self.ctx.run_id, resumed=resumed, system_metrics=True)
+            return MetricLog()
+        return MetricLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True)
 
 
 class ProcessRuntime(Runtime):
@@ -282,6 +288,11 @@ class ProcessRuntime(Runtime):
         if cfg.use_gpu and torch.cuda.is_available():
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         self.run_dir = Path(ctx.run_dir or Path(cfg.output_dir) / "local")
+        # The fit's publisher (it waits for delivery at the fit's end), else one of its own for a
+        # hand call of the loop, waited for when the loop ends.
+        self.owns_publisher = self.is_chief and ctx.publisher is None and ctx.run_id is not None
+        self.publisher = Publisher(ctx.tracking_uri, ctx.run_id) if self.owns_publisher else (
+            ctx.publisher if self.is_chief else None)
 
     def wrap(self, model):
         model.to(self.device)
@@ -290,11 +301,17 @@ class ProcessRuntime(Runtime):
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
 
-    def restore(self, model, optimizer, schedule):
+    def close(self) -> None:
+        if self.owns_publisher:
+            self.publisher.finish()
+
+    def restore(self, model, optimizer, schedule, log):
         latest = self.run_dir / "latest"
         if not (latest / checkpoint.TRAIN_STATE).is_file():
             return None
-        return checkpoint.load_train_state(latest, self.rank, model, optimizer, schedule)
+        pos = checkpoint.load_train_state(latest, self.rank, model, optimizer, schedule)
+        log.restore(load_points(str(latest)), pos.step)
+        return pos
 
     def report(self, metrics, write, improved, log):
         if self.world > 1:
@@ -304,8 +321,8 @@ class ProcessRuntime(Runtime):
         self._write("latest", lambda folder: (write(folder), checkpoint.save_rng(folder, self.rank)))
         if improved:
             self._write("best", lambda folder: write(folder, resumable=False))
-        best = self.run_dir / "best"
-        record_best(log, metrics["step"], metrics[BEST], str(best) if improved else None)
+        if self.publisher is not None:  # persisted: its points go out, in the background
+            self.publisher.publish(log.points(), str(self.run_dir / "best") if improved else None)
 
     def _write(self, name: str, fill: Callable[[Path], Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -364,7 +381,7 @@ class RayTrainRuntime(Runtime):
             self._corpus = CorpusData(*ray.get(self.ctx.corpus_ref))
         return self._corpus
 
-    def restore(self, model, optimizer, schedule):
+    def restore(self, model, optimizer, schedule, log):
         """The latest reported checkpoint: Ray Train restarts a failed worker group with it."""
         import ray.train
 
@@ -372,7 +389,9 @@ class RayTrainRuntime(Runtime):
         if found is None:
             return None
         with found.as_directory() as directory:
-            return checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule)
+            pos = checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule)
+            log.restore(load_points(str(directory)), pos.step)
+            return pos
 
     def report(self, metrics, write, improved, log):
         import ray.train

@@ -23,11 +23,14 @@ os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"step \d+/\d+  loss ")
 # evaluation waited up to that long (RESULTS.md). A user's own setting is kept.
 TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 os.environ.setdefault(TRAIN_POLL_ENV, "0.5")
-EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
+EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 
-# Passed through to workers; paths are made absolute since workers run in the shipped copy.
+# Passed through to workers; paths are made absolute since workers run in the shipped copy. The
+# tracking server's credentials travel as MLflow reads them (a URI with a password is refused:
+# platform.tracking.store); storage credentials are the nodes' own (instance role, environment).
 FORWARDED_ENV = (TRAIN_POLL_ENV, "PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE", "NLTK_DATA", "TRANSFORMERS_OFFLINE",
-                 "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
+                 "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION", "MLFLOW_TRACKING_USERNAME",
+                 "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 
 
 def worker_env() -> dict[str, str]:

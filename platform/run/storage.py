@@ -14,10 +14,11 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
 
-from platform.errors import UserError
+from platform.errors import UserError, redact
 
 # pyarrow names its file systems by type; URIs name them by scheme.
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
@@ -37,7 +38,7 @@ def join(location: str, *parts: str) -> str:
     return "/".join([location.rstrip("/"), *parts]) if is_uri(location) else str(Path(location, *parts))
 
 
-def filesystem(location: str):
+def filesystem(location: str, what: str = "output_dir"):
     """``(pyarrow file system, path inside it)`` for a URI or a local path."""
     import pyarrow.fs as pafs
 
@@ -46,7 +47,7 @@ def filesystem(location: str):
     try:
         return pafs.FileSystem.from_uri(location)
     except Exception as exc:  # unknown scheme, no credentials for the scheme's client
-        raise UserError(f"output_dir {location}: cannot open ({_reason(exc)})") from None
+        raise UserError(f"{what} {redact(location)}: cannot open ({_reason(exc)})") from None
 
 
 def uri_of(fs, path: str) -> str:
@@ -94,23 +95,51 @@ def list_dirs(location: str) -> list[str]:
     return sorted(i.base_name for i in fs.get_file_info(selector) if i.type == pafs.FileType.Directory)
 
 
+TIMEOUT_ENV = "PLATFORM_STORAGE_TIMEOUT"  # seconds the storage check waits for an answer (default 30)
+
+
+def check_uri(location: str, what: str = "output_dir") -> None:
+    """A storage URI names no credentials: they would be logged with the configuration, written
+    into every checkpoint's state and printed in messages."""
+    if is_uri(location) and redact(location) != location:
+        raise UserError(f"{what} {redact(location)} carries credentials; give them the way the storage client reads "
+                        "them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, an instance role, "
+                        "GOOGLE_APPLICATION_CREDENTIALS), not in the URI")
+
+
 def check_writable(location: str, what: str = "output_dir") -> str:
-    """Create ``location`` and prove it takes a file: a read-only disk, a missing bucket or
-    refused credentials become one clear line before Ray starts, not a failure at the first
-    checkpoint."""
+    """Create ``location`` and prove it takes a file: a read-only disk, a missing bucket, refused
+    credentials or storage that does not answer (a cloud client without credentials may retry for
+    minutes) become one clear line before Ray starts, not a failure at the first checkpoint."""
     if not is_uri(location):
         from platform.errors import writable_dir
 
         return str(writable_dir(location, what))
-    fs, path = filesystem(location)
-    probe = f"{path}/.write-test-{os.getpid()}"
-    try:
-        fs.create_dir(path, recursive=True)
-        with fs.open_output_stream(probe) as out:
-            out.write(b"ok")
-        fs.delete_file(probe)
-    except Exception as exc:
-        raise UserError(f"{what} {location} is not writable ({_reason(exc)})") from None
+    check_uri(location, what)
+    timeout = float(os.environ.get(TIMEOUT_ENV) or 30)
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            fs, path = filesystem(location, what)
+            fs.create_dir(path, recursive=True)
+            with fs.open_output_stream(f"{path}/.write-test-{os.getpid()}") as out:
+                out.write(b"ok")
+            fs.delete_file(f"{path}/.write-test-{os.getpid()}")
+            outcome.append(None)
+        except BaseException as exc:  # reported by the caller's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=probe, daemon=True)  # left behind if it never answers
+    worker.start()
+    worker.join(timeout)
+    if not outcome:
+        raise UserError(f"{what} {location} is not writable (no answer within {timeout:g} s; check the network and "
+                        f"the credentials, or raise {TIMEOUT_ENV})")
+    if isinstance(outcome[0], UserError):
+        raise outcome[0]
+    if outcome[0] is not None:
+        raise UserError(f"{what} {location} is not writable ({_reason(outcome[0])})") from None
     return resolve(location)
 
 

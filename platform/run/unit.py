@@ -46,9 +46,14 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     sentences = read_corpus(corpus, limit=cfg.max_sentences or None)
     if len(sentences) < cfg.batch_size:
         raise DataError(f"corpus {corpus} has {len(sentences)} sentences, fewer than one batch of {cfg.batch_size}")
-    from methods.encoder import load_tokenizer
+    from methods.encoder import load_tokenizer, max_positions
 
-    load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model)
+    positions = max_positions(cfg.model)
+    if positions is not None and cfg.max_len > positions:
+        raise ConfigError(f"max_len={cfg.max_len} is beyond the {positions} positions of {cfg.model}; "
+                          f"use max_len <= {positions}")
+    check_text_left(sentences, tokenizer, corpus, cfg.batch_size)
     resolve_local_models(cfg.ingredient_params)
     recipe = cfg.build_recipe()
     recipe.preflight()
@@ -59,6 +64,22 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     cfg.output_dir = storage.check_writable(cfg.output_dir)
     store.check_reachable(store.tracking_uri())
     return sentences
+
+
+TEXT_SAMPLE = 10_000  # lines of the corpus tokenised before Ray starts
+
+
+def check_text_left(sentences: list[str], tokenizer, corpus, batch_size: int) -> None:
+    """Lines of invisible or control characters pass every text check and tokenise to nothing
+    (``[CLS] [SEP]``): refuse a corpus that is all such lines, and say how many there are."""
+    sample = sentences[:TEXT_SAMPLE]
+    empty = sum(not ids for ids in tokenizer(sample, add_special_tokens=False)["input_ids"])
+    if len(sample) - empty < min(batch_size, len(sample)):
+        raise DataError(f"corpus {corpus}: {empty:,} of the first {len(sample):,} lines have no text left after "
+                        "tokenisation (invisible or control characters only); one sentence per line")
+    if empty:
+        print(f"note: {empty:,} of the first {len(sample):,} lines of {corpus} tokenise to nothing "
+              "(invisible characters); they train as empty sentences", flush=True)
 
 
 def start(cfg: TrainConfig, num_cpus: int | None = None) -> None:

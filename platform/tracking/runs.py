@@ -8,19 +8,22 @@ with a status that says what happened.
 
 Whoever sees a run's end first ends it: the process doing the work, when the work completes (and,
 outside a sweep, when it fails or is interrupted); the sweep's driver when Tune ends a trial
-otherwise; ``--resume`` for runs whose driver died. Step metrics are delivered when the checkpoint
-of their step is reported (``MetricLog``), and a best score only once its checkpoint is persisted
-(``record_best``), so a run never shows a number its checkpoints cannot back.
+otherwise; ``--resume`` for runs whose driver died. Step metrics (with the best score so far) are
+kept in the checkpoint of their step (``MetricLog``) and sent, in the background, once it is
+persisted (``Publisher``), so a run never shows a number its checkpoints cannot back, and a
+tracking outage delays the charts without stopping the training.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from platform.errors import UserError
 from platform.run import storage
 from platform.tracking import store
 
@@ -154,7 +157,11 @@ class Run:
             yield self
         except BaseException as exc:
             if self.ends_on_error:
-                self.end(outcome_of(exc))
+                try:
+                    self.end(outcome_of(exc))
+                except Exception as lost:  # the tracking server away: the error that ended the work is the one to tell
+                    print(f"note: run {self.id} stays RUNNING in MLflow, which could not be told it ended "
+                          f"({' '.join(str(lost).split())[:120]}); --resume of the run closes it", file=sys.stderr)
             raise
         self.end("completed" if self._completed else "failed", self.checkpoint,
                  needs_checkpoint=self._needs_checkpoint)
@@ -173,62 +180,118 @@ def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0)
         store.client(uri).log_batch(run_id, metrics=items)
 
 
+Point = tuple  # (key, value, timestamp in ms, step): one measurement, as MLflow stores it
+POINTS_FILE = "metrics.json"  # in a resumable checkpoint: every point of the run up to its step
+POINTS_WAIT_ENV = "PLATFORM_TRACKING_WAIT"  # seconds a fit's end waits for an absent tracking server (600)
+
+
+class TrackingUnavailable(UserError):
+    """The tracking server took no delivery until the fit's end and beyond the wait; the run's
+    checkpoints (with its points) stay in storage, to be resumed."""
+
+
 class MetricLog:
-    """Rank 0's step metrics of a run, delivered when the checkpoint of their step is reported
-    (``commit``): a run restarted from checkpoint c trains the steps after c again, and the
-    history shows each step once, with the values of the run that produced the checkpoints.
+    """Rank 0's step metrics of a run, kept with its checkpoints: ``points()`` (every point of the
+    steps so far) goes into each resumable checkpoint, and a restart from a checkpoint takes its
+    points back (``restore``). Nothing here talks to MLflow except the node's system metrics
+    (``system_metrics``): the points reach MLflow through a ``Publisher`` once their checkpoint is
+    persisted, so the run's history is that of the checkpoints it keeps: after a restart from the
+    checkpoint of step c, the abandoned attempt's points after c were never sent, and the re-run's
+    follow, each step once."""
 
-    ``resumed``: the run already holds points; a point at or before the last step logged for its
-    key is dropped (a checkpoint whose report was cut after its points went out)."""
-
-    def __init__(self, uri: str | None, run_id: str | None, resumed: bool = False, system_metrics: bool = False):
-        self.uri, self.run_id, self.resumed = uri, run_id, resumed
-        self.pending: list[tuple[int, dict[str, float]]] = []
-        self.logged_until: dict[str, int] = {}
-        self.monitor = start_system_metrics(uri, run_id, resume=resumed) if run_id and system_metrics else None
+    def __init__(self, uri: str | None = None, run_id: str | None = None, system_metrics: bool = False):
+        self.recorded: list[Point] = []
+        self.monitor = start_system_metrics(uri, run_id, resume=True) if run_id and system_metrics else None
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        if self.run_id:
-            self.pending.append((step, dict(metrics)))
-
-    def _last_step(self, key: str) -> int:
-        if key not in self.logged_until:
-            history = store.client(self.uri).get_metric_history(self.run_id, key) if self.resumed else []
-            self.logged_until[key] = max((m.step for m in history), default=-1)
-        return self.logged_until[key]
-
-    def commit(self) -> None:
-        from mlflow.entities import Metric
-
         ts = int(time.time() * 1000)
-        items = []
-        for step, metrics in self.pending:
-            for key, value in metrics.items():
-                if step > self._last_step(key):
-                    items.append(Metric(key, float(value), ts, step))
-                    self.logged_until[key] = step
-        self.pending = []
-        for i in range(0, len(items), 1000):
-            store.client(self.uri).log_batch(self.run_id, metrics=items[i : i + 1000])
+        self.recorded.extend((k, float(v), ts, int(step)) for k, v in metrics.items())
+
+    def points(self) -> list[Point]:
+        return list(self.recorded)
+
+    def restore(self, points: list[Point], step: int) -> None:
+        """The points of a checkpoint of ``step`` this attempt restarts from (none after it)."""
+        self.recorded = [tuple(p) for p in points if p[3] <= step]
 
     def close(self) -> None:
-        if self.run_id:
-            self.commit()
         if self.monitor is not None:
-            self.monitor.finish()
-            self.monitor = None
+            monitor, self.monitor = self.monitor, None
+            # MLflow's monitor sends its last sample on finish, with its client's retries: not
+            # waited for beyond a few seconds when the server is away.
+            import threading
+
+            threading.Thread(target=monitor.finish, daemon=True).start()
 
 
-def record_best(log: MetricLog, step: int, best: float, checkpoint: str | None) -> None:
-    """After the checkpoint of ``step`` is persisted: the run's best score so far, and, when this
-    checkpoint is the new best, the tag naming it. A best score is never logged before the
-    checkpoint that backs it exists in storage."""
-    if not log.run_id:
-        return
-    log({BEST: best}, step)
-    log.commit()
-    if checkpoint is not None:
-        Run(log.uri, log.run_id).set_tags({"best_checkpoint": checkpoint})
+class Publisher:
+    """Sends a run's checkpointed points and best-checkpoint tag to MLflow in the background
+    (``platform.tracking.delivery``), each point once: called as each checkpoint is persisted
+    (Ray Train's controller, or the process runtime), and at a fit's end from its latest
+    checkpoint (``finish``), which waits for a server that is away."""
+
+    def __init__(self, uri: str, run_id: str):
+        from platform.tracking.delivery import Delivery
+
+        self.uri, self.run_id = uri, run_id
+        self.delivery = Delivery(uri, run_id)
+        self.sent: set[Point] = set()
+
+    def publish(self, points: list[Point], best_checkpoint: str | None = None) -> None:
+        new = [tuple(p) for p in points if tuple(p) not in self.sent]
+        self.sent.update(new)
+        self.delivery.send(new, {"best_checkpoint": best_checkpoint} if best_checkpoint else None)
+
+    def finish(self, seconds: float | None = None, where: str = "") -> None:
+        """Wait until everything published arrived; ``TrackingUnavailable`` after ``seconds``
+        (default ``$PLATFORM_TRACKING_WAIT``, 600)."""
+        seconds = float(os.environ.get(POINTS_WAIT_ENV) or 600) if seconds is None else seconds
+        if not self.delivery.flush(seconds):
+            raise TrackingUnavailable(
+                f"MLflow at {store.redact(self.uri)} took none of run {self.run_id}'s last metrics within {seconds:g} s "
+                f"({self.delivery.last_error or 'no answer'}); the run's checkpoints{where} keep them: resume the run "
+                "with --resume once the server is back")
+
+
+def published_checkpoint(publisher: Publisher, latest: str | None, best: str | None) -> None:
+    """A fit's end: the points of its latest checkpoint (every step of the run) and its best
+    checkpoint's tag, sent again where anything is missing (MLflow stores nothing twice)."""
+    publisher.publish(load_points(latest) if latest else [], best)
+
+
+def load_points(location: str) -> list[Point]:
+    """The step metrics kept in the checkpoint at ``location`` (a folder or a storage URI): every
+    point of the run up to its step; none for a checkpoint without them."""
+    import json
+
+    text = storage.read_text(storage.join(location, POINTS_FILE))
+    return [tuple(p) for p in json.loads(text)] if text else []
+
+
+def latest_checkpoint(location: str) -> str | None:
+    """The checkpoint with the highest step among the folders directly under ``location`` (a
+    fit's storage: Ray Train's ``checkpoint_*`` folders, or ``latest`` and ``best``) that keep
+    their points; None when there is none."""
+    import json
+
+    found = []
+    for name in storage.list_dirs(location):
+        folder = storage.join(location, name)
+        state = storage.read_text(storage.join(folder, "state.json"))
+        if state and storage.exists(storage.join(folder, POINTS_FILE)):
+            found.append((json.loads(state).get("step", 0), folder))
+    return max(found)[1] if found else None
+
+
+def deliver_points_under(uri: str, run_id: str, location: str, seconds: float) -> bool:
+    """The points of the latest checkpoint under ``location`` (a fit Tune ended before it
+    returned) sent where missing; whether they arrived within ``seconds``."""
+    latest = latest_checkpoint(location)
+    if latest is None:
+        return True
+    publisher = Publisher(uri, run_id)
+    publisher.publish(load_points(latest))
+    return publisher.delivery.flush(seconds)
 
 
 SAMPLING_ENV = "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"  # MLflow's own variable, seconds

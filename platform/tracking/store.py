@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from platform import errors
 from platform.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -21,18 +22,31 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a confi
 GIT_COMMIT_ENV = "PLATFORM_GIT_COMMIT"
 
 
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # SQLAlchemy back ends MLflow's tracking store takes
+SCHEMES = ("http", "https", "sqlite", *DATABASE_SCHEMES)
+CREDENTIALS_ADVICE = {
+    "http": "put them in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)",
+    "postgresql": "put the password in PGPASSWORD or ~/.pgpass",
+}
+
+
 def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI``, else the repository's SQLite store. A password inside the URI is
+    refused: it would reach every worker's environment and every message that names the store."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    return f"sqlite:///{REPO_ROOT / 'mlruns' / 'mlflow.db'}"
+    if not uri:
+        return f"sqlite:///{REPO_ROOT / 'mlruns' / 'mlflow.db'}"
+    if errors.redact(uri) != uri:
+        scheme = uri.split(":", 1)[0].split("+", 1)[0]
+        advice = CREDENTIALS_ADVICE.get("http" if scheme.startswith("http") else scheme,
+                                        "give them the way the store's client reads them, not in the URI")
+        raise UserError(f"MLFLOW_TRACKING_URI={errors.redact(uri)} carries a password; {advice}")
+    return uri
 
 
 def redact(uri: str) -> str:
-    """The URI with any password or token masked, for messages and logs."""
-    import re
-
-    return re.sub(r"(?<=://)([^:/@]+):([^@/]+)@", r"\1:***@", uri)
+    """The URI with its credentials masked, for messages and logs."""
+    return errors.redact(uri)
 
 
 def artifact_root(uri: str) -> str | None:
@@ -45,13 +59,7 @@ def artifact_root(uri: str) -> str | None:
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """Fail fast (before Ray starts) if the tracking store cannot be used."""
     if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
-                if resp.status >= 400:
-                    raise UserError(f"MLflow tracking server {redact(uri)} answered HTTP {resp.status}")
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({reason}); check MLFLOW_TRACKING_URI") from None
+        _check_server(uri, timeout)
     elif uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///") :])
         try:
@@ -65,6 +73,55 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
             f"MLflow tracking URI {redact(uri)!r}: the file store is deprecated in MLflow 3; "
             "use sqlite:////absolute/path/mlflow.db or an http(s) server"
         )
+    elif uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
+        _check_database(uri, timeout)
+    elif not uri.startswith("databricks"):  # Databricks' own client checks its workspace
+        raise UserError(f"MLflow tracking URI {redact(uri)!r}: unsupported scheme; use one of "
+                        f"{', '.join(s + '://' for s in SCHEMES)}")
+
+
+def _check_server(uri: str, timeout: float) -> None:
+    """The server answers, and takes this client's credentials (``/health`` needs none, so a
+    search of one experiment is asked too, as MLflow's client would ask it)."""
+    import base64
+
+    base = uri.rstrip("/")
+    headers = {}
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=timeout):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise UserError(f"MLflow tracking server {redact(uri)} refused this client (HTTP {exc.code}); set "
+                                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account of its") from None
+            raise UserError(f"MLflow tracking server {redact(uri)} answered HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UserError(f"MLflow tracking server {redact(uri)} is unreachable ({reason}); "
+                            "check MLFLOW_TRACKING_URI") from None
+
+
+def _check_database(uri: str, timeout: float) -> None:
+    """A database store answers and takes a connection, within ``timeout`` (its driver installed)."""
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": max(1, int(timeout))})
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT 1"))
+        engine.dispose()
+    except ModuleNotFoundError as exc:
+        raise UserError(f"MLflow store {redact(uri)}: its database driver is not installed ({exc.name}); "
+                        "pip install the project's dependencies") from None
+    except Exception as exc:  # refused, unknown host, authentication: the driver's first line says which
+        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
+        raise UserError(f"MLflow store {redact(uri)} is unreachable ({reason}); check MLFLOW_TRACKING_URI") from None
 
 
 def client(uri: str | None = None):
