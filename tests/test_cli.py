@@ -139,9 +139,9 @@ def test_evaluate_bad_input(tmp_path, cli):
 def test_credentials_in_the_tracking_uri_are_masked(tiny_model, small_corpus, tmp_path):
     from platform.tracking.store import redact
 
-    assert redact("https://alice:s3cr3t@mlflow.example:5000") == "https://alice:***@mlflow.example:5000"
+    assert redact("https://alice:s3cr3t@mlflow.example:5000") == "https://***@mlflow.example:5000"
     assert redact("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
     proc = run_cli("train", "simcse", *_train_args(tiny_model, small_corpus, tmp_path),
                    env={"MLFLOW_TRACKING_URI": "http://alice:s3cr3t@127.0.0.1:9"})
-    assert_user_error(proc, "unreachable", "alice:***@")
+    assert_user_error(proc, "carries a password", "MLFLOW_TRACKING_PASSWORD", "http://***@127.0.0.1:9")
     assert "s3cr3t" not in proc.stderr + proc.stdout
