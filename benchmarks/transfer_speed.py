@@ -1,18 +1,20 @@
-"""Transfer evaluation (SentEval protocol) of the packaged backbone: encoding once, then each
-classifier with its grid's fits in 1 process and in N processes, side by side; the scores must be
-identical whatever the number of processes.
+"""Transfer evaluation (SentEval protocol) of the packaged backbone, classifier time side by side on
+the same cached embeddings: the PyTorch protocol's batched engine (the default), scikit-learn's, and
+optionally the serial PyTorch engine (one fit at a time, ``--serial``), with each protocol's scores
+beside the numbers SentEval's own engine gives on these embeddings.
 
     PLATFORM_DATA_DIR=../shared/data python benchmarks/transfer_speed.py \\
-        [--tasks MR CR ...] [--classifiers pytorch sklearn] [--jobs 1 2] [--cache /tmp/transfer-features]
+        [--tasks MR CR ...] [--jobs 2] [--serial TASK ...]
 
-Embeddings are cached in ``--cache`` (one .npz per task), so a second run times the classifiers only.
+Embeddings come from the platform's embedding store (``$PLATFORM_CACHE_DIR/embeddings``), so only
+the first run encodes. SentEval's numbers: the serial engine (which returns SentEval's numbers
+exactly, tests/test_transfer.py) on these embeddings, 2026-11-22 (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -22,7 +24,21 @@ if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"
     del sys.modules["platform"]
 
 from methods.encoder import Encoder  # noqa: E402
-from platform.evaluation.transfer import TRANSFER_TASKS, score_task, task_features  # noqa: E402
+from platform.evaluation import classifier  # noqa: E402
+from platform.evaluation.embedding_cache import EmbeddingStore  # noqa: E402
+from platform.evaluation.transfer import TRANSFER_TASKS, task_features, task_sentences  # noqa: E402
+
+SENTEVAL = {"MR": 76.34, "CR": 82.15, "SUBJ": 91.98, "MPQA": 87.50, "SST2": 81.27, "TREC": 90.00, "MRPC": 72.35}
+
+
+def score(features, kind: str, engine: str, jobs: int):
+    cfg = classifier.ClassifierConfig(kind=kind, engine=engine)
+    p = features.parts
+    if features.protocol == "inner_kfold":
+        return classifier.inner_kfold(*p["all"], features.nclasses, cfg, jobs=jobs)
+    if features.protocol == "kfold":
+        return classifier.kfold(p["train"], p["test"], features.nclasses, cfg, jobs=jobs)
+    return classifier.split(p["train"], p["dev"], p["test"], features.nclasses, cfg, jobs=jobs)
 
 
 def main() -> None:
@@ -30,41 +46,35 @@ def main() -> None:
     p.add_argument("--model", default="minilm")
     p.add_argument("--pooler", default="avg")
     p.add_argument("--tasks", nargs="+", default=list(TRANSFER_TASKS))
-    p.add_argument("--classifiers", nargs="+", default=["pytorch", "sklearn"])
-    p.add_argument("--jobs", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--cache", default="/tmp/transfer-features")
+    p.add_argument("--jobs", type=int, default=2, help="processes for scikit-learn and the serial engine")
+    p.add_argument("--serial", nargs="*", default=[], help="tasks to also time with the serial PyTorch engine")
     args = p.parse_args()
-    cache = Path(args.cache)
-    cache.mkdir(parents=True, exist_ok=True)
-    encoder = None
-    features, encode_s = {}, 0.0
+    store = EmbeddingStore(Encoder.from_pretrained(args.model, pooler=args.pooler), args.pooler)
+    t = time.perf_counter()
+    store.embed([s for task in args.tasks for s in task_sentences(task)])
+    print(f"cpus={os.cpu_count()} model={args.model} pooler={args.pooler}; encoded {store.encoded} sentences "
+          f"in {time.perf_counter() - t:.0f} s (the rest from the store)")
+    runs = [("pytorch", "batched"), ("sklearn", "-")] + [("pytorch", "serial")] * bool(args.serial)
+    print("| task | " + " | ".join(f"{k} {e} (s)" for k, e in runs) + " | "
+          + " | ".join(f"{k} {e} test" for k, e in runs) + " | SentEval |")
+    print("|---|" + "---|" * (2 * len(runs) + 1))
+    totals = [0.0] * len(runs)
     for task in args.tasks:
-        path = cache / f"{args.model}-{args.pooler}-{task}.pkl"
-        if not path.is_file():
-            encoder = encoder or Encoder.from_pretrained(args.model, pooler=args.pooler)
+        features = task_features(task, store.embed)
+        times, tests = [], []
+        for i, (kind, engine) in enumerate(runs):
+            if engine == "serial" and task not in args.serial:
+                times.append(None)
+                tests.append(None)
+                continue
             t = time.perf_counter()
-            feats = task_features(task, lambda xs, enc=encoder: enc.encode(xs, batch_size=128).numpy())
-            encode_s += time.perf_counter() - t
-            path.write_bytes(pickle.dumps(feats))
-        features[task] = pickle.loads(path.read_bytes())
-    print(f"cpus={os.cpu_count()} model={args.model} pooler={args.pooler}; encoding (this run) {encode_s:.0f} s")
-    print("| classifier | task | " + " | ".join(f"{j} process(es)" for j in args.jobs) + " | speed-up | dev | test |")
-    print("|---|---|" + "---|" * (len(args.jobs) + 3))
-    for kind in args.classifiers:
-        totals = [0.0] * len(args.jobs)
-        for task in args.tasks:
-            times, results = [], []
-            for i, jobs in enumerate(args.jobs):
-                t = time.perf_counter()
-                results.append(score_task(features[task], kind, jobs))
-                times.append(time.perf_counter() - t)
-                totals[i] += times[-1]
-            same = all((r.dev, r.test) == (results[0].dev, results[0].test) for r in results)
-            assert same, f"{kind} {task}: the scores depend on the number of processes: {results}"
-            print(f"| {kind} | {task} | " + " | ".join(f"{t:.1f} s" for t in times)
-                  + f" | {times[0] / times[-1]:.2f}x | {results[0].dev:.2f} | {results[0].test:.2f} |", flush=True)
-        print(f"| {kind} | all | " + " | ".join(f"{t:.1f} s" for t in totals) + f" | {totals[0] / totals[-1]:.2f}x | | |",
+            tests.append(score(features, kind, engine, args.jobs).test)
+            times.append(time.perf_counter() - t)
+            totals[i] += times[-1]
+        print(f"| {task} | " + " | ".join("-" if s is None else f"{s:.1f}" for s in times) + " | "
+              + " | ".join("-" if a is None else f"{a:.2f}" for a in tests) + f" | {SENTEVAL.get(task, '-')} |",
               flush=True)
+    print("| all | " + " | ".join(f"{s:.1f}" for s in totals) + " |" + " |" * (len(runs) + 1))
 
 
 if __name__ == "__main__":

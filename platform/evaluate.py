@@ -20,7 +20,8 @@ from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main
 from platform.evaluation.clustering import CLUSTER_SETS, PAPER_SETS, embed, kmeans_accuracy, load_labelled, protocol
 from platform.evaluation.classifier import CLASSIFIERS
-from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer
+from platform.evaluation.embedding_cache import EmbeddingStore
+from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform.run import checkpoint
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
@@ -116,18 +117,26 @@ def main(argv=None) -> int:
     evaluator = STSEvaluator(sts_tasks, batch_size=args.batch_size) if sts_tasks else None  # data errors first
     name, pooler = resolve_model(args.model, args.pooler)
     encoder = Encoder.from_pretrained(name, pooler=pooler)
+    transfer_tasks = [t for t in tasks if t in TRANSFER_TASKS]
+    store = EmbeddingStore(encoder, pooler, batch_size=args.batch_size)
+    if transfer_tasks:  # every task's sentences encoded at once: what several tasks share, once
+        wanted = [s for t in transfer_tasks for s in task_sentences(t, limit=args.transfer_limit)]
+        store.embed(wanted, progress=f"encoding {len(set(wanted))} sentences")
+        print(f"embeddings: {len(set(wanted))} distinct sentences, {store.encoded} encoded now, the rest from "
+              f"{store.folder}", flush=True)
     scores: dict[str, float] = {}
     if evaluator is not None:
-        scores.update(with_mean(evaluator(encoder)))
+        import torch
+
+        scores.update(with_mean(evaluator.score(torch.from_numpy(store.embed(evaluator.sentences, progress="STS")))))
         print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
         print(format_table(scores))
-    for task in [t for t in tasks if t in TRANSFER_TASKS]:
-        acc = evaluate_transfer(task, lambda xs: encoder.encode(xs, batch_size=args.batch_size).numpy(),
-                                limit=args.transfer_limit, classifier=args.transfer_classifier,
+    for task in transfer_tasks:
+        acc = evaluate_transfer(task, store.embed, limit=args.transfer_limit, classifier=args.transfer_classifier,
                                 jobs=args.transfer_jobs)
         scores[task] = acc
         print(f"transfer {task}: accuracy {acc:.2f} (SentEval protocol, {args.transfer_classifier} logistic "
-              f"regression on frozen embeddings)")
+              f"regression on frozen embeddings)", flush=True)
     for set_name, (texts, labels) in cluster_sets.items():
         result = kmeans_accuracy(embed(encoder, texts, set_name, args.batch_size), labels)
         scores[f"cluster:{set_name}"] = result["accuracy"]

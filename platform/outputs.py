@@ -88,13 +88,17 @@ def _remove_leftovers(target: Path) -> None:
 
 
 def remove_leftovers(folder: Path, prefix: str) -> None:
-    """Remove the folders ``<prefix><host>-<pid>-<random>`` in ``folder`` whose writer ran on this
-    host and is gone (killed mid-write); another host's, or a live writer's, are left alone."""
+    """Remove the folders or files ``<prefix><host>-<pid>-<random>`` in ``folder`` whose writer ran
+    on this host and is gone (killed mid-write); another host's, or a live writer's, are left alone."""
     for leftover in folder.glob(f"{prefix}*"):
         tail = leftover.name[len(prefix):]
         host, _, pid = tail.rpartition("-")[0].rpartition("-")
-        if leftover.is_dir() and host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

@@ -48,6 +48,7 @@ class ClassifierConfig:
     """SentEval's ``params['classifier']`` of the "test" setting, plus which implementation."""
 
     kind: str = "pytorch"
+    engine: str = "batched"  # pytorch only: "batched" (platform.evaluation.batched) or "serial" (one fit at a time)
     batch_size: int = 64
     tenacity: int = 5
     epoch_size: int = 4
@@ -154,7 +155,14 @@ def fit_and_score(x, y, train, test, nclasses: int, l2: float, cfg: ClassifierCo
 
 def _parallel(calls: list[tuple], jobs: int) -> list:
     """``fit_and_score`` over ``calls`` in ``jobs`` processes (1: here), results in call order.
-    Each fit seeds its own generators, so the order the processes run them in does not matter."""
+    Each fit seeds its own generators, so the order the processes run them in does not matter.
+    The PyTorch classifier's batched engine runs all of them as one program instead."""
+    x, y, _, _, nclasses, _, cfg = calls[0][:7]
+    if cfg.kind == "pytorch" and cfg.engine == "batched":
+        from platform.evaluation import batched
+
+        fits = [batched.Fit(c[2], c[3], c[5], c[7] if len(c) > 7 else None) for c in calls]
+        return batched.fit_and_score(x, y, nclasses, fits, cfg)
     if jobs <= 1 or len(calls) == 1:
         import torch
 

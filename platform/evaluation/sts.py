@@ -66,7 +66,10 @@ class STSEvaluator:
         return cls(tuple(tasks), batch_size=batch_size, pairs=pairs)
 
     def __call__(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None) -> dict[str, float]:
-        emb = encoder.encode(self.sentences, batch_size=self.batch_size, pooler=pooler, progress=progress)
+        return self.score(encoder.encode(self.sentences, batch_size=self.batch_size, pooler=pooler, progress=progress))
+
+    def score(self, emb: torch.Tensor) -> dict[str, float]:
+        """The tasks' scores from the embeddings of ``self.sentences`` (in that order)."""
         return {
             task: spearman_x100(emb[i1], emb[i2], p.scores)
             for task, p, (i1, i2) in zip(self.tasks, self.pairs, self.index)

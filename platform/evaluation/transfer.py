@@ -125,6 +125,19 @@ def task_features(task: str, embed: Embed, root: Path | None = None, limit: int 
     raise DataError(f"unknown transfer task {task!r}; choose from {', '.join(TRANSFER_TASKS)}")
 
 
+def task_sentences(task: str, root: Path | None = None, limit: int | None = None) -> list[str]:
+    """Every sentence ``task_features`` embeds for ``task``, in its order (to encode them ahead,
+    once across tasks)."""
+    seen: list[str] = []
+
+    def record(texts: list[str]) -> np.ndarray:
+        seen.extend(texts)
+        return np.zeros((len(texts), 1), dtype=np.float32)
+
+    task_features(task, record, root, limit)
+    return seen
+
+
 def score_task(features: TaskFeatures, classifier: str = "pytorch", jobs: int | None = None) -> TransferScore:
     """SentEval's protocol for the task; ``jobs`` processes fit a grid's classifiers in parallel
     (default: one per CPU; the result does not depend on it)."""

@@ -1,0 +1,93 @@
+"""Sentence embeddings kept on disk by content, so a second evaluation of a checkpoint encodes nothing.
+
+A store is a folder ``$PLATFORM_CACHE_DIR/embeddings/<key>`` where the key digests what an
+embedding depends on: the encoder's weights and tokenizer (their bytes, not a path or a name), the
+pooler, and the device type (a GPU's kernels round differently). It holds ``part-*.npz`` files,
+each a batch of (sentence digest, float32 embedding) rows written atomically (temporary name,
+then rename): a killed writer leaves at most a ``tmp-*`` file, which readers ignore and the next
+store opened on this host removes. Parts only ever add rows, so concurrent evaluations of one checkpoint at worst
+encode a sentence twice.
+
+``embed`` encodes each distinct missing sentence once, in the encoder's length-sorted batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from platform.data.cache import cache_root
+from platform.outputs import remove_leftovers, writer_id
+
+DIGEST_BYTES = 16
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+
+
+def encoder_key(encoder, pooler: str) -> str:
+    """A digest of the weights, the tokenizer, the pooler and the device type."""
+    import torch
+
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(encoder.backbone.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    tok = encoder.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:  # its padding and truncation settings change with each call: not part of it
+        spec = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("padding", "truncation")}
+        h.update(json.dumps(spec, sort_keys=True).encode())
+    else:
+        h.update(repr(sorted(tok.get_vocab().items())).encode())
+    h.update(f"|{pooler}|{next(encoder.parameters()).device.type}".encode())
+    return h.hexdigest()
+
+
+class EmbeddingStore:
+    """The embeddings of one encoder and pooler; ``embed(sentences)`` -> float32 array in order."""
+
+    def __init__(self, encoder, pooler: str, batch_size: int = 128, root: Path | None = None):
+        self.encoder, self.pooler, self.batch_size = encoder, pooler, batch_size
+        self.folder = (root or cache_root() / "embeddings") / encoder_key(encoder, pooler)
+        self.rows: dict[bytes, np.ndarray] = {}
+        self.encoded = 0  # sentences this store had to encode (the rest came from disk)
+        if self.folder.is_dir():
+            remove_leftovers(self.folder, "tmp-")
+            for part in sorted(self.folder.glob("part-*.npz")):
+                with np.load(part) as data:
+                    raw = data["keys"].tobytes()  # uint8 rows: NumPy's bytes type would drop trailing zeros
+                    keys = [raw[i:i + DIGEST_BYTES] for i in range(0, len(raw), DIGEST_BYTES)]
+                    self.rows.update(zip(keys, data["emb"]))
+
+    def embed(self, sentences: list[str], progress: str | None = None) -> np.ndarray:
+        keys = [_digest(s) for s in sentences]
+        missing: dict[bytes, str] = {}
+        for k, s in zip(keys, sentences):
+            if k not in self.rows:
+                missing.setdefault(k, s)
+        if missing:
+            emb = self.encoder.encode(list(missing.values()), batch_size=self.batch_size, pooler=self.pooler,
+                                      progress=progress)
+            emb = emb.numpy().astype(np.float32, copy=False)
+            self._write(list(missing), emb)
+            self.rows.update(zip(missing, emb))
+            self.encoded += len(missing)
+        if not keys:
+            return np.empty((0, self.encoder.hidden_size), dtype=np.float32)
+        return np.stack([self.rows[k] for k in keys])
+
+    def _write(self, keys: list[bytes], emb: np.ndarray) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = f"part-{writer_id()}-{time.time_ns()}"
+        tmp = self.folder / f"tmp-{writer_id()}-{len(keys)}"
+        with open(tmp, "wb") as f:
+            np.savez(f, keys=np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, DIGEST_BYTES), emb=emb)
+        os.replace(tmp, self.folder / f"{name}.npz")
