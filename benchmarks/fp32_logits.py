@@ -109,7 +109,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(2)
     sentences = read_corpus(data_dir() / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", limit=args.batch * (args.steps + 1))
-    print(f"| recipe | step, fp32 logits | step, bf16 logits | ratio | loss, no autocast | fp32 logits | bf16 logits |")
+    print("| recipe | step, fp32 logits | step, bf16 logits | ratio | loss, no autocast | fp32 logits | bf16 logits |")
     print("|---|---|---|---|---|---|---|")
     for name in RECIPES:
         t = bench(name, sentences, args.batch, args.steps)

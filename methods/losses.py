@@ -136,7 +136,7 @@ def nt_xent(pairs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float) 
     z = torch.cat([t for pair in pairs for t in pair])
     sim = cosine_matrix(z, z) / temperature
     targets, start = [], 0
-    for a, b in pairs:
+    for a, _ in pairs:
         n = a.shape[0]
         idx = torch.arange(start, start + n, device=z.device)
         targets += [idx + n, idx]

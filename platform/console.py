@@ -29,3 +29,21 @@ def seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[
     rows.append({"": "mean +- std", **{SHORT_NAMES.get(t, t): f"{scores[t]:.2f} +- {scores[t + '_std']:.2f}"
                                        for t in per_seed[0]}})
     return format_frame(pd.DataFrame(rows))
+
+
+def command_parser(prog: str, doc: str, example: str):
+    """An argparse parser whose ``--help`` reads as plain text: the module docstring without its
+    reStructuredText markup, each option's default, and an example."""
+    import argparse
+    import re
+
+    class Formatter(argparse.RawDescriptionHelpFormatter):
+        def _get_help_string(self, action):  # a default worth saying, once
+            text = action.help or ""
+            if "default" not in text and action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+                text += " (default: %(default)s)"
+            return text
+
+    plain = re.sub(r"``([^`]+)``", r"\1", doc).strip()
+    return argparse.ArgumentParser(prog=prog, description=plain, formatter_class=Formatter,
+                                   epilog=f"example:\n  {example}")

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from methods.encoder import POOLERS, Encoder
+from platform.console import command_parser
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main
 from platform.evaluation.clustering import CLUSTER_SETS, PAPER_SETS, embed, kmeans_accuracy, load_labelled, protocol
@@ -77,7 +78,7 @@ def write_json_atomic(path: str, payload: dict) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m platform.evaluate", description=__doc__.splitlines()[0])
+    p = command_parser("python -m platform.evaluate", __doc__, "python -m platform.evaluate runs/una-20261124-101500/best --tasks sts transfer")
     p.add_argument("model")
     p.add_argument("--pooler", choices=POOLERS, default=None, help="default: the checkpoint's, else cls_before_pooler")
     p.add_argument("--tasks", nargs="+", default=["sts"],

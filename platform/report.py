@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from platform import outputs
+from platform.console import command_parser
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.evaluation.sts import SHORT_NAMES
@@ -205,6 +206,31 @@ def markdown(frame, references: list[dict], experiments: list[str]) -> str:
     return "\n".join(lines)
 
 
+def latex(frame, references: list[dict]) -> str:
+    """The table as a LaTeX ``tabular`` (booktabs), the papers' layout: one row per recipe, the 7
+    tasks and their average; published reference rows below a rule."""
+    def esc(text: str) -> str:
+        return "".join("\\" + ch if ch in "&%$#_{}" else ch for ch in str(text))
+
+    def cell(row, column) -> str:
+        return esc(_cell(row, column)).replace("±", "$\\pm$")
+
+    header = ["Model", *TASK_COLUMNS]
+    lines = ["% python -m platform.report --latex; needs \\usepackage{booktabs}",
+             "\\begin{tabular}{l" + "c" * len(TASK_COLUMNS) + "}", "\\toprule",
+             " & ".join(esc(h) for h in header) + " \\\\", "\\midrule"]
+    for row in frame.to_dict("records"):
+        name = f"{row['recipe']} ({row['backbone']})"
+        lines.append(" & ".join([esc(name), *(cell(row, c) for c in TASK_COLUMNS)]) + " \\\\")
+    if references:
+        lines.append("\\midrule")
+        for ref in references:
+            lines.append(" & ".join([esc(f"{ref['recipe']} ({ref['backbone']}, published)"),
+                                     *(cell(ref, c) for c in TASK_COLUMNS)]) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", ""]
+    return "\n".join(lines)
+
+
 def plot(frame, path: Path) -> Path:
     """Grouped bars: the 7 tasks and their average for each recipe, with the seeds' std as error bars."""
     import matplotlib
@@ -240,11 +266,12 @@ def plot(frame, path: Path) -> Path:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m platform.report", description=__doc__.splitlines()[0])
+    p = command_parser("python -m platform.report", __doc__, "python -m platform.report --experiment simcse --experiment una --latex")
     p.add_argument("--experiment", dest="experiments", action="append", metavar="NAME",
                    help="an MLflow experiment to read (repeatable; default: all)")
     p.add_argument("--out", type=Path, default=Path("report"),
                    help="folder for report.md, report.csv, report.png (a new or empty one, or an earlier report's)")
+    p.add_argument("--latex", action="store_true", help="also write report.tex (a booktabs tabular of the table)")
     p.add_argument("--no-log", action="store_true", help=f"do not log the report to the {REPORTS_EXPERIMENT!r} experiment")
     return p.parse_args(argv)
 
@@ -264,11 +291,13 @@ def main(argv=None) -> int:
         (tmp / "report.md").write_text(markdown(frame, references, names), encoding="utf-8")
         frame.to_csv(tmp / "report.csv", index=False)
         plot(frame, tmp / "report.png")
+        if args.latex:
+            (tmp / "report.tex").write_text(latex(frame, references), encoding="utf-8")
     except BaseException:
         outputs.discard(tmp)
         raise
     outputs.install(tmp, out, "platform.report", "choose a new or empty folder for --out")
-    files = [out / "report.md", out / "report.csv", out / "report.png"]
+    files = [out / "report.md", out / "report.csv", out / "report.png", *([out / "report.tex"] if args.latex else [])]
     print(files[0].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(f) for f in files)}")
     if not args.no_log:

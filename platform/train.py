@@ -12,45 +12,77 @@ was stopped or killed, from its latest checkpoint, in the same MLflow run.
 from __future__ import annotations
 
 import argparse
+import re
 import time
+from pathlib import Path
 
-from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
+from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags, print_config
+from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import storage, unit
 from platform.tracking import store
 from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run
 
+HELP = """Train one configuration of a recipe and track it in MLflow.
+
+METHOD is a paper's recipe (simcse, una, san, augcse, vascl), or 'recipe' put together with
+--set positives=... negatives=... loss=... aux=... . Values come from the recipe's defaults (the
+papers'), then the profile, then the --config file, then --set; --print-config shows each value
+and where it comes from. The best checkpoint by STS-B dev is evaluated on the 7 STS tasks beside
+the untouched backbone, logged as the run's model and registered as <recipe>-encoder. --seeds N
+trains N seeds, each in a run nested under this one. --resume RUN continues a stopped or killed
+run from its latest checkpoint."""
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m platform.train", description=__doc__.splitlines()[0])
+    p = command_parser("python -m platform.train", HELP,
+                       "python -m platform.train una --set alpha=5 --tag purpose=baseline")
     p.add_argument("method", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--profile", default="local", help=f"one of {', '.join(available_profiles())}")
+    p.add_argument("--profile", default=None, help=f"one of {', '.join(available_profiles())} (default: the --config "
+                                                   "file's, else local)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
+                   help="an experiment file: key: value lines with the keys of --set (what --print-config prints); "
+                        "--set values override it")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--experiment", default=None, help="the MLflow experiment (default: the method's name)")
+    p.add_argument("--run-name", default=None,
+                   help="the MLflow run's name, also its checkpoint folder under output_dir (default: METHOD-TIMESTAMP)")
+    p.add_argument("--tag", dest="tags", action="append", metavar="KEY=VALUE", help="an MLflow tag on the run")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="train N times (seeds seed, seed+1, ...) and report every score's mean +- std")
     p.add_argument("--resume", metavar="RUN", default=None,
                    help="continue this run (its MLflow run name or id) from its latest checkpoint; give the same "
                         "--profile, --set and --seeds")
-    p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved configuration (as a --config file, each value with its source) and exit")
     return p.parse_args(argv)
+
 
 
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = TrainConfig.build(args.method, args.profile, parse_sets(args.sets))
+    cfg = build_config(args)
+    extra_tags = parse_tags(args.tags)
+    experiment = args.experiment or cfg.method
+    if args.run_name is not None and not RUN_NAME.fullmatch(args.run_name):
+        raise UserError(f"--run-name {args.run_name!r}: use letters, digits, '.', '_' and '-' (it names a folder)")
     if args.print_config:
-        print(f"# {args.method}: {cfg.recipe.describe()}, profile {cfg.profile!r}; each value with where it comes from")
-        for key, value, source in cfg.recipe_card():
-            print(f"{key}: {value}  # {source}")
+        print_config(cfg, args.method)
         return 0
     seeds = len(unit.seed_values(cfg, args.seeds))
     sentences = unit.preflight(cfg)
     uri = store.tracking_uri()
-    resumed = resumable_run(uri, cfg, seeds, args.resume) if args.resume else None  # checked before Ray starts
+    resumed = resumable_run(uri, cfg, seeds, args.resume, experiment) if args.resume else None  # before Ray starts
+    if not resumed and args.run_name and storage.exists(storage.join(cfg.output_dir, args.run_name)):
+        raise UserError(f"--run-name {args.run_name}: {storage.join(cfg.output_dir, args.run_name)} exists; resume it "
+                        f"(--resume {args.run_name}) or choose another name")
     unit.start(cfg)
     corpus = unit.prepare(cfg, sentences)
-    run = Run.reopen(uri, resumed) if resumed else new_run(uri, cfg, corpus, seeds)
+    run = (Run.reopen(uri, resumed) if resumed
+           else new_run(uri, cfg, corpus, seeds, experiment, args.run_name, extra_tags))
     with run.closing():
         result = unit.run_configuration(cfg, corpus, run, storage_path=cfg.output_dir, name=run.name, seeds=seeds,
                                         final="full" if cfg.final_eval else "none")
@@ -61,25 +93,27 @@ def main(argv=None) -> int:
               f"{', '.join(str(f.seed) for f in result.fits)}; best seed {result.best.seed}, checkpoint {result.checkpoint}")
     else:
         print(f"run {run.id}: best {DEV_METRIC}={dev[BEST]:.2f}, checkpoint {result.checkpoint}")
-    print(f"MLflow: {store.redact(uri)} (experiment {cfg.method!r}, run {run.id}, name {run.name})")
+    print(f"MLflow: {store.redact(uri)} (experiment {experiment!r}, run {run.id}, name {run.name})")
     return 0
 
 
-def new_run(uri: str, cfg: TrainConfig, corpus, seeds: int) -> Run:
+def new_run(uri: str, cfg: TrainConfig, corpus, seeds: int, experiment: str | None = None, name: str | None = None,
+            extra_tags: dict[str, str] | None = None) -> Run:
     """The configuration's MLflow run, and beside its checkpoints the state ``--resume`` reads."""
-    name = f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = name or f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     location = storage.join(cfg.output_dir, name)
-    tags = {**unit.run_tags(cfg), STORAGE_TAG: location, **({"seeds": str(seeds)} if seeds > 1 else {})}
-    run = Run.create(uri, cfg.method, name, tags)
+    tags = {**(extra_tags or {}), **unit.run_tags(cfg), STORAGE_TAG: location,
+            **({"seeds": str(seeds)} if seeds > 1 else {})}
+    run = Run.create(uri, experiment or cfg.method, name, tags)
     run.log_params({**cfg.flat(), **({"seeds": seeds} if seeds > 1 else {})})
     run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
     unit.save_state(location, {"run_id": run.id, "config": cfg.flat(), "seeds": seeds})
     return run
 
 
-def resumable_run(uri: str, cfg: TrainConfig, seeds: int, name_or_id: str) -> str:
+def resumable_run(uri: str, cfg: TrainConfig, seeds: int, name_or_id: str, experiment: str | None = None) -> str:
     """The id of the run ``--resume`` names, once it is known to be resumable with ``cfg``."""
-    found = store.find_run(uri, cfg.method, name_or_id)
+    found = store.find_run(uri, experiment or cfg.method, name_or_id)
     name = found.info.run_name
     if store.PARENT_TAG in found.data.tags:
         raise UserError(f"--resume {name_or_id}: run {name} is part of another run (a seed or a trial); resume that one")

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from platform import sweep_summary
-from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
+from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags
+from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import storage, unit
 from platform.run.loop import total_steps
@@ -46,6 +47,7 @@ class Sweep:
     folder: str  # the sweep's folder in output_dir's storage
     seeds: int = 1
     grid: str | None = None
+    experiment: str | None = None  # MLflow's (default: the method's name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,7 +101,7 @@ def trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig) -> Run | None:
     if found:
         return Run.reopen(sweep.uri, found[0].info.run_id, ends_on_error=False)
     tags = {**unit.run_tags(cfg), "trial_id": trial_id}
-    return Run.create(sweep.uri, cfg.method, f"trial-{trial_id}", tags, parent=Run(sweep.uri, sweep.parent),
+    return Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", tags, parent=Run(sweep.uri, sweep.parent),
                       ends_on_error=False)
 
 
@@ -293,14 +295,16 @@ def resumable_sweep(uri: str, base: TrainConfig, identity: dict[str, Any]) -> tu
     return folder, state
 
 
-def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: dict[str, Any]) -> tuple[Run, str]:
+def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: dict[str, Any],
+              experiment: str | None = None, extra_tags: dict[str, str] | None = None) -> tuple[Run, str]:
     """The sweep's parent run, and its state in output_dir's storage, beside Tune's own: --resume
     finds both there, also when the driver ran in a `ray job submit` working copy that is gone."""
     name = f"{base.method}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = storage.join(base.output_dir, name)
     seeds = identity["seeds"]
-    tags = {**unit.run_tags(base), "sweep": "true", STORAGE_TAG: folder, **({"seeds": str(seeds)} if seeds > 1 else {})}
-    parent = Run.create(uri, base.method, name, tags)
+    tags = {**(extra_tags or {}), **unit.run_tags(base), "sweep": "true", STORAGE_TAG: folder,
+            **({"seeds": str(seeds)} if seeds > 1 else {})}
+    parent = Run.create(uri, experiment or base.method, name, tags)
     parent.log_params({**base.flat(), **spec.as_params(), **({"seeds": seeds} if seeds > 1 else {})})
     parent.log_corpus(base.corpus, corpus.digest, corpus.num_sentences)
     state = {"parent_run_id": parent.id, "method": base.method, "expected_trials": spec.expected_trials(), **identity}
@@ -308,12 +312,32 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
     return parent, folder
 
 
+HELP = """Search a recipe's hyperparameters with Ray Tune and track the sweep in MLflow.
+
+METHOD is a paper's recipe (simcse, una, san, augcse, vascl), or 'recipe' put together with
+--set positives=... negatives=... loss=... aux=... . The base configuration is built as train
+builds it (recipe defaults, profile, --config file, --set); the search space comes from
+tune_spaces/METHOD.yaml (or --space). Optuna proposes configurations (or --grid PARAM runs the
+file's one-parameter grid), ASHA stops poor ones on STS-B dev, and each trial is one tracked
+configuration run nested under the sweep's parent run. At the end the best trial is evaluated on
+the 7 STS tasks beside the untouched backbone, logged as a model and registered; the sweep's table,
+CSV and plots are logged on the parent run. --resume continues the newest sweep of METHOD after a
+stop or a crash, with the same arguments."""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m platform.tune", description=__doc__.splitlines()[0])
+    p = command_parser("python -m platform.tune", HELP, "python -m platform.tune una --num-samples 8 --tag purpose=alpha-study")
     p.add_argument("method", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--profile", default="local", help=f"one of {', '.join(available_profiles())}")
-    p.add_argument("--num-samples", type=int, default=None)
+    p.add_argument("--profile", default=None, help=f"one of {', '.join(available_profiles())} (default: the --config "
+                                                   "file's, else local)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
+                   help="the base configuration as an experiment file (the keys of --set; what train's "
+                        "--print-config prints); --set values override it")
+    p.add_argument("--num-samples", type=int, default=None,
+                   help="trials to run (default: the space file's num_samples for this profile)")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="override a base config value")
+    p.add_argument("--experiment", default=None, help="the MLflow experiment (default: the method's name)")
+    p.add_argument("--tag", dest="tags", action="append", metavar="KEY=VALUE", help="an MLflow tag on the sweep's run")
     p.add_argument("--resume", action="store_true", help="resume this method's most recent sweep (same arguments)")
     p.add_argument("--space", type=Path, default=None, help="a search-space YAML instead of tune_spaces/METHOD.yaml")
     p.add_argument("--grid", default=None, metavar="PARAM", help="run the space file's one-parameter grid for PARAM")
@@ -324,7 +348,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def configure(args: argparse.Namespace) -> tuple[TrainConfig, SearchSpace, int]:
     """The base configuration, the search space and the number of seeds, checked."""
-    base = TrainConfig.build(args.method, args.profile, parse_sets(args.sets))
+    base = build_config(args)
     if base.runtime != "ray":
         raise ConfigError("a sweep runs its trials on Ray: runtime must be ray")
     spec = load_space(base, args.space, grid=args.grid)
@@ -339,10 +363,16 @@ def configure(args: argparse.Namespace) -> tuple[TrainConfig, SearchSpace, int]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     base, spec, seeds = configure(args)
+    extra_tags = parse_tags(args.tags)
     sentences = unit.preflight(base)
     uri = store.tracking_uri()
     identity = sweep_state(base, spec, seeds, args.grid)
     found = resumable_sweep(uri, base, identity) if args.resume else None  # checked before Ray starts
+    if found is not None and args.experiment is not None:
+        parent_run = store.client(uri).get_run(found[1]["parent_run_id"])
+        if store.client(uri).get_experiment(parent_run.info.experiment_id).name != args.experiment:
+            raise UserError(f"--resume: the sweep's runs are in another experiment than --experiment {args.experiment}; "
+                            "give the same arguments")
     unit.start(base)
     corpus = unit.prepare(base, sentences, check=False)
     # Searched parameters are checked against the corpus per trial, after clipping the space.
@@ -352,9 +382,10 @@ def main(argv=None) -> int:
         parent = Run.reopen(uri, state["parent_run_id"])
         close_open_trials(uri, parent.id, saved_trial_states(folder), folder)  # left open by a driver that died
     else:
-        parent, folder = new_sweep(uri, base, spec, corpus, identity)
+        parent, folder = new_sweep(uri, base, spec, corpus, identity, args.experiment, extra_tags)
         state = {"expected_trials": spec.expected_trials()}
-    sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid)
+    experiment = store.client(uri).get_experiment(parent.info().info.experiment_id).name
+    sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment)
     try:
         with parent.closing():
             results = run_sweep(sweep, spec, resume=found is not None)

@@ -159,8 +159,8 @@ def test_the_best_trial_is_finalized_from_s3(sweep):
         assert {"alpha", "beta", "r", "lr"} <= set(child.data.params)
         assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")
     assert parent.data.tags["best_checkpoint"].startswith(f"{sweep['output']}/una-sweep-")
-    assert {a.path for a in c.list_artifacts(best.info.run_id, "best_checkpoint")} == {
-        "best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
+    assert {a.path for a in c.list_artifacts(best.info.run_id)} == {"sts_results.json"}
+    assert best.data.tags["logged_model"].startswith("models:/m-")
 
 
 def test_artifacts_and_data_never_touch_a_workers_disk(topology, sweep):
@@ -183,9 +183,10 @@ def test_the_best_model_downloads_from_the_server_and_loads(topology, sweep, tmp
 
     topo, _ = topology
     (parent,) = [r for r in sweep["runs"] if not r.data.tags.get("trial_id")]
-    local = mlflow.artifacts.download_artifacts(run_id=parent.data.tags["best_run_id"],
-                                                artifact_path="best_checkpoint/sentence-transformers",
-                                                tracking_uri=topo.tracking_uri, dst_path=str(tmp_path))
+    best = sweep["client"].get_run(parent.data.tags["best_run_id"])
+    mlflow.set_tracking_uri(topo.tracking_uri)
+    local = mlflow.artifacts.download_artifacts(best.data.tags["logged_model"], dst_path=str(tmp_path))
+    local = f"{local}/model.sentence_transformer"
     emb = SentenceTransformer(local, device="cpu").encode(["A man is playing a guitar.", "A woman slices a tomato."])
     assert emb.shape == (2, 32)
 

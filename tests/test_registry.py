@@ -54,13 +54,73 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     names = {line.split("==")[0] for line in open(reqs).read().split()}
     assert names == {"mlflow", "sentence-transformers", "transformers", "torch"}, names
 
-    # A worse version does not take the alias; a better one does.
-    model_uri = f"runs:/{champion.run_id}/model"
-    worse, promoted = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev - 1, {})
-    assert not promoted and c.get_model_version_by_alias("simcse-encoder", "champion").version == "1"
-    better, promoted = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev + 1, {})
-    assert promoted and c.get_model_version_by_alias("simcse-encoder", "champion").version == str(better)
+    # The model is stored once, as the run's logged model, which the version points to.
+    model_uri = run.data.tags["logged_model"]
+    assert champion.source == model_uri and model_uri.startswith("models:/m-")
+    assert [o.model_id for o in run.outputs.model_outputs] == [model_uri[len("models:/"):]]
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json"}
+
+    # Against the untouched backbone (same pooler): on the console, on the run, in the model card.
+    assert "against the untouched backbone" in proc.stdout and "difference" in proc.stdout
+    m = run.data.metrics
+    assert m["delta_sts_avg"] == pytest.approx(m["sts_avg"] - m["baseline_sts_avg"], abs=1e-6)
+    from platform.run.finalize import baseline_sts
+
+    assert baseline_sts(str(tiny_model), pooler)["avg"] == pytest.approx(m["baseline_sts_avg"], abs=1e-9)
+    assert run.data.tags["smoke"] == champion.tags["smoke"] == "true" and "smoke test" in proc.stdout
+    folder = mlflow.artifacts.download_artifacts(model_uri, dst_path=str(tmp_path / "logged"))
+    card = open(f"{folder}/model.sentence_transformer/README.md").read()
+    mlmodel = open(f"{folder}/MLmodel").read()
+    assert f"source_model_name: {tiny_model}" in mlmodel and "/tmp" not in mlmodel.replace(str(tiny_model), "")
+    for field in (f"base_model: {tiny_model}", f"corpus: `{small_corpus}`", "`max_steps`: `4`", "| difference |",
+                  "Gao et al. (2021), SimCSE", run.data.tags["git_commit"], "Smoke test, not a result"):
+        assert field in card, field
+
+    # Like with like: a worse version of the same lineage does not take the alias; a better one does.
+    same = {k: champion.tags[k] for k in ("backbone", "profile", "corpus", "smoke")}
+    worse, verdict = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev - 1, same)
+    assert verdict == f"better STS-B dev: {dev:.2f}"
+    assert c.get_model_version_by_alias("simcse-encoder", "champion").version == "1"
+    better, verdict = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev + 1, same)
+    assert verdict is True and c.get_model_version_by_alias("simcse-encoder", "champion").version == str(better)
     assert str(worse) == "2" and str(better) == "3"
+    assert c.get_model_version_by_alias("simcse-encoder", registry.lineage_alias(same)).version == "3"
+
+
+def test_a_smoke_model_never_takes_a_real_backbones_champion(mlflow_server, tiny_model):
+    """Versions of the packaged sentence-tuned backbone (smoke) and of a plain BERT (here a tiny
+    random one, trained with the paper profile) of one registered model: the smoke version's far
+    better STS-B dev never moves the champion; a real version displaces a smoke champion; two real
+    lineages are not ranked against each other; each lineage keeps its own best alias."""
+    from mlflow.tracking import MlflowClient
+
+    from platform.tracking import registry
+
+    c = MlflowClient(mlflow_server)
+    run_id = c.create_run(c.create_experiment("like-with-like")).info.run_id
+    source = f"runs:/{run_id}/model"
+    name = "una-encoder"
+    smoke = registry.lineage("minilm", "local", "wiki1m_for_simcse.first11914.txt.gz (first 11914 sentences)")
+    real = registry.lineage(str(tiny_model), "paper", "wiki1m_for_simcse.txt")
+    other = registry.lineage("roberta-base", "paper", "wiki1m_for_simcse.txt")
+    assert smoke["smoke"] == "true" and real["smoke"] == "false" and "sentence-tuned" in smoke["smoke_note"]
+
+    def champion():
+        return c.get_model_version_by_alias(name, registry.CHAMPION).version
+
+    v1, verdict = registry.register_encoder(mlflow_server, name, source, run_id, 83.34, smoke)
+    assert verdict is True and champion() == v1  # the first version is the champion
+    v2, verdict = registry.register_encoder(mlflow_server, name, source, run_id, 20.0, real)
+    assert verdict is True and champion() == v2  # a real backbone's model displaces a smoke champion
+    v3, verdict = registry.register_encoder(mlflow_server, name, source, run_id, 90.0, smoke)
+    assert champion() == v2 and "never displaces" in verdict
+    v4, verdict = registry.register_encoder(mlflow_server, name, source, run_id, 95.0, other)
+    assert champion() == v2 and "another lineage" in verdict
+    v5, verdict = registry.register_encoder(mlflow_server, name, source, run_id, 21.0, real)
+    assert verdict is True and champion() == v5
+    best = {alias: c.get_model_version_by_alias(name, registry.lineage_alias(tags)).version
+            for alias, tags in (("smoke", smoke), ("real", real), ("other", other))}
+    assert best == {"smoke": v3, "real": v5, "other": v4}
 
 
 def test_registered_names():

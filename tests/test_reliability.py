@@ -74,16 +74,14 @@ def test_train_on_two_nodes_equals_one_process_end_to_end(two_node_cluster, tiny
     assert run.data.params["batch_size"] == "8" and run.data.params["temperature"] == "0.05"
     for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"):
         assert f"sts_{task}" in run.data.metrics
-    arts = {a.path for a in c.list_artifacts(run.info.run_id, "best_checkpoint")}
-    assert arts == {"best_checkpoint/hf", "best_checkpoint/sentence-transformers"}
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json"}  # the model: once, logged
 
     import mlflow
     from sentence_transformers import SentenceTransformer
 
-    st_dir = mlflow.artifacts.download_artifacts(
-        run_id=run.info.run_id, artifact_path="best_checkpoint/sentence-transformers", tracking_uri=mlflow_uri,
-        dst_path=str(tmp_path / "dl"),
-    )
+    mlflow.set_tracking_uri(mlflow_uri)
+    st_dir = mlflow.artifacts.download_artifacts(run.data.tags["logged_model"], dst_path=str(tmp_path / "dl"))
+    st_dir = f"{st_dir}/model.sentence_transformer"
     assert SentenceTransformer(st_dir, device="cpu").encode(["a test sentence ."]).shape == (1, 32)
     results = json.loads(open(mlflow.artifacts.download_artifacts(
         run_id=run.info.run_id, artifact_path="sts_results.json", tracking_uri=mlflow_uri, dst_path=str(tmp_path / "dl2"),

@@ -94,7 +94,7 @@ def test_report_puts_two_recipes_with_seeds_side_by_side(seeded_runs, mlflow_ser
 
     c = seeded_runs["client"]
     proc = run_main("report", "--experiment", "simcse", "--experiment", "una", "--out", str(tmp_path / "rep"),
-                   env={"MLFLOW_TRACKING_URI": mlflow_server})
+                   "--latex", env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (tmp_path / "rep" / "report.md").read_text()
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
@@ -108,6 +108,10 @@ def test_report_puts_two_recipes_with_seeds_side_by_side(seeded_runs, mlflow_ser
         assert row["Avg. std"] == pytest.approx(parent.data.metrics["sts_avg_std"], abs=1e-6)
         assert f"{parent.data.metrics['sts_avg']:.2f} ± {parent.data.metrics['sts_avg_std']:.2f}" in rows[method]
     assert frame.loc[frame["recipe"] == "simcse", "cluster_TREC"].notna().all()
+    tex = (tmp_path / "rep" / "report.tex").read_text()
+    parent = _top_run(c, "una", seeds="2")
+    assert "\\begin{tabular}{lcccccccc}" in tex and "\\toprule" in tex and "\\bottomrule" in tex
+    assert f"{parent.data.metrics['sts_avg']:.2f} $\\pm$ {parent.data.metrics['sts_avg_std']:.2f}" in tex
     assert "No published reference rows" in md  # a tiny random BERT is not the papers' backbone
     with Image.open(tmp_path / "rep" / "report.png") as image:
         assert image.format == "PNG" and image.size[0] >= 600 and len(set(image.convert("L").getdata())) > 10

@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 import urllib.error

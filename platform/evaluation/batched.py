@@ -169,7 +169,7 @@ def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, spl
     tidx, tmask = (torch.from_numpy(a).to(device) for a in _padded([fits[m[0]].test for m in groups]))
     pred = _predict(best_w, best_b, x[tidx])
     results = []
-    for g, m in enumerate(groups):
+    for g in range(G):
         n = int(tmask[g].sum())
         truth = y[tidx[g, :n]]
         for k in range(K):

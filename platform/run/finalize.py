@@ -4,6 +4,7 @@ sentence-transformers formats, logged to the run) and registration (``platform.t
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -30,37 +31,124 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, floa
     return scores
 
 
+def baseline_sts(backbone: str, pooler: str) -> dict[str, float]:
+    """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
+    model is measured against. Cached by the backbone's weights, tokenizer and the pooler
+    (``$PLATFORM_CACHE_DIR/baselines``), so each backbone is evaluated once."""
+    from platform.data.cache import cache_root
+    from platform.evaluation.embedding_cache import encoder_key
+    from platform.evaluation.sts import STSEvaluator, with_mean
+
+    encoder = Encoder.from_pretrained(backbone, pooler=pooler)
+    path = cache_root() / "baselines" / f"{encoder_key(encoder, pooler)}.json"
+    if path.is_file():
+        return json.loads(path.read_text())["scores"]
+    print(f"evaluating the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
+    scores = with_mean(STSEvaluator()(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"backbone": backbone, "pooler": pooler, "scores": scores}))
+    os.replace(tmp, path)
+    return scores
+
+
+def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False) -> dict[str, float]:
+    """The trained model's table beside its backbone's (same pooler) and the difference, printed
+    (unless ``quiet``) and logged on ``run`` (``baseline_sts_<task>``, ``delta_sts_<task>``); returns the baseline."""
+    from platform.config import smoke_reason
+    from platform.evaluation.sts import SHORT_NAMES
+
+    state = read_state_at(location)
+    config = state.get("config", {})
+    backbone, pooler = config.get("model", ""), state["eval_pooler"]
+    baseline = baseline_sts(backbone, pooler)
+    tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
+    names = [SHORT_NAMES.get(t, t) for t in tasks]
+    width = max(14, len(backbone.split("/")[-1]) + 2)
+    rows = [("", names), (backbone.split("/")[-1][: width], [f"{baseline[t]:.2f}" for t in tasks]),
+            ("trained", [f"{scores[t]:.2f}" + (f" +- {scores[t + '_std']:.2f}" if t + "_std" in scores else "")
+                         for t in tasks]),
+            ("difference", [f"{scores[t] - baseline[t]:+.2f}" for t in tasks])]
+    cols = [max(len(r[1][i]) for r in rows) for i in range(len(tasks))]
+    lines = [f"{label:<{width}}| " + " | ".join(v.rjust(w) for v, w in zip(values, cols)) for label, values in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    why = smoke_reason(config.get("profile", ""), backbone)
+    if not quiet:
+        print(f"STS (Spearman x100, pooler {pooler}), against the untouched backbone:", flush=True)
+        print("\n".join(lines), flush=True)
+        if why:
+            print(f"note: a smoke test, not a result ({why})", flush=True)
+    run.log_metrics({**{f"baseline_sts_{t}": baseline[t] for t in tasks},
+                     **{f"delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
+    run.set_tags({"baseline": f"{backbone} (pooler {pooler}) STS avg {baseline['avg']:.2f}"} if "avg" in baseline else {})
+    return baseline
+
+
+def read_state_at(location: str) -> dict:
+    """A checkpoint's ``state.json`` at a folder or URI, without copying its weights."""
+    if not storage.is_uri(location):
+        return checkpoint.read_state(location)
+    text = storage.read_text(storage.join(location, checkpoint.STATE))
+    if text is None:
+        with storage.local_copy(location) as folder:
+            return checkpoint.read_state(folder)
+    return json.loads(text)
+
+
 def export_and_register(run: Run, location: str, scores: dict[str, float], dev: float,
-                        tags: dict[str, str] | None = None) -> None:
-    """The checkpoint at ``location`` into ``run``'s artifacts (``sts_results.json``,
-    ``best_checkpoint/hf``, ``best_checkpoint/sentence-transformers``) and into the Model Registry
-    with ``scores`` and ``dev`` (means over seeds where there are several) and ``tags``."""
+                        tags: dict[str, str] | None = None, baseline: dict[str, float] | None = None,
+                        seeds: int = 1) -> None:
+    """The checkpoint at ``location`` into ``run``: ``sts_results.json``, and the model once, as
+    the run's logged model (sentence-transformers folder with its model card, which Hugging Face
+    also loads) and a version in the Model Registry with ``scores`` and ``dev`` (means over seeds
+    where there are several) and ``tags``. A pooler sentence-transformers cannot express leaves
+    the Hugging Face folder as the artifact ``best_checkpoint/hf`` instead."""
     from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
+    from platform.evaluation.model_card import model_card
 
     with storage.local_copy(location) as folder, tempfile.TemporaryDirectory() as tmp:
         state = checkpoint.read_state(folder)
         model, pooler = checkpoint.model_dir(folder), state["eval_pooler"]
         results = Path(tmp) / "sts_results.json"
-        results.write_text(json.dumps({"scores": scores, "pooler": pooler, "step": state["step"], DEV_METRIC: dev,
-                                       **(tags or {})}, indent=2))
+        results.write_text(json.dumps({"scores": scores, "baseline": baseline, "pooler": pooler, "step": state["step"],
+                                       DEV_METRIC: dev, **(tags or {})}, indent=2))
         run.log_file(results)
-        run.log_folder(model, "best_checkpoint/hf")
         try:
             st_dir = export_sentence_transformers(model, Path(tmp) / "st", pooler)
-            run.log_folder(st_dir, "best_checkpoint/sentence-transformers")
-            register(run, st_dir, state, scores, dev, tags)
         except ExportUnsupported as exc:
+            run.log_folder(model, "best_checkpoint/hf")
             run.set_tags({"sentence_transformers_export": f"skipped: {exc}"})
+        else:
+            config = state.get("config", {})
+            name = registry.registered_name(state["method"], state["recipe"])
+            from platform.config import smoke_reason
+
+            card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
+                              cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")))
+            (st_dir / "README.md").write_text(card, encoding="utf-8")
+            register(run, st_dir, state, scores, dev, tags)
     run.set_tags({"best_step": str(state["step"])})
+
+
+def _cites(config: dict) -> list[str]:
+    from platform.config import TrainConfig
+
+    try:
+        return list(dict.fromkeys(c.cites for c in TrainConfig.from_flat(config).recipe.classes() if c.cites))
+    except Exception:  # noqa: BLE001 - a card without citations beats no card
+        return []
 
 
 def register(run: Run, st_dir: Path, state: dict, scores: dict[str, float], dev: float,
              tags: dict[str, str] | None = None) -> None:
     """The exported encoder as an MLflow model in ``run`` and a version of ``<recipe>-encoder``;
-    the ``champion`` alias moves to it only if ``dev`` beats the champion's STS-B dev."""
+    the ``champion`` alias moves as ``registry.champion_verdict`` says (like with like)."""
     name = registry.registered_name(state["method"], state["recipe"])
-    model_uri = registry.log_encoder_model(run.uri, run.id, st_dir)
+    config = state.get("config", {})
+    model_uri = registry.log_encoder_model(run.uri, run.id, st_dir, config.get("model", ""), state["step"],
+                                           params={"recipe": state["recipe"], "pooler": state["eval_pooler"]})
     version_tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": git_commit(),
+                    **registry.lineage(config.get("model", ""), config.get("profile", ""), _corpus(config)),
                     "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()}, **(tags or {})}
     try:
         version, champion = registry.register_encoder(run.uri, name, model_uri, run.id, dev, version_tags)
@@ -69,6 +157,14 @@ def register(run: Run, st_dir: Path, state: dict, scores: dict[str, float], dev:
         print(f"note: model logged in run {run.id}, not registered ({exc})", flush=True)
         return
     run.set_tags({"registered_model": f"{name}/{version}"})
-    verdict = "now the champion" if champion else "the champion stays (better STS-B dev)"
-    print(f"registered {name} version {version} ({DEV_METRIC} {dev:.2f}): {verdict}; load it with "
-          f"mlflow.sentence_transformers.load_model('models:/{name}@{registry.CHAMPION}')", flush=True)
+    run.set_tags({"logged_model": model_uri})
+    verdict = "now the champion" if champion is True else f"the champion stays: {champion}"
+    print(f"registered {name} version {version} ({DEV_METRIC} {dev:.2f}), {verdict}", flush=True)
+    print(f"  load it: mlflow.sentence_transformers.load_model('models:/{name}/{version}')"
+          + (f"  (also models:/{name}@{registry.CHAMPION})" if champion is True else ""), flush=True)
+
+
+def _corpus(config: dict) -> str:
+    """The corpus a lineage is trained on: its name, and the prefix when only one was read."""
+    n = int(config.get("max_sentences") or 0)
+    return f"{config.get('corpus', '')}" + (f" (first {n} sentences)" if n else "")

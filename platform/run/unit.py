@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from platform.config import TrainConfig
+from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table
 from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
 from platform.data.columns import CorpusData, prepare_corpus
@@ -100,6 +100,9 @@ def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True) -> Corpu
 
 def run_tags(cfg: TrainConfig) -> dict[str, str]:
     tags = {"method": cfg.method, "recipe": cfg.recipe.describe(), "profile": cfg.profile, "model": cfg.model}
+    why = smoke_reason(cfg.profile, cfg.model)
+    if why:
+        tags.update(smoke="true", smoke_note=f"smoke test, not a result: {why}")
     for ingredient in cfg.build_recipe().ingredients:
         tags.update(ingredient.run_tags())
     if uses_random_mlm(cfg.ingredient_params):
@@ -237,6 +240,7 @@ def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...]
         return
     if result.scores is None:
         result.scores = evaluate_fits(run, result.fits)
+    baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
     for target in log_to:
         target.log_metrics({f"sts_{k}": v for k, v in result.scores.items()})
         target.log_metrics({k: v for k, v in result.dev.items()})
@@ -245,13 +249,13 @@ def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...]
         dev = result.dev
         tags = {} if n == 1 else {"seeds": str(n), "best_seed": str(result.best.seed),
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
-        final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags)
+        final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n)
 
 
 def evaluate_fits(run: Run, fits: list[SeedFit]) -> dict[str, float]:
     """The 7 STS tasks on every seed's best checkpoint (in the seed's run); for several seeds the
     per-seed table is printed and the means and stds logged on ``run``."""
-    per_seed = [final_steps.evaluate_sts(f.run, f.result.checkpoint, quiet=len(fits) > 1) for f in fits]
+    per_seed = [final_steps.evaluate_sts(f.run, f.result.checkpoint, quiet=True) for f in fits]
     if len(fits) == 1:
         return per_seed[0]
     scores = mean_std(per_seed)
