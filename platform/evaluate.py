@@ -94,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="SentEval's 'test' setting: its PyTorch logistic regression (default, as SimCSE and AugCSE "
                         "report) or scikit-learn's LogisticRegression with SentEval's C grids")
     p.add_argument("--transfer-jobs", type=int, default=None,
-                   help="processes fitting a task's classifiers in parallel (default: one per CPU; same result)")
+                   help="processes fitting scikit-learn's classifiers in parallel (default: one per CPU; same result); "
+                        "the PyTorch classifier's fits run as one batched program")
     args = p.parse_args(argv)
     for option, value in (("--batch-size", args.batch_size), ("--transfer-jobs", args.transfer_jobs),
                           ("--transfer-limit", args.transfer_limit)):

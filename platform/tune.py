@@ -25,6 +25,7 @@ from platform import sweep_summary
 from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
+from platform.run import finalize as final_steps
 from platform.run import storage, unit
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
@@ -234,20 +235,54 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         raise UserError("no trial produced a checkpoint; see the trials' errors above")
     best = Run(sweep.uri, ranked[0].info.run_id, ranked[0].info.run_name)
     result = unit.read_result(best)
-    parent.set_tags({"best_run_id": best.id, "best_checkpoint": result.checkpoint})
-    parent.log_metrics(result.dev)
-    unit.finalize(best, result, "full" if sweep.base.final_eval else "none", log_to=(parent,))
+    step = final_steps.read_state_at(result.checkpoint)["step"]
+    won = {k: ranked[0].data.params.get(k) for k in spec.space}
+    parent.set_tags({"best_run_id": best.id, "best_checkpoint": result.checkpoint,
+                     **{f"best.{k}": v for k, v in won.items()}})
+    logged = parent.info().data.params
+    parent.log_params({k: v for k, v in won.items() if k not in logged})  # the winner's values (searched: tag)
+    parent.log_metrics(result.dev, step)
+    unit.finalize(best, result, "full" if sweep.base.final_eval else "none", log_to=(parent,), step=step)
+    registered = best.info().data.tags.get("registered_model", "")
+    parent.set_tags({"registered_model": registered, "mlflow.note.content": _note(sweep, best, won, registered)})
+    closing_block(sweep, parent, best, result, won, registered, spec.metric)
+    return result.checkpoint
+
+
+def _note(sweep: Sweep, best: Run, won: dict, registered: str) -> str:
+    """The parent run's description (Markdown in MLflow's UI): the winner, with links."""
+    experiment = best.info().info.experiment_id
+    lines = [f"**Best trial:** [{best.name}](#/experiments/{experiment}/runs/{best.id}) with "
+             + ", ".join(f"`{k}={v}`" for k, v in won.items()) + "."]
+    if "/" in registered:
+        name, version = registered.split("/", 1)
+        lines.append(f"**Registered:** [{name} version {version}](#/models/{name}/versions/{version}).")
+    lines.append("Trials: `sweep_summary.csv` and `plots/` in this run's artifacts.")
+    return "\n\n".join(lines)
+
+
+def closing_block(sweep: Sweep, parent: Run, best: Run, result, won: dict, registered: str, metric: str) -> None:
+    """What the user needs after a sweep, in one place."""
     dev, n = result.dev, len(result.fits)
     spread = f" +- {dev[BEST + '_std']:.2f} over {n} seeds" if n > 1 else ""
-    print("\nbest trial")
-    print(f"  parameters:   { {k: ranked[0].data.params.get(k) for k in spec.space} }")
-    print(f"  {spec.metric}: {dev[BEST]:.2f}{spread}")
+    lines = ["", "=" * 72, "sweep finished", f"  best trial:   {best.name} ({', '.join(f'{k}={v}' for k, v in won.items())})",
+             f"  {metric}: {dev[BEST]:.2f}{spread}"]
     if result.scores:
         std = f" +- {result.scores['avg_std']:.2f}" if "avg_std" in result.scores else ""
-        print(f"  STS avg:      {result.scores.get('avg', float('nan')):.2f}{std}")
-    print(f"  checkpoint:   {result.checkpoint}")
-    print(f"  MLflow run:   {best.id} (parent {parent.id}, {store.redact(sweep.uri)})")
-    return result.checkpoint
+        lines.append(f"  STS avg:      {result.scores.get('avg', float('nan')):.2f}{std} (table above, against the backbone)")
+    lines += [f"  checkpoint:   {result.checkpoint}",
+              f"  model:        {('models:/' + registered) if '/' in registered else 'not registered'}",
+              f"  trials:       sweep_summary.csv and plots/ in MLflow run {parent.id} (artifacts)",
+              f"  MLflow:       {store.redact(sweep.uri)}, experiment {sweep.experiment!r}, run {parent.name}",
+              f"  browse it:    {ui_command(sweep.uri)}", "=" * 72]
+    print("\n".join(lines), flush=True)
+
+
+def ui_command(uri: str) -> str:
+    """How to open this store's MLflow UI."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {store.redact(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {store.redact(uri)} (then http://127.0.0.1:5000)"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -305,7 +340,11 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
     tags = {**(extra_tags or {}), **unit.run_tags(base), "sweep": "true", STORAGE_TAG: folder,
             **({"seeds": str(seeds)} if seeds > 1 else {})}
     parent = Run.create(uri, experiment or base.method, name, tags)
-    parent.log_params({**base.flat(), **spec.as_params(), **({"seeds": seeds} if seeds > 1 else {})})
+    # The searched keys are logged at the end with the winning values (a parameter is written once):
+    # the parent shows what won, never the unsearched defaults beside the space.
+    parent.log_params({**{k: v for k, v in base.flat().items() if k not in spec.space}, **spec.as_params(),
+                       **({"seeds": seeds} if seeds > 1 else {})})
+    parent.set_tags({"searched": ",".join(spec.space)})
     parent.log_corpus(base.corpus, corpus.digest, corpus.num_sentences)
     state = {"parent_run_id": parent.id, "method": base.method, "expected_trials": spec.expected_trials(), **identity}
     storage.write_text(storage.join(folder, SWEEP_STATE), json.dumps(state, default=str))

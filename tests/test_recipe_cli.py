@@ -151,6 +151,24 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert "sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
     assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
 
+    # The parent reads as the winner: its searched parameters hold the best trial's values (never
+    # the unsearched defaults), its final metrics sit at the best checkpoint's step, its
+    # description links the best run and the registered version.
+    parent = parents[0]
+    best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
+    assert {k: parent.data.params[k] for k in searched} == {k: best.data.params[k] for k in searched}
+    assert parent.data.tags["searched"].split(",") == sorted(searched, key=parent.data.tags["searched"].split(",").index)
+    step = int(best.data.tags["best_step"])
+    assert [m.step for m in c.get_metric_history(parent.info.run_id, "sts_avg")] == [step] and step > 0
+    note = parent.data.tags["mlflow.note.content"]
+    assert f"runs/{best.info.run_id})" in note and "#/models/recipe-negatives-una-san-loss-hince-aux-vascl-encoder/versions/1" in note
+    # The closing block: where everything is and how to browse it.
+    closing = proc.stdout[proc.stdout.index("sweep finished"):]
+    for needle in (f"best trial:   trial-{best.data.tags['trial_id']}", "checkpoint:", "models:/recipe-negatives-",
+                   f"sweep_summary.csv and plots/ in MLflow run {parent.info.run_id}", "mlflow ui --backend-store-uri"):
+        assert needle in closing, needle
+    assert "against the untouched backbone" in proc.stdout
+
     # The console: each trial's evaluations as one line each from its rank 0, no Ray Data
     # progress bars from inside trials; the corpus as every run's MLflow dataset input.
     for child in children:

@@ -99,8 +99,9 @@ def test_the_batched_engine_returns_sentevals_numbers(protocol):
 
 def test_batched_adam_steps_are_torch_adams():
     """Kingma & Ba (2015), Algorithm 1, as torch.optim.Adam implements it (L2 added to the gradient),
-    written out for many fits: 30 steps of 6 fits (3 L2 values x 2 groups with their own batches,
-    one short) against nn.Linear + CrossEntropyLoss + torch.optim.Adam run fit by fit."""
+    written out for many fits: 30 steps of 6 fits (3 L2 values x 2 groups with their own batches;
+    group 1's batches short, and group 1 sitting out every third step as at the end of a shorter
+    pass; one fit stopped) against nn.Linear + CrossEntropyLoss + torch.optim.Adam, fit by fit."""
     import numpy as np
     import torch
 
@@ -109,22 +110,25 @@ def test_batched_adam_steps_are_torch_adams():
     rng = np.random.RandomState(0)
     x = torch.from_numpy(rng.normal(size=(90, 7)).astype(np.float32))
     y = torch.from_numpy(rng.randint(0, 3, size=90))
+    onehot = torch.nn.functional.one_hot(y, 3).float()
+    xa = batched.augment(x)
     l2s = [1e-5, 1e-3, 1e-1]
     w0, b0 = batched._initial_layer(7, 3, 1111)
     G, K = 2, 3
-    w = w0.expand(G, K, 3, 7).contiguous()
-    b = b0.expand(G, K, 3).contiguous()
-    m_w, v_w, m_b, v_b = (torch.zeros_like(t) for t in (w, w, b, b))
-    steps = torch.zeros(G, K, dtype=torch.float64)
-    running = torch.ones(G, K, dtype=torch.bool)
-    running[1, 2] = False  # a stopped fit keeps its weights
-    l2 = torch.tensor([l2s, l2s])
+    fits = batched.AdamFits(w0, b0, torch.tensor([l2s, l2s]), max_steps=40)
+    fits.keep[1, 2] = 0.0  # a stopped fit keeps its weights
+    fits.all_running = False
     batches = [[rng.permutation(90)[:16] for _ in range(30)], [rng.permutation(90)[:16] for _ in range(30)]]
+    taken = {0: [], 1: []}
     for s in range(30):
         idx = torch.from_numpy(np.stack([batches[0][s], batches[1][s]]))
         mask = torch.ones(G, 16, dtype=torch.bool)
         mask[1, 11:] = False  # group 1's batches hold 11 rows
-        batched._adam_step(x[idx], y[idx], mask, torch.arange(G), running, w, b, m_w, v_w, m_b, v_b, steps, l2)
+        on = torch.tensor([True, s % 3 != 2])
+        fits.step(xa[idx], onehot[idx], mask, on)
+        for g in range(G):
+            if on[g]:
+                taken[g].append(batches[g][s][: 16 if g == 0 else 11])
     for g in range(G):
         for k, reg in enumerate(l2s):
             layer = torch.nn.Linear(7, 3)
@@ -132,15 +136,22 @@ def test_batched_adam_steps_are_torch_adams():
                 layer.weight.copy_(w0)
                 layer.bias.copy_(b0)
             opt = torch.optim.Adam(layer.parameters(), weight_decay=reg)
-            for s in range(30 if running[g, k] else 0):
-                rows = torch.from_numpy(batches[g][s][: 16 if g == 0 else 11])
+            for rows in taken[g] if fits.keep[g, k] else []:
+                rows = torch.from_numpy(rows)
                 loss = torch.nn.functional.cross_entropy(layer(x[rows]), y[rows])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            torch.testing.assert_close(w[g, k], layer.weight.detach(), rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(b[g, k], layer.bias.detach(), rtol=1e-5, atol=1e-6)
-    assert torch.equal(w[1, 2], w0) and steps[1, 2] == 0 and steps[0, 0] == 30
+            torch.testing.assert_close(fits.w[g, k], layer.weight.detach(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(fits.b[g, k], layer.bias.detach(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(fits.w[1, 2], w0) and torch.equal(fits.b[1, 2], b0) and fits.t.tolist() == [30, 20]
+    # The full-batch path (no mask) is the same step.
+    a = batched.AdamFits(w0, b0, torch.tensor([l2s]), max_steps=5)
+    b = batched.AdamFits(w0, b0, torch.tensor([l2s]), max_steps=5)
+    idx = torch.from_numpy(batches[0][0])[None]
+    a.step(xa[idx], onehot[idx])
+    b.step(xa[idx], onehot[idx], torch.ones(1, 16, dtype=torch.bool), torch.tensor([True]))
+    assert torch.equal(a.w, b.w) and torch.equal(a.b, b.b)
 
 
 def test_batched_and_serial_engines_agree_on_real_embeddings(tmp_path, monkeypatch):

@@ -109,7 +109,6 @@ def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, spl
 
     device = x.device
     G, K, C, d = len(groups), len(groups[0]), nclasses, x.shape[1]
-    l2 = torch.tensor([[fits[i].l2 for i in m] for m in groups], dtype=torch.float32, device=device)
     rngs, train_rows, val_rows = [], [], []
     for m in groups:
         f = fits[m[0]]
@@ -126,45 +125,55 @@ def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, spl
         val_rows.append(val)
 
     w0, b0 = _initial_layer(d, C, cfg.seed)
-    w = w0.to(device).expand(G, K, C, d).contiguous()
-    b = b0.to(device).expand(G, K, C).contiguous()
-    m_w, v_w, m_b, v_b = (torch.zeros_like(t) for t in (w, w, b, b))
-    steps = torch.zeros(G, K, dtype=torch.float64, device=device)
-    best_w, best_b = w.clone(), b.clone()
+    l2 = torch.tensor([[fits[i].l2 for i in m] for m in groups], dtype=torch.float32, device=device)
+    passes = cfg.max_epoch + cfg.epoch_size
+    state = AdamFits(w0.to(device), b0.to(device), l2, max_steps=passes * -(-max(map(len, train_rows)) // cfg.batch_size))
+    onehot = torch.nn.functional.one_hot(y, C).to(x.dtype)
+    xa = augment(x)
+    best_w, best_b = state.w.clone(), state.b.clone()  # copies of the views
     best_acc = torch.full((G, K), -1.0, dtype=torch.float64, device=device)
     misses = torch.zeros(G, K, dtype=torch.int64, device=device)
     running = torch.ones(G, K, dtype=torch.bool, device=device)
-
     vidx, vmask = (torch.from_numpy(a).to(device) for a in _padded(val_rows))
-    vx, vy = x[vidx], y[vidx]
     vcount = vmask.sum(1, keepdim=True).double()
+    live = torch.arange(G, device=device)  # the groups in ``state``: those with a running fit
+    vx, vy, vm = x[vidx], y[vidx], vmask
     bs = cfg.batch_size
     epochs = 0
-    while epochs <= cfg.max_epoch and bool(running.any()):
-        live = running.any(1).nonzero().flatten().tolist()  # groups with a running fit
+    while epochs <= cfg.max_epoch and len(live):
+        state.keep = running[live].to(x.dtype)  # a stopped fit of a live group keeps its weights
+        state.all_running = bool(running[live].all())
         for _ in range(cfg.epoch_size):
-            perms = [train_rows[g][rngs[g].permutation(len(train_rows[g]))] for g in live]
+            perms = [train_rows[g][rngs[g].permutation(len(train_rows[g]))] for g in live.tolist()]
             idx, mask = (torch.from_numpy(a).to(device) for a in _padded(perms))
-            lw = torch.tensor(live, device=device)
+            shortest = min(len(p) for p in perms)  # batches before it are full ones in every group
             for start in range(0, idx.shape[1], bs):
-                bmask = mask[:, start:start + bs]
-                on = bmask[:, 0]  # the groups that still have a batch in this pass
-                if not bool(on.all()):
-                    sub = on.nonzero().flatten()
-                    gi, bmask, rows = lw[sub], bmask[sub], idx[sub, start:start + bs]
-                else:
-                    gi, rows = lw, idx[:, start:start + bs]
-                _adam_step(x[rows], y[rows], bmask, gi, running, w, b, m_w, v_w, m_b, v_b, steps, l2)
+                rows = idx[:, start:start + bs]
+                g, n = rows.shape
+                xb = xa.index_select(0, rows.reshape(-1)).view(g, n, d + 1)
+                ob = onehot.index_select(0, rows.reshape(-1)).view(g, n, C)
+                if start + bs <= shortest:
+                    state.step(xb, ob)
+                else:  # a short last batch, or groups whose pass has ended
+                    bmask = mask[:, start:start + bs]
+                    state.step(xb, ob, bmask, bmask[:, 0])
         epochs += cfg.epoch_size
-        pred = _predict(w, b, vx)  # [G, K, V]
-        acc = ((pred == vy[:, None, :]) & vmask[:, None, :]).sum(-1).double() / vcount
-        better = running & (acc > best_acc)
-        best_acc = torch.where(better, acc, best_acc)
-        best_w = torch.where(better[..., None, None], w, best_w)
-        best_b = torch.where(better[..., None], b, best_b)
-        worse = running & ~better
-        running = running & ~(worse & (misses >= cfg.tenacity))  # SentEval's count is never reset
-        misses = misses + (worse & running).long()
+        pred = _predict(state.w, state.b, vx)  # [live, K, V]
+        acc = ((pred == vy[:, None, :]) & vm[:, None, :]).sum(-1).double() / vcount[live]
+        run_l, best_l, miss_l = running[live], best_acc[live], misses[live]
+        better = run_l & (acc > best_l)
+        best_acc[live] = torch.where(better, acc, best_l)
+        best_w[live] = torch.where(better[..., None, None], state.w, best_w[live])
+        best_b[live] = torch.where(better[..., None], state.b, best_b[live])
+        worse = run_l & ~better
+        run_l = run_l & ~(worse & (miss_l >= cfg.tenacity))  # SentEval's count is never reset
+        misses[live] = miss_l + (worse & run_l).long()
+        running[live] = run_l
+        still = run_l.any(1)
+        if not bool(still.all()):  # groups whose fits all stopped leave the program
+            keep = still.nonzero().flatten()
+            live, vx, vy, vm = live[keep], vx[keep], vy[keep], vm[keep]
+            state.select(keep)
 
     tidx, tmask = (torch.from_numpy(a).to(device) for a in _padded([fits[m[0]].test for m in groups]))
     pred = _predict(best_w, best_b, x[tidx])
@@ -178,36 +187,93 @@ def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, spl
     return results
 
 
-def _adam_step(xb, yb, bmask, gi, running, w, b, m_w, v_w, m_b, v_b, steps, l2) -> None:
-    """One Adam step of the running fits of groups ``gi`` on their batch ``xb`` [g, B, d]."""
+class AdamFits:
+    """G groups x K fits of a linear layer trained with mean cross-entropy and ``torch.optim.Adam``
+    (Kingma & Ba, 2015, Algorithm 1, as PyTorch writes it: L2 added to the gradient, moments by
+    ``lerp`` and ``addcmul``, ``param += -lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)``),
+    each fit with its own moments and step count; the fits of a group see the same batch.
+
+    A fit's weights and bias are one tensor ``p`` [G, K, C, d + 1] and its inputs carry a constant
+    1 (``augment``), so that one product gives the logits with the bias and one Adam update covers
+    both (SentEval's optimizer decays the bias too). ``keep`` [G, K]: 1 for a running fit, 0 for a
+    stopped one (its weights stay as they are)."""
+
+    def __init__(self, w0, b0, l2, max_steps: int):
+        import torch
+
+        G, K = l2.shape
+        C, d = w0.shape
+        self.p = torch.cat([w0, b0[:, None]], 1).expand(G, K, C, d + 1).contiguous()
+        self.m, self.v = torch.zeros_like(self.p), torch.zeros_like(self.p)
+        self.t = torch.zeros(G, dtype=torch.long, device=w0.device)
+        self.l2 = l2
+        self.keep = torch.ones(G, K, dtype=w0.dtype, device=w0.device)
+        self.all_running = True  # no stopped fit among the groups: ``keep`` need not be applied
+        # Adam's bias corrections by step count, computed in double precision as Python does and
+        # rounded to float32 where PyTorch's kernels use them.
+        t = np.arange(max_steps + 2, dtype=np.float64)
+        t[0] = 1.0
+        self.step_size = torch.from_numpy((LR / (1 - BETA1 ** t)).astype(np.float32)).to(w0.device)
+        self.bc2_sqrt = torch.from_numpy(np.sqrt(1 - BETA2 ** t).astype(np.float32)).to(w0.device)
+
+    @property
+    def w(self):
+        return self.p[..., :-1]
+
+    @property
+    def b(self):
+        return self.p[..., -1]
+
+    def select(self, groups) -> None:
+        """Keep only ``groups`` (an index tensor) in the program."""
+        for name in ("p", "m", "v", "t", "l2", "keep"):
+            setattr(self, name, getattr(self, name).index_select(0, groups))
+
+    def step(self, xb, onehot, bmask=None, on=None) -> None:
+        """One Adam step of every running fit on its group's batch ``xb`` [G, B, d + 1] (rows of
+        ``augment(x)``; ``onehot`` [G, B, C] its labels). ``bmask`` [G, B]: the batch's real rows
+        (a short last batch); ``on`` [G]: the groups that take a step (a pass that ended for some)."""
+        import torch
+
+        g, B, d1 = xb.shape
+        K, C = self.p.shape[1], self.p.shape[2]
+        # Logits as [G, K*C, B]: the softmax then runs over C with the batch as its inner,
+        # contiguous dimension (over a last dimension of 2, PyTorch's CPU softmax is 20x slower).
+        logits = torch.bmm(self.p.view(g, K * C, d1), xb.transpose(1, 2))
+        # d(mean cross-entropy)/d(logits) = (softmax - onehot) / batch size
+        dlogits = torch.softmax(logits.view(g, K, C, B), 2).sub_(onehot.transpose(1, 2)[:, None])
+        if bmask is None:
+            dlogits.div_(B)
+        else:
+            real = bmask.to(xb.dtype)
+            dlogits.mul_((real / real.sum(1, keepdim=True).clamp_min(1))[:, None, None, :])
+        grad = torch.bmm(dlogits.view(g, K * C, B), xb).view(g, K, C, d1)
+        self.t += 1 if on is None else on.long()
+        shape = (g, K, 1, 1)
+        ss = self.step_size[self.t].view(g, 1, 1, 1)
+        bc = self.bc2_sqrt[self.t].view(g, 1, 1, 1)
+        grad.add_(self.l2.view(shape) * self.p)  # torch.optim.Adam's weight_decay: L2 added to the gradient
+        keep = None if self.all_running else self.keep.view(shape)
+        p, m, v = self.p, self.m, self.v
+        if on is None:
+            m.lerp_(grad, 1 - BETA1)
+            v.mul_(BETA2).addcmul_(grad, grad, value=1 - BETA2)
+            update = (m / (v.sqrt().div_(bc).add_(EPS))).mul_(ss)
+            p.sub_(update if keep is None else update.mul_(keep))
+            return
+        sel = on.view(g, 1, 1, 1)
+        m_new = m.lerp(grad, 1 - BETA1)
+        v_new = (v * BETA2).addcmul_(grad, grad, value=1 - BETA2)
+        update = (m_new / (v_new.sqrt().div_(bc).add_(EPS))).mul_(ss)
+        if keep is not None:
+            update.mul_(keep)
+        m.copy_(torch.where(sel, m_new, m))
+        v.copy_(torch.where(sel, v_new, v))
+        p.copy_(torch.where(sel, p - update, p))
+
+
+def augment(x):
+    """``x`` with a constant 1 appended to each row (the bias's input)."""
     import torch
 
-    g, B, d = xb.shape
-    K, C = w.shape[1], w.shape[2]
-    wg, bg = w[gi], b[gi]
-    logits = torch.baddbmm(bg.reshape(g, 1, K * C), xb, wg.reshape(g, K * C, d).transpose(1, 2)).reshape(g, B, K, C)
-    n = bmask.sum(1).to(xb.dtype)  # the batch's size (the last batch of a pass is short)
-    dlogits = torch.softmax(logits, -1)
-    dlogits -= torch.nn.functional.one_hot(yb, C).to(xb.dtype)[:, :, None, :]
-    dlogits *= (bmask.to(xb.dtype) / n[:, None])[:, :, None, None]
-    gw = torch.bmm(dlogits.reshape(g, B, K * C).transpose(1, 2), xb).reshape(g, K, C, d)
-    gb = dlogits.sum(1)
-    on = running[gi]  # fits that stopped keep their weights and their step count
-    t = steps[gi] + on.double()
-    steps[gi] = t
-    decay = l2[gi]
-    bc1 = (1 - BETA1 ** t).clamp_min(1e-300)
-    bc2 = (1 - BETA2 ** t).clamp_min(1e-300)
-    step_size = (LR / bc1).float()
-    bc2_sqrt = bc2.sqrt().float()
-    for p, grad, m, v, shape in ((w, gw, m_w, v_w, (g, K, 1, 1)), (b, gb, m_b, v_b, (g, K, 1))):
-        pg, mg, vg = p[gi], m[gi], v[gi]
-        grad = grad + decay.reshape(shape) * pg
-        m_new = mg.lerp(grad, 1 - BETA1)
-        v_new = vg * BETA2 + grad * grad * (1 - BETA2)
-        denom = (v_new.sqrt() / bc2_sqrt.reshape(shape)) + EPS
-        p_new = pg - step_size.reshape(shape) * (m_new / denom)  # addcdiv: value * (t1 / t2)
-        keep = on.reshape(shape)
-        p[gi] = torch.where(keep, p_new, pg)
-        m[gi] = torch.where(keep, m_new, mg)
-        v[gi] = torch.where(keep, v_new, vg)
+    return torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], 1)

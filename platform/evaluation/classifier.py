@@ -27,8 +27,11 @@ Protocols (``senteval/tools/validation.py``); a score is ``round(100 * accuracy,
 Grids: ``pytorch``: weight decay 10^-5 ... 10^-2; ``sklearn``: C in 2^-2 ... 2^3 (inner k-fold,
 split) and 2^-1 ... 2^5 (k-fold).
 
-Every fit is independent and seeds itself, so the fits of a grid run in parallel processes
-(``jobs``) with results identical to running them one after another; each fit uses one thread.
+Engines for the PyTorch classifier: ``batched`` (the default, ``platform.evaluation.batched``) runs
+all fits of a grid as one tensor program; ``serial`` runs them one at a time, as SentEval does, and
+is the reference the batched engine is tested against. Every fit is independent and seeds itself,
+so serial and scikit-learn fits run in parallel processes (``jobs``) with results identical to
+running them one after another; each fit uses one thread.
 """
 
 from __future__ import annotations

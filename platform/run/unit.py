@@ -230,7 +230,7 @@ def read_result(run: Run) -> ConfigResult:
     return ConfigResult(fits, table if complete else None)
 
 
-def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...] = ()) -> None:
+def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...] = (), step: int = 0) -> None:
     """``final``: ``evaluate`` the 7 STS tasks on every seed's best checkpoint (skipped where
     ``result`` holds them already), their means and stds on ``run`` and ``log_to``; ``full``: also
     export and register the best seed's checkpoint with those numbers."""
@@ -241,9 +241,9 @@ def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...]
     if result.scores is None:
         result.scores = evaluate_fits(run, result.fits)
     baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
-    for target in log_to:
-        target.log_metrics({f"sts_{k}": v for k, v in result.scores.items()})
-        target.log_metrics({k: v for k, v in result.dev.items()})
+    for target in log_to:  # at the best checkpoint's step (``step``), not a phantom point at 0
+        target.log_metrics({f"sts_{k}": v for k, v in result.scores.items()}, step)
+        target.log_metrics({k: v for k, v in result.dev.items()}, step)
     if final == "full":
         n = len(result.fits)
         dev = result.dev
