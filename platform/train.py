@@ -20,6 +20,7 @@ from platform.config import METHODS, TrainConfig, available_profiles, build_conf
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import storage, unit
+from platform.run.fit import release
 from platform.tracking import store
 from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run
 
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
         result = unit.run_configuration(cfg, corpus, run, storage_path=cfg.output_dir, name=run.name, seeds=seeds,
                                         final="full" if cfg.final_eval else "none")
         run.complete(result.checkpoint)
+    for f in result.fits:  # the run is FINISHED: no optimizer state or latest checkpoint is needed again
+        release(f.result)
     dev = result.dev
     if seeds > 1:
         print(f"run {run.id}: best {DEV_METRIC}={dev[BEST]:.2f} +- {dev[BEST + '_std']:.2f} over seeds "

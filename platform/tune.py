@@ -27,6 +27,7 @@ from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import finalize as final_steps
 from platform.run import storage, unit
+from platform.run.fit import release
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.tracking import store
@@ -81,6 +82,8 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
             cfg, corpus, run, storage_path=storage.join(sweep.folder, "trials"), name=trial_id, seeds=sweep.seeds,
             final="evaluate" if sweep.grid and cfg.final_eval else "none", tune_reports=True, label=f"trial {trial_id}")
         run.complete(result.checkpoint)
+    for f in result.fits:  # the trial's run is FINISHED: its best checkpoint is all that is needed again
+        release(f.result)
     if sweep.seeds > 1:  # the mean over seeds, reported once the run is closed: the scheduler may end the trial on it
         ray.tune.report({DEV_METRIC: result.dev[BEST], **result.dev, "seeds": sweep.seeds,
                          "step": result.fits[0].result.metrics.get("step")})

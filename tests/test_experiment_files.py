@@ -72,5 +72,7 @@ def test_experiment_run_name_and_tags(cli, tiny_model, small_corpus, tmp_path, m
     (run,) = c.search_runs([c.get_experiment_by_name("ablation-study").experiment_id])
     assert run.info.run_name == "simcse-short" and run.info.status == "FINISHED"
     assert run.data.tags["purpose"] == "smoke check" and run.data.tags["owner"] == "me"
-    assert (tmp_path / "runs" / "simcse-short").is_dir()
+    # FINISHED: only the best checkpoint stays, without optimizer state
+    assert sorted(p.name for p in (tmp_path / "runs" / "simcse-short").iterdir() if p.is_dir()) == ["best"]
+    assert not list((tmp_path / "runs").rglob("train_state.pt"))
     assert_user_error(cli("train", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri}), "simcse-short", "exists")

@@ -202,6 +202,13 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
         with Image.open(folder / "plots" / name) as image:
             assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 100
 
+    # Disk that matches need: each FINISHED trial keeps its best checkpoint, without optimizer state.
+    states = list((tmp_path / "runs").rglob("state.json"))
+    assert len(states) == 2 and not list((tmp_path / "runs").rglob("train_state.pt"))
+    model_bytes = sum(f.stat().st_size for f in states[0].parent.rglob("*") if f.is_file())
+    total = sum(f.stat().st_size for f in (tmp_path / "runs").rglob("*") if f.is_file())
+    assert total < 2 * model_bytes + 2 * 2**20, (total, model_bytes)  # + Tune's own state
+
     # The best trial's encoder in the Model Registry, champion as the first version.
     name = "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
     champion = c.get_model_version_by_alias(name, "champion")

@@ -114,7 +114,7 @@ def test_batched_adam_steps_are_torch_adams():
     xa = batched.augment(x)
     l2s = [1e-5, 1e-3, 1e-1]
     w0, b0 = batched._initial_layer(7, 3, 1111)
-    G, K = 2, 3
+    G = 2
     fits = batched.AdamFits(w0, b0, torch.tensor([l2s, l2s]), max_steps=40)
     fits.keep[1, 2] = 0.0  # a stopped fit keeps its weights
     fits.all_running = False

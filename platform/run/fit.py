@@ -18,7 +18,7 @@ from typing import Any, Callable
 from platform.config import TrainConfig
 from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
-from platform.run import storage
+from platform.run import checkpoint, storage
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking.runs import (BEST, DEV_METRIC, Publisher, Run, checkpoint_exists, load_points,
                                     published_checkpoint)
@@ -29,6 +29,18 @@ class FitResult:
     best_dev: float | None
     checkpoint: str | None  # the best checkpoint: a local folder or a URI in output_dir's storage
     metrics: dict = dataclasses.field(default_factory=dict)  # the last report (Ray) or the loop's summary
+    latest: str | None = None  # the latest checkpoint (what a resumed fit continues from)
+
+
+def release(result: FitResult) -> None:
+    """Once the fit's run is FINISHED (never trained again): only what the registry, the report and
+    evaluation need stays, the best checkpoint without its optimizer state; the latest checkpoint,
+    when it is another one, goes."""
+    if result.checkpoint is None:
+        return
+    storage.remove(storage.join(result.checkpoint, checkpoint.TRAIN_STATE))
+    if result.latest and storage.resolve(result.latest) != storage.resolve(result.checkpoint):
+        storage.remove(result.latest)
 
 
 def dev_pairs() -> dict[str, list]:
@@ -55,6 +67,7 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
         latest = str(Path(ctx.run_dir, "latest"))
     else:
         result, latest = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
+    result.latest = latest
     if publisher is not None:  # every point of the run, and its best checkpoint, arrived (or one line)
         published_checkpoint(publisher, latest if latest and storage.exists(latest) else None, result.checkpoint)
         publisher.finish(where=f" ({storage.join(storage_path, name)})")

@@ -86,6 +86,18 @@ def exists(location: str) -> bool:
         return False
 
 
+def remove(location: str) -> None:
+    """Delete the file or folder at ``location``, if there is one."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(location)
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif kind == pafs.FileType.File:
+        fs.delete_file(path)
+
+
 def list_dirs(location: str) -> list[str]:
     """The names of the folders directly under ``location`` (none if it does not exist)."""
     import pyarrow.fs as pafs

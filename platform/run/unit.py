@@ -23,7 +23,7 @@ from platform.data.columns import CorpusData, prepare_corpus
 from platform.errors import ConfigError, DataError, UserError
 from platform.run import finalize as final_steps
 from platform.run import storage
-from platform.run.fit import FitResult, fit
+from platform.run.fit import FitResult, fit, release
 from platform.run.local_models import resolve_local_models, uses_random_mlm
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.tracking import store
@@ -202,6 +202,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int,
             raise DataError(f"seed {seed}: training finished without a checkpoint (no STS-B dev evaluation ran)")
         seed_run.set_tags({"best_checkpoint": out.checkpoint})
         seed_run.complete(out.checkpoint)
+    release(out)  # the seed's run is FINISHED: it is never trained again
     return SeedFit(seed, seed_run, out)
 
 
