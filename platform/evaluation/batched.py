@@ -104,45 +104,73 @@ def fit_and_score(x, y, nclasses: int, fits: list[Fit], cfg, split: float = 0.05
     return out
 
 
+def _group_rows(fits: list[Fit], groups: list[list[int]], seed: int, split: float) -> tuple[list, list, list]:
+    """Each group's NumPy generator (seeded as SentEval seeds every fit), training rows and
+    validation rows (without given ones, the 5% hold-out its generator draws first)."""
+    rngs, train_rows, val_rows = [], [], []
+    for m in groups:
+        f = fits[m[0]]
+        rng = np.random.RandomState(seed)  # SentEval: np.random.seed(seed) in the constructor
+        train, val = f.train, f.validation
+        if val is None:
+            order = rng.permutation(len(train))
+            cut = int(split * len(train))
+            train, val = train[order[cut:]], train[order[:cut]]
+        rngs.append(rng)
+        train_rows.append(train)
+        val_rows.append(val)
+    return rngs, train_rows, val_rows
+
+
+class EarlyStopping:
+    """SentEval's rule for every fit: the best weights by validation accuracy so far are kept, and
+    a fit stops once its accuracy has failed to improve ``tenacity + 1`` times (never reset)."""
+
+    def __init__(self, w, b, tenacity: int):
+        import torch
+
+        G, K = w.shape[:2]
+        self.best_w, self.best_b, self.tenacity = w.clone(), b.clone(), tenacity
+        self.best_acc = torch.full((G, K), -1.0, dtype=torch.float64, device=w.device)
+        self.misses = torch.zeros(G, K, dtype=torch.int64, device=w.device)
+        self.running = torch.ones(G, K, dtype=torch.bool, device=w.device)
+
+    def update(self, live, acc, w, b) -> None:
+        """The accuracies ``acc`` [len(live), K] of the groups ``live`` with weights ``w``, ``b``."""
+        import torch
+
+        run, best, miss = self.running[live], self.best_acc[live], self.misses[live]
+        better = run & (acc > best)
+        self.best_acc[live] = torch.where(better, acc, best)
+        self.best_w[live] = torch.where(better[..., None, None], w, self.best_w[live])
+        self.best_b[live] = torch.where(better[..., None], b, self.best_b[live])
+        worse = run & ~better
+        run = run & ~(worse & (miss >= self.tenacity))
+        self.misses[live] = miss + (worse & run).long()
+        self.running[live] = run
+
+
 def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, split: float) -> list[tuple]:
     import torch
 
     device = x.device
-    G, K, C, d = len(groups), len(groups[0]), nclasses, x.shape[1]
-    rngs, train_rows, val_rows = [], [], []
-    for m in groups:
-        f = fits[m[0]]
-        rng = np.random.RandomState(cfg.seed)  # SentEval: np.random.seed(seed) in the constructor
-        train = f.train
-        if f.validation is None:
-            order = rng.permutation(len(train))
-            cut = int(split * len(train))
-            train, val = train[order[cut:]], train[order[:cut]]
-        else:
-            val = f.validation
-        rngs.append(rng)
-        train_rows.append(train)
-        val_rows.append(val)
-
+    G, C, d = len(groups), nclasses, x.shape[1]
+    rngs, train_rows, val_rows = _group_rows(fits, groups, cfg.seed, split)
     w0, b0 = _initial_layer(d, C, cfg.seed)
     l2 = torch.tensor([[fits[i].l2 for i in m] for m in groups], dtype=torch.float32, device=device)
     passes = cfg.max_epoch + cfg.epoch_size
     state = AdamFits(w0.to(device), b0.to(device), l2, max_steps=passes * -(-max(map(len, train_rows)) // cfg.batch_size))
+    stopping = EarlyStopping(state.w, state.b, cfg.tenacity)
     onehot = torch.nn.functional.one_hot(y, C).to(x.dtype)
     xa = augment(x)
-    best_w, best_b = state.w.clone(), state.b.clone()  # copies of the views
-    best_acc = torch.full((G, K), -1.0, dtype=torch.float64, device=device)
-    misses = torch.zeros(G, K, dtype=torch.int64, device=device)
-    running = torch.ones(G, K, dtype=torch.bool, device=device)
-    vidx, vmask = (torch.from_numpy(a).to(device) for a in _padded(val_rows))
-    vcount = vmask.sum(1, keepdim=True).double()
+    vidx, vm = (torch.from_numpy(a).to(device) for a in _padded(val_rows))
+    vcount = vm.sum(1, keepdim=True).double()
     live = torch.arange(G, device=device)  # the groups in ``state``: those with a running fit
-    vx, vy, vm = x[vidx], y[vidx], vmask
-    bs = cfg.batch_size
-    epochs = 0
+    vx, vy = x[vidx], y[vidx]
+    bs, epochs = cfg.batch_size, 0
     while epochs <= cfg.max_epoch and len(live):
-        state.keep = running[live].to(x.dtype)  # a stopped fit of a live group keeps its weights
-        state.all_running = bool(running[live].all())
+        state.keep = stopping.running[live].to(x.dtype)  # a stopped fit of a live group keeps its weights
+        state.all_running = bool(stopping.running[live].all())
         for _ in range(cfg.epoch_size):
             perms = [train_rows[g][rngs[g].permutation(len(train_rows[g]))] for g in live.tolist()]
             idx, mask = (torch.from_numpy(a).to(device) for a in _padded(perms))
@@ -159,29 +187,27 @@ def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, spl
                     state.step(xb, ob, bmask, bmask[:, 0])
         epochs += cfg.epoch_size
         pred = _predict(state.w, state.b, vx)  # [live, K, V]
-        acc = ((pred == vy[:, None, :]) & vm[:, None, :]).sum(-1).double() / vcount[live]
-        run_l, best_l, miss_l = running[live], best_acc[live], misses[live]
-        better = run_l & (acc > best_l)
-        best_acc[live] = torch.where(better, acc, best_l)
-        best_w[live] = torch.where(better[..., None, None], state.w, best_w[live])
-        best_b[live] = torch.where(better[..., None], state.b, best_b[live])
-        worse = run_l & ~better
-        run_l = run_l & ~(worse & (miss_l >= cfg.tenacity))  # SentEval's count is never reset
-        misses[live] = miss_l + (worse & run_l).long()
-        running[live] = run_l
-        still = run_l.any(1)
+        stopping.update(live, ((pred == vy[:, None, :]) & vm[:, None, :]).sum(-1).double() / vcount[live],
+                        state.w, state.b)
+        still = stopping.running[live].any(1)
         if not bool(still.all()):  # groups whose fits all stopped leave the program
             keep = still.nonzero().flatten()
             live, vx, vy, vm = live[keep], vx[keep], vy[keep], vm[keep]
             state.select(keep)
+    return _test_scores(x, y, fits, groups, stopping)
 
-    tidx, tmask = (torch.from_numpy(a).to(device) for a in _padded([fits[m[0]].test for m in groups]))
-    pred = _predict(best_w, best_b, x[tidx])
+
+def _test_scores(x, y, fits: list[Fit], groups: list[list[int]], stopping: EarlyStopping) -> list[tuple]:
+    """(accuracy, predictions) of each fit's best weights on its group's test rows."""
+    import torch
+
+    tidx, tmask = (torch.from_numpy(a).to(x.device) for a in _padded([fits[m[0]].test for m in groups]))
+    pred = _predict(stopping.best_w, stopping.best_b, x[tidx])
     results = []
-    for g in range(G):
+    for g in range(len(groups)):
         n = int(tmask[g].sum())
         truth = y[tidx[g, :n]]
-        for k in range(K):
+        for k in range(len(groups[0])):
             p = pred[g, k, :n]
             results.append((p.eq(truth).sum().item() / n, p.cpu().numpy()))
     return results
