@@ -462,14 +462,10 @@ def build_config(args) -> "TrainConfig":
 
 def parse_tags(items: list[str] | None) -> dict[str, str]:
     """``--tag key=value`` (repeatable) -> dict, for MLflow run tags."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--tag {item!r}: expected key=value")
-        if key.strip().startswith("mlflow."):
-            raise ConfigError(f"--tag {item!r}: keys starting with 'mlflow.' are MLflow's own")
-        out[key.strip()] = value.strip()
+    out = _pairs(items, "--tag")
+    for key in out:
+        if key.startswith("mlflow."):
+            raise ConfigError(f"--tag {key}=...: keys starting with 'mlflow.' are MLflow's own")
     return out
 
 
@@ -482,10 +478,14 @@ def print_config(cfg: "TrainConfig", heading: str) -> None:
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:
     """``["lr=1e-5", "batch_size=32"]`` -> dict; types are checked later against the fields."""
+    return _pairs(items, "--set")
+
+
+def _pairs(items: list[str] | None, option: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected key=value")
+            raise ConfigError(f"{option} {item!r}: expected key=value")
         out[key.strip()] = value.strip()
     return out
