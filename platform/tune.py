@@ -143,13 +143,35 @@ def trial_runs_callback(uri: str, parent: str, folder: str):
     from ray import tune
 
     class TrialRuns(tune.Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            values = ", ".join(f"{k}={_short(v)}" for k, v in (trial.config or {}).items())
+            print(f"[trial {trial.trial_id}] started: {values}", flush=True)
+
         def on_trial_complete(self, iteration, trials, trial, **info):
             close_trial_runs(uri, parent, trial.trial_id, "stopped", folder)
+            print(trial_line(uri, parent, trial.trial_id), flush=True)
 
         def on_trial_error(self, iteration, trials, trial, **info):
             close_trial_runs(uri, parent, trial.trial_id, "failed", folder)
+            print(trial_line(uri, parent, trial.trial_id), flush=True)
 
     return TrialRuns()
+
+
+def trial_line(uri: str, parent: str, trial_id: str) -> str:
+    """A trial's end in the words its MLflow run has (FINISHED, FINISHED stopped early by the
+    scheduler, FAILED, KILLED), with its best STS-B dev."""
+    found = store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}'", order_by=["attributes.start_time DESC"])
+    if not found:
+        return f"[trial {trial_id}] ended"
+    run = found[0]
+    early = " (stopped early by the scheduler)" if run.data.tags.get("stopped_by_scheduler") == "true" else ""
+    best = run.data.metrics.get(BEST)
+    return f"[trial {trial_id}] {run.info.status}{early}" + (f", best {DEV_METRIC} {best:.2f}" if best is not None else "")
+
+
+def _short(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def ranked_trials(uri: str, parent: str, metric: str, mode: str) -> list:
@@ -203,8 +225,9 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
                 # The Optuna limiter already caps concurrency; a grid needs the cap here.
                 max_concurrent_trials=None if search_alg is not None else spec.max_concurrent_trials,
             ),
-            # verbose=1: Tune's status table only; every trial prints one line per evaluation itself.
-            run_config=tune.RunConfig(name="tune", storage_path=sweep.folder, callbacks=callbacks, verbose=1),
+            # verbose=0: no Tune status boxes (150+ columns, every few seconds); a trial prints a line
+            # when it starts, one per evaluation, and one when it ends, in its MLflow run's words.
+            run_config=tune.RunConfig(name="tune", storage_path=sweep.folder, callbacks=callbacks, verbose=0),
         )
     return tuner.fit()
 

@@ -168,6 +168,12 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
                    f"sweep_summary.csv and plots/ in MLflow run {parent.info.run_id}", "mlflow ui --backend-store-uri"):
         assert needle in closing, needle
     assert "against the untouched backbone" in proc.stdout
+    # One line per trial start and end in the runs' own words, no Tune status boxes; short overall.
+    for child in children:
+        tid = child.data.tags["trial_id"]
+        assert f"[trial {tid}] started: " in proc.stdout and f"[trial {tid}] FINISHED, best stsb_dev_spearman" in proc.stdout
+    assert "Trial status" not in proc.stdout and "╭" not in proc.stdout
+    assert len(proc.stdout.splitlines()) < 120, proc.stdout
 
     # The console: each trial's evaluations as one line each from its rank 0, no Ray Data
     # progress bars from inside trials; the corpus as every run's MLflow dataset input.
