@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,12 @@ from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import finalize as final_steps
 from platform.run import storage, unit
-from platform.run.fit import release
+from platform.run.fit import FitResult, release
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.tracking import store
-from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run, checkpoint_exists, deliver_points_under
+from platform.tracking.runs import (BEST, DEV_METRIC, STORAGE_TAG, Run, best_checkpoint_under, checkpoint_exists,
+                                    deliver_points_under)
 
 SWEEP_STATE = "platform_sweep.json"
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
@@ -121,10 +123,25 @@ def close_trial_runs(uri: str, parent: str, trial_id: str, outcome: str, folder:
     extra = {"stopped_by_scheduler": "true"} if outcome == "stopped" else None
     for found in store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}' and attributes.status = 'RUNNING'"):
         for r in [*store.child_runs(uri, found.info.run_id, "attributes.status = 'RUNNING'"), found]:
+            best = r.data.tags.get("best_checkpoint")
             if folder is not None:
-                fit_name = trial_id if r is found else r.info.run_name
-                deliver_points_under(uri, r.info.run_id, storage.join(folder, "trials", fit_name), POINTS_WAIT_S)
-            Run(uri, r.info.run_id).end(outcome, r.data.tags.get("best_checkpoint"), only_if_running=True, tags=extra)
+                fit_folder = storage.join(folder, "trials", trial_id if r is found else r.info.run_name)
+                deliver_points_under(uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
+                if best is None:  # its tag was still on its way when Tune ended the trial
+                    best = best_checkpoint_under(fit_folder)
+            tags = {**(extra or {}), **({"best_checkpoint": best} if best else {})}
+            status = Run(uri, r.info.run_id).end(outcome, best, only_if_running=True, tags=tags or None)
+            if status == "FINISHED" and outcome == "stopped" and folder is not None:
+                release_stopped(fit_folder, best)  # a trial the scheduler stopped is never trained again
+
+
+def release_stopped(fit_folder: str, best: str) -> None:
+    """A stopped trial keeps its best checkpoint, without optimizer state, and nothing else."""
+    keep = storage.resolve(best)
+    for name in storage.list_dirs(fit_folder):
+        if name.startswith("checkpoint_") and storage.resolve(storage.join(fit_folder, name)) != keep:
+            storage.remove(storage.join(fit_folder, name))
+    release(FitResult(None, best))
 
 
 def close_open_trials(uri: str, parent: str, states: dict[str, str], folder: str | None = None) -> None:
@@ -211,6 +228,9 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
                                     {"cpu": 0, "memory": 256 * 2**20, HEAD_NODE: 0.001})
     experiment = storage.join(sweep.folder, "tune")
     callbacks = [trial_runs_callback(sweep.uri, sweep.parent, sweep.folder)]
+    # Tune's newer console prints its configuration box even when silent; the classic one at
+    # verbose=0 prints nothing (the trials and the callback say what happens).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if resume and tune.Tuner.can_restore(experiment):
         # The restored Tuner brings the callbacks it was started with (the same sweep and run).
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_errored=True, restart_errored=False,

@@ -131,7 +131,7 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     parents = [r for r in runs if r.data.tags.get("sweep") == "true"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(parents) == 1 and len(children) == 2
-    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(r.info.status == "FINISHED" for r in runs), ([(r.info.run_name, r.info.status, r.data.tags.get("platform.end_reason")) for r in runs], proc.stdout[-4000:], proc.stderr[-4000:])
     want = "positives=dropout negatives=una,san loss=hince aux=vascl"
     assert all(r.data.tags["recipe"] == want for r in runs)
     # The union of UNA's, SAN's (with HiNCE's tau2), VaSCL's and SimCSE's spaces, recorded on the parent.
@@ -171,8 +171,9 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     # One line per trial start and end in the runs' own words, no Tune status boxes; short overall.
     for child in children:
         tid = child.data.tags["trial_id"]
-        assert f"[trial {tid}] started: " in proc.stdout and f"[trial {tid}] FINISHED, best stsb_dev_spearman" in proc.stdout
-    assert "Trial status" not in proc.stdout and "╭" not in proc.stdout
+        assert f"[trial {tid}] started: " in proc.stdout
+        assert re.search(rf"\[trial {tid}\] FINISHED( \(stopped early by the scheduler\))?, best stsb_dev_spearman", proc.stdout)
+    assert "Trial status" not in proc.stdout and "╭" not in proc.stdout, proc.stdout
     assert len(proc.stdout.splitlines()) < 120, proc.stdout
 
     # The console: each trial's evaluations as one line each from its rank 0, no Ray Data

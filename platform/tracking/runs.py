@@ -283,6 +283,23 @@ def latest_checkpoint(location: str) -> str | None:
     return max(found)[1] if found else None
 
 
+def best_checkpoint_under(location: str) -> str | None:
+    """The checkpoint with the best STS-B dev (the first to reach it) among the complete ones
+    directly under ``location``; None when there is none. For a fit Tune ended before the tag
+    naming its best checkpoint reached MLflow."""
+    import json
+
+    found = []
+    for name in storage.list_dirs(location):
+        folder = storage.join(location, name)
+        state = storage.read_text(storage.join(folder, "state.json"))
+        if state and storage.exists(storage.join(folder, POINTS_FILE)):
+            state = json.loads(state)
+            if DEV_METRIC in state:
+                found.append((-float(state[DEV_METRIC]), state.get("step", 0), folder))
+    return min(found)[2] if found else None
+
+
 def deliver_points_under(uri: str, run_id: str, location: str, seconds: float) -> bool:
     """The points of the latest checkpoint under ``location`` (a fit Tune ended before it
     returned) sent where missing; whether they arrived within ``seconds``."""
