@@ -4,7 +4,6 @@ sentence-transformers formats, logged to the run) and registration (``platform.t
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -33,23 +32,21 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, floa
 
 def baseline_sts(backbone: str, pooler: str) -> dict[str, float]:
     """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
-    model is measured against. Cached by the backbone's weights, tokenizer and the pooler
-    (``$PLATFORM_CACHE_DIR/baselines``), so each backbone is evaluated once."""
-    from platform.data.cache import cache_root
+    model is measured against. A cache entry keyed by the backbone's weights, tokenizer and the
+    pooler (``platform.data.cache``), so each backbone is evaluated once."""
+    from platform.data.cache import cached
     from platform.evaluation.embedding_cache import encoder_key
     from platform.evaluation.sts import STSEvaluator, with_mean
 
     encoder = Encoder.from_pretrained(backbone, pooler=pooler)
-    path = cache_root() / "baselines" / f"{encoder_key(encoder, pooler)}.json"
-    if path.is_file():
-        return json.loads(path.read_text())["scores"]
-    print(f"evaluating the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
-    scores = with_mean(STSEvaluator()(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"backbone": backbone, "pooler": pooler, "scores": scores}))
-    os.replace(tmp, path)
-    return scores
+
+    def build(folder: Path) -> None:
+        print(f"evaluating the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
+        scores = with_mean(STSEvaluator()(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
+        (folder / "scores.json").write_text(json.dumps(scores))
+
+    entry = cached("baseline_sts", encoder_key(encoder, pooler), {"pooler": pooler}, build)
+    return json.loads((entry / "scores.json").read_text())
 
 
 def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False) -> dict[str, float]:
@@ -104,7 +101,6 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     where there are several) and ``tags``. A pooler sentence-transformers cannot express leaves
     the Hugging Face folder as the artifact ``best_checkpoint/hf`` instead."""
     from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
-    from platform.evaluation.model_card import model_card
 
     with storage.local_copy(location) as folder, tempfile.TemporaryDirectory() as tmp:
         state = checkpoint.read_state(folder)
@@ -119,14 +115,7 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
             run.log_folder(model, "best_checkpoint/hf")
             run.set_tags({"sentence_transformers_export": f"skipped: {exc}"})
         else:
-            config = state.get("config", {})
-            name = registry.registered_name(state["method"], state["recipe"])
-            from platform.config import smoke_reason
-
-            card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
-                              cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")))
-            (st_dir / "README.md").write_text(card, encoding="utf-8")
-            register(run, st_dir, state, scores, dev, tags)
+            register(run, st_dir, state, scores, dev, tags, baseline, seeds)
     run.set_tags({"best_step": str(state["step"])})
 
 
@@ -140,11 +129,17 @@ def _cites(config: dict) -> list[str]:
 
 
 def register(run: Run, st_dir: Path, state: dict, scores: dict[str, float], dev: float,
-             tags: dict[str, str] | None = None) -> None:
-    """The exported encoder as an MLflow model in ``run`` and a version of ``<recipe>-encoder``;
-    the ``champion`` alias moves as ``registry.champion_verdict`` says (like with like)."""
+             tags: dict[str, str] | None = None, baseline: dict[str, float] | None = None, seeds: int = 1) -> None:
+    """The exported encoder, with its model card, as the logged model of ``run`` and a version of
+    ``<recipe>-encoder``; the ``champion`` alias moves as ``registry.champion_verdict`` says."""
+    from platform.config import smoke_reason
+    from platform.evaluation.model_card import model_card
+
     name = registry.registered_name(state["method"], state["recipe"])
     config = state.get("config", {})
+    card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
+                      cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")))
+    (st_dir / "README.md").write_text(card, encoding="utf-8")
     model_uri = registry.log_encoder_model(run.uri, run.id, st_dir, config.get("model", ""), state["step"],
                                            params={"recipe": state["recipe"], "pooler": state["eval_pooler"]})
     version_tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": git_commit(),

@@ -96,7 +96,7 @@ def _same_lineage(a: dict[str, str], b: dict[str, str]) -> bool:
     return all(a.get(k) == b.get(k) for k in LINEAGE)
 
 
-def _alias_dev(c, name: str, alias: str):
+def _version_by_alias(c, name: str, alias: str):
     from mlflow.exceptions import MlflowException
 
     try:
@@ -146,10 +146,10 @@ def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: floa
     _wait_ready(c, name, version)
     if all(k in tags for k in LINEAGE):
         alias = lineage_alias(tags)
-        best = _alias_dev(c, name, alias)
+        best = _version_by_alias(c, name, alias)
         if best is None or dev > float(best.tags.get("stsb_dev_spearman", "-inf")):
             c.set_registered_model_alias(name, alias, version)
-    verdict = champion_verdict(tags, dev, _alias_dev(c, name, CHAMPION))
+    verdict = champion_verdict(tags, dev, _version_by_alias(c, name, CHAMPION))
     if verdict is True:
         c.set_registered_model_alias(name, CHAMPION, version)
     return version, verdict

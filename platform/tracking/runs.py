@@ -268,10 +268,9 @@ def load_points(location: str) -> list[Point]:
     return [tuple(p) for p in json.loads(text)] if text else []
 
 
-def latest_checkpoint(location: str) -> str | None:
-    """The checkpoint with the highest step among the folders directly under ``location`` (a
-    fit's storage: Ray Train's ``checkpoint_*`` folders, or ``latest`` and ``best``) that keep
-    their points; None when there is none."""
+def _complete_checkpoints(location: str) -> list[tuple[dict, str]]:
+    """(state, folder) of the checkpoints directly under ``location`` (a fit's storage: Ray Train's
+    ``checkpoint_*`` folders, or ``latest`` and ``best``) that keep their points."""
     import json
 
     found = []
@@ -279,24 +278,21 @@ def latest_checkpoint(location: str) -> str | None:
         folder = storage.join(location, name)
         state = storage.read_text(storage.join(folder, "state.json"))
         if state and storage.exists(storage.join(folder, POINTS_FILE)):
-            found.append((json.loads(state).get("step", 0), folder))
+            found.append((json.loads(state), folder))
+    return found
+
+
+def latest_checkpoint(location: str) -> str | None:
+    """The checkpoint with the highest step under ``location``; None when there is none."""
+    found = [(state.get("step", 0), folder) for state, folder in _complete_checkpoints(location)]
     return max(found)[1] if found else None
 
 
 def best_checkpoint_under(location: str) -> str | None:
-    """The checkpoint with the best STS-B dev (the first to reach it) among the complete ones
-    directly under ``location``; None when there is none. For a fit Tune ended before the tag
-    naming its best checkpoint reached MLflow."""
-    import json
-
-    found = []
-    for name in storage.list_dirs(location):
-        folder = storage.join(location, name)
-        state = storage.read_text(storage.join(folder, "state.json"))
-        if state and storage.exists(storage.join(folder, POINTS_FILE)):
-            state = json.loads(state)
-            if DEV_METRIC in state:
-                found.append((-float(state[DEV_METRIC]), state.get("step", 0), folder))
+    """The checkpoint with the best STS-B dev (the first to reach it) under ``location``; None when
+    there is none. For a fit Tune ended before the tag naming its best checkpoint reached MLflow."""
+    found = [(-float(state[DEV_METRIC]), state.get("step", 0), folder)
+             for state, folder in _complete_checkpoints(location) if DEV_METRIC in state]
     return min(found)[2] if found else None
 
 
