@@ -139,7 +139,7 @@ def test_the_resumed_sweep_continues_the_cut_trial_in_its_run(sweep):
     assert cut.data.tags["platform.resumed"] == "1"
     assert steps_of(c, cut.info.run_id, "train_loss") == list(range(1, 7))
     assert steps_of(c, cut.info.run_id, "stsb_dev_spearman") == [3, 6]
-    assert "resumed at step 3" in out + err
+    assert steps_of(c, cut.info.run_id, "resumed_at_step") == [3]
     commit = _head_commit()
     for run in runs:
         assert run.info.status == "FINISHED", run.info
@@ -237,9 +237,11 @@ def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_
             topo.start_worker(killed_node)
             topo.wait_for_nodes(topo.workers + 1)
     assert proc.returncode == 0, err[-3000:]
-    assert "resumed at step 16" in out + err
     c, runs = runs_of(topo.tracking_uri, "simcse")
     run = next(r for r in runs if r.data.params.get("output_dir", "").endswith("killed-node"))
+    # The restart is read from the run's history: a restarted worker's console line reaches the
+    # driver through Ray's log monitor, which may drop it.
+    assert steps_of(c, run.info.run_id, "resumed_at_step") == [16]
     assert run.info.status == "FINISHED"
     assert run.data.tags["git_commit"] == _head_commit()
     assert run.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/killed-node/")

@@ -67,6 +67,9 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     pos = rt.restore(model, optimizer, schedule, log) or Position()
     if pos.step and rt.is_chief:
         say(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)")
+        # A restart (Ray Train's, after a lost worker, or --resume) stays in the run's history:
+        # the console line above is best effort when it comes from a worker.
+        log({"resumed_at_step": pos.step}, pos.step)
     if pos.step >= steps:  # a run restored at its end (--resume of a trial cut just after its last step):
         # its last state reported once more (its points are the checkpoint's), since Tune expects a result from every trial
         evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, [], (optimizer, schedule), log, steps, record=False)
