@@ -1,7 +1,7 @@
 """The end of a sweep, for a researcher: every trial in one table (its searched parameters, best
 STS-B dev, steps, status), printed and logged on the sweep's parent run as an MLflow table and a
-CSV, with Optuna-style plots (each parameter against the dev score; parameter importance by
-Optuna's fANOVA over the finished trials) logged as PNG images.
+CSV, with plots logged as PNG images: each parameter against the dev score (trials coloured by
+the steps they trained), and Optuna's parameter-importance plot (fANOVA) with its n.
 """
 
 from __future__ import annotations
@@ -42,22 +42,26 @@ def trial_table(results, spec: SearchSpace, total_steps: int):
     return frame.reset_index(drop=True)
 
 
-def importances(frame, spec: SearchSpace) -> dict[str, float]:
-    """fANOVA importance of each searched parameter for the dev score (Optuna's evaluator), over
-    trials with a score; empty when there are too few trials or one parameter."""
+def _study(frame, spec: SearchSpace):
+    """An Optuna study holding the trials with a score (their searched values and best dev score)."""
     import optuna
 
     score = f"best_{spec.metric}"
-    done = frame.dropna(subset=[score])
-    if len(done) < 2 or len(spec.space) < 2:
-        return {}
     dists = {name: _distribution(kind, args) for name, (kind, args) in spec.space.items()}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize" if spec.mode == "max" else "minimize")
-    for row in done.to_dict("records"):
+    for row in frame.dropna(subset=[score]).to_dict("records"):
         params = {k: row[k] for k in spec.space}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row[score])))
-    return dict(optuna.importance.get_param_importances(study))
+    return study
+
+
+def _importance_evaluator(seed: int):
+    """fANOVA seeded by the sweep's seed: its random forest otherwise draws a new seed each call,
+    and the same trials would show different importances."""
+    from optuna.importance import FanovaImportanceEvaluator
+
+    return FanovaImportanceEvaluator(seed=seed)
 
 
 def _distribution(kind: str, args: list):
@@ -70,56 +74,109 @@ def _distribution(kind: str, args: list):
     return FloatDistribution(float(args[0]), float(args[1]), log=kind == "loguniform")
 
 
-def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
-    """``params_vs_<metric>.png`` (one panel per parameter) and, where it can be computed,
-    ``param_importance.png``."""
+BUDGET_MARKERS = {"FINISHED": "o", "STOPPED": "x", "ERROR": "X"}
+
+
+def _budget_groups(done):
+    """Trials grouped by the steps they trained (their budget), most steps first: an ASHA-stopped
+    trial's best score is not comparable with a full one's, so each budget is drawn apart."""
+    steps = done["steps"].fillna(0).astype(int)
+    return [(int(n), done[steps == n]) for n in sorted(set(steps), reverse=True)]
+
+
+def params_figure(frame, spec: SearchSpace):
+    """One panel per searched parameter against the best dev score, every panel with its own tick
+    labels; trials coloured by the steps they trained, marked by how they ended."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     score = f"best_{spec.metric}"
     done = frame.dropna(subset=[score])
-    out = []
     names = list(spec.space)
-    if names and len(done):
-        from matplotlib.ticker import NullFormatter
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows + 1.0), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    groups = _budget_groups(done)
+    colours = plt.get_cmap("viridis")([i / max(len(groups) - 1, 1) for i in range(len(groups))])
+    for ax, name in zip(axes.flat, names):
+        kind, args = spec.space[name]
+        labels = [str(v) for v in args] if kind in ("choice", "grid") else None
+        for colour, (steps, group) in zip(colours, groups):
+            x = np.array([labels.index(str(v)) if str(v) in labels else -1 for v in group[name]] if labels
+                         else group[name].astype(float))
+            for status, marker in BUDGET_MARKERS.items():
+                mask = (group["status"] == status).to_numpy()
+                if mask.any():
+                    ax.scatter(x[mask], group[score][mask], color=colour, marker=marker, s=36)
+        if labels:  # the space's values in their order, as categories
+            ax.set_xticks(range(len(labels)), labels)
+        elif kind == "loguniform":
+            ax.set_xscale("log")
+            ax.set_xlim(float(args[0]) / 1.15, float(args[1]) * 1.15)
+            # A range inside one decade has no major tick: ticks at 1, 2 and 5 of each decade.
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(name)
+        ax.set_ylabel(score)
+        ax.grid(alpha=0.3)
+    from matplotlib.lines import Line2D
 
-        cols = min(4, len(names))
-        rows = -(-len(names) // cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows + 0.6), squeeze=False)
-        for ax in axes.flat[len(names):]:
-            ax.set_visible(False)
-        for ax, name in zip(axes.flat, names):
-            kind, args = spec.space[name]
-            if kind in ("choice", "grid"):  # the space's values in their order, as categories
-                labels = [str(v) for v in args]
-                ax.scatter([labels.index(str(v)) if str(v) in labels else -1 for v in done[name]], done[score],
-                           color="tab:blue")
-                ax.set_xticks(range(len(labels)), labels)
-            else:
-                ax.scatter(done[name].astype(float), done[score], color="tab:blue")
-                if kind == "loguniform":
-                    ax.set_xscale("log")
-                    ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel(name)
-            ax.set_ylabel(score)
-            ax.grid(alpha=0.3)
-        fig.suptitle(f"{len(done)} trials: each searched parameter against {score}")
-        fig.tight_layout()
-        out.append(folder / f"params_vs_{spec.metric}.png")
-        fig.savefig(out[-1], dpi=100)
-        plt.close(fig)
-    weights = importances(frame, spec)
-    if weights:
-        fig, ax = plt.subplots(figsize=(5, 0.6 * len(weights) + 1.2))
-        ordered = sorted(weights.items(), key=lambda kv: kv[1])
-        ax.barh([k for k, _ in ordered], [v for _, v in ordered], color="tab:orange")
-        ax.set_xlabel(f"importance for {score} (fANOVA)")
-        fig.tight_layout()
-        out.append(folder / "param_importance.png")
-        fig.savefig(out[-1], dpi=100)
-        plt.close(fig)
+    handles = [Line2D([], [], color=c, marker="o", linestyle="", label=f"{steps} steps") for c, (steps, _) in zip(colours, groups)]
+    handles += [Line2D([], [], color="grey", marker=m, linestyle="", label=s.lower())
+                for s, m in BUDGET_MARKERS.items() if (done["status"] == s).any()]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
+    fig.suptitle(f"{len(done)} trials: each searched parameter against {score} (colour: steps trained)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def importance_figure(frame, spec: SearchSpace):
+    """Optuna's parameter-importance plot (fANOVA) over the trials with a score, titled with how
+    many there were and at which budgets; None when it cannot be computed."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from optuna.visualization.matplotlib import plot_param_importances
+
+    score = f"best_{spec.metric}"
+    done = frame.dropna(subset=[score])
+    if len(done) < 2 or len(spec.space) < 2:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna's matplotlib plots are marked experimental
+        ax = plot_param_importances(_study(frame, spec), evaluator=_importance_evaluator(spec.seed), target_name=score)
+    budgets = ", ".join(f"{len(g)} at {steps} steps" for steps, g in _budget_groups(done))
+    ax.set_title("", loc="left")  # Optuna's own title, replaced by one that says what the bars rest on
+    ax.set_title(f"fANOVA importance for {score}\nn = {len(done)} trials ({budgets})", fontsize=10)
+    fig = ax.get_figure()
+    fig.set_size_inches(6, 0.6 * len(spec.space) + 1.8)
+    fig.tight_layout()
+    return fig
+
+
+def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
+    """``params_vs_<metric>.png`` (one panel per parameter) and, where it can be computed,
+    ``param_importance.png``."""
+    import matplotlib.pyplot as plt
+
+    out = []
+    figures = {f"params_vs_{spec.metric}.png": params_figure(frame, spec)
+               if len(spec.space) and len(frame.dropna(subset=[f"best_{spec.metric}"])) else None,
+               "param_importance.png": importance_figure(frame, spec)}
+    for name, fig in figures.items():
+        if fig is not None:
+            out.append(folder / name)
+            fig.savefig(out[-1], dpi=100)
+            plt.close(fig)
     return out
 
 

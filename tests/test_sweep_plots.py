@@ -1,0 +1,67 @@
+"""The sweep's plots read right: a tick label on every panel (a log range inside one decade too),
+trials of different budgets told apart, the importance plot with its n and the same bars for the
+same trials."""
+
+import pandas as pd
+import pytest
+
+from platform.space import SearchSpace
+from platform.sweep_summary import importance_figure, params_figure, plots
+
+SPACE = SearchSpace(space={"lr": ("loguniform", [1.0e-5, 8.0e-5]), "alpha": ("uniform", [0.0, 1.0]),
+                           "pooler": ("choice", ["cls", "avg"])}, seed=3)
+
+
+def _frame() -> pd.DataFrame:
+    rows = [  # two trials at the full 24 steps, three that ASHA stopped at 8 or 16
+        ("t1", 2.0e-5, 0.10, "cls", 71.0, 24, "FINISHED"), ("t2", 6.0e-5, 0.80, "avg", 74.5, 24, "FINISHED"),
+        ("t3", 1.2e-5, 0.45, "avg", 60.2, 8, "STOPPED"), ("t4", 3.0e-5, 0.30, "cls", 63.9, 16, "STOPPED"),
+        ("t5", 7.5e-5, 0.95, "cls", 58.0, 8, "STOPPED")]
+    return pd.DataFrame(rows, columns=["trial_id", "lr", "alpha", "pooler", "best_stsb_dev_spearman", "steps", "status"])
+
+
+def _tick_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_xticklabels() if t.get_text() and ax.get_xlim()[0] <= t.get_position()[0] <= ax.get_xlim()[1]]
+
+
+def test_every_panel_has_tick_labels_and_budgets_are_told_apart():
+    fig = params_figure(_frame(), SPACE)
+    fig.canvas.draw()
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_xlabel() for ax in panels] == ["lr", "alpha", "pooler"]
+    for ax in panels:
+        assert len(_tick_labels(ax)) >= 2, (ax.get_xlabel(), _tick_labels(ax))
+    assert _tick_labels(panels[2]) == ["cls", "avg"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["24 steps", "16 steps", "8 steps", "finished", "stopped"]
+    # One colour per budget in every panel: the 8-step trials share one, apart from the 24-step ones.
+    colours = {}
+    for collection in panels[0].collections:
+        (colour,) = {tuple(c) for c in collection.get_edgecolors()} | {tuple(c) for c in collection.get_facecolors()}
+        for _, y in collection.get_offsets():
+            colours[round(float(y), 1)] = colour
+    assert colours[60.2] == colours[58.0] != colours[71.0] == colours[74.5] != colours[63.9]
+
+
+def test_the_importance_plot_says_its_n_and_is_a_function_of_the_trials():
+    def bars(fig):
+        (ax,) = fig.axes
+        return ax.get_title(), sorted((t.get_text(), round(p.get_width(), 9))
+                                      for t, p in zip(ax.get_yticklabels(), ax.patches))
+
+    title, first = bars(importance_figure(_frame(), SPACE))
+    assert "n = 5 trials (2 at 24 steps, 1 at 16 steps, 2 at 8 steps)" in title
+    assert {name for name, _ in first} == {"lr", "alpha", "pooler"}
+    assert sum(w for _, w in first) == pytest.approx(1.0, abs=0.02)  # Optuna's bars are rounded to 2 digits
+    assert bars(importance_figure(_frame(), SPACE))[1] == first
+    assert importance_figure(_frame().head(1), SPACE) is None
+
+
+def test_plots_are_written_as_png(tmp_path):
+    from PIL import Image
+
+    paths = plots(_frame(), SPACE, tmp_path)
+    assert [p.name for p in paths] == ["params_vs_stsb_dev_spearman.png", "param_importance.png"]
+    for path in paths:
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size[0] >= 500
