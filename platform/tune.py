@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,15 @@ def trial_line(uri: str, parent: str, trial_id: str) -> str:
 
 
 def _short(value) -> str:
+    """A searched value as the console shows it: floats to 3 significant digits (a value read back
+    from a run's params is text)."""
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                value = kind(value)
+                break
+            except ValueError:
+                pass
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
@@ -219,7 +229,10 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
     search_alg = None
     if spec.search == "optuna":
         from ray.tune.search import ConcurrencyLimiter
+        import optuna
         from ray.tune.search.optuna import OptunaSearch
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # "a new study created in memory"
 
         search_alg = ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=spec.max_concurrent_trials)
     # A trial only waits on its Train workers: no CPU of its own. It runs on the head, where the
@@ -311,7 +324,10 @@ def closing_block(sweep: Sweep, parent: Run, best: Run, result, won: dict, regis
     """What the user needs after a sweep, in one place."""
     dev, n = result.dev, len(result.fits)
     spread = f" +- {dev[BEST + '_std']:.2f} over {n} seeds" if n > 1 else ""
-    lines = ["", "=" * 72, "sweep finished", f"  best trial:   {best.name} ({', '.join(f'{k}={v}' for k, v in won.items())})",
+    values = textwrap.wrap(", ".join(f"{k}={_short(v)}" for k, v in won.items()), width=100 - 16,
+                           break_long_words=False, break_on_hyphens=False) or ["(none searched)"]
+    lines = ["", "=" * 72, "sweep finished", f"  best trial:   {best.name}",
+             *(f"  {'values:' if i == 0 else '':<14}{chunk}" for i, chunk in enumerate(values)),
              f"  {metric}: {dev[BEST]:.2f}{spread}"]
     if result.scores:
         std = f" +- {result.scores['avg_std']:.2f}" if "avg_std" in result.scores else ""

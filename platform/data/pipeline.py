@@ -63,6 +63,7 @@ def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], states: dict[
     (just the corpus rows when nothing is made per epoch): ``platform.augment``'s pipeline."""
     import pyarrow as pa
     import ray
+    import ray.data
 
     _one_operator_context()
     table = pa.table({"row": np.arange(len(columns["sentence"])), **columns})
@@ -83,8 +84,11 @@ def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[s
     per-epoch columns, so the epoch still streams to the training workers while the CPUs augment."""
     import pyarrow as pa
     import ray
+    import ray.data
 
     _one_operator_context()
+    # Training prints one line per evaluation; an epoch's stream is not a task the user waits on.
+    ray.data.DataContext.get_current().enable_progress_bars = False
     corpus_ref, states_ref = ray.put(pa.table(columns)), ray.put(states)
     n = len(columns["sentence"])
     blocks = max(1, min(n // batch_size, 64))

@@ -7,6 +7,7 @@ the machine's CPUs; with ``RAY_ADDRESS`` set (a cluster, ``ray job submit``) it 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -19,11 +20,31 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Ray's log dedup would fold every trial's per-evaluation line into one; read when Ray is
 # imported, so this module is imported before Ray is.
 os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"step \d+/\d+  loss ")
+# Lines of Ray's own processes that are not the user's to act on (they stay in the session's log
+# files): Ray Train's worker-group placement and clean-up, Ray Data's execution notes, a Ray-internal
+# deprecation warning and the actor-restart caveat of Ray's own actors (ray#53727).
+# Read by the driver's log printer; a user's own setting replaces it.
+os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", "|".join([
+    r"Requesting resources: ", r"Attempting to start training worker group", r"Started training worker group",
+    r"world_rank=\d+, local_rank=\d+", r"Setting up process group for", r"has constructor arguments in the object store",
+    r"Detected that the Ray Train controller actor \S+ is dead",
+    r"RayDeprecationWarning", r"self\.exclude_resources = exclude_resources", r"Starting execution of Dataset",
+    r"Execution plan of Dataset", r"Progress bars (for operators )?disabled", r"A new progress UI is available",
+    r"Dataset \S+ execution finished in",
+    # The raylet's hint that fractional CPU requests start many workers: the platform asks for them
+    # on purpose (a trial holds no CPU, a data task 0.2).
+    r"PYTHON worker processes have been started on node",
+]))
+# Without a terminal, Ray Data logs a dataset's progress as a block of lines: once a minute, not
+# every 10 s (augmenting wiki1m takes minutes).
+os.environ.setdefault("RAY_DATA_NON_TTY_PROGRESS_LOG_INTERVAL", "60")
+# Ray warns about each of its default working_dir excludes that exists; EXCLUDES names them all.
+os.environ.setdefault("RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES", "")
 # A worker holds one report until Ray Train's controller polls it (every 2 s by default): each
 # evaluation waited up to that long (RESULTS.md). A user's own setting is kept.
 TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 os.environ.setdefault(TRAIN_POLL_ENV, "0.5")
-EXCLUDES = [".venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
+EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 
 # Passed through to workers; paths are made absolute since workers run in the shipped copy. The
 # tracking server's credentials travel as MLflow reads them (a URI with a password is refused:
@@ -70,13 +91,15 @@ def init_ray(num_cpus: int | None = None) -> None:
     if ours:
         os.environ[GCS_PORT_ENV] = str(port)  # read by the head node Ray starts in ray.init
     try:
-        ray.init(
+        quiet_driver_loggers()
+        context = ray.init(
             # "local": a new instance even when another Ray runs on this machine (left to itself,
             # ray.init() would join the last one `ray start` made, refusing num_cpus).
             address=address or "local",
             num_cpus=None if address else num_cpus,
             dashboard_host="127.0.0.1",
             log_to_driver=True,
+            logging_level=logging.WARNING,  # its start-up and packaging notes: one line of ours below
             runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env},
         )
     except Exception as exc:  # nothing has been written yet: the commands start Ray before any run
@@ -93,6 +116,38 @@ def init_ray(num_cpus: int | None = None) -> None:
     # and aborts): the command's own (SIGTERM as Ctrl-C, platform.errors) is put back.
     if callable(on_sigterm):
         signal.signal(signal.SIGTERM, on_sigterm)
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    where = f"the cluster at {address}" if address else "a local instance"
+    dashboard = f", dashboard http://{context.dashboard_url}" if getattr(context, "dashboard_url", None) else ""
+    print(f"Ray: {where}, {cpus} CPUs{dashboard}", flush=True)
+
+
+class _Drop(logging.Filter):
+    """Drops records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+DRIVER_NOTES = {
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
+    "ray.data._internal.execution.streaming_executor": ("Starting execution of Dataset", "Execution plan of Dataset"),
+    "ray.data._internal.progress": ("Progress bars for operators disabled", "[dataset]: A new progress UI",
+                                    "Progress will be logged because stdout"),
+}
+
+
+def quiet_driver_loggers() -> None:
+    """The driver's share of a quiet console: Ray's notice that a local instance uses token
+    authentication (its default), and Ray Data's notes around a dataset's progress bar."""
+    for name, prefixes in DRIVER_NOTES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in logger.filters):
+            logger.addFilter(_Drop(*prefixes))
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"

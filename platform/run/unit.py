@@ -240,6 +240,9 @@ def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...]
     if final == "none":
         return
     if result.scores is None:
+        if final == "full":  # what the user waits on at the end: said before it starts
+            of = f"each of the {len(result.fits)} seeds' best checkpoints" if len(result.fits) > 1 else "the best checkpoint"
+            print(f"final evaluation: the {len(STS_TASKS)} STS tasks on {of} ...", flush=True)
         result.scores = evaluate_fits(run, result.fits)
     baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
     for target in log_to:  # at the best checkpoint's step (``step``), not a phantom point at 0
@@ -250,6 +253,7 @@ def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...]
         dev = result.dev
         tags = {} if n == 1 else {"seeds": str(n), "best_seed": str(result.best.seed),
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
+        print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
         final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n)
 
 

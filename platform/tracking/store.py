@@ -7,6 +7,7 @@ Open it with ``mlflow ui --backend-store-uri sqlite:///$PWD/mlruns/mlflow.db``.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -127,7 +128,27 @@ def _check_database(uri: str, timeout: float) -> None:
 def client(uri: str | None = None):
     from mlflow.tracking import MlflowClient
 
+    quiet_mlflow_loggers()
     return MlflowClient(tracking_uri=uri or tracking_uri())
+
+
+class _Drop(logging.Filter):
+    def __init__(self, *needles: str):
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(n in str(record.msg) for n in self.needles)
+
+
+def quiet_mlflow_loggers() -> None:
+    """MLflow's notes that are not the user's to act on: a new SQLite store's table creation, and
+    that the requirements it records drop torch's local version label (``2.13.0+cpu``)."""
+    for name, needles in (("mlflow.store.db.utils", ("database tables",)),
+                          ("mlflow.utils.requirements_utils", ("local version label",))):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in logger.filters):
+            logger.addFilter(_Drop(*needles))
 
 
 def ensure_experiment(name: str, uri: str) -> str:
