@@ -160,9 +160,11 @@ def load_mlm(name: str):
     """Tokenizer and masked LM, strictly: a model whose MLM head is missing (e.g. a plain encoder
     checkpoint) or a tokenizer without a mask token is an error, not random predictions."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from methods.encoder import pretrained_source
 
+    hf_logging.disable_progress_bar()  # one bar per loaded model, on every worker: not a task to watch
     path, pinned = pretrained_source(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **pinned)

@@ -1,17 +1,6 @@
-"""What the commands print besides the per-evaluation line: tables of results, plain-text help,
-and the libraries' console notes that are not the user's to act on, off."""
+"""What the commands print besides the per-evaluation line: tables of results, plain-text help."""
 
 from __future__ import annotations
-
-
-def quiet_libraries() -> None:
-    """Off for every command: transformers' progress bars (loading and writing a few weights).
-    Ray's are set where Ray starts (``platform.run.ray_env``), Optuna's where the search is made."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.disable_progress_bar()
 
 
 def format_frame(frame) -> str:

@@ -79,13 +79,9 @@ def _terminate_as_interrupt(signum, frame) -> None:
 
 def cli_main(fn):
     """A command's ``main``: bad input is one ``error:`` line and exit 2; Ctrl-C and SIGTERM
-    end it with exit 130 after its runs are closed (KILLED, resumable); libraries' console notes
-    that are not the user's to act on are off (``platform.console.quiet_libraries``)."""
+    end it with exit 130 after its runs are closed (KILLED, resumable)."""
     @functools.wraps(fn)
     def wrapper(argv=None):
-        from platform.console import quiet_libraries
-
-        quiet_libraries()
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         try:
             return fn(argv)

@@ -40,12 +40,14 @@ def ensure_tiny_mlm() -> Path:
     def build(tmp: Path) -> None:
         import torch
         from transformers import BertConfig, BertForMaskedLM
+        from transformers.utils import logging as hf_logging
 
         from methods.encoder import load_tokenizer
 
         tok = load_tokenizer("minilm")
         config = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=128, max_position_embeddings=512)
+        hf_logging.disable_progress_bar()
         # Built once and cached: the run that builds it draws the rest of its numbers as one that finds it.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)

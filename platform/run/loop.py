@@ -66,10 +66,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     log = rt.metric_log()
     pos = rt.restore(model, optimizer, schedule, log) or Position()
     if pos.step and rt.is_chief:
-        say(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)")
-        # A restart (Ray Train's, after a lost worker, or --resume) stays in the run's history:
-        # the console line above is best effort when it comes from a worker.
-        log({"resumed_at_step": pos.step}, pos.step)
+        announce_resume(pos, log)
     if pos.step >= steps:  # a run restored at its end (--resume of a trial cut just after its last step):
         # its last state reported once more (its points are the checkpoint's), since Tune expects a result from every trial
         evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, [], (optimizer, schedule), log, steps, record=False)
@@ -163,6 +160,14 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
 
         say(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved))
     rt.report(metrics, write, improved, log)
+
+
+def announce_resume(pos: Position, log: MetricLog) -> None:
+    """A restart (Ray Train's, after a lost worker, or ``--resume``) on the console and in the
+    run's history (``resumed_at_step``): a worker's console line reaches the driver through Ray's
+    log monitor, which may drop it."""
+    say(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)")
+    log({"resumed_at_step": pos.step}, pos.step)
 
 
 def say(line: str) -> None:
