@@ -21,7 +21,7 @@ from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import storage, unit
 from platform.run.fit import release
-from platform.tracking import store
+from platform.tracking import hub, store
 from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run
 
 HELP = """Train one configuration of a recipe and track it in MLflow.
@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run-name", default=None,
                    help="the MLflow run's name, also its checkpoint folder under output_dir (default: METHOD-TIMESTAMP)")
     p.add_argument("--tag", dest="tags", action="append", metavar="KEY=VALUE", help="an MLflow tag on the run")
+    p.add_argument("--push-to-hub", metavar="REPO", default=None,
+                   help="once the run has finished, upload its model (with its card) to this Hugging Face Hub "
+                        "repository (NAMESPACE/NAME; needs a token: `hf auth login` or HF_TOKEN)")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="train N times (seeds seed, seed+1, ...) and report every score's mean +- std")
     p.add_argument("--resume", metavar="RUN", default=None,
@@ -74,6 +77,10 @@ def main(argv=None) -> int:
         print_config(cfg, args.method)
         return 0
     seeds = len(unit.seed_values(cfg, args.seeds))
+    if args.push_to_hub:
+        if not cfg.final_eval:
+            raise UserError("--push-to-hub needs final_eval=true: the model is pushed from its export")
+        hub.check_access(args.push_to_hub)
     sentences = unit.preflight(cfg)
     uri = store.tracking_uri()
     resumed = resumable_run(uri, cfg, seeds, args.resume, experiment) if args.resume else None  # before Ray starts
@@ -97,6 +104,8 @@ def main(argv=None) -> int:
     else:
         print(f"run {run.id}: best {DEV_METRIC}={dev[BEST]:.2f}, checkpoint {result.checkpoint}")
     print(f"MLflow: {store.redact(uri)} (experiment {experiment!r}, run {run.id}, name {run.name})")
+    if args.push_to_hub:
+        hub.push(uri, run.id, args.push_to_hub)
     return 0
 
 

@@ -32,7 +32,7 @@ from platform.run import storage, unit
 from platform.run.fit import FitResult, release
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
-from platform.tracking import store
+from platform.tracking import hub, store
 from platform.tracking.runs import (BEST, DEV_METRIC, STORAGE_TAG, Run, best_checkpoint_under, checkpoint_exists,
                                     deliver_points_under)
 
@@ -439,6 +439,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="override a base config value")
     p.add_argument("--experiment", default=None, help="the MLflow experiment (default: the method's name)")
     p.add_argument("--tag", dest="tags", action="append", metavar="KEY=VALUE", help="an MLflow tag on the sweep's run")
+    p.add_argument("--push-to-hub", metavar="REPO", default=None,
+                   help="once the sweep has finished, upload the best trial's model (with its card) to this Hugging "
+                        "Face Hub repository (NAMESPACE/NAME; needs a token: `hf auth login` or HF_TOKEN)")
     p.add_argument("--resume", action="store_true", help="resume this method's most recent sweep (same arguments)")
     p.add_argument("--space", type=Path, default=None, help="a search-space YAML instead of tune_spaces/METHOD.yaml")
     p.add_argument("--grid", default=None, metavar="PARAM", help="run the space file's one-parameter grid for PARAM")
@@ -465,6 +468,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     base, spec, seeds = configure(args)
     extra_tags = parse_tags(args.tags)
+    if args.push_to_hub:
+        if not base.final_eval:
+            raise UserError("--push-to-hub needs final_eval=true: the model is pushed from its export")
+        hub.check_access(args.push_to_hub)
     sentences = unit.preflight(base)
     uri = store.tracking_uri()
     identity = sweep_state(base, spec, seeds, args.grid)
@@ -498,6 +505,8 @@ def main(argv=None) -> int:
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume "
               "(and the same arguments)", flush=True)
         raise
+    if args.push_to_hub:
+        hub.push(uri, parent.info().data.tags["best_run_id"], args.push_to_hub)
     return 0
 
 

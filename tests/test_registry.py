@@ -76,6 +76,16 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
                   "Gao et al. (2021), SimCSE", run.data.tags["git_commit"], "Smoke test, not a result"):
         assert field in card, field
 
+    # What --push-to-hub uploads: the sentence-transformers folder with the card, loadable as is.
+    from sentence_transformers import SentenceTransformer
+
+    from platform.tracking import hub
+
+    upload = hub.model_folder(mlflow_server, run.info.run_id, tmp_path / "hub")
+    assert (upload / "README.md").read_text() == card and (upload / "modules.json").is_file()
+    np.testing.assert_allclose(SentenceTransformer(str(upload), device="cpu").encode(sentences), ours.numpy(),
+                               rtol=1e-4, atol=1e-5)
+
     # Like with like: a worse version of the same lineage does not take the alias; a better one does.
     same = {k: champion.tags[k] for k in ("backbone", "profile", "corpus", "smoke")}
     worse, verdict = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev - 1, same)
