@@ -128,8 +128,10 @@ def close_trial_runs(uri: str, parent: str, trial_id: str, outcome: str, folder:
             if folder is not None:
                 fit_folder = storage.join(folder, "trials", trial_id if r is found else r.info.run_name)
                 deliver_points_under(uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
-                if best is None:  # its tag was still on its way when Tune ended the trial
-                    best = best_checkpoint_under(fit_folder)
+                # Storage is the truth: when Tune ended the trial, the tag naming its newest best
+                # may still have been on its way, and Ray has since removed the checkpoint the
+                # stale tag names (it keeps one): the run would end KILLED with its best on disk.
+                best = best_checkpoint_under(fit_folder) or best
             tags = {**(extra or {}), **({"best_checkpoint": best} if best else {})}
             status = Run(uri, r.info.run_id).end(outcome, best, only_if_running=True, tags=tags or None)
             if status == "FINISHED" and outcome == "stopped" and folder is not None:

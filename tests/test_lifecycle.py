@@ -97,6 +97,30 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
     assert [r.info.run_name for r in ranked] == ["stopped", "done"]
 
 
+def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_is_stale(mlflow_uri, tmp_path):
+    """ASHA stopped the trial just after its step-16 checkpoint, a new best, was persisted: the tag
+    naming it had not reached MLflow, and Ray had removed the step-8 checkpoint the tag still named
+    (seen on the main job: the run ended KILLED). It ends FINISHED from the checkpoint in storage,
+    kept without optimizer state."""
+    from platform.tune import close_trial_runs
+
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    trial = Run.create(mlflow_uri, "una", "trial-t1", {"trial_id": "t1"}, parent=parent)
+    fit = tmp_path / "sweep" / "trials" / "t1"
+    trial.set_tags({"best_checkpoint": str(fit / "checkpoint_step8")})  # removed by Ray since
+    newest = fit / "checkpoint_step16"
+    newest.mkdir(parents=True)
+    (newest / "state.json").write_text(json.dumps({"step": 16, "stsb_dev_spearman": 83.53}))
+    (newest / "metrics.json").write_text(json.dumps([["stsb_dev_spearman", 83.53, 1, 16]]))
+    (newest / "train_state.pt").write_bytes(b"optimizer state")
+
+    close_trial_runs(mlflow_uri, parent.id, "t1", "stopped", str(tmp_path / "sweep"))
+    info = trial.info()
+    assert info.info.status == "FINISHED" and info.data.tags["best_checkpoint"] == str(newest)
+    assert info.data.tags["stopped_by_scheduler"] == "true"
+    assert not (newest / "train_state.pt").exists() and (newest / "state.json").is_file()
+
+
 def test_points_go_out_with_their_checkpoint_and_a_restart_keeps_each_step_once(mlflow_uri):
     """A point reaches MLflow once the checkpoint holding it is published; a worker restarted from
     the checkpoint of step 2 takes back that checkpoint's points (not the abandoned attempt's later
