@@ -15,6 +15,10 @@ from platform.tracking import store
 from platform.tracking.runs import Run
 
 
+# A trial's status in the words of its MLflow run and of the console's trial lines.
+FINISHED, STOPPED_EARLY, FAILED = "FINISHED", "FINISHED (stopped early)", "FAILED"
+
+
 def trial_table(results, spec: SearchSpace, total_steps: int):
     """One row per trial of Tune's results, best first."""
     import pandas as pd
@@ -25,11 +29,11 @@ def trial_table(results, spec: SearchSpace, total_steps: int):
         config = getattr(result, "config", None) or {}
         step = metrics.get("step")
         if result.error is not None:
-            status = "ERROR"
+            status = FAILED
         elif metrics.get("resumed_finished_trial") or (step is not None and step >= total_steps):
-            status = "FINISHED"
+            status = FINISHED
         else:
-            status = "STOPPED"  # by the scheduler (ASHA), or never reported
+            status = STOPPED_EARLY  # by the scheduler (ASHA), or never reported
         row = {"trial_id": metrics.get("trial_id", ""), **{k: config.get(k) for k in spec.space},
                f"best_{spec.metric}": metrics.get(f"best_{spec.metric}"), "steps": step, "status": status}
         if any(f"best_{spec.metric}_std" in (r.metrics or {}) for r in results):  # a sweep with seeds: the mean's spread
@@ -74,7 +78,7 @@ def _distribution(kind: str, args: list):
     return FloatDistribution(float(args[0]), float(args[1]), log=kind == "loguniform")
 
 
-BUDGET_MARKERS = {"FINISHED": "o", "STOPPED": "x", "ERROR": "X"}
+BUDGET_MARKERS = {FINISHED: "o", STOPPED_EARLY: "x", FAILED: "X"}
 
 
 def _budget_groups(done):

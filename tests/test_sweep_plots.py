@@ -15,8 +15,8 @@ SPACE = SearchSpace(space={"lr": ("loguniform", [1.0e-5, 8.0e-5]), "alpha": ("un
 def _frame() -> pd.DataFrame:
     rows = [  # two trials at the full 24 steps, three that ASHA stopped at 8 or 16
         ("t1", 2.0e-5, 0.10, "cls", 71.0, 24, "FINISHED"), ("t2", 6.0e-5, 0.80, "avg", 74.5, 24, "FINISHED"),
-        ("t3", 1.2e-5, 0.45, "avg", 60.2, 8, "STOPPED"), ("t4", 3.0e-5, 0.30, "cls", 63.9, 16, "STOPPED"),
-        ("t5", 7.5e-5, 0.95, "cls", 58.0, 8, "STOPPED")]
+        ("t3", 1.2e-5, 0.45, "avg", 60.2, 8, "FINISHED (stopped early)"), ("t4", 3.0e-5, 0.30, "cls", 63.9, 16, "FINISHED (stopped early)"),
+        ("t5", 7.5e-5, 0.95, "cls", 58.0, 8, "FINISHED (stopped early)")]
     return pd.DataFrame(rows, columns=["trial_id", "lr", "alpha", "pooler", "best_stsb_dev_spearman", "steps", "status"])
 
 
@@ -33,7 +33,7 @@ def test_every_panel_has_tick_labels_and_budgets_are_told_apart():
         assert len(_tick_labels(ax)) >= 2, (ax.get_xlabel(), _tick_labels(ax))
     assert _tick_labels(panels[2]) == ["cls", "avg"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert legend == ["24 steps", "16 steps", "8 steps", "finished", "stopped"]
+    assert legend == ["24 steps", "16 steps", "8 steps", "finished", "finished (stopped early)"]
     # One colour per budget in every panel: the 8-step trials share one, apart from the 24-step ones.
     colours = {}
     for collection in panels[0].collections:
