@@ -133,6 +133,29 @@ def test_a_smoke_model_never_takes_a_real_backbones_champion(mlflow_server, tiny
     assert best == {"smoke": v3, "real": v5, "other": v4}
 
 
+def test_registration_reaches_the_platforms_default_store(tiny_model, tmp_path, monkeypatch):
+    """Without MLFLOW_TRACKING_URI the platform's store is its own default (a SQLite file under the
+    repository), not MLflow's (./mlflow.db): the registry, resolving the logged model inside MLflow,
+    must look in the same store (the README's main job failed at registration otherwise)."""
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+
+    from platform.evaluation.export import export_sentence_transformers
+    from platform.tracking import registry
+    from platform.tracking.runs import Run
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)  # as in a new process
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    run = Run.create(uri, "simcse", "default-store", {})
+    st_dir = export_sentence_transformers(tiny_model, tmp_path / "st", "cls")
+    model_uri = registry.log_encoder_model(uri, run.id, st_dir, str(tiny_model), 4)
+    version, verdict = registry.register_encoder(uri, "simcse-encoder", model_uri, run.id, 50.0, {})
+    assert str(version) == "1" and verdict is True
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_registered_names():
     from platform.tracking.registry import registered_name
 

@@ -126,10 +126,17 @@ def _check_database(uri: str, timeout: float) -> None:
 
 
 def client(uri: str | None = None):
+    import mlflow
     from mlflow.tracking import MlflowClient
 
     quiet_mlflow_loggers()
-    return MlflowClient(tracking_uri=uri or tracking_uri())
+    uri = uri or tracking_uri()
+    # MLflow's own code inside a call makes clients of the process's default store (the registry
+    # resolving a logged model does): it must be this one, also when MLFLOW_TRACKING_URI is unset
+    # and the store is the platform's default (MLflow's would be ./mlflow.db).
+    if mlflow.get_tracking_uri() != uri:
+        mlflow.set_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri)
 
 
 class _Drop(logging.Filter):
