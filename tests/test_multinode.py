@@ -206,6 +206,14 @@ def _train_workers() -> list[int]:
     return [pid for pid, cmd in processes() if "RayTrainWorker" in cmd]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_corpus, tmp_path):
     """A 2-worker DDP run held at step 20 (checkpoints of steps 8 and 16 in S3): the raylet of a
     node running a Train worker is killed (its workers die with it). Ray Train restarts the worker
@@ -228,8 +236,12 @@ def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_
         wait_for("the run to reach step 20", (barrier / "blocked").exists, proc=proc)
         wait_for("its checkpoint of step 16", lambda: _checkpointed(topo, 16), proc=proc)
         node = next(n for n in map(topo.node_of, _train_workers()) if n is not None)
+        doomed = [pid for pid in _train_workers() if topo.node_of(pid) == node]
         os.kill(topo.raylet_pid(node), signal.SIGKILL)
         killed_node = node
+        # Its workers exit once they see their raylet gone; released before that, they trained on to
+        # the checkpoint of step 24 and the group resumed there (seen on CI).
+        wait_for("the killed node's Train workers to exit", lambda: not any(map(_alive, doomed)), proc=proc)
         release_barrier(barrier, kill_held=False)  # the group restarts from step 16 and passes
         out, err = proc.communicate(timeout=600)
     finally:
