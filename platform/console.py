@@ -1,6 +1,27 @@
-"""What the commands print besides the per-evaluation line: tables of results, plain-text help."""
+"""What the commands print besides the per-evaluation line: tables of results, plain-text help;
+and which of the libraries' log notes they leave out."""
 
 from __future__ import annotations
+
+import logging
+
+
+class _Drop(logging.Filter):
+    def __init__(self, needles: tuple[str, ...]):
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(n in str(record.msg) for n in self.needles)
+
+
+def drop_notes(notes: dict[str, tuple[str, ...]]) -> None:
+    """Leave out the records of each named logger whose message holds one of its strings (notes of
+    a library that are not the user's to act on); idempotent."""
+    for name, needles in notes.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in logger.filters):
+            logger.addFilter(_Drop(needles))
 
 
 def format_frame(frame) -> str:

@@ -111,7 +111,7 @@ def params_figure(frame, spec: SearchSpace):
     for ax, name in zip(axes.flat, names):
         kind, args = spec.space[name]
         labels = [str(v) for v in args] if kind in ("choice", "grid") else None
-        for colour, (steps, group) in zip(colours, groups):
+        for colour, (_, group) in zip(colours, groups):
             x = np.array([labels.index(str(v)) if str(v) in labels else -1 for v in group[name]] if labels
                          else group[name].astype(float))
             for status, marker in BUDGET_MARKERS.items():

@@ -122,17 +122,6 @@ def init_ray(num_cpus: int | None = None) -> None:
     print(f"Ray: {where}, {cpus} CPUs{dashboard}", flush=True)
 
 
-class _Drop(logging.Filter):
-    """Drops records whose message starts with one of ``prefixes``."""
-
-    def __init__(self, *prefixes: str):
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefixes)
-
-
 DRIVER_NOTES = {
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
     "ray.data._internal.execution.streaming_executor": ("Starting execution of Dataset", "Execution plan of Dataset"),
@@ -144,10 +133,9 @@ DRIVER_NOTES = {
 def quiet_driver_loggers() -> None:
     """The driver's share of a quiet console: Ray's notice that a local instance uses token
     authentication (its default), and Ray Data's notes around a dataset's progress bar."""
-    for name, prefixes in DRIVER_NOTES.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _Drop) for f in logger.filters):
-            logger.addFilter(_Drop(*prefixes))
+    from platform.console import drop_notes
+
+    drop_notes(DRIVER_NOTES)
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"

@@ -7,7 +7,6 @@ Open it with ``mlflow ui --backend-store-uri sqlite:///$PWD/mlruns/mlflow.db``.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import subprocess
@@ -139,23 +138,13 @@ def client(uri: str | None = None):
     return MlflowClient(tracking_uri=uri)
 
 
-class _Drop(logging.Filter):
-    def __init__(self, *needles: str):
-        super().__init__()
-        self.needles = needles
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(n in str(record.msg) for n in self.needles)
-
-
 def quiet_mlflow_loggers() -> None:
     """MLflow's notes that are not the user's to act on: a new SQLite store's table creation, and
     that the requirements it records drop torch's local version label (``2.13.0+cpu``)."""
-    for name, needles in (("mlflow.store.db.utils", ("database tables",)),
-                          ("mlflow.utils.requirements_utils", ("local version label",))):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _Drop) for f in logger.filters):
-            logger.addFilter(_Drop(*needles))
+    from platform.console import drop_notes
+
+    drop_notes({"mlflow.store.db.utils": ("database tables",),
+                "mlflow.utils.requirements_utils": ("local version label",)})
 
 
 def ensure_experiment(name: str, uri: str) -> str:
