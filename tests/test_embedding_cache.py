@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import numpy as np
 import torch
 
 from methods.encoder import Encoder
-from platform.evaluation.embedding_cache import DIGEST_BYTES, EmbeddingStore, _digest, encoder_key
+from platform.evaluation.embedding_cache import DIGEST_BYTES, EmbeddingStore, _digest, encoder_key, prune
 
 
 def _sentences(n: int) -> list[str]:
@@ -68,3 +69,31 @@ def test_a_killed_writers_leftover_is_ignored_and_removed(tiny_model, tmp_path):
     again = EmbeddingStore(encoder, "avg", root=tmp_path)
     assert not leftover.exists() and live.exists() and len(again.rows) == 3
     assert all(len(k) == DIGEST_BYTES for k in again.rows)
+
+
+def _fake_store(root, name: str, size: int, age_s: float):
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "part-x.npz").write_bytes(b"\0" * size)
+    when = time.time() - age_s
+    os.utime(folder, (when, when))
+    return folder
+
+
+def test_stores_are_held_under_the_size_limit_least_recently_used_first(tiny_model, tmp_path, monkeypatch):
+    """Each evaluated checkpoint gets a store: past PLATFORM_EMBEDDING_CACHE_GB the least recently
+    used go, never the one being written."""
+    oldest = _fake_store(tmp_path, "a" * 32, 1000, age_s=300)
+    middle = _fake_store(tmp_path, "b" * 32, 1000, age_s=200)
+    newest = _fake_store(tmp_path, "c" * 32, 1000, age_s=100)
+    assert prune(tmp_path, keep=newest, limit=2500) == [oldest]
+    assert middle.exists() and newest.exists()
+    assert prune(tmp_path, keep=middle, limit=0) == [newest] and middle.exists()  # kept whatever its size
+
+    encoder = Encoder.from_pretrained(str(tiny_model), pooler="avg")
+    store = EmbeddingStore(encoder, "avg", root=tmp_path)
+    os.utime(middle, (time.time() - 50, time.time() - 50))
+    monkeypatch.setenv("PLATFORM_EMBEDDING_CACHE_GB", str(1 / 2**30))  # one byte: only the store written stays
+    store.embed(_sentences(3))
+    assert store.folder.is_dir() and not middle.exists()
+    assert len(EmbeddingStore(encoder, "avg", root=tmp_path).rows) == 3

@@ -9,6 +9,10 @@ store opened on this host removes. Parts only ever add rows, so concurrent evalu
 encode a sentence twice.
 
 ``embed`` encodes each distinct missing sentence once, in the encoder's length-sorted batches.
+
+Every evaluated checkpoint gets a store of its own (tens of MB for the 7 STS tasks and the transfer
+sets), so the stores together are held under ``PLATFORM_EMBEDDING_CACHE_GB`` (default 4): after a
+write, the least recently used stores go first, never the one being written.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from platform.data.cache import cache_root
 from platform.outputs import remove_leftovers, writer_id
 
 DIGEST_BYTES = 16
+LIMIT_ENV = "PLATFORM_EMBEDDING_CACHE_GB"
+DEFAULT_LIMIT_GB = 4.0
 
 
 def _digest(text: str) -> bytes:
@@ -56,13 +62,19 @@ class EmbeddingStore:
 
     def __init__(self, encoder, pooler: str, batch_size: int = 128, root: Path | None = None):
         self.encoder, self.pooler, self.batch_size = encoder, pooler, batch_size
-        self.folder = (root or cache_root() / "embeddings") / encoder_key(encoder, pooler)
+        self.root = root or cache_root() / "embeddings"
+        self.folder = self.root / encoder_key(encoder, pooler)
         self.rows: dict[bytes, np.ndarray] = {}
         self.encoded = 0  # sentences this store had to encode (the rest came from disk)
         if self.folder.is_dir():
+            os.utime(self.folder)  # used now: the last a size limit removes
             remove_leftovers(self.folder, "tmp-")
             for part in sorted(self.folder.glob("part-*.npz")):
-                with np.load(part) as data:
+                try:
+                    data = np.load(part)
+                except FileNotFoundError:  # another process pruned this store meanwhile: encoded again
+                    continue
+                with data:
                     raw = data["keys"].tobytes()  # uint8 rows: NumPy's bytes type would drop trailing zeros
                     keys = [raw[i:i + DIGEST_BYTES] for i in range(0, len(raw), DIGEST_BYTES)]
                     self.rows.update(zip(keys, data["emb"]))
@@ -91,3 +103,41 @@ class EmbeddingStore:
         with open(tmp, "wb") as f:
             np.savez(f, keys=np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, DIGEST_BYTES), emb=emb)
         os.replace(tmp, self.folder / f"{name}.npz")
+        os.utime(self.folder)
+        prune(self.root, keep=self.folder)
+
+
+def limit_bytes() -> int:
+    value = os.environ.get(LIMIT_ENV)
+    try:
+        gb = float(value) if value else DEFAULT_LIMIT_GB
+    except ValueError:
+        gb = DEFAULT_LIMIT_GB
+    return int(max(gb, 0.0) * 2**30)
+
+
+def prune(root: Path, keep: Path, limit: int | None = None) -> list[Path]:
+    """Remove the least recently used stores under ``root`` (by their folder's modification time,
+    touched on each open and write) until the stores total at most ``limit`` bytes (default
+    ``PLATFORM_EMBEDDING_CACHE_GB``); ``keep`` stays whatever its size. Returns what was removed."""
+    import shutil
+
+    limit = limit_bytes() if limit is None else limit
+    stores = []
+    for folder in root.iterdir() if root.is_dir() else []:
+        try:
+            size = sum(f.stat().st_size for f in folder.iterdir())
+            stores.append((folder.stat().st_mtime, folder, size))
+        except OSError:  # removed meanwhile
+            continue
+    total = sum(size for _, _, size in stores)
+    removed = []
+    for _, folder, size in sorted(stores, key=lambda s: s[0]):
+        if total <= limit:
+            break
+        if folder == keep:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        total -= size
+        removed.append(folder)
+    return removed
