@@ -208,7 +208,7 @@ def grid_frame(runs, param: str):
     for run in runs:
         if param not in run.data.params or f"sts_{STS_TASKS[0]}" not in run.data.metrics:
             continue
-        value = _number(run.data.params[param])
+        value = as_number(run.data.params[param])
         row = {param: value, **{SHORT_NAMES[t]: run.data.metrics.get(f"sts_{t}") for t in STS_TASKS}}
         row["Avg."] = run.data.metrics.get("sts_avg")
         if "sts_avg_std" in run.data.metrics:  # a grid with seeds: each value's mean, and its spread
@@ -218,7 +218,8 @@ def grid_frame(runs, param: str):
     return frame.sort_values(param).reset_index(drop=True) if len(frame) else frame
 
 
-def _number(text: str):
+def as_number(text: str):
+    """``text`` as an int or a float where it reads as one (a run's params are text)."""
     for kind in (int, float):
         try:
             return kind(text)

@@ -78,9 +78,7 @@ def main(argv=None) -> int:
         return 0
     seeds = len(unit.seed_values(cfg, args.seeds))
     if args.push_to_hub:
-        if not cfg.final_eval:
-            raise UserError("--push-to-hub needs final_eval=true: the model is pushed from its export")
-        hub.check_access(args.push_to_hub)
+        hub.check_access(args.push_to_hub, cfg.final_eval)
     sentences = unit.preflight(cfg)
     uri = store.tracking_uri()
     resumed = resumable_run(uri, cfg, seeds, args.resume, experiment) if args.resume else None  # before Ray starts

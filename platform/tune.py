@@ -193,13 +193,7 @@ def trial_line(uri: str, parent: str, trial_id: str) -> str:
 def _short(value) -> str:
     """A searched value as the console shows it: floats to 3 significant digits (a value read back
     from a run's params is text)."""
-    if isinstance(value, str):
-        for kind in (int, float):
-            try:
-                value = kind(value)
-                break
-            except ValueError:
-                pass
+    value = sweep_summary.as_number(value) if isinstance(value, str) else value
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
@@ -471,9 +465,7 @@ def main(argv=None) -> int:
     base, spec, seeds = configure(args)
     extra_tags = parse_tags(args.tags)
     if args.push_to_hub:
-        if not base.final_eval:
-            raise UserError("--push-to-hub needs final_eval=true: the model is pushed from its export")
-        hub.check_access(args.push_to_hub)
+        hub.check_access(args.push_to_hub, base.final_eval)
     sentences = unit.preflight(base)
     uri = store.tracking_uri()
     identity = sweep_state(base, spec, seeds, args.grid)

@@ -19,11 +19,14 @@ class HubError(UserError):
     """The upload failed after the run finished: one line, what is kept, exit 2."""
 
 
-def check_access(repo: str) -> None:
-    """Refuse, before any run starts, a push that cannot happen: an invalid repository name, Hugging
-    Face's offline mode, or no token."""
+def check_access(repo: str, final_eval: bool) -> None:
+    """Refuse, before any run starts, a push that cannot happen: no export to push (``final_eval``
+    off), an invalid repository name, Hugging Face's offline mode, or no token."""
     from huggingface_hub import get_token
     from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not final_eval:
+        raise UserError("--push-to-hub needs final_eval=true: the model is pushed from its export")
 
     try:
         validate_repo_id(repo)
