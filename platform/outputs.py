@@ -25,6 +25,17 @@ _STAGING = ".platform-staging-"  # prefix of the folders new content is written 
 _ASIDE = ".platform-aside-"  # prefix of the replaced content, removed once the new one is in place
 
 
+# Ray unpacks a job's working_dir (``ray job submit --working-dir``) into a folder of this prefix
+# in its session's temp folder, and deletes it once no job uses it.
+RAY_PACKAGE_PREFIX = "_ray_pkg_"
+
+
+def in_ray_job_copy(path) -> bool:
+    """Whether ``path`` lies in a copy of the repository Ray unpacked for a job: nothing that must
+    outlast the job (runs, the MLflow store, caches) is written there."""
+    return any(part.startswith(RAY_PACKAGE_PREFIX) for part in Path(path).expanduser().resolve().parts)
+
+
 def is_ours(folder: Path) -> bool:
     return (folder / MARKER).is_file()
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from platform.outputs import remove_leftovers, writer_id
+from platform.outputs import in_ray_job_copy, remove_leftovers, writer_id
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,13 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("PLATFORM_CACHE_DIR") or REPO_ROOT / ".cache" / "platform").resolve()
+    """``$PLATFORM_CACHE_DIR``, else the repository's ``.cache/platform``; in a job's temporary copy
+    of the repository, the user's cache folder (``~/.cache/contrastive-platform``) instead."""
+    if os.environ.get("PLATFORM_CACHE_DIR"):
+        return Path(os.environ["PLATFORM_CACHE_DIR"]).expanduser().resolve()
+    if in_ray_job_copy(REPO_ROOT):
+        return (Path.home() / ".cache" / "contrastive-platform").resolve()
+    return (REPO_ROOT / ".cache" / "platform").resolve()
 
 
 def sentences_digest(sentences: list[str]) -> str:

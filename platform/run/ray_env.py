@@ -1,12 +1,16 @@
-"""Starting (or joining) Ray so that workers can import this repository's ``platform`` package.
+"""Starting or joining Ray so that workers can import this repository's ``platform`` package.
 
-Ray workers import the standard library's ``platform`` before they see the driver's directory, so
-the job ships the repository as its ``working_dir``. Locally this starts a Ray with
-the machine's CPUs; with ``RAY_ADDRESS`` set (a cluster, ``ray job submit``) it joins that one.
+Which Ray, by Ray's own convention: ``RAY_ADDRESS`` (``local``: a new private instance), else the
+cluster this machine belongs to (what ``ray start`` recorded in Ray's temp folder, ``$RAY_TMPDIR``
+or ``/tmp/ray``), else a new local instance with the machine's CPUs. Ray workers import the
+standard library's ``platform`` before they see the driver's directory, so the job ships the
+repository as its ``working_dir``; inside a ``ray job submit`` job the job's runtime environment is
+the platform's, and only what it lacks is added.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -68,16 +72,55 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def find_cluster() -> tuple[str | None, str]:
+    """``(address, how it was found)``; the address is None for a new local instance."""
+    from ray._common.utils import get_ray_address_file
+
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address == "local":
+        return None, "RAY_ADDRESS=local"
+    if address:
+        return address, "RAY_ADDRESS"
+    recorded = Path(get_ray_address_file(None))
+    try:
+        address = recorded.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None, "no cluster recorded on this machine"
+    if not address:
+        return None, "no cluster recorded on this machine"
+    return address, f"recorded by `ray start` in {recorded}"
+
+
+def job_runtime_env() -> dict | None:
+    """The runtime environment of the ``ray job submit`` job this driver runs in (None outside one)."""
+    raw = os.environ.get(JOB_CONFIG_ENV)
+    if raw is None:
+        return None
+    return dict(json.loads(raw).get("runtime_env") or {})
+
+
+def missing_from(job_env: dict, ours: dict) -> dict:
+    """What of ``ours`` the job's runtime environment lacks: Ray refuses a driver that declares a
+    field or a variable the job already set ("Failed to merge the Job's runtime env")."""
+    added = {k: v for k, v in ours.items() if k not in job_env and k != "env_vars"}
+    if "working_dir" in job_env:
+        added.pop("excludes", None)  # the job's working copy was packed by the job's own rules
+    env_vars = {k: v for k, v in ours.get("env_vars", {}).items() if k not in job_env.get("env_vars", {})}
+    if env_vars:
+        added["env_vars"] = env_vars
+    return added
+
+
 def init_ray(num_cpus: int | None = None) -> None:
     import ray
 
     if ray.is_initialized():
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    address = os.environ.get("RAY_ADDRESS")
+    address, found = find_cluster()
     if address:
         # Left to Ray, an address nothing listens on is retried for minutes, then a traceback.
-        check_reachable(address)
+        check_reachable(address, found)
     env = worker_env()
     on_sigterm = signal.getsignal(signal.SIGTERM)
     port = None
@@ -90,21 +133,24 @@ def init_ray(num_cpus: int | None = None) -> None:
     ours = port is not None and GCS_PORT_ENV not in os.environ
     if ours:
         os.environ[GCS_PORT_ENV] = str(port)  # read by the head node Ray starts in ray.init
+    runtime_env = {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
+    job_env = job_runtime_env()
+    if job_env is not None:
+        runtime_env = missing_from(job_env, runtime_env)
     try:
         quiet_driver_loggers()
         context = ray.init(
-            # "local": a new instance even when another Ray runs on this machine (left to itself,
-            # ray.init() would join the last one `ray start` made, refusing num_cpus).
+            # "local" starts a new instance even when another Ray runs on this machine.
             address=address or "local",
             num_cpus=None if address else num_cpus,
             dashboard_host="127.0.0.1",
             log_to_driver=True,
             logging_level=logging.WARNING,  # its start-up and packaging notes: one line of ours below
-            runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env},
+            runtime_env=runtime_env,
         )
     except Exception as exc:  # nothing has been written yet: the commands start Ray before any run
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        where = f"joining the cluster at RAY_ADDRESS={address}" if address else "starting a local Ray"
+        where = f"joining the cluster at {address} ({found})" if address else "starting a local Ray"
         raise ClusterError(f"Ray failed {where}: {type(exc).__name__}: {first}") from None
     finally:
         if ours:
@@ -116,10 +162,27 @@ def init_ray(num_cpus: int | None = None) -> None:
     # and aborts): the command's own (SIGTERM as Ctrl-C, platform.errors) is put back.
     if callable(on_sigterm):
         signal.signal(signal.SIGTERM, on_sigterm)
-    cpus = int(ray.cluster_resources().get("CPU", 0))
-    where = f"the cluster at {address}" if address else "a local instance"
-    dashboard = f", dashboard http://{context.dashboard_url}" if getattr(context, "dashboard_url", None) else ""
-    print(f"Ray: {where}, {cpus} CPUs{dashboard}", flush=True)
+    print(f"Ray: {describe(address, found, job_env is not None)}, "
+          f"{int(ray.cluster_resources().get('CPU', 0))} CPUs{dashboard_of(context)}", flush=True)
+
+
+def describe(address: str | None, found: str, in_job: bool) -> str:
+    """Which Ray the command uses, for its ``Ray:`` line."""
+    import ray
+
+    if not address:
+        return "a local instance" + (" (RAY_ADDRESS=local)" if found == "RAY_ADDRESS=local" else "")
+    gcs = ray.get_runtime_context().gcs_address
+    if in_job:
+        return f"job {ray.get_runtime_context().get_job_id()} of the cluster at {gcs}"
+    if found == "RAY_ADDRESS":
+        return f"the cluster at {gcs} (RAY_ADDRESS)"
+    return f"the cluster this machine belongs to, at {gcs} (RAY_ADDRESS=local for a private one)"
+
+
+def dashboard_of(context) -> str:
+    url = getattr(context, "dashboard_url", None)
+    return f", dashboard http://{url}" if url else ""
 
 
 DRIVER_NOTES = {
@@ -139,9 +202,11 @@ def quiet_driver_loggers() -> None:
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
+# Set by Ray's job manager for a submitted job's driver: the job's configuration, runtime environment included.
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
-def check_reachable(address: str, timeout: float = 5.0) -> None:
+def check_reachable(address: str, found: str = "RAY_ADDRESS", timeout: float = 5.0) -> None:
     """A ``host:port`` (or ``ray://host:port``) cluster address must accept a connection."""
     target = address.split("://", 1)[-1].rstrip("/")
     if target in ("auto", "local"):
@@ -153,9 +218,12 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):  # [::1]:6379
             pass
     except OSError as exc:
-        raise ClusterError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
-                           "cluster (`ray up cluster.yaml`, or `ray start --head` on this machine) or unset "
-                           "RAY_ADDRESS for a local Ray") from None
+        if found == "RAY_ADDRESS":
+            raise ClusterError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
+                               "cluster (`python -m platform.cluster up`, or `ray start --head` on this machine) or "
+                               "unset RAY_ADDRESS for a local Ray") from None
+        raise ClusterError(f"the Ray cluster {found} ({address}) does not answer ({exc.strerror or exc}): start it "
+                           "again, `ray stop` to forget it, or RAY_ADDRESS=local for a local Ray") from None
 
 
 def free_port() -> int:

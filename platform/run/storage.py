@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from platform.errors import UserError, redact
+from platform.outputs import in_ray_job_copy
 
 # pyarrow names its file systems by type; URIs name them by scheme.
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
@@ -126,6 +127,9 @@ def check_writable(location: str, what: str = "output_dir") -> str:
     if not is_uri(location):
         from platform.errors import writable_dir
 
+        if in_ray_job_copy(location):
+            raise UserError(f"{what} {location} would be inside the job's temporary copy of the repository, which "
+                            "Ray deletes: give an s3:// URI (or a folder outside it) with --set output_dir=...")
         return str(writable_dir(location, what))
     check_uri(location, what)
     timeout = float(os.environ.get(TIMEOUT_ENV) or 30)

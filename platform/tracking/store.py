@@ -16,6 +16,7 @@ from pathlib import Path
 
 from platform import errors
 from platform.errors import UserError
+from platform.outputs import in_ray_job_copy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
@@ -34,6 +35,10 @@ def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else the repository's SQLite store. A password inside the URI is
     refused: it would reach every worker's environment and every message that names the store."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri and in_ray_job_copy(REPO_ROOT):
+        raise UserError("MLFLOW_TRACKING_URI is unset, and the default store (mlruns/ in the repository) would be "
+                        "inside the job's temporary copy, which Ray deletes: set it where the cluster's Ray starts "
+                        "(cluster.yaml does) or in the job's env_vars")
     if not uri:
         return f"sqlite:///{REPO_ROOT / 'mlruns' / 'mlflow.db'}"
     if errors.redact(uri) != uri:
