@@ -1,20 +1,26 @@
 """``python -m platform.cluster up|down|render [ray options]``: ``cluster.yaml`` with the settings of
-``cluster.env``, closed by default.
+``cluster.env`` and the AWS resources the platform makes for it, closed by default.
 
-``cluster.yaml`` cannot read ``cluster.env`` (Ray's launcher substitutes nothing): the SSH rule's
-source range is a placeholder there, so ``ray up cluster.yaml`` on its own is refused by AWS rather
-than opening SSH to the internet. ``render`` writes ``.cluster/cluster.yaml`` with
-``SSH_ALLOWED_CIDR`` put in (and the repository's absolute path as the synced folder); ``up`` and
-``down`` render, then run ``ray up`` / ``ray down`` on it with the remaining options.
+``cluster.yaml`` cannot read ``cluster.env`` (Ray's launcher substitutes nothing): its security
+group and instance profiles are placeholders there, so ``ray up cluster.yaml`` on its own is
+refused by AWS rather than opening SSH to the internet. ``up`` and ``render`` make (or find) the
+security group and the instance profiles (``platform/cluster_aws.py``) and write
+``.cluster/cluster.yaml`` with them put in (and the repository's absolute path as the synced
+folder); ``up`` then runs ``ray up`` on it with the remaining options.
+
+``down`` keeps the MLflow database: when it lives on the head (SQLite, the default) it is backed
+up to S3 first (``MLFLOW_DB_BACKUP``, default beside the artifacts; ``--backup-to`` another
+place) and the head is not terminated when that fails; ``--discard-mlflow-db`` says losing it is
+meant. The head's setup restores it (``restore-db``) before MLflow starts.
 
 The settings are checked first, each mistake one line: an SSH range of the whole internet is
 refused unless ``SSH_ALLOW_ANYWHERE=yes`` says it is meant; the MLflow server's account
-(``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``, at least 12 characters) and its
-artifact store (``MLFLOW_ARTIFACTS_DESTINATION``) must be set.
+(``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``, at least 12 characters), its
+artifact store (``MLFLOW_ARTIFACTS_DESTINATION``) and the run location (``RUNS_URI``) must be set.
 
 ``mlflow-auth PATH`` writes MLflow's basic-auth configuration (the admin account from those
 variables, the permissions database beside PATH, readable by its owner only): the head runs it
-before ``mlflow server --app-name basic-auth``, as ``platform/topology.py`` does.
+before ``mlflow server --app-name basic-auth``.
 """
 
 from __future__ import annotations
@@ -22,23 +28,30 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
-from platform.errors import ConfigError, cli_main
+from platform.cluster_aws import Access, db_backup_uri, provision, s3_location, settle
+from platform.errors import ClusterError, ConfigError, cli_main
+from platform.mlflow_backup import backup, on_head, restore
 
 ROOT = Path(__file__).resolve().parent.parent
-CIDR_PLACEHOLDER = "${SSH_ALLOWED_CIDR}"
 RENDERED = ROOT / ".cluster" / "cluster.yaml"
 REQUIRED = {
     "SSH_ALLOWED_CIDR": "the address range allowed to SSH to the head (your network, e.g. 198.51.100.0/24)",
     "MLFLOW_TRACKING_USERNAME": "the MLflow server's admin account",
     "MLFLOW_TRACKING_PASSWORD": "the MLflow server's admin password",
     "MLFLOW_ARTIFACTS_DESTINATION": "an s3:// location for MLflow's artifacts",
+    "RUNS_URI": "the s3:// location of checkpoints and sweep state (what --set output_dir= names)",
 }
+# cluster.yaml's placeholders, put in by render: what provision made or cluster.env names.
+PLACEHOLDERS = {"${SECURITY_GROUP_ID}": "security_group_id", "${HEAD_INSTANCE_PROFILE_ARN}": "head_profile_arn",
+                "${WORKER_INSTANCE_PROFILE_ARN}": "worker_profile_arn"}
+HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its SQLite database
 MIN_PASSWORD = 12
 
 
@@ -71,8 +84,9 @@ def check_settings(values: dict[str, str], source: str) -> None:
         raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={network} opens SSH to the whole internet; give your network's "
                           "range, or set SSH_ALLOW_ANYWHERE=yes if that is meant")
     check_account(values, source)
-    if not values["MLFLOW_ARTIFACTS_DESTINATION"].startswith("s3://"):
-        raise ConfigError(f"{source}: MLFLOW_ARTIFACTS_DESTINATION must be an s3:// location")
+    for key in ("MLFLOW_ARTIFACTS_DESTINATION", "RUNS_URI", "MLFLOW_DB_BACKUP"):
+        if values.get(key) and not values[key].startswith("s3://"):
+            raise ConfigError(f"{source}: {key} must be an s3:// location")
 
 
 def check_account(values: dict[str, str], source: str) -> None:
@@ -83,21 +97,67 @@ def check_account(values: dict[str, str], source: str) -> None:
         raise ConfigError(f"{source}: MLFLOW_TRACKING_PASSWORD must have at least {MIN_PASSWORD} characters")
 
 
-def render(config: Path, env_file: Path, out: Path) -> Path:
-    """``config`` with the SSH range of ``env_file`` and the repository's absolute path, at ``out``."""
-    values = read_env(env_file)
-    check_settings(values, str(env_file))
+def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
+    """``config`` with the security group and instance profiles of ``access`` and the
+    repository's absolute path, at ``out``."""
+    read_settings(env_file)
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
-    rules = cfg["provider"]["security_group"]["IpPermissions"]
-    for rule in rules:
-        for ip_range in rule.get("IpRanges", []):
-            if ip_range.get("CidrIp") == CIDR_PLACEHOLDER:
-                ip_range["CidrIp"] = str(ipaddress.ip_network(values["SSH_ALLOWED_CIDR"], strict=False))
+
+    def put_in(node):
+        if isinstance(node, dict):
+            return {k: put_in(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [put_in(v) for v in node]
+        return getattr(access, PLACEHOLDERS[node]) if node in PLACEHOLDERS else node
+
+    cfg["available_node_types"] = put_in(cfg["available_node_types"])
     cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# Rendered by python -m platform.cluster from cluster.yaml and cluster.env; do not edit.\n"
                    + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     return out
+
+
+def read_settings(env_file: Path) -> dict[str, str]:
+    values = read_env(env_file)
+    check_settings(values, str(env_file))
+    return values
+
+
+def provision_for(config: Path, values: dict[str, str]) -> Access:
+    """The AWS resources of ``config``'s cluster, in its region, with the caller's credentials."""
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    access = aws_call("making the cluster's security group and instance profiles", provision, values,
+                      cfg["cluster_name"], cfg["provider"]["region"])
+    settle(access)
+    return access
+
+
+def aws_call(what: str, fn, *args):
+    """``fn(*args)``, AWS's refusals (no credentials, access denied, no answer) as one line."""
+    import botocore.exceptions
+
+    try:
+        return fn(*args)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ClusterError(f"AWS refused {what}: {first}") from None
+
+
+def down(rendered: Path, values: dict[str, str], ray_args: list[str], backup_to: str | None, discard: bool) -> int:
+    """``ray down``, after the head's MLflow database is safe (or its loss was asked for)."""
+    if on_head(values.get("MLFLOW_BACKEND_STORE_URI")) and not discard:
+        uri = backup_to or db_backup_uri(values)
+        s3_location(uri, "--backup-to")
+        command = f"cd ~/platform && ~/venv/bin/python -m platform.cluster backup-db {HEAD_DB} {shlex.quote(uri)}"
+        code = subprocess.call(["ray", "exec", str(rendered), command])
+        if code != 0:
+            raise ClusterError(f"the head's MLflow database could not be backed up to {uri} (ray exec exited {code}); "
+                               "the cluster is still up. Fix what the lines above say, give --backup-to s3://..., or "
+                               "--discard-mlflow-db if losing every run's record is meant")
+    elif discard:
+        print("the head's MLflow database goes with it (--discard-mlflow-db)")
+    return subprocess.call(["ray", "down", str(rendered), *ray_args])
 
 
 def write_mlflow_auth(path: Path, username: str, password: str) -> Path:
@@ -120,10 +180,13 @@ def write_mlflow_auth(path: Path, username: str, password: str) -> Path:
 @cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m platform.cluster", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["up", "down", "render", "mlflow-auth"])
-    p.add_argument("path", nargs="?", help="mlflow-auth: where to write the configuration")
+    p.add_argument("command", choices=["up", "down", "render", "mlflow-auth", "backup-db", "restore-db"])
+    p.add_argument("path", nargs="?", help="mlflow-auth: the configuration to write; backup-db: the database")
+    p.add_argument("uri", nargs="?", help="backup-db: the s3:// location to write")
     p.add_argument("--config", type=Path, default=ROOT / "cluster.yaml")
     p.add_argument("--env-file", type=Path, default=ROOT / "cluster.env")
+    p.add_argument("--backup-to", help="down: where the head's MLflow database goes (default MLFLOW_DB_BACKUP)")
+    p.add_argument("--discard-mlflow-db", action="store_true", help="down: terminate the head with its database")
     args, ray_args = p.parse_known_args(argv)
     if args.command == "mlflow-auth":
         check_account(dict(os.environ), "environment (cluster.env)")
@@ -131,12 +194,28 @@ def main(argv=None) -> int:
             raise ConfigError("mlflow-auth needs the path of the configuration to write")
         write_mlflow_auth(Path(args.path), os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"])
         return 0
-    rendered = render(args.config, args.env_file, RENDERED)
+    if args.command == "backup-db":
+        if not (args.path and args.uri):
+            raise ConfigError("backup-db needs the database and the s3:// location: backup-db PATH s3://bucket/key")
+        print(aws_call("backing up the MLflow database", backup, Path(args.path), args.uri))
+        return 0
+    values = read_settings(args.env_file)
+    if args.command == "restore-db":
+        if on_head(values.get("MLFLOW_BACKEND_STORE_URI")):
+            print(aws_call("restoring the MLflow database", restore, Path(args.path or HEAD_DB), db_backup_uri(values)))
+        return 0
+    if args.backup_to:
+        s3_location(args.backup_to, "--backup-to")
+    if shutil.which("ray") is None:
+        raise ConfigError("the ray command is not on PATH: install the project's dependencies")
+    if args.command == "down" and RENDERED.is_file():
+        return down(RENDERED, values, ray_args, args.backup_to, args.discard_mlflow_db)
+    rendered = render(args.config, args.env_file, RENDERED, provision_for(args.config, values))
     print(f"rendered {rendered}")
     if args.command == "render":
         return 0
-    if shutil.which("ray") is None:
-        raise ConfigError("the ray command is not on PATH: install the project's dependencies")
+    if args.command == "down":
+        return down(rendered, values, ray_args, args.backup_to, args.discard_mlflow_db)
     return subprocess.call(["ray", args.command, str(rendered), *ray_args])
 
 

@@ -359,3 +359,59 @@ class Postgres:
         if (self.data / "postmaster.pid").exists():
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+class RayHead:
+    """``ray start --head --block`` on this machine, as a user (or ``cluster.yaml``) starts one: in
+    its own Ray temp folder (``tmp``, where ``ray start`` records the machine's cluster), with
+    ``env`` added to the environment its jobs' drivers and workers inherit. Stopped by its process
+    group and the processes that name its GCS port, never by ``ray stop`` (which would end every
+    Ray on the machine)."""
+
+    def __init__(self, tmp: Path, env: dict | None = None, args: list[str] | None = None):
+        from platform.topology import free_port
+
+        self.tmp, self.args = Path(tmp), list(args or [])
+        self.port, self.dashboard_port = free_port(), free_port()
+        bin_dir = str(Path(sys.executable).parent)  # a job's `python` is the venv's, as on the cluster's nodes
+        self.env = {**os.environ, "RAY_TMPDIR": str(self.tmp), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+                    **(env or {})}
+        self.env.pop("RAY_ADDRESS", None)
+        self.proc = None
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def start(self, timeout: float = 120) -> "RayHead":
+        import urllib.request
+
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        log = open(self.tmp / "head.log", "w")
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(self.port),
+             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port), "--disable-usage-stats",
+             *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ray start --head exited: {(self.tmp / 'head.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.dashboard + "/api/version", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        wait_for("the Ray head", up, timeout=timeout)
+        return self
+
+    def stop(self) -> None:
+        import signal
+
+        from platform.topology import _kill_leftover_ray
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        _kill_leftover_ray(self.port)
+        self.proc = None

@@ -1,0 +1,214 @@
+"""The AWS resources the nodes of ``cluster.yaml`` use, made by the platform because Ray's
+bootstrap would make them open or too wide (``python -m platform.cluster up`` calls ``provision``):
+
+- one security group for every node: SSH only from ``SSH_ALLOWED_CIDR``, everything between the
+  cluster's own nodes, nothing else. Ray's bootstrap adds SSH from 0.0.0.0/0 to every group it
+  creates and never corrects a group that already has rules; it creates none when every node
+  type names its groups (``SecurityGroupIds``), which the rendered config does.
+- two instance profiles. Workers get S3 on the run prefix (``RUNS_URI``: checkpoints, Tune state)
+  and nothing else. The head also gets the MLflow artifact location and the database backup
+  (its MLflow server writes them; clients go through the server), EC2 (Ray's autoscaler starts
+  and stops the workers) and ``iam:PassRole`` for the workers' role only. Ray's default head role
+  has S3 full access and cannot pass a worker role.
+
+Existing resources can be named instead (``SECURITY_GROUP_ID``, ``HEAD_INSTANCE_PROFILE_ARN``,
+``WORKER_INSTANCE_PROFILE_ARN`` in ``cluster.env``); a named group open to the internet is refused.
+Everything here is idempotent: a second ``up`` finds what the first made and puts the group's
+rules and the roles' policies back to what they should be.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+from dataclasses import dataclass
+
+from platform.errors import ConfigError
+
+EC2_MANAGED_POLICY = "arn:aws:iam::aws:policy/AmazonEC2FullAccess"
+TRUST_EC2 = {"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+OBJECT_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                  "s3:ListMultipartUploadParts"]
+INTERNET = ("0.0.0.0/0", "::/0")
+
+
+@dataclass
+class Access:
+    security_group_id: str
+    head_profile_arn: str
+    worker_profile_arn: str
+    created: bool = False  # something new in IAM: EC2 sees it only after a few seconds
+
+
+def s3_location(uri: str, what: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of an ``s3://bucket/prefix`` URI."""
+    if not uri.startswith("s3://") or not uri[5:].split("/", 1)[0]:
+        raise ConfigError(f"{what} must be an s3:// location, got {uri!r}")
+    bucket, _, prefix = uri[5:].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def bucket_policy(locations: dict[str, str]) -> list[dict]:
+    """S3 statements that allow objects under each ``s3://bucket/prefix`` and listing them, nothing else."""
+    statements = []
+    for what, uri in locations.items():
+        bucket, prefix = s3_location(uri, what)
+        keys = [f"arn:aws:s3:::{bucket}/{prefix}", f"arn:aws:s3:::{bucket}/{prefix}/*"] if prefix else [f"arn:aws:s3:::{bucket}/*"]
+        statements.append({"Effect": "Allow", "Action": OBJECT_ACTIONS, "Resource": keys})
+        listing = {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}"}
+        if prefix:
+            listing["Condition"] = {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}
+        statements.append(listing)
+        statements.append({"Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": f"arn:aws:s3:::{bucket}"})
+    return statements
+
+
+def wanted_ingress(group_id: str, cidr: str) -> list[dict]:
+    network = ipaddress.ip_network(cidr, strict=False)
+    ranges = ({"Ipv6Ranges": [{"CidrIpv6": str(network), "Description": "SSH_ALLOWED_CIDR"}]} if network.version == 6
+              else {"IpRanges": [{"CidrIp": str(network), "Description": "SSH_ALLOWED_CIDR"}]})
+    return [
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges},
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "the cluster's own nodes"}]},
+    ]
+
+
+def _rule_keys(permissions: list[dict]) -> set[tuple]:
+    """Each (protocol, ports, source) of a group's rules, comparable across what AWS returns."""
+    keys = set()
+    for p in permissions:
+        base = (p.get("IpProtocol"), p.get("FromPort", -1) if p.get("IpProtocol") != "-1" else -1,
+                p.get("ToPort", -1) if p.get("IpProtocol") != "-1" else -1)
+        keys |= {(*base, "v4", r["CidrIp"]) for r in p.get("IpRanges", [])}
+        keys |= {(*base, "v6", r["CidrIpv6"]) for r in p.get("Ipv6Ranges", [])}
+        keys |= {(*base, "sg", g["GroupId"]) for g in p.get("UserIdGroupPairs", [])}
+        keys |= {(*base, "pl", pl["PrefixListId"]) for pl in p.get("PrefixListIds", [])}
+    return keys
+
+
+def _permission(key: tuple) -> dict:
+    protocol, low, high, kind, source = key
+    rule = {"IpProtocol": protocol}
+    if protocol != "-1":
+        rule.update(FromPort=low, ToPort=high)
+    field = {"v4": ("IpRanges", "CidrIp"), "v6": ("Ipv6Ranges", "CidrIpv6"), "sg": ("UserIdGroupPairs", "GroupId"),
+             "pl": ("PrefixListIds", "PrefixListId")}[kind]
+    rule[field[0]] = [{field[1]: source}]
+    return rule
+
+
+def open_to_internet(permissions: list[dict]) -> list[str]:
+    """The rules of a group that admit any address ("tcp 22 from 0.0.0.0/0")."""
+    return [f"{k[0]} {k[1]}-{k[2]} from {k[4]}" for k in sorted(_rule_keys(permissions), key=str)
+            if k[3] in ("v4", "v6") and k[4] in INTERNET]
+
+
+def security_group(ec2, name: str, cidr: str) -> str:
+    """The nodes' group in the region's default VPC, its ingress exactly ``wanted_ingress``."""
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    if not vpcs:
+        raise ConfigError("this region has no default VPC: create a security group yourself (SSH from your range, "
+                          "all traffic within the group) and set SECURITY_GROUP_ID in cluster.env")
+    vpc = vpcs[0]["VpcId"]
+    found = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                  {"Name": "group-name", "Values": [name]}])["SecurityGroups"]
+    if found:
+        group_id, current = found[0]["GroupId"], found[0].get("IpPermissions", [])
+    else:
+        group_id = ec2.create_security_group(GroupName=name, VpcId=vpc, Description=(
+            "contrastive-platform nodes: SSH from SSH_ALLOWED_CIDR, all traffic within the group"))["GroupId"]
+        current = []
+    have, want = _rule_keys(current), _rule_keys(wanted_ingress(group_id, cidr))
+    if have - want:
+        ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=[_permission(k) for k in sorted(have - want, key=str)])
+    if want - have:
+        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[_permission(k) for k in sorted(want - have, key=str)])
+    return group_id
+
+
+def named_security_group(ec2, group_id: str) -> str:
+    """A group the user named: it must exist and admit no one from the whole internet."""
+    try:
+        (group,) = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
+    except Exception as exc:  # botocore's ClientError: the group is not there
+        raise ConfigError(f"SECURITY_GROUP_ID={group_id}: {exc}") from None
+    wide = open_to_internet(group.get("IpPermissions", []))
+    if wide:
+        raise ConfigError(f"SECURITY_GROUP_ID={group_id} is open to the internet ({', '.join(wide)}): remove those "
+                          "rules or leave SECURITY_GROUP_ID unset for the platform's own group")
+    return group_id
+
+
+def instance_profile(iam, name: str, policy: list[dict], managed: tuple[str, ...] = ()) -> tuple[str, bool]:
+    """An instance profile ``name`` with a role of the same name whose permissions are exactly the
+    inline ``policy`` and the ``managed`` policies; ``(its ARN, whether anything was created)``."""
+    created = False
+    try:
+        iam.get_role(RoleName=name)
+    except iam.exceptions.NoSuchEntityException:
+        iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(TRUST_EC2),
+                        Description="contrastive-platform cluster nodes (python -m platform.cluster up)")
+        created = True
+    iam.put_role_policy(RoleName=name, PolicyName=name, PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": policy}))
+    for extra in iam.list_role_policies(RoleName=name)["PolicyNames"]:
+        if extra != name:
+            iam.delete_role_policy(RoleName=name, PolicyName=extra)
+    attached = {p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]}
+    for arn in set(managed) - attached:
+        iam.attach_role_policy(RoleName=name, PolicyArn=arn)
+    for arn in attached - set(managed):
+        iam.detach_role_policy(RoleName=name, PolicyArn=arn)
+    try:
+        profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+    except iam.exceptions.NoSuchEntityException:
+        profile = iam.create_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+        created = True
+    if name not in [r["RoleName"] for r in profile.get("Roles", [])]:
+        iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+        created = True
+    return profile["Arn"], created
+
+
+def provision(values: dict[str, str], cluster_name: str, region: str, session=None) -> Access:
+    """The group and the instance profiles the rendered config names (``values``: cluster.env)."""
+    import boto3
+
+    session = session or boto3.session.Session(region_name=region)
+    ec2, iam = session.client("ec2", region_name=region), session.client("iam", region_name=region)
+    if values.get("SECURITY_GROUP_ID"):
+        group_id = named_security_group(ec2, values["SECURITY_GROUP_ID"])
+    else:
+        group_id = security_group(ec2, f"{cluster_name}-nodes", values["SSH_ALLOWED_CIDR"])
+    runs = {"RUNS_URI": values["RUNS_URI"]}
+    created = False
+    worker_arn = values.get("WORKER_INSTANCE_PROFILE_ARN")
+    if not worker_arn:
+        worker_arn, created = instance_profile(iam, f"{cluster_name}-worker", bucket_policy(runs))
+    head_arn = values.get("HEAD_INSTANCE_PROFILE_ARN")
+    if not head_arn:
+        worker_role = worker_arn.replace(":instance-profile/", ":role/")
+        head_policy = bucket_policy({**runs, "MLFLOW_ARTIFACTS_DESTINATION": values["MLFLOW_ARTIFACTS_DESTINATION"],
+                                     "MLFLOW_DB_BACKUP": db_backup_uri(values)})
+        head_policy.append({"Effect": "Allow", "Action": ["iam:PassRole"], "Resource": worker_role})
+        head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, managed=(EC2_MANAGED_POLICY,))
+        created = created or made
+    return Access(group_id, head_arn, worker_arn, created)
+
+
+def db_backup_uri(values: dict[str, str]) -> str:
+    """Where the head's SQLite MLflow database is backed up: ``MLFLOW_DB_BACKUP``, else beside the
+    artifacts (``s3://bucket/mlflow-artifacts`` -> ``s3://bucket/mlflow-db/mlflow.db``)."""
+    if values.get("MLFLOW_DB_BACKUP"):
+        return values["MLFLOW_DB_BACKUP"]
+    bucket, prefix = s3_location(values["MLFLOW_ARTIFACTS_DESTINATION"], "MLFLOW_ARTIFACTS_DESTINATION")
+    parent = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+    return f"s3://{bucket}/{parent + '/' if parent else ''}mlflow-db/mlflow.db"
+
+
+def settle(access: Access, seconds: float = 15.0) -> None:
+    """A new instance profile is refused by EC2 for a few seconds (what Ray's bootstrap waits too)."""
+    if access.created:
+        time.sleep(seconds)
