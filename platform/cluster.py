@@ -40,7 +40,6 @@ from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
 
 ROOT = Path(__file__).resolve().parent.parent
-RENDERED = ROOT / ".cluster" / "cluster.yaml"
 REQUIRED = {
     "SSH_ALLOWED_CIDR": "the address range allowed to SSH to the head (your network, e.g. 198.51.100.0/24)",
     "MLFLOW_TRACKING_USERNAME": "the MLflow server's admin account",
@@ -116,6 +115,11 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
     out.write_text("# Rendered by python -m platform.cluster from cluster.yaml and cluster.env; do not edit.\n"
                    + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     return out
+
+
+def rendered_path(config: Path) -> Path:
+    """Where the launcher's config of ``config`` is written: ``.cluster/`` beside it."""
+    return config.resolve().parent / ".cluster" / config.name
 
 
 def read_settings(env_file: Path) -> dict[str, str]:
@@ -208,9 +212,10 @@ def main(argv=None) -> int:
         s3_location(args.backup_to, "--backup-to")
     if shutil.which("ray") is None:
         raise ConfigError("the ray command is not on PATH: install the project's dependencies")
-    if args.command == "down" and RENDERED.is_file():
-        return down(RENDERED, values, ray_args, args.backup_to, args.discard_mlflow_db)
-    rendered = render(args.config, args.env_file, RENDERED, provision_for(args.config, values))
+    rendered = rendered_path(args.config)
+    if args.command == "down" and rendered.is_file():
+        return down(rendered, values, ray_args, args.backup_to, args.discard_mlflow_db)
+    render(args.config, args.env_file, rendered, provision_for(args.config, values))
     print(f"rendered {rendered}")
     if args.command == "render":
         return 0

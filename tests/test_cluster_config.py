@@ -28,10 +28,13 @@ def test_cluster_layout_and_security_defaults():
     cfg = _config()
     nodes = cfg["available_node_types"]
     assert cfg["head_node_type"] == "head" and nodes["gpu_worker"]["min_workers"] == 0
-    ingress = cfg["provider"]["security_group"]["IpPermissions"]
-    assert [(p["FromPort"], p["ToPort"]) for p in ingress] == [(22, 22)]  # only SSH from outside
-    # ... and only from cluster.env's range: unrendered, the placeholder is no address range at all.
-    assert [r["CidrIp"] for p in ingress for r in p["IpRanges"]] == ["${SSH_ALLOWED_CIDR}"]
+    # No group for Ray's bootstrap to make (it would open SSH to 0.0.0.0/0): every node type names
+    # the platform's group and its own instance profile, placeholders AWS refuses unrendered.
+    assert "security_group" not in cfg["provider"]
+    assert {k: n["node_config"]["SecurityGroupIds"] for k, n in nodes.items()} == {
+        "head": ["${SECURITY_GROUP_ID}"], "gpu_worker": ["${SECURITY_GROUP_ID}"]}
+    assert nodes["head"]["node_config"]["IamInstanceProfile"] == {"Arn": "${HEAD_INSTANCE_PROFILE_ARN}"}
+    assert nodes["gpu_worker"]["node_config"]["IamInstanceProfile"] == {"Arn": "${WORKER_INSTANCE_PROFILE_ARN}"}
     head = " ".join(cfg["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "mlflow server" in head and "MLFLOW_TRACKING_URI" in head
     assert "cu128" in " ".join(cfg["worker_setup_commands"]) and "cpu" in " ".join(cfg["head_setup_commands"])
@@ -70,19 +73,26 @@ def test_mlflow_runs_with_basic_auth_from_cluster_env(tmp_path):
 def _env_file(tmp_path, **values):
     settings = {"SSH_ALLOWED_CIDR": "198.51.100.0/24", "MLFLOW_TRACKING_USERNAME": "platform",
                 "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "MLFLOW_ARTIFACTS_DESTINATION": "s3://b/mlflow",
-                **values}
+                "RUNS_URI": "s3://b/runs", **values}
     path = tmp_path / "cluster.env"
     path.write_text("# settings\n" + "".join(f"{k}={v}  # note\n" for k, v in settings.items() if v is not None))
     return path
 
 
-def test_render_puts_cluster_envs_ssh_range_in_and_validates(tmp_path):
+def test_render_puts_the_platforms_group_and_profiles_in_and_validates(tmp_path):
+    """What ``up`` hands ``ray up``: the placeholders replaced by what ``provision`` made, the
+    repository's absolute path as the synced folder, valid for Ray's schema."""
     from platform.cluster import render
+    from platform.cluster_aws import Access
 
-    out = render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "rendered.yaml")
+    access = Access("sg-0123456789abcdef0", "arn:aws:iam::123456789012:instance-profile/h",
+                    "arn:aws:iam::123456789012:instance-profile/w")
+    out = render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "rendered.yaml", access)
     rendered = yaml.safe_load(out.read_text())
-    ranges = [r["CidrIp"] for p in rendered["provider"]["security_group"]["IpPermissions"] for r in p["IpRanges"]]
-    assert ranges == ["198.51.100.0/24"] and rendered["file_mounts"] == {"~/platform": str(ROOT)}
+    nodes = rendered["available_node_types"]
+    assert nodes["head"]["node_config"]["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
+    assert nodes["gpu_worker"]["node_config"]["IamInstanceProfile"] == {"Arn": access.worker_profile_arn}
+    assert "${" not in yaml.safe_dump(nodes) and rendered["file_mounts"] == {"~/platform": str(ROOT)}
     import ray.autoscaler
 
     schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
@@ -97,6 +107,9 @@ def test_render_puts_cluster_envs_ssh_range_in_and_validates(tmp_path):
     ({"MLFLOW_TRACKING_PASSWORD": "short"}, "at least 12 characters"),
     ({"MLFLOW_TRACKING_PASSWORD": None}, "set MLFLOW_TRACKING_PASSWORD"),
     ({"MLFLOW_ARTIFACTS_DESTINATION": "/home/me"}, "must be an s3:// location"),
+    ({"RUNS_URI": None}, "set RUNS_URI"),
+    ({"RUNS_URI": "gs://b/runs"}, "RUNS_URI must be an s3:// location"),
+    ({"MLFLOW_DB_BACKUP": "/home/me/mlflow.db"}, "MLFLOW_DB_BACKUP must be an s3:// location"),
 ])
 def test_cluster_env_mistakes_are_one_line(values, needle, tmp_path, cli):
     proc = cli("cluster", "render", "--env-file", str(_env_file(tmp_path, **values)))
@@ -105,11 +118,12 @@ def test_cluster_env_mistakes_are_one_line(values, needle, tmp_path, cli):
 
 
 def test_the_whole_internet_only_when_said(tmp_path):
-    from platform.cluster import render
+    from platform.cluster import read_settings
+    from platform.cluster_aws import open_to_internet, wanted_ingress
 
-    env = _env_file(tmp_path, SSH_ALLOWED_CIDR="0.0.0.0/0", SSH_ALLOW_ANYWHERE="yes")
-    rendered = yaml.safe_load(render(ROOT / "cluster.yaml", env, tmp_path / "r.yaml").read_text())
-    assert rendered["provider"]["security_group"]["IpPermissions"][0]["IpRanges"][0]["CidrIp"] == "0.0.0.0/0"
+    values = read_settings(_env_file(tmp_path, SSH_ALLOWED_CIDR="0.0.0.0/0", SSH_ALLOW_ANYWHERE="yes"))
+    assert open_to_internet(wanted_ingress("sg-1", values["SSH_ALLOWED_CIDR"])) == ["tcp 22-22 from 0.0.0.0/0"]
+    assert open_to_internet(wanted_ingress("sg-1", "198.51.100.0/24")) == []
 
 
 def test_cluster_sized_to_the_paper_sweeps_and_head_runs_no_training():

@@ -33,6 +33,6 @@ def test_ray_address_local_keeps_a_private_ray_and_a_dead_recorded_cluster_is_on
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     recorded.write_text("127.0.0.1:9")
-    proc = cli("train", "simcse", env={"RAY_TMPDIR": str(tmp_path), "RAY_ADDRESS": "", "MLFLOW_TRACKING_URI": mlflow_uri})
+    proc = cli("train", "simcse", "--set", f"output_dir={tmp_path / 'runs'}", env={"RAY_TMPDIR": str(tmp_path), "RAY_ADDRESS": "", "MLFLOW_TRACKING_URI": mlflow_uri})
     assert_user_error(proc, "does not answer", "RAY_ADDRESS=local")
     assert runs_of(mlflow_uri)[1] == []

@@ -1,0 +1,268 @@
+"""What ``python -m platform.cluster up`` and ``down`` do in AWS, against an emulator of it (moto's
+server on loopback, EC2, IAM with AWS's managed policies, S3), read back through the same APIs:
+
+- the platform's security group and instance profiles, then Ray's own AWS bootstrap
+  (``ray up``'s ``_bootstrap_config``) on the rendered config: no group open to the internet,
+  every node type in the platform's group with its own instance profile, Ray's default role
+  never made, and a worker Ray's node provider launches carries the workers' profile;
+- the profiles' permissions: workers S3 under ``RUNS_URI`` only;
+- the head's SQLite MLflow database backed up to S3 and restored on a new head; ``down`` that
+  cannot back it up leaves the cluster up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, assert_user_error
+
+pytestmark = pytest.mark.multinode
+
+REGION = "us-west-2"  # cluster.yaml's
+CIDR = "198.51.100.0/24"
+BUCKET = "platform-runs"
+
+
+@pytest.fixture(scope="module")
+def aws(tmp_path_factory):
+    """moto's server on a free loopback port; this process's AWS clients pointed at it."""
+    from platform.topology import free_port
+
+    port = free_port()
+    base = tmp_path_factory.mktemp("moto")
+    log = open(base / "moto.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            env={**os.environ, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true"}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=2)
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, (base / "moto.log").read_text()[-2000:]
+            time.sleep(0.3)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": REGION}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield endpoint
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+@pytest.fixture()
+def account(aws):
+    """An empty AWS account (the emulator reset) with the run bucket."""
+    import boto3
+
+    urllib.request.urlopen(urllib.request.Request(aws + "/moto-api/reset", method="POST"), timeout=30)
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET,
+                                                         CreateBucketConfiguration={"LocationConstraint": REGION})
+    return aws
+
+
+def _settings(**extra) -> dict[str, str]:
+    return {"SSH_ALLOWED_CIDR": CIDR, "MLFLOW_TRACKING_USERNAME": "platform",
+            "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "RUNS_URI": f"s3://{BUCKET}/runs",
+            "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{BUCKET}/mlflow-artifacts", **extra}
+
+
+def _env_file(folder: Path, **extra) -> Path:
+    path = folder / "cluster.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in _settings(**extra).items()))
+    return path
+
+
+def _ec2():
+    import boto3
+
+    return boto3.client("ec2", region_name=REGION)
+
+
+def _iam():
+    import boto3
+
+    return boto3.client("iam", region_name=REGION)
+
+
+def _bootstrapped(tmp_path, access) -> dict:
+    """The rendered cluster.yaml after Ray's own bootstrap (what ``ray up`` launches from)."""
+    from ray.autoscaler._private.commands import _bootstrap_config
+
+    from platform.cluster import render
+
+    rendered = render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "rendered.yaml", access)
+    home = os.environ.get("HOME")
+    os.environ["HOME"] = str(tmp_path)  # Ray writes the cluster's SSH key under ~/.ssh
+    try:
+        return _bootstrap_config(yaml.safe_load(rendered.read_text()), no_config_cache=True)
+    finally:
+        os.environ["HOME"] = home or ""
+
+
+def _ingress(group_id: str) -> list[dict]:
+    (group,) = _ec2().describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
+    return group["IpPermissions"]
+
+
+def test_rays_bootstrap_of_the_rendered_config_opens_nothing_and_gives_workers_their_profile(account, tmp_path):
+    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
+
+    from platform.cluster_aws import open_to_internet, provision
+
+    access = provision(_settings(), "contrastive-platform", REGION)
+    config = _bootstrapped(tmp_path, access)
+    groups = _ec2().describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == ["contrastive-platform-nodes"]
+    for group in groups:
+        assert not open_to_internet(group.get("IpPermissions", [])), group
+    rules = _ingress(access.security_group_id)
+    ssh = [r for r in rules if r.get("FromPort") == 22]
+    assert [r["CidrIp"] for r in ssh[0]["IpRanges"]] == [CIDR] and not ssh[0].get("Ipv6Ranges")
+    within = [r for r in rules if r["IpProtocol"] == "-1"]
+    assert [g["GroupId"] for g in within[0]["UserIdGroupPairs"]] == [access.security_group_id]
+    assert len(rules) == 2
+    nodes = config["available_node_types"]
+    assert {k: n["node_config"]["SecurityGroupIds"] for k, n in nodes.items()} == {
+        "head": [access.security_group_id], "gpu_worker": [access.security_group_id]}
+    assert nodes["head"]["node_config"]["IamInstanceProfile"] == {"Arn": access.head_profile_arn}
+    assert nodes["gpu_worker"]["node_config"]["IamInstanceProfile"] == {"Arn": access.worker_profile_arn}
+    profiles = {p["InstanceProfileName"] for p in _iam().list_instance_profiles()["InstanceProfiles"]}
+    assert profiles == {"contrastive-platform-head", "contrastive-platform-worker"}  # not Ray's ray-autoscaler-v1
+    # A worker as the head's autoscaler launches it: with the workers' profile, in the group.
+    provider = AWSNodeProvider(config["provider"], config["cluster_name"])
+    provider.create_node(nodes["gpu_worker"]["node_config"],
+                         {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-name": "w"}, 1)
+    (instance,) = [i for r in _ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    assert instance["IamInstanceProfile"]["Arn"] == access.worker_profile_arn
+    assert [g["GroupId"] for g in instance["SecurityGroups"]] == [access.security_group_id]
+
+
+def _statements(role: str) -> list[dict]:
+    iam = _iam()
+    (name,) = iam.list_role_policies(RoleName=role)["PolicyNames"]
+    return iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]["Statement"]
+
+
+def test_workers_may_use_the_run_prefix_and_nothing_else(account):
+    """Least privilege, read back from IAM: the workers' role has no managed policy and S3 actions
+    on RUNS_URI's objects and listing only; the head's adds MLflow's locations, EC2 for the
+    autoscaler and passing the workers' role, nothing more."""
+    from platform.cluster_aws import EC2_MANAGED_POLICY, provision
+
+    access = provision(_settings(), "contrastive-platform", REGION)
+    iam = _iam()
+    assert iam.list_attached_role_policies(RoleName="contrastive-platform-worker")["AttachedPolicies"] == []
+    worker = _statements("contrastive-platform-worker")
+    resources = {r for s in worker for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+    assert resources == {f"arn:aws:s3:::{BUCKET}", f"arn:aws:s3:::{BUCKET}/runs", f"arn:aws:s3:::{BUCKET}/runs/*"}
+    assert all(a.startswith("s3:") and "*" not in a for s in worker for a in s["Action"])
+    listing = [s for s in worker if s["Action"] == ["s3:ListBucket"]]
+    assert listing[0]["Condition"] == {"StringLike": {"s3:prefix": ["runs", "runs/*"]}}
+    head = _statements("contrastive-platform-head")
+    passes = [s for s in head if s["Action"] == ["iam:PassRole"]]
+    assert passes[0]["Resource"] == access.worker_profile_arn.replace(":instance-profile/", ":role/")
+    head_objects = {r for s in head if "s3:PutObject" in s["Action"] for r in s["Resource"]}
+    assert head_objects == {f"arn:aws:s3:::{BUCKET}/{p}" for p in ("runs", "runs/*", "mlflow-artifacts", "mlflow-artifacts/*",
+                                                                     "mlflow-db/mlflow.db", "mlflow-db/mlflow.db/*")}
+    attached = iam.list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"]
+    assert [p["PolicyArn"] for p in attached] == [EC2_MANAGED_POLICY]
+
+
+def test_a_second_up_puts_the_group_back_and_makes_nothing_twice(account):
+    """Someone opened SSH to the internet: the next up removes that rule; nothing is duplicated."""
+    from platform.cluster_aws import open_to_internet, provision
+
+    first = provision(_settings(), "contrastive-platform", REGION)
+    _ec2().authorize_security_group_ingress(GroupId=first.security_group_id, IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    assert open_to_internet(_ingress(first.security_group_id))
+    again = provision(_settings(), "contrastive-platform", REGION)
+    assert again.security_group_id == first.security_group_id and not again.created
+    assert not open_to_internet(_ingress(first.security_group_id)) and len(_ingress(first.security_group_id)) == 2
+    assert len(_iam().list_roles()["Roles"]) == 2
+
+
+def test_a_named_group_open_to_the_internet_is_refused(account, tmp_path, cli):
+    vpc = _ec2().describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    group = _ec2().create_security_group(GroupName="wide-open", Description="x", VpcId=vpc)["GroupId"]
+    _ec2().authorize_security_group_ingress(GroupId=group, IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}])
+    config = tmp_path / "cluster.yaml"
+    shutil.copy(ROOT / "cluster.yaml", config)
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path, SECURITY_GROUP_ID=group)))
+    assert_user_error(proc, f"SECURITY_GROUP_ID={group} is open to the internet", "::/0")
+    assert not (tmp_path / ".cluster").exists()
+
+
+def _mlflow_db(path: Path, runs: int) -> Path:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{path}")
+    experiment = client.create_experiment("una")
+    for i in range(runs):
+        run = client.create_run(experiment, run_name=f"trial-{i}")
+        client.set_tag(run.info.run_id, "best_checkpoint", f"s3://{BUCKET}/runs/trial-{i}/checkpoint")
+        client.set_terminated(run.info.run_id)
+    return path
+
+
+def test_the_head_database_is_backed_up_and_restored_on_a_new_head(account, tmp_path, cli):
+    """What ``down`` runs on the head, then the new head's setup: every run and tag is back."""
+    from mlflow.tracking import MlflowClient
+
+    from platform.cluster_aws import db_backup_uri
+
+    uri = db_backup_uri(_settings())
+    assert uri == f"s3://{BUCKET}/mlflow-db/mlflow.db"  # beside the artifacts
+    old = _mlflow_db(tmp_path / "old" / "mlflow.db", runs=3)
+    proc = cli("cluster", "backup-db", str(old), uri)
+    assert proc.returncode == 0 and "3 runs" in proc.stdout, proc.stderr
+    new = tmp_path / "new-head" / "mlflow" / "mlflow.db"
+    env_file = _env_file(tmp_path)
+    proc = cli("cluster", "restore-db", str(new), "--env-file", str(env_file))
+    assert proc.returncode == 0 and "restored" in proc.stdout, proc.stderr
+    client = MlflowClient(f"sqlite:///{new}")
+    runs = client.search_runs([client.get_experiment_by_name("una").experiment_id])
+    assert sorted(r.data.tags["best_checkpoint"] for r in runs) == [f"s3://{BUCKET}/runs/trial-{i}/checkpoint" for i in range(3)]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    # A head that already has its database keeps it (a second `ray up` on a live head).
+    proc = cli("cluster", "restore-db", str(new), "--env-file", str(env_file))
+    assert proc.returncode == 0 and "kept" in proc.stdout
+    # A fresh database never replaces a backup holding more runs (a head that did not restore).
+    empty = _mlflow_db(tmp_path / "empty" / "mlflow.db", runs=0)
+    assert_user_error(cli("cluster", "backup-db", str(empty), uri), "holds 3 runs", "not replaced")
+    assert_user_error(cli("cluster", "backup-db", str(tmp_path / "none.db"), uri), "no MLflow database at")
+
+
+def test_down_leaves_the_cluster_up_when_the_database_cannot_be_backed_up(account, tmp_path, cli):
+    """Ray's launcher finds no head to back up from (``ray exec`` fails): ``down`` says so in one
+    line and does not run ``ray down``; PostgreSQL's database is outside the cluster."""
+    from platform.mlflow_backup import on_head
+
+    config = tmp_path / "cluster.yaml"
+    shutil.copy(ROOT / "cluster.yaml", config)
+    env = {"HOME": str(tmp_path)}
+    proc = cli("cluster", "down", "--config", str(config), "--env-file", str(_env_file(tmp_path)), "-y", env=env)
+    assert_user_error(proc, "could not be backed up to s3://platform-runs/mlflow-db/mlflow.db", "still up",
+                      "--discard-mlflow-db")
+    assert (tmp_path / ".cluster" / "cluster.yaml").is_file()
+    assert on_head(None) and on_head("sqlite:////home/ubuntu/mlflow/mlflow.db")
+    assert not on_head("postgresql://mlflow@db.internal:5432/mlflow")
+    assert_user_error(cli("cluster", "down", "--config", str(config), "--env-file", str(_env_file(tmp_path)),
+                          "--backup-to", "/home/me/mlflow.db", env=env), "--backup-to must be an s3:// location")
