@@ -117,6 +117,14 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
     return out
 
 
+def region_of(config: Path) -> str | None:
+    """The AWS region of the cluster (``provider.region`` of its launcher config)."""
+    try:
+        return yaml.safe_load(config.read_text(encoding="utf-8"))["provider"]["region"]
+    except (OSError, KeyError, TypeError):
+        return None
+
+
 def rendered_path(config: Path) -> Path:
     """Where the launcher's config of ``config`` is written: ``.cluster/`` beside it."""
     return config.resolve().parent / ".cluster" / config.name
@@ -201,12 +209,13 @@ def main(argv=None) -> int:
     if args.command == "backup-db":
         if not (args.path and args.uri):
             raise ConfigError("backup-db needs the database and the s3:// location: backup-db PATH s3://bucket/key")
-        print(aws_call("backing up the MLflow database", backup, Path(args.path), args.uri))
+        print(aws_call("backing up the MLflow database", backup, Path(args.path), args.uri, region_of(args.config)))
         return 0
     values = read_settings(args.env_file)
     if args.command == "restore-db":
         if on_head(values.get("MLFLOW_BACKEND_STORE_URI")):
-            print(aws_call("restoring the MLflow database", restore, Path(args.path or HEAD_DB), db_backup_uri(values)))
+            print(aws_call("restoring the MLflow database", restore, Path(args.path or HEAD_DB), db_backup_uri(values),
+                           region_of(args.config)))
         return 0
     if args.backup_to:
         s3_location(args.backup_to, "--backup-to")

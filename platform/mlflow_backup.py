@@ -35,10 +35,11 @@ def _check(path: Path, what: str) -> int:
             raise UserError(f"{what} is not an MLflow database (no runs table)") from None
 
 
-def _s3():
+def _s3(region: str | None):
+    """An S3 client in the cluster's region (boto3 does not read an instance's region by itself)."""
     import boto3
 
-    return boto3.client("s3")
+    return boto3.client("s3", region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or region)
 
 
 def _exists(client, bucket: str, key: str) -> bool:
@@ -48,7 +49,7 @@ def _exists(client, bucket: str, key: str) -> bool:
     return any(item["Key"] == key for item in listed)
 
 
-def backup(source: Path, uri: str) -> str:
+def backup(source: Path, uri: str, region: str | None = None) -> str:
     """Copy the database at ``source`` to ``uri`` (s3://bucket/key); a line saying what was kept."""
     source = Path(source).expanduser()
     if not source.is_file():
@@ -60,7 +61,7 @@ def backup(source: Path, uri: str) -> str:
             src.backup(dst)
         runs = _check(copy, f"the copy of {source}")
         size = copy.stat().st_size
-        client = _s3()
+        client = _s3(region)
         if _exists(client, bucket, key):
             before = int(client.head_object(Bucket=bucket, Key=key).get("Metadata", {}).get("runs", 0))
             if before > runs:
@@ -73,13 +74,13 @@ def backup(source: Path, uri: str) -> str:
     return f"MLflow database backed up: {runs} runs, {size:,} bytes -> {uri}"
 
 
-def restore(target: Path, uri: str) -> str:
+def restore(target: Path, uri: str, region: str | None = None) -> str:
     """Put the backup at ``uri`` in place at ``target`` unless a database is already there."""
     target = Path(target).expanduser()
     if target.exists():
         return f"MLflow database kept: {target} exists (the backup at {uri} was not needed)"
     bucket, key = s3_location(uri, "the backup location")
-    client = _s3()
+    client = _s3(region)
     if not _exists(client, bucket, key):
         return f"no MLflow database backup at {uri}: MLflow starts with a new database"
     target.parent.mkdir(parents=True, exist_ok=True)

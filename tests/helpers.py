@@ -373,6 +373,8 @@ class RayHead:
 
         self.tmp, self.args = Path(tmp), list(args or [])
         self.port, self.dashboard_port = free_port(), free_port()
+        # Ports Ray otherwise fixes (52365, 10001): a second head on this machine could not start its agent.
+        self.agent_port, self.client_port = free_port(), free_port()
         bin_dir = str(Path(sys.executable).parent)  # a job's `python` is the venv's, as on the cluster's nodes
         self.env = {**os.environ, "RAY_TMPDIR": str(self.tmp), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
                     **(env or {})}
@@ -391,6 +393,7 @@ class RayHead:
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(self.port),
              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port), "--disable-usage-stats",
+             "--dashboard-agent-listen-port", str(self.agent_port), "--ray-client-server-port", str(self.client_port),
              *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
         def up() -> bool:
@@ -415,3 +418,29 @@ class RayHead:
             self.proc.wait(timeout=30)
         _kill_leftover_ray(self.port)
         self.proc = None
+
+
+def cluster_head(tmp_path_factory, empty_db, name: str, args_for, fake: bool = False) -> RayHead:
+    """A head as cluster.yaml starts it: MLFLOW_TRACKING_URI and PLATFORM_DATA_DIR exported before
+    ``ray start``, so every driver and job on it inherits them; a HOME of its own, where a job's
+    caches go."""
+    import tempfile
+
+    base = tmp_path_factory.mktemp(name)
+    uri = new_mlflow_db(empty_db, base / "mlflow.db")
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rayc-"))  # short: Ray's socket paths live under it
+    home = base / "home"
+    home.mkdir()
+    env = {"MLFLOW_TRACKING_URI": uri, "HOME": str(home), "PLATFORM_DATA_DIR": os.environ["PLATFORM_DATA_DIR"]}
+    if fake:
+        env["RAY_FAKE_CLUSTER"] = "1"
+    head = RayHead(ray_tmp, env=env)
+    head.args = args_for(head, base)
+    head.uri, head.home = uri, home
+    return head.start()
+
+
+def tiny_run_args(tiny_model, small_corpus, output: Path) -> list[str]:
+    """A run of a few steps of the tiny model on one worker: what the cluster tests train."""
+    return sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4, eval_steps=2, log_steps=2,
+                num_workers=1, use_gpu="false", output_dir=output)

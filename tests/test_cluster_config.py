@@ -153,3 +153,16 @@ def test_fresh_ubuntu_gets_a_venv_that_jobs_use():
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = " ".join(cfg[key])
         assert start.index('export PATH="$HOME/venv/bin:$PATH"') < start.index("ray start")
+
+
+def test_aws_that_does_not_answer_is_one_line(tmp_path, cli):
+    """``up``/``render`` make AWS resources with the user's credentials: a refusal or an endpoint
+    that does not answer is one line, and nothing is rendered."""
+    config = tmp_path / "cluster.yaml"
+    config.write_text((ROOT / "cluster.yaml").read_text())
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "AWS_MAX_ATTEMPTS": "1", "AWS_RETRY_MODE": "standard"}
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path)), env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "AWS refused making the cluster's security group and instance profiles" in proc.stderr
+    assert not (tmp_path / ".cluster").exists() and "correct-horse" not in proc.stderr
