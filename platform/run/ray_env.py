@@ -88,6 +88,12 @@ def find_cluster() -> tuple[str | None, str]:
         return None, "no cluster recorded on this machine"
     if not address:
         return None, "no cluster recorded on this machine"
+    try:
+        check_reachable(address)
+    except ClusterError:
+        # A `ray start` that ended without `ray stop` (a crash, a killed head): Ray's own
+        # ray.init() would fail on it; the command says so on its Ray line and runs locally.
+        return None, f"the cluster `ray start` recorded ({address}) does not answer"
     return address, f"recorded by `ray start` in {recorded}"
 
 
@@ -120,7 +126,7 @@ def init_ray(num_cpus: int | None = None) -> None:
     address, found = find_cluster()
     if address:
         # Left to Ray, an address nothing listens on is retried for minutes, then a traceback.
-        check_reachable(address, found)
+        check_reachable(address)
     env = worker_env()
     on_sigterm = signal.getsignal(signal.SIGTERM)
     port = None
@@ -171,7 +177,7 @@ def describe(address: str | None, found: str, in_job: bool) -> str:
     import ray
 
     if not address:
-        return "a local instance" + (" (RAY_ADDRESS=local)" if found == "RAY_ADDRESS=local" else "")
+        return "a local instance" + (f" ({found})" if found.startswith(("RAY_ADDRESS", "the cluster")) else "")
     gcs = ray.get_runtime_context().gcs_address
     if in_job:
         return f"job {ray.get_runtime_context().get_job_id()} of the cluster at {gcs}"
@@ -206,7 +212,7 @@ GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
-def check_reachable(address: str, found: str = "RAY_ADDRESS", timeout: float = 5.0) -> None:
+def check_reachable(address: str, timeout: float = 5.0) -> None:
     """A ``host:port`` (or ``ray://host:port``) cluster address must accept a connection."""
     target = address.split("://", 1)[-1].rstrip("/")
     if target in ("auto", "local"):
@@ -218,12 +224,9 @@ def check_reachable(address: str, found: str = "RAY_ADDRESS", timeout: float = 5
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):  # [::1]:6379
             pass
     except OSError as exc:
-        if found == "RAY_ADDRESS":
-            raise ClusterError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
-                               "cluster (`python -m platform.cluster up`, or `ray start --head` on this machine) or "
-                               "unset RAY_ADDRESS for a local Ray") from None
-        raise ClusterError(f"the Ray cluster {found} ({address}) does not answer ({exc.strerror or exc}): start it "
-                           "again, `ray stop` to forget it, or RAY_ADDRESS=local for a local Ray") from None
+        raise ClusterError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
+                           "cluster (`python -m platform.cluster up`, or `ray start --head` on this machine) or "
+                           "unset RAY_ADDRESS for a local Ray") from None
 
 
 def free_port() -> int:
