@@ -132,7 +132,7 @@ def named_security_group(ec2, group_id: str) -> str:
     """A group the user named: it must exist and admit no one from the whole internet."""
     try:
         (group,) = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
-    except Exception as exc:  # botocore's ClientError: the group is not there
+    except ec2.exceptions.ClientError as exc:  # the group is not there (other refusals: cluster.aws_call)
         raise ConfigError(f"SECURITY_GROUP_ID={group_id}: {exc}") from None
     wide = open_to_internet(group.get("IpPermissions", []))
     if wide:

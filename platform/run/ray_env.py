@@ -123,8 +123,8 @@ def init_ray(num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    address, found = find_cluster()
-    if address:
+    address, found = find_cluster()  # a recorded address is reachable already
+    if found == "RAY_ADDRESS":
         # Left to Ray, an address nothing listens on is retried for minutes, then a traceback.
         check_reachable(address)
     env = worker_env()
