@@ -154,12 +154,12 @@ def main(argv=None) -> int:
 
 def log_scores(run_id: str, scores: dict[str, float]) -> None:
     """The transfer and clustering scores on an MLflow run (``transfer_<task>``, ``cluster_<set>``)."""
-    from platform.tracking import store
-    from platform.tracking.runs import log_metrics
+    from platform.tracking import recorder, store
+    from platform.tracking.runs import Run
 
     logged = {k.replace(":", "_") if k.startswith("cluster:") else f"transfer_{k}": v
               for k, v in scores.items() if k in TRANSFER_TASKS or k.startswith("cluster:")}
-    log_metrics(store.tracking_uri(), run_id, logged)
+    recorder.log_results(Run(store.tracking_uri(), run_id), logged)
     print(f"logged {', '.join(logged) or 'nothing (no transfer or clustering task)'} to MLflow run {run_id}")
 
 

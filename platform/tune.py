@@ -3,8 +3,9 @@
 A Ray Tune sweep of a recipe (a paper's name, or ``recipe --set negatives=... loss=... aux=...``)
 over its search space (``platform.space``): Optuna (or a grid) proposes configurations, ASHA stops
 poor ones on STS-B dev, and each trial is one configuration run (``platform.run.unit``). MLflow gets
-one parent run for the sweep and one child run per trial, which ends when its trial ends; at the
-end the best trial's checkpoint is evaluated on the 7 STS tasks, exported and registered.
+one parent run for the sweep and one child run per trial, opened and ended by the driver from
+Tune's trial events (``TrialRuns``); at the end the best trial's checkpoint is evaluated on the 7
+STS tasks, exported and registered.
 
 The sweep's state (its configuration, its parent run, Tune's own state) lives in ``output_dir``;
 ``--resume`` continues the newest sweep of the method, refuses a changed configuration, and closes
@@ -18,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -32,9 +34,8 @@ from platform.run import storage, unit
 from platform.run.fit import FitResult, release
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
-from platform.tracking import hub, store
-from platform.tracking.runs import (BEST, DEV_METRIC, STORAGE_TAG, Run, best_checkpoint_under, checkpoint_exists,
-                                    deliver_points_under)
+from platform.tracking import hub, recorder, store
+from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable, checkpoint_exists
 
 SWEEP_STATE = "platform_sweep.json"
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
@@ -61,8 +62,7 @@ class Sweep:
 
 def trial(config: dict[str, Any], sweep: Sweep) -> None:
     """One Tune trial: a configuration run of the base configuration with the searched values, in
-    the trial's MLflow run. The trial ends that run when it completes; if Tune ends the trial
-    otherwise (a scheduler stop, an error, the sweep interrupted), the driver does."""
+    the MLflow run the sweep's callback opened for it (``TrialRuns``), which also ends it."""
     import ray.data
     import ray.tune
 
@@ -71,9 +71,14 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
     ray.data.DataContext.get_current().enable_progress_bars = False
     cfg = sweep.base.with_values(config, source="search space")
     trial_id = ray.tune.get_context().get_trial_id()
-    run = trial_run(sweep, trial_id, cfg)
-    if run is None:
+    found = trial_runs(sweep.uri, sweep.parent, trial_id)[0]  # opened before Tune started this trial
+    if found.info.status == "FINISHED":  # it finished just before the sweep stopped: reported again, not trained twice
+        metrics = found.data.metrics
+        ray.tune.report({DEV_METRIC: metrics[BEST], **{k: v for k, v in metrics.items() if k.startswith(BEST)},
+                         "resumed_finished_trial": 1})
         return
+    run = Run(sweep.uri, found.info.run_id, found.info.run_name, resumed="platform.resumed" in found.data.tags,
+              in_trial=True, experiment_id=found.info.experiment_id)
     with run.closing():
         # A trial may search parameters that change generated columns (SAN's scale): its own corpus
         # data, from the content-keyed cache when they match the sweep's base.
@@ -85,61 +90,101 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
             cfg, corpus, run, storage_path=storage.join(sweep.folder, "trials"), name=trial_id, seeds=sweep.seeds,
             final="evaluate" if sweep.grid and cfg.final_eval else "none", tune_reports=True, label=f"trial {trial_id}")
         run.complete(result.checkpoint)
-    for f in result.fits:  # the trial's run is FINISHED: its best checkpoint is all that is needed again
-        release(f.result)
-    if sweep.seeds > 1:  # the mean over seeds, reported once the run is closed: the scheduler may end the trial on it
+    if sweep.seeds > 1:  # the mean over seeds, reported once the work is done: the scheduler may end the trial on it
         ray.tune.report({DEV_METRIC: result.dev[BEST], **result.dev, "seeds": sweep.seeds,
                          "step": result.fits[0].result.metrics.get("step")})
 
 
-def trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig) -> Run | None:
-    """The trial's MLflow run: new, or its earlier one reopened (a resumed sweep runs a trial again
-    under its id). None for a trial that had finished just before the sweep stopped: its result is
-    reported again instead of training twice."""
-    import ray.tune
-
-    found = store.child_runs(sweep.uri, sweep.parent, f"tags.trial_id = '{trial_id}'",
-                             order_by=["attributes.start_time DESC"])
-    if found and found[0].info.status == "FINISHED" and checkpoint_exists(found[0].data.tags.get("best_checkpoint")):
-        metrics = found[0].data.metrics
-        ray.tune.report({DEV_METRIC: metrics[BEST], **{k: v for k, v in metrics.items() if k.startswith(BEST)},
-                         "resumed_finished_trial": 1})
-        return None
-    if found:
-        return Run.reopen(sweep.uri, found[0].info.run_id, ends_on_error=False)
-    tags = {**unit.run_tags(cfg), "trial_id": trial_id}
-    return Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", tags, parent=Run(sweep.uri, sweep.parent),
-                      ends_on_error=False)
+def trial_runs(uri: str, parent: str, trial_id: str, where: str = "") -> list:
+    """A trial's MLflow runs under the sweep's parent, newest first."""
+    return store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}'" + where, order_by=["attributes.start_time DESC"])
 
 
 # ------------------------------------------------------------------------------------------------
-# The trials' runs, seen from the driver
+# The trials' runs: opened and ended by the driver, from Tune's trial events
 
 
-def close_trial_runs(uri: str, parent: str, trial_id: str, outcome: str, folder: str | None = None) -> None:
-    """End the still-open runs of a trial Tune ended (and of its seeds) with ``outcome``:
-    ``stopped`` by the scheduler, ``failed``, or ``interrupted``. With the sweep's ``folder``, the
-    step metrics kept in each run's latest checkpoint are sent first where missing (the trial
-    was stopped with points on their way, or during a tracking outage)."""
-    extra = {"stopped_by_scheduler": "true"} if outcome == "stopped" else None
-    for found in store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}' and attributes.status = 'RUNNING'"):
-        for r in [*store.child_runs(uri, found.info.run_id, "attributes.status = 'RUNNING'"), found]:
-            best = r.data.tags.get("best_checkpoint")
-            if folder is not None:
-                fit_folder = storage.join(folder, "trials", trial_id if r is found else r.info.run_name)
-                deliver_points_under(uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
-                # Storage is the truth: when Tune ended the trial, the tag naming its newest best
-                # may still have been on its way, and Ray has since removed the checkpoint the
-                # stale tag names (it keeps one): the run would end KILLED with its best on disk.
-                best = best_checkpoint_under(fit_folder) or best
-            tags = {**(extra or {}), **({"best_checkpoint": best} if best else {})}
-            status = Run(uri, r.info.run_id).end(outcome, best, only_if_running=True, tags=tags or None)
-            if status == "FINISHED" and outcome == "stopped" and folder is not None:
-                release_stopped(fit_folder, best)  # a trial the scheduler stopped is never trained again
+class TrialRuns:
+    """Every trial's MLflow run, from Tune's own events (the ``MLflowLoggerCallback`` pattern):
+    opened when Tune starts the trial (reopened when a resumed sweep runs it again), ended when
+    Tune ends it: FINISHED when its work completed or the scheduler stopped it after a report with
+    its best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted.
+    Before a run ends, the recorder completes its step metrics and names its best checkpoint from
+    storage (``recorder.finish_fit``); a FINISHED trial keeps its best checkpoint, without
+    optimizer state, and nothing else."""
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+
+    def open(self, trial_id: str, config: dict[str, Any]) -> None:
+        sweep = self.sweep
+        found = trial_runs(sweep.uri, sweep.parent, trial_id)
+        if found and found[0].info.status == "FINISHED" and checkpoint_exists(found[0].data.tags.get("best_checkpoint")):
+            return  # the trial reports its result again
+        if found:
+            Run.reopen(sweep.uri, found[0].info.run_id, in_trial=True)
+            return
+        cfg = sweep.base.with_values(config, source="search space")
+        Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), "trial_id": trial_id},
+                   parent=Run(sweep.uri, sweep.parent), in_trial=True)
+
+    def close(self, trial_id: str, outcome: str) -> None:
+        """End the still-open runs of a trial (and of its seeds): ``completed`` where the work
+        marked itself done, else ``outcome`` (``stopped`` by the scheduler, ``failed``,
+        ``interrupted``)."""
+        sweep = self.sweep
+        for found in trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'"):
+            for r in [*store.child_runs(sweep.uri, found.info.run_id, "attributes.status = 'RUNNING'"), found]:
+                done = r.data.tags.get(WORK_DONE_TAG) == "true"
+                fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
+                if done or (r is found and sweep.seeds > 1):  # named by the fit's end (a configuration's: its seeds' best)
+                    best = r.data.tags.get("best_checkpoint")
+                else:  # Tune ended the fit: the recorder completes it from storage
+                    try:
+                        best = recorder.finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
+                    except TrackingUnavailable as exc:  # the run's end is told; its points stay in its checkpoints
+                        print(f"note: {exc}", file=sys.stderr, flush=True)
+                        best = recorder.best_under(fit_folder)
+                    best = best[0] if best else None
+                reason = "completed" if done else outcome
+                extra = {"stopped_by_scheduler": "true"} if reason == "stopped" else None
+                status = Run(sweep.uri, r.info.run_id).end(reason, best, only_if_running=True, tags=extra)
+                if status == "FINISHED" and best:  # never trained again
+                    release_fit(fit_folder, best)
+
+    def close_open(self, states: dict[str, str]) -> None:
+        """After the driver stopped (Ctrl-C, SIGTERM) or died (closed by ``--resume``): each trial
+        run still open ends as Tune's saved state has its trial: stopped (TERMINATED), failed
+        (ERROR), else interrupted (KILLED; ``--resume`` runs the trial again in the same run)."""
+        for found in store.child_runs(self.sweep.uri, self.sweep.parent, "attributes.status = 'RUNNING'"):
+            trial_id = found.data.tags.get("trial_id", "")
+            self.close(trial_id, {"TERMINATED": "stopped", "ERROR": "failed"}.get(states.get(trial_id, ""), "interrupted"))
+
+    def callback(self):
+        """The Tune callback that calls ``open`` and ``close`` on the trials' events."""
+        from ray import tune
+
+        runs = self
+
+        class Callback(tune.Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                runs.open(trial.trial_id, trial.config or {})
+                values = ", ".join(f"{k}={_short(v)}" for k, v in (trial.config or {}).items())
+                print(f"[trial {trial.trial_id}] started: {values}", flush=True)
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                runs.close(trial.trial_id, "stopped")
+                print(trial_line(runs.sweep.uri, runs.sweep.parent, trial.trial_id), flush=True)
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                runs.close(trial.trial_id, "failed")
+                print(trial_line(runs.sweep.uri, runs.sweep.parent, trial.trial_id), flush=True)
+
+        return Callback()
 
 
-def release_stopped(fit_folder: str, best: str) -> None:
-    """A stopped trial keeps its best checkpoint, without optimizer state, and nothing else."""
+def release_fit(fit_folder: str, best: str) -> None:
+    """A finished trial's fit keeps its best checkpoint, without optimizer state, and nothing else."""
     keep = storage.resolve(best)
     for name in storage.list_dirs(fit_folder):
         if name.startswith("checkpoint_") and storage.resolve(storage.join(fit_folder, name)) != keep:
@@ -147,41 +192,10 @@ def release_stopped(fit_folder: str, best: str) -> None:
     release(FitResult(None, best))
 
 
-def close_open_trials(uri: str, parent: str, states: dict[str, str], folder: str | None = None) -> None:
-    """After the driver stopped (Ctrl-C, SIGTERM) or died (closed here by ``--resume``): each
-    trial run still open ends as Tune's saved state has its trial: stopped (TERMINATED), failed
-    (ERROR), else interrupted (KILLED; ``--resume`` runs the trial again in the same run)."""
-    for found in store.child_runs(uri, parent, "attributes.status = 'RUNNING'"):
-        trial_id = found.data.tags.get("trial_id", "")
-        outcome = {"TERMINATED": "stopped", "ERROR": "failed"}.get(states.get(trial_id, ""), "interrupted")
-        close_trial_runs(uri, parent, trial_id, outcome, folder)
-
-
-def trial_runs_callback(uri: str, parent: str, folder: str):
-    """A Tune callback that ends a trial's runs as soon as Tune ends the trial, unless the trial
-    did (it ends its run before it returns): a trial ASHA stopped, or one that errored."""
-    from ray import tune
-
-    class TrialRuns(tune.Callback):
-        def on_trial_start(self, iteration, trials, trial, **info):
-            values = ", ".join(f"{k}={_short(v)}" for k, v in (trial.config or {}).items())
-            print(f"[trial {trial.trial_id}] started: {values}", flush=True)
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            close_trial_runs(uri, parent, trial.trial_id, "stopped", folder)
-            print(trial_line(uri, parent, trial.trial_id), flush=True)
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            close_trial_runs(uri, parent, trial.trial_id, "failed", folder)
-            print(trial_line(uri, parent, trial.trial_id), flush=True)
-
-    return TrialRuns()
-
-
 def trial_line(uri: str, parent: str, trial_id: str) -> str:
     """A trial's end in the words its MLflow run has (FINISHED, FINISHED stopped early by the
     scheduler, FAILED, KILLED), with its best STS-B dev."""
-    found = store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}'", order_by=["attributes.start_time DESC"])
+    found = trial_runs(uri, parent, trial_id)
     if not found:
         return f"[trial {trial_id}] ended"
     run = found[0]
@@ -236,7 +250,7 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
     trainable = tune.with_resources(tune.with_parameters(trial, sweep=sweep),
                                     {"cpu": 0, "memory": 256 * 2**20, HEAD_NODE: 0.001})
     experiment = storage.join(sweep.folder, "tune")
-    callbacks = [trial_runs_callback(sweep.uri, sweep.parent, sweep.folder)]
+    callbacks = [TrialRuns(sweep).callback()]
     # Tune's newer console prints its configuration box even when silent; the classic one at
     # verbose=0 prints nothing (the trials and the callback say what happens).
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -292,11 +306,10 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     result = unit.read_result(best)
     step = final_steps.read_state_at(result.checkpoint)["step"]
     won = {k: ranked[0].data.params.get(k) for k in spec.space}
-    parent.set_tags({"best_run_id": best.id, "best_checkpoint": result.checkpoint,
-                     **{f"best.{k}": v for k, v in won.items()}})
+    recorder.name_best(parent, result.checkpoint, {"best_run_id": best.id, **{f"best.{k}": v for k, v in won.items()}})
     logged = parent.info().data.params
     parent.log_params({k: v for k, v in won.items() if k not in logged})  # the winner's values (searched: tag)
-    parent.log_metrics(result.dev, step)
+    recorder.log_results(parent, result.dev, step)
     unit.finalize(best, result, "full" if sweep.base.final_eval else "none", log_to=(parent,), step=step)
     registered = best.info().data.tags.get("registered_model", "")
     parent.set_tags({"registered_model": registered, "mlflow.note.content": _note(sweep, best, won, registered)})
@@ -482,12 +495,13 @@ def main(argv=None) -> int:
     if found is not None:  # Tune restores the sweep as it was started
         folder, state = found
         parent = Run.reopen(uri, state["parent_run_id"])
-        close_open_trials(uri, parent.id, saved_trial_states(folder), folder)  # left open by a driver that died
     else:
         parent, folder = new_sweep(uri, base, spec, corpus, identity, args.experiment, extra_tags)
         state = {"expected_trials": spec.expected_trials()}
     experiment = store.client(uri).get_experiment(parent.info().info.experiment_id).name
     sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment)
+    if found is not None:
+        TrialRuns(sweep).close_open(saved_trial_states(folder))  # left open by a driver that died
     try:
         with parent.closing():
             results = run_sweep(sweep, spec, resume=found is not None)
@@ -495,7 +509,7 @@ def main(argv=None) -> int:
                 raise KeyboardInterrupt
             parent.complete(finish_sweep(sweep, parent, spec, results))
     except KeyboardInterrupt:
-        close_open_trials(uri, parent.id, saved_trial_states(folder), folder)
+        TrialRuns(sweep).close_open(saved_trial_states(folder))
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume "
               "(and the same arguments)", flush=True)
         raise

@@ -144,13 +144,13 @@ def test_tests_and_benchmarks_do_not_import_each_other_nor_tests_other_tests():
     assert not offenders, offenders
 
 
-def test_the_readme_code_map_is_the_sweep_path_in_at_most_8_files():
+def test_the_readme_code_map_is_the_sweep_path_in_at_most_14_files():
     """README's "Code map" lists the files of ``python -m platform.tune una`` from the command line
     to the loss and to MLflow; each exists and is imported along that path."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## Code map", 1)[1].split("\n## ", 1)[0]
     path = re.findall(r"^\d+\. `([\w/]+\.py)`", section, flags=re.M)
-    assert 3 <= len(path) <= 8, path
+    assert 3 <= len(path) <= 14, path
     from methods.registry import REGISTERED
 
     known = _modules()

@@ -9,14 +9,20 @@ import json
 
 import pytest
 
-from platform.tracking.runs import BEST, MetricLog, Run, closing_status
+from platform.tracking.runs import BEST, Run, closing_status
 from tests.helpers import assert_user_error, sets
 
 
-def _checkpoint(folder):
+def _checkpoint(folder, dev: float | None = None, step: int = 1):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "state.json").write_text("{}")
+    (folder / "state.json").write_text(json.dumps({} if dev is None else {"step": step, "stsb_dev_spearman": dev}))
     return str(folder)
+
+
+def _sweep(uri: str, parent: Run, folder):
+    from platform.tune import Sweep, TrialRuns
+
+    return TrialRuns(Sweep(base=None, sentences=[], uri=uri, parent=parent.id, folder=str(folder)))
 
 
 def _status(run: Run) -> str:
@@ -53,10 +59,13 @@ def test_a_run_ends_with_what_happened_inside_it(mlflow_uri, tmp_path):
             raise exc
         assert _status(run) == status
 
-    trial = Run.create(mlflow_uri, "simcse", "trial", {}, ends_on_error=False)
-    with pytest.raises(RuntimeError), trial.closing():  # a trial's error is the driver's to judge
+    trial = Run.create(mlflow_uri, "simcse", "trial", {}, in_trial=True)
+    with pytest.raises(RuntimeError), trial.closing():  # a trial's error is the sweep's callback to judge
         raise RuntimeError("stopped by Tune")
-    assert _status(trial) == "RUNNING"
+    assert _status(trial) == "RUNNING" and "platform.work_done" not in trial.info().data.tags
+    with trial.closing():  # its work done: marked so, ended by the sweep's callback
+        trial.complete(_checkpoint(tmp_path / "t"))
+    assert _status(trial) == "RUNNING" and trial.info().data.tags["platform.work_done"] == "true"
 
     report = Run.create(mlflow_uri, "reports", "report", {})
     with report.closing():
@@ -65,28 +74,33 @@ def test_a_run_ends_with_what_happened_inside_it(mlflow_uri, tmp_path):
 
 
 def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflow_uri, tmp_path):
-    """Each open trial run ends as Tune's saved state has its trial, its seeds' runs with it; the
-    runs that trials ended themselves are left as they are. Only FINISHED trials whose best
-    checkpoint exists in storage are ranked."""
-    from platform.tune import close_open_trials, ranked_trials
+    """Each open trial run ends as Tune's saved state has its trial (or FINISHED where its work
+    marked itself done), its seeds' runs with it, its best checkpoint decided from storage; runs
+    already ended are left as they are. Only FINISHED trials whose best checkpoint exists in
+    storage are ranked."""
+    from platform.tracking import recorder
+    from platform.tune import ranked_trials
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    trials = _sweep(mlflow_uri, parent, tmp_path / "sweep")
     states = {"stopped": "TERMINATED", "no-ckpt": "TERMINATED", "errored": "ERROR", "cut": "RUNNING",
               "done": "TERMINATED", "lost": "TERMINATED"}
     devs = {"stopped": 80.0, "no-ckpt": 95.0, "errored": 90.0, "cut": 99.0, "done": 70.0, "lost": 97.0}
     runs = {}
     for trial, dev in devs.items():
-        run = runs[trial] = Run.create(mlflow_uri, "una", trial, {"trial_id": trial}, parent=parent)
-        run.log_metrics({BEST: dev})
+        run = runs[trial] = Run.create(mlflow_uri, "una", trial, {"trial_id": trial}, parent=parent, in_trial=True)
+        recorder.log_results(run, {BEST: dev})
         if trial != "no-ckpt":
-            run.set_tags({"best_checkpoint": _checkpoint(tmp_path / trial)})
-    seed = Run.create(mlflow_uri, "una", "cut-seed42", {"seed": "42"}, parent=runs["cut"])
+            _checkpoint(tmp_path / "sweep" / "trials" / trial / "checkpoint_000001", dev)
+    seed = Run.create(mlflow_uri, "una", "cut-seed42", {"seed": "42"}, parent=runs["cut"], in_trial=True)
     with runs["done"].closing():
-        runs["done"].complete(runs["done"].info().data.tags["best_checkpoint"])
-    runs["lost"].end("completed", runs["lost"].info().data.tags["best_checkpoint"])
-    (tmp_path / "lost" / "state.json").unlink()  # finished, but its checkpoint has gone since
+        runs["done"].complete(str(tmp_path / "sweep" / "trials" / "done" / "checkpoint_000001"))
+    runs["done"].set_tags({"best_checkpoint": str(tmp_path / "sweep" / "trials" / "done" / "checkpoint_000001")})
+    lost = str(tmp_path / "sweep" / "trials" / "lost" / "checkpoint_000001")
+    runs["lost"].end("completed", lost)
+    (tmp_path / "sweep" / "trials" / "lost" / "checkpoint_000001" / "state.json").unlink()  # finished; gone since
 
-    close_open_trials(mlflow_uri, parent.id, states)
+    trials.close_open(states)
     status = {t: _status(r) for t, r in runs.items()}
     assert status == {"stopped": "FINISHED", "no-ckpt": "KILLED", "errored": "FAILED", "cut": "KILLED",
                       "done": "FINISHED", "lost": "FINISHED"}
@@ -101,52 +115,71 @@ def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_i
     """ASHA stopped the trial just after its step-16 checkpoint, a new best, was persisted: the tag
     naming it had not reached MLflow, and Ray had removed the step-8 checkpoint the tag still named
     (seen on the main job: the run ended KILLED). It ends FINISHED from the checkpoint in storage,
-    kept without optimizer state."""
-    from platform.tune import close_trial_runs
+    kept without optimizer state, with the points kept in that checkpoint."""
+    from platform.tracking.store import client
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
-    trial = Run.create(mlflow_uri, "una", "trial-t1", {"trial_id": "t1"}, parent=parent)
+    trial = Run.create(mlflow_uri, "una", "trial-t1", {"trial_id": "t1"}, parent=parent, in_trial=True)
     fit = tmp_path / "sweep" / "trials" / "t1"
     trial.set_tags({"best_checkpoint": str(fit / "checkpoint_step8")})  # removed by Ray since
     newest = fit / "checkpoint_step16"
-    newest.mkdir(parents=True)
-    (newest / "state.json").write_text(json.dumps({"step": 16, "stsb_dev_spearman": 83.53}))
+    _checkpoint(newest, 83.53, 16)
     (newest / "metrics.json").write_text(json.dumps([["stsb_dev_spearman", 83.53, 1, 16]]))
     (newest / "train_state.pt").write_bytes(b"optimizer state")
 
-    close_trial_runs(mlflow_uri, parent.id, "t1", "stopped", str(tmp_path / "sweep"))
+    _sweep(mlflow_uri, parent, tmp_path / "sweep").close("t1", "stopped")
     info = trial.info()
     assert info.info.status == "FINISHED" and info.data.tags["best_checkpoint"] == str(newest)
     assert info.data.tags["stopped_by_scheduler"] == "true"
     assert not (newest / "train_state.pt").exists() and (newest / "state.json").is_file()
+    assert [(m.step, m.value) for m in client(mlflow_uri).get_metric_history(trial.id, "stsb_dev_spearman")] == [(16, 83.53)]
 
 
-def test_points_go_out_with_their_checkpoint_and_a_restart_keeps_each_step_once(mlflow_uri):
-    """A point reaches MLflow once the checkpoint holding it is published; a worker restarted from
-    the checkpoint of step 2 takes back that checkpoint's points (not the abandoned attempt's later
-    ones, never sent) and the history is the re-run's, each step once, whatever is sent twice."""
-    from platform.tracking.runs import Publisher
+def test_points_go_out_with_their_checkpoint_and_a_restart_keeps_each_step_once(mlflow_uri, tmp_path):
+    """A point is sent once the checkpoint holding it is persisted; a worker restarted from the
+    checkpoint of step 2 takes back that checkpoint's points (not the abandoned attempt's later
+    ones, never sent), and the fit's end replays its latest checkpoint's points: the history is
+    the re-run's, each step once, whatever was sent twice."""
+    from platform.tracking import recorder
     from platform.tracking.store import client
 
     run = Run.create(mlflow_uri, "simcse", "metrics", {})
     history = lambda: sorted((m.step, m.value) for m in client(mlflow_uri).get_metric_history(run.id, "train_loss"))  # noqa: E731
-    log, publisher = MetricLog(), Publisher(mlflow_uri, run.id)
+    log = recorder.StepLog(mlflow_uri, run.id)
     for step in (1, 2):
         log({"train_loss": float(step)}, step)
     at_step_2 = log.points()  # what the checkpoint of step 2 keeps
-    publisher.publish(at_step_2)
+    log.persisted()
     log({"train_loss": 3.0}, 3)  # the attempt dies before its next checkpoint: step 3 is never sent
-    publisher.finish(30)
+    log._sender.shutdown(wait=True)
     assert history() == [(1, 1.0), (2, 2.0)]
 
-    restarted = MetricLog()
+    restarted = recorder.StepLog(mlflow_uri, run.id)
     restarted.restore(at_step_2 + [("train_loss", 3.0, 1, 3)], step=2)  # points after the checkpoint's step are not its
     for step in (3, 4):
         restarted({"train_loss": 10.0 + step}, step)
-    again = Publisher(mlflow_uri, run.id)
-    again.publish(restarted.points())  # the restored points a second time: nothing is stored twice
-    again.finish(30)
+    latest = tmp_path / "fit" / "checkpoint_000004"
+    _checkpoint(latest, 50.0, 4)
+    (latest / "metrics.json").write_text(json.dumps(restarted.points()))
+    restarted.persisted()
+    restarted._sender.shutdown(wait=True)
+    # The fit's end: every point of its latest checkpoint again, the best named from storage.
+    assert recorder.finish_fit(mlflow_uri, run.id, str(tmp_path / "fit"), 30) == (str(latest), 50.0)
     assert history() == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
+    assert run.info().data.tags["best_checkpoint"] == str(latest)
+
+
+def test_the_best_checkpoint_is_the_first_to_reach_the_best_score(tmp_path):
+    """Decided from storage, directly against the checkpoints' states: the highest STS-B dev, the
+    earliest step on a tie; a folder without a state is not a checkpoint."""
+    from platform.tracking import recorder
+
+    for name, dev, step in (("checkpoint_a", 70.0, 8), ("checkpoint_b", 81.5, 16), ("checkpoint_c", 81.5, 24),
+                            ("checkpoint_d", 60.0, 32)):
+        _checkpoint(tmp_path / name, dev, step)
+    (tmp_path / "checkpoint_e").mkdir()  # an upload cut short: no state
+    assert recorder.best_under(str(tmp_path)) == (str(tmp_path / "checkpoint_b"), 81.5)
+    assert recorder.best_under(str(tmp_path / "nothing-here")) is None
 
 
 def _saved_run(uri: str, output_dir, config: dict, status: str = "KILLED") -> Run:

@@ -25,12 +25,12 @@ import torch
 
 from methods.encoder import Encoder
 from platform.errors import DataError
-from platform.tracking.runs import POINTS_FILE
+from platform.tracking.recorder import POINTS_FILE
 
 STATE = "state.json"
 MODEL = "model"
 TRAIN_STATE = "train_state.pt"
-POINTS = POINTS_FILE  # read back by platform.tracking.runs (which Ray Train's controller imports, torch-free)
+POINTS = POINTS_FILE  # read back by platform.tracking.recorder
 
 
 @dataclasses.dataclass

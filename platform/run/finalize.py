@@ -10,7 +10,7 @@ from pathlib import Path
 from methods.encoder import Encoder
 from platform.data import STS_TASKS
 from platform.run import checkpoint, storage
-from platform.tracking import registry
+from platform.tracking import recorder, registry
 from platform.tracking.runs import DEV_METRIC, Run
 from platform.tracking.store import git_commit
 
@@ -26,7 +26,7 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, floa
         scores = with_mean(STSEvaluator()(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
     if not quiet:
         print(format_table(scores), flush=True)
-    run.log_metrics({f"sts_{k}": v for k, v in scores.items()}, state["step"])
+    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
     return scores
 
 
@@ -75,8 +75,8 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
         print("\n".join(lines), flush=True)
         if why:
             print(f"note: a smoke test, not a result ({why})", flush=True)
-    run.log_metrics({**{f"baseline_sts_{t}": baseline[t] for t in tasks},
-                     **{f"delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
+    recorder.log_results(run, {**{f"baseline_sts_{t}": baseline[t] for t in tasks},
+                               **{f"delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
     run.set_tags({"baseline": f"{backbone} (pooler {pooler}) STS avg {baseline['avg']:.2f}"} if "avg" in baseline else {})
     return baseline
 

@@ -1,8 +1,7 @@
 """One fit of one configuration and seed: Ray Train's ``TorchTrainer`` (DDP workers, every
-evaluation's checkpoint persisted to ``storage_path``, its step metrics sent to MLflow by Ray
-Train's controller once Ray has persisted it) or the training loop in this process
-(``runtime=process``). At its end the fit sends its latest checkpoint's points again where any
-are missing (a tracking outage) and waits for them (``platform.tracking.runs.Publisher``).
+evaluation's checkpoint persisted to ``storage_path``) or the training loop in this process
+(``runtime=process``). Its end is the recorder's (``platform.tracking.recorder.finish_fit``): the
+run's step metrics completed from its latest checkpoint, its best checkpoint decided from storage.
 
 A fit named like an earlier one in the same storage continues it: Ray Train restores the run of
 that name from its latest checkpoint; the process runtime restores ``<run_dir>/latest``.
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from pathlib import Path
 from typing import Any, Callable
 
 from platform.config import TrainConfig
@@ -20,8 +18,8 @@ from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
 from platform.run import checkpoint, storage
 from platform.run.loop import RunContext, train_loop_per_worker
-from platform.tracking.runs import (BEST, DEV_METRIC, Publisher, Run, checkpoint_exists, load_points,
-                                    published_checkpoint)
+from platform.tracking import recorder
+from platform.tracking.runs import DEV_METRIC, Run
 
 
 @dataclasses.dataclass
@@ -58,20 +56,14 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
     ctx = RunContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences,
                      tracking_uri=run.uri if run else None, run_id=run.id if run else None, dev=dev_pairs(),
                      label=label, resumed=bool(run and run.resumed))
-    publisher = Publisher(run.uri, run.id) if run else None
+    folder = storage.join(storage_path, name)  # the fit's checkpoints: Ray Train's, or the loop's latest and best
     if cfg.runtime == "process":
-        ctx.corpus, ctx.run_dir, ctx.publisher = corpus, storage.join(storage_path, name), publisher
-        out = train_loop_per_worker(ctx)
-        best = str(Path(ctx.run_dir, "best"))
-        result = FitResult(out[BEST], best if checkpoint_exists(best) else None, metrics=out)
-        latest = str(Path(ctx.run_dir, "latest"))
+        ctx.corpus, ctx.run_dir = corpus, folder
+        metrics = train_loop_per_worker(ctx)
     else:
-        result, latest = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
-    result.latest = latest
-    if publisher is not None:  # every point of the run, and its best checkpoint, arrived (or one line)
-        published_checkpoint(publisher, latest if latest and storage.exists(latest) else None, result.checkpoint)
-        publisher.finish(where=f" ({storage.join(storage_path, name)})")
-    return result
+        metrics = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
+    best = recorder.finish_fit(run.uri if run else None, run.id if run else None, folder)
+    return FitResult(best[1] if best else None, best[0] if best else None, metrics, recorder.latest_under(folder))
 
 
 def _off_the_main_thread(fn: Callable[[], Any]) -> Any:
@@ -98,7 +90,7 @@ def _off_the_main_thread(fn: Callable[[], Any]) -> Any:
 
 
 def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path: str, name: str,
-             tune_reports: bool) -> FitResult:
+             tune_reports: bool) -> dict:
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -106,8 +98,8 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     from platform.data.pipeline import epoch_datasets
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
-    callbacks = [checkpoint_publisher(ctx.tracking_uri, ctx.run_id)] if ctx.run_id else []
-    if tune_reports:  # after the recorder: Tune (and ASHA, which may end the trial on it) sees the report last
+    callbacks = []
+    if tune_reports:  # every evaluation goes on to Tune (and ASHA, which may end the trial on it)
         from ray.tune.integration.ray_train import TuneReportCallback
 
         callbacks.append(TuneReportCallback())
@@ -135,36 +127,4 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
         ),
         datasets=datasets,
     )
-    result = trainer.fit()
-    scored = [(c, m) for c, m in (result.best_checkpoints or []) if DEV_METRIC in m]
-    best = max(scored, key=lambda cm: cm[1][DEV_METRIC])[0] if scored else result.checkpoint
-    metrics = dict(result.metrics or {})
-    latest = storage.uri_of(result.checkpoint.filesystem, result.checkpoint.path) if result.checkpoint else None
-    return FitResult(metrics.get(BEST), storage.uri_of(best.filesystem, best.path) if best else None, metrics), latest
-
-
-def checkpoint_publisher(uri: str, run_id: str):
-    """A Ray Train callback that sends each persisted checkpoint's step metrics (every point up
-    to its step, ``metrics.json``) and, for a new best, the tag naming it, in the background,
-    before the report goes on to Tune: a scheduler that ends the trial on that report ends it
-    with its points on their way. Runs in Ray Train's controller, which registers exactly the
-    checkpoints a restarted worker group resumes from: the history follows them. (Built here: Ray
-    is imported only by a fit that uses it, and cloudpickle sends a class defined in a function by
-    value, so the controller imports only the tracking modules.)"""
-    import ray.train
-
-    class PublishCheckpoint(ray.train.UserCallback):
-        def __init__(self):
-            self.publisher: Publisher | None = None
-
-        def after_report(self, run_context, metrics, checkpoint):
-            first = metrics[0]  # rank 0 evaluates
-            if checkpoint is None or BEST not in first:
-                return
-            if self.publisher is None:
-                self.publisher = Publisher(uri, run_id)
-            location = storage.uri_of(checkpoint.filesystem, checkpoint.path)
-            improved = first[DEV_METRIC] >= first[BEST]
-            self.publisher.publish(load_points(location), location if improved else None)
-
-    return PublishCheckpoint()
+    return dict(trainer.fit().metrics or {})

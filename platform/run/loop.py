@@ -42,7 +42,8 @@ from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position
 from platform.run.local_models import resolve_local_models
-from platform.tracking.runs import BEST, DEV_METRIC, MetricLog, Publisher, load_points
+from platform.tracking.recorder import StepLog, load_points
+from platform.tracking.runs import BEST, DEV_METRIC
 
 
 def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, Any]:
@@ -135,7 +136,7 @@ def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
 
 
 def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, pos: Position,
-                        window: list[float], optim, log: MetricLog, steps: int, record: bool = True) -> None:
+                        window: list[float], optim, log: StepLog, steps: int, record: bool = True) -> None:
     """STS-B dev on rank 0 (its one console line; the step metrics so far go out to MLflow), then
     the runtime's report with a checkpoint of this step."""
     metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": sum(window) / max(len(window), 1),
@@ -162,7 +163,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
     rt.report(metrics, write, improved, log)
 
 
-def announce_resume(pos: Position, log: MetricLog) -> None:
+def announce_resume(pos: Position, log: StepLog) -> None:
     """A restart (Ray Train's, after a lost worker, or ``--resume``) on the console and in the
     run's history (``resumed_at_step``): a worker's console line reaches the driver through Ray's
     log monitor, which may drop it."""
@@ -208,13 +209,12 @@ class RunContext:
     corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, states)
     label: str | None = None  # prefixes rank 0's console line per evaluation (a trial's id)
     resumed: bool = False  # the MLflow run was reopened by --resume
-    publisher: Any = None  # process runtime: sends rank 0's checkpointed points to MLflow (the fit's)
 
     def loop_config(self) -> dict[str, Any]:
         """For Ray's ``train_loop_config``. Ray's Train controller unpickles it in a process where
         ``platform`` is still the standard module, so the context travels as bytes that only the
         workers unpickle; the object-store reference travels as itself, so Ray keeps it alive."""
-        plain = dataclasses.replace(self, corpus=None, corpus_ref=None, publisher=None)
+        plain = dataclasses.replace(self, corpus=None, corpus_ref=None)
         return {"context": pickle.dumps(plain), "corpus_ref": self.corpus_ref}
 
     @classmethod
@@ -262,26 +262,26 @@ class Runtime:
     def num_sentences(self, recipe: Recipe) -> int:
         return (self.ctx.corpus or self._read_corpus(recipe)).num_sentences
 
-    def restore(self, model, optimizer, schedule, log: MetricLog) -> Position | None:
+    def restore(self, model, optimizer, schedule, log: StepLog) -> Position | None:
         """The training state of the run's latest checkpoint (a restart or --resume), if any, and
         its step metrics into ``log``."""
         return None
 
     def report(self, metrics: dict[str, Any], write: Callable[..., None] | None, improved: bool,
-               log: MetricLog) -> None:
+               log: StepLog) -> None:
         """Hand an evaluation's metrics on with a checkpoint of this step, which ``write(folder,
         resumable=True)`` fills on rank 0 (with the step metrics so far, which MLflow is sent once
-        the checkpoint is persisted)."""
+        the checkpoint is persisted: ``log.persisted()``)."""
         raise NotImplementedError
 
     def close(self) -> None:
         """The loop's end (after its last report)."""
 
-    def metric_log(self) -> MetricLog:
+    def metric_log(self) -> StepLog:
         """Rank 0's step metrics, and MLflow's system metrics of its node for the run."""
         if not (self.is_chief and self.ctx.run_id):
-            return MetricLog()
-        return MetricLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True)
+            return StepLog()
+        return StepLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True)
 
 
 class ProcessRuntime(Runtime):
@@ -296,11 +296,6 @@ class ProcessRuntime(Runtime):
         if cfg.use_gpu and torch.cuda.is_available():
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         self.run_dir = Path(ctx.run_dir or Path(cfg.output_dir) / "local")
-        # The fit's publisher (it waits for delivery at the fit's end), else one of its own for a
-        # hand call of the loop, waited for when the loop ends.
-        self.owns_publisher = self.is_chief and ctx.publisher is None and ctx.run_id is not None
-        self.publisher = Publisher(ctx.tracking_uri, ctx.run_id) if self.owns_publisher else (
-            ctx.publisher if self.is_chief else None)
 
     def wrap(self, model):
         model.to(self.device)
@@ -308,10 +303,6 @@ class ProcessRuntime(Runtime):
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
-
-    def close(self) -> None:
-        if self.owns_publisher:
-            self.publisher.finish()
 
     def restore(self, model, optimizer, schedule, log):
         latest = self.run_dir / "latest"
@@ -329,8 +320,7 @@ class ProcessRuntime(Runtime):
         self._write("latest", lambda folder: (write(folder), checkpoint.save_rng(folder, self.rank)))
         if improved:
             self._write("best", lambda folder: write(folder, resumable=False))
-        if self.publisher is not None:  # persisted: its points go out, in the background
-            self.publisher.publish(log.points(), str(self.run_dir / "best") if improved else None)
+        log.persisted()
 
     def _write(self, name: str, fill: Callable[[Path], Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -341,9 +331,8 @@ class ProcessRuntime(Runtime):
 
 class RayTrainRuntime(Runtime):
     """A Ray Train worker: DDP through Ray, batches from its Ray Data shard (or read locally),
-    every evaluation reported with a resumable checkpoint that Ray persists to storage. The best
-    score and checkpoint are recorded by Ray Train's controller (``platform.run.fit``) once Ray
-    has persisted the checkpoint, before Tune sees the report."""
+    every evaluation reported with a resumable checkpoint that Ray persists to storage before
+    ``report`` returns (then rank 0's new points go out)."""
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
@@ -412,6 +401,7 @@ class RayTrainRuntime(Runtime):
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))  # persisted on return
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        log.persisted()
 
 
 def make_runtime(ctx: RunContext, cfg: TrainConfig) -> Runtime:

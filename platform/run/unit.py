@@ -27,6 +27,7 @@ from platform.run.fit import FitResult, fit, release
 from platform.run.local_models import resolve_local_models, uses_random_mlm
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.tracking import store
+from platform.tracking import recorder
 from platform.tracking.runs import BEST, Run, checkpoint_exists
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
@@ -169,11 +170,9 @@ def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage
     fits = [_fit_seed(cfg, corpus, run, seed, len(values), storage_path, name, tune_reports and i == 0, label)
             for i, seed in enumerate(values)]
     result = ConfigResult(fits)
-    if len(fits) > 1:
-        run.log_metrics(result.dev)
-        run.set_tags({"best_checkpoint": result.checkpoint, "best_seed": str(result.best.seed), "seeds": str(len(fits))})
-    else:
-        run.set_tags({"best_checkpoint": result.checkpoint})
+    if len(fits) > 1:  # one seed: its fit named the run's best checkpoint
+        recorder.log_results(run, result.dev)
+        recorder.name_best(run, result.checkpoint, {"best_seed": str(result.best.seed), "seeds": str(len(fits))})
     finalize(run, result, final)
     return result
 
@@ -190,7 +189,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int,
     found = _seed_run(run, seed)
     if found is not None and found.info.status == "FINISHED" and checkpoint_exists(found.data.tags.get("best_checkpoint")):
         return SeedFit(seed, Run(run.uri, found.info.run_id, seed_name), _fit_result(found))  # a resumed configuration
-    seed_run = (Run.reopen(run.uri, found.info.run_id, run.ends_on_error) if found is not None
+    seed_run = (Run.reopen(run.uri, found.info.run_id, run.in_trial) if found is not None
                 else run.child(seed_name, {**run_tags(scfg), "seed": str(seed)}))
     with seed_run.closing():
         if found is None:
@@ -200,9 +199,8 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int,
                   label=" ".join(filter(None, [label, f"seed {seed}"])))
         if out.checkpoint is None:
             raise DataError(f"seed {seed}: training finished without a checkpoint (no STS-B dev evaluation ran)")
-        seed_run.set_tags({"best_checkpoint": out.checkpoint})
         seed_run.complete(out.checkpoint)
-    release(out)  # the seed's run is FINISHED: it is never trained again
+    release(out)  # the seed's work is done: it is never trained again
     return SeedFit(seed, seed_run, out)
 
 
@@ -246,8 +244,7 @@ def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...]
         result.scores = evaluate_fits(run, result.fits)
     baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
     for target in log_to:  # at the best checkpoint's step (``step``), not a phantom point at 0
-        target.log_metrics({f"sts_{k}": v for k, v in result.scores.items()}, step)
-        target.log_metrics({k: v for k, v in result.dev.items()}, step)
+        recorder.log_results(target, {**{f"sts_{k}": v for k, v in result.scores.items()}, **result.dev}, step)
     if final == "full":
         n = len(result.fits)
         dev = result.dev
@@ -265,7 +262,7 @@ def evaluate_fits(run: Run, fits: list[SeedFit]) -> dict[str, float]:
         return per_seed[0]
     scores = mean_std(per_seed)
     print(seed_table(per_seed, [f.seed for f in fits], scores), flush=True)
-    run.log_metrics({f"sts_{k}": v for k, v in scores.items()})
+    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()})
     run.set_tags({"seeds": str(len(fits))})
     return scores
 
