@@ -238,10 +238,6 @@ class Recipe:
     def ingredients(self) -> list[Ingredient]:
         return [self.positives, *self.negatives, self.loss_fn, *self.aux]
 
-    def validate_batch(self, batch_size: int) -> None:
-        for ingredient in self.ingredients:
-            ingredient.params.validate_batch(batch_size)
-
     # -- data pipeline --------------------------------------------------------------------------
 
     def preflight(self) -> None:

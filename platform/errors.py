@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from platform.settings import apply_defaults
 from methods.errors import BackboneNotFound, InvalidParams, WeightLoadError
 
 
@@ -82,6 +83,7 @@ def cli_main(fn):
     end it with exit 130 after its runs are closed (KILLED, resumable)."""
     @functools.wraps(fn)
     def wrapper(argv=None):
+        apply_defaults()  # before anything imports Ray, which reads some of them then
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         try:
             return fn(argv)

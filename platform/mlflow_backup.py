@@ -14,6 +14,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+from platform import settings
 from platform.cluster_aws import s3_location
 from platform.errors import UserError
 
@@ -39,7 +40,7 @@ def _s3(region: str | None):
     """An S3 client in the cluster's region (boto3 does not read an instance's region by itself)."""
     import boto3
 
-    return boto3.client("s3", region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or region)
+    return boto3.client("s3", region_name=settings.get(settings.AWS[2]) or settings.get(settings.AWS[1]) or region)
 
 
 def _exists(client, bucket: str, key: str) -> bool:

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import textwrap
 import time
@@ -251,9 +250,6 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
                                     {"cpu": 0, "memory": 256 * 2**20, HEAD_NODE: 0.001})
     experiment = storage.join(sweep.folder, "tune")
     callbacks = [TrialRuns(sweep).callback()]
-    # Tune's newer console prints its configuration box even when silent; the classic one at
-    # verbose=0 prints nothing (the trials and the callback say what happens).
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if resume and tune.Tuner.can_restore(experiment):
         # The restored Tuner brings the callbacks it was started with (the same sweep and run).
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_errored=True, restart_errored=False,

@@ -78,8 +78,10 @@ def test_methods_import_neither_ray_nor_mlflow_nor_platform():
 
 
 def test_errors_is_the_bottom_of_the_platform():
+    """errors imports only settings, which imports nothing of the platform."""
     known = _modules()
-    assert not {m for m in _imports(known["platform.errors"], known) if m.startswith("platform")}
+    assert {m for m in _imports(known["platform.errors"], known) if m.startswith("platform")} <= {"platform.settings"}
+    assert not {m for m in _imports(known["platform.settings"], known) if m.startswith("platform")}
 
 
 def test_the_repository_stands_alone():
@@ -165,3 +167,44 @@ def test_the_readme_code_map_is_the_sweep_path_in_at_most_14_files():
     for rel in path:
         assert (ROOT / rel).is_file(), rel
         assert _module_name(ROOT / rel) in reached, rel
+
+
+def test_every_environment_variable_is_named_in_settings_and_the_readme():
+    """The platform reads and sets the environment only through ``platform/settings.py`` (the
+    cluster launcher's ``cluster.env`` keys aside), and the README's table lists every name there."""
+    allowed = {"settings.py", "cluster.py", "cluster_aws.py", "topology.py"}
+    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "platform").rglob("*.py") if p.name not in allowed
+                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                 if "os.environ" in line or "getenv(" in line]
+    assert not offenders, offenders
+    from platform import settings
+
+    names = {v for k, v in vars(settings).items() if k.isupper() and isinstance(v, str)}
+    names |= {n for k, v in vars(settings).items() if k.isupper() and isinstance(v, tuple) for n in v}
+    names |= set(settings.DEFAULTS)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    assert {n for n in names if f"`{n}`" not in readme} == set()
+
+
+def test_importing_the_platform_sets_no_environment_variable():
+    """Importing any module of the package changes nothing in the environment; a command's start
+    (``settings.apply_defaults``) does, keeping what the user set."""
+    script = """
+import os, sys, pkgutil, importlib
+import torch, ray, mlflow, transformers  # what the libraries themselves set on import is theirs
+sys.modules.pop("platform", None)
+before = dict(os.environ)
+import platform
+for m in pkgutil.walk_packages(platform.__path__, "platform."):
+    if not m.name.endswith("__main__"):
+        importlib.import_module(m.name)
+print(sorted(k for k in set(os.environ) | set(before) if os.environ.get(k) != before.get(k)))
+os.environ["RAY_AIR_NEW_OUTPUT"] = "1"
+from platform import settings
+settings.apply_defaults()
+print(os.environ["RAY_AIR_NEW_OUTPUT"], os.environ["TOKENIZERS_PARALLELISM"])
+"""
+    out = subprocess.run(["python", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in __import__("os").environ.items() if k not in ("TOKENIZERS_PARALLELISM", "RAY_AIR_NEW_OUTPUT")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["[]", "1 false"], out.stdout

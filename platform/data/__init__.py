@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 
+from platform import settings
 from platform.errors import DataError
 
-DATA_ENV = "PLATFORM_DATA_DIR"
+DATA_ENV = settings.DATA_DIR
 
 STS_YEARS = {
     "STS12": ("STS12-en-test", ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"]),
@@ -45,7 +45,7 @@ LAYOUT_HINT = (
 
 def data_dir(path: str | os.PathLike | None = None) -> Path:
     """The data directory: ``path`` if given, else ``$PLATFORM_DATA_DIR``."""
-    raw = path if path is not None else os.environ.get(DATA_ENV)
+    raw = path if path is not None else settings.get(DATA_ENV)
     if not raw:
         raise DataError(f"no data directory: set {DATA_ENV} to a folder in SentEval layout ({LAYOUT_HINT})")
     root = Path(raw).expanduser().resolve()
@@ -104,15 +104,6 @@ def read_corpus(path: str | os.PathLike, limit: int | None = None) -> list[str]:
     if not sentences:
         raise DataError(f"corpus {path} has no sentences (empty or only blank lines)")
     return sentences
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes (cache keys for corpus-level statistics)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def resolve_corpus(name: str, root: Path | None = None) -> Path:

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from platform import settings
 from platform.outputs import in_ray_job_copy, remove_leftovers, writer_id
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,8 +38,8 @@ def replace_dir(src: Path, dst: Path) -> None:
 def cache_root() -> Path:
     """``$PLATFORM_CACHE_DIR``, else the repository's ``.cache/platform``; in a job's temporary copy
     of the repository, the user's cache folder (``~/.cache/contrastive-platform``) instead."""
-    if os.environ.get("PLATFORM_CACHE_DIR"):
-        return Path(os.environ["PLATFORM_CACHE_DIR"]).expanduser().resolve()
+    if settings.get(settings.CACHE_DIR):
+        return Path(settings.get(settings.CACHE_DIR)).expanduser().resolve()
     if in_ray_job_copy(REPO_ROOT):
         return (Path.home() / ".cache" / "contrastive-platform").resolve()
     return (REPO_ROOT / ".cache" / "platform").resolve()

@@ -30,13 +30,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from platform import settings
 from platform.data import DATA_ENV
 from platform.errors import UserError, cli_main, writable_dir
 
 BASE_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
 CLUSTERING_URL = ("https://raw.githubusercontent.com/rashadulrakib/short-text-clustering-enhancement/"
                   "f363b66e6fd51f9dd1db679d2a9ce55538ab9868")
-MIRROR_ENV = "PLATFORM_DATA_MIRROR"
+MIRROR_ENV = settings.DATA_MIRROR
 SENTEVAL_ADVICE = "move it away or choose another --data-dir"
 
 
@@ -205,7 +206,7 @@ def install_senteval(tar_path: Path, root: Path) -> Path:
 def fetch(what: str, root: Path) -> list[Path]:
     from platform import outputs
 
-    mirror = os.environ.get(MIRROR_ENV)
+    mirror = settings.get(MIRROR_ENV)
     if mirror is not None and not re.match(r"^https?://[^/\s]+", mirror):
         raise UserError(f"{MIRROR_ENV}={mirror!r} is not an http(s) URL; unset it to download from the sources")
     names = list(SOURCES) if what == "all" else [what]
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
     f.add_argument("what", choices=[*SOURCES, "all"])
     f.add_argument("--data-dir", default=None, help=f"target folder (default ${DATA_ENV})")
     args = p.parse_args(argv)
-    raw = args.data_dir or os.environ.get(DATA_ENV)
+    raw = args.data_dir or settings.get(DATA_ENV)
     if not raw:
         raise UserError(f"no data directory: pass --data-dir or set {DATA_ENV}")
     root = writable_dir(raw, "data directory")

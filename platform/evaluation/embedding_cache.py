@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+from platform import settings
 from platform.data.cache import cache_root
 from platform.outputs import remove_leftovers, writer_id
 
 DIGEST_BYTES = 16
-LIMIT_ENV = "PLATFORM_EMBEDDING_CACHE_GB"
+LIMIT_ENV = settings.EMBEDDING_CACHE_GB
 DEFAULT_LIMIT_GB = 4.0
 
 
@@ -108,7 +109,7 @@ class EmbeddingStore:
 
 
 def limit_bytes() -> int:
-    value = os.environ.get(LIMIT_ENV)
+    value = settings.get(LIMIT_ENV)
     try:
         gb = float(value) if value else DEFAULT_LIMIT_GB
     except ValueError:

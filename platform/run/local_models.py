@@ -9,9 +9,9 @@ Users running the paper profile download ``bert-base-uncased``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from platform import settings
 from platform.data.cache import cached
 from platform.data import DATA_ENV
 
@@ -64,8 +64,8 @@ def resolve_local_models(ingredient_params) -> None:
     for params in ingredient_params:
         if getattr(params, "mlm", None) == TINY_MLM:
             params.mlm = str(ensure_tiny_mlm())
-        if getattr(params, "nltk_data", None) == "" and not os.environ.get("NLTK_DATA"):
-            folder = Path(os.environ.get(DATA_ENV) or "nonexistent") / "nltk_data"
+        if getattr(params, "nltk_data", None) == "" and not settings.get(settings.NLTK_DATA):
+            folder = Path(settings.get(DATA_ENV) or "nonexistent") / "nltk_data"
             if folder.is_dir():
                 params.nltk_data = str(folder.resolve())
 

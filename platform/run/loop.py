@@ -17,7 +17,6 @@ import dataclasses
 import importlib.util
 import itertools
 import logging
-import os
 import pickle
 import shutil
 import sys
@@ -31,6 +30,7 @@ import torch
 import torch.distributed as dist
 from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
+from platform import settings
 from methods.encoder import Encoder
 from methods.ingredients import derive_seed
 from methods.recipe import Recipe
@@ -294,7 +294,7 @@ class ProcessRuntime(Runtime):
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if cfg.use_gpu and torch.cuda.is_available():
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            self.device = torch.device("cuda", int(settings.get(settings.LOCAL_RANK) or 0))
         self.run_dir = Path(ctx.run_dir or Path(cfg.output_dir) / "local")
 
     def wrap(self, model):

@@ -12,50 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import socket
 from pathlib import Path
 
+from platform import settings
 from platform.errors import ClusterError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Ray's log dedup would fold every trial's per-evaluation line into one; read when Ray is
-# imported, so this module is imported before Ray is.
-os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"step \d+/\d+  loss ")
-# Lines of Ray's own processes that are not the user's to act on (they stay in the session's log
-# files): Ray Train's worker-group placement and clean-up, Ray Data's execution notes, a Ray-internal
-# deprecation warning and the actor-restart caveat of Ray's own actors (ray#53727).
-# Read by the driver's log printer; a user's own setting replaces it.
-os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", "|".join([
-    r"Requesting resources: ", r"Attempting to start training worker group", r"Started training worker group",
-    r"world_rank=\d+, local_rank=\d+", r"Setting up process group for", r"has constructor arguments in the object store",
-    r"Detected that the Ray Train controller actor \S+ is dead",
-    r"RayDeprecationWarning", r"self\.exclude_resources = exclude_resources", r"Starting execution of Dataset",
-    r"Execution plan of Dataset", r"Progress bars (for operators )?disabled", r"A new progress UI is available",
-    r"Dataset \S+ execution finished in",
-    # The raylet's hint that fractional CPU requests start many workers: the platform asks for them
-    # on purpose (a trial holds no CPU, a data task 0.2).
-    r"PYTHON worker processes have been started on node",
-]))
-# Without a terminal, Ray Data logs a dataset's progress as a block of lines: once a minute, not
-# every 10 s (augmenting wiki1m takes minutes).
-os.environ.setdefault("RAY_DATA_NON_TTY_PROGRESS_LOG_INTERVAL", "60")
-# Ray warns about each of its default working_dir excludes that exists; EXCLUDES names them all.
-os.environ.setdefault("RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES", "")
-# A worker holds one report until Ray Train's controller polls it (every 2 s by default): each
-# evaluation waited up to that long (RESULTS.md). A user's own setting is kept.
-TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-os.environ.setdefault(TRAIN_POLL_ENV, "0.5")
 EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 
-# Passed through to workers; paths are made absolute since workers run in the shipped copy. The
-# tracking server's credentials travel as MLflow reads them (a URI with a password is refused:
+# The tracking server's credentials travel as MLflow reads them (a URI with a password is refused:
 # platform.tracking.store); storage credentials are the nodes' own (instance role, environment).
-FORWARDED_ENV = (TRAIN_POLL_ENV, "PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE", "NLTK_DATA", "TRANSFORMERS_OFFLINE",
-                 "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION", "MLFLOW_TRACKING_USERNAME",
-                 "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+FORWARDED_ENV = settings.FORWARDED
 
 
 def worker_env() -> dict[str, str]:
@@ -64,11 +34,11 @@ def worker_env() -> dict[str, str]:
     from platform.data.cache import cache_root
     from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
-    env = {"TOKENIZERS_PARALLELISM": "false", "PLATFORM_CACHE_DIR": str(cache_root()), GIT_COMMIT_ENV: git_commit()}
+    env = {"TOKENIZERS_PARALLELISM": "false", settings.CACHE_DIR: str(cache_root()), GIT_COMMIT_ENV: git_commit()}
     for key in FORWARDED_ENV:
-        value = os.environ.get(key)
+        value = settings.get(key)
         if value:
-            env[key] = str(Path(value).resolve()) if key in ("PLATFORM_DATA_DIR", "HF_HOME", "NLTK_DATA") else value
+            env[key] = str(Path(value).resolve()) if key in settings.PATHS else value
     return env
 
 
@@ -76,7 +46,7 @@ def find_cluster() -> tuple[str | None, str]:
     """``(address, how it was found)``; the address is None for a new local instance."""
     from ray._common.utils import get_ray_address_file
 
-    address = os.environ.get("RAY_ADDRESS", "").strip()
+    address = (settings.get(settings.RAY_ADDRESS) or "").strip()
     if address == "local":
         return None, "RAY_ADDRESS=local"
     if address:
@@ -99,7 +69,7 @@ def find_cluster() -> tuple[str | None, str]:
 
 def job_runtime_env() -> dict | None:
     """The runtime environment of the ``ray job submit`` job this driver runs in (None outside one)."""
-    raw = os.environ.get(JOB_CONFIG_ENV)
+    raw = settings.get(JOB_CONFIG_ENV)
     if raw is None:
         return None
     return dict(json.loads(raw).get("runtime_env") or {})
@@ -122,7 +92,7 @@ def init_ray(num_cpus: int | None = None) -> None:
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    settings.apply_defaults()
     address, found = find_cluster()  # a recorded address is reachable already
     if found == "RAY_ADDRESS":
         # Left to Ray, an address nothing listens on is retried for minutes, then a traceback.
@@ -134,33 +104,28 @@ def init_ray(num_cpus: int | None = None) -> None:
         # Ray's state API inside the job (Ray Train's placement-group cleaner) finds its cluster
         # through RAY_ADDRESS, else whichever Ray the machine last started: the local GCS gets a
         # port chosen here (or the user's) and the job's processes its address.
-        port = int(os.environ.get(GCS_PORT_ENV) or free_port())
-        env["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
-    ours = port is not None and GCS_PORT_ENV not in os.environ
-    if ours:
-        os.environ[GCS_PORT_ENV] = str(port)  # read by the head node Ray starts in ray.init
+        port = int(settings.get(GCS_PORT_ENV) or free_port())
+        env[settings.RAY_ADDRESS] = f"{ray.util.get_node_ip_address()}:{port}"
     runtime_env = {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
     job_env = job_runtime_env()
     if job_env is not None:
         runtime_env = missing_from(job_env, runtime_env)
     try:
         quiet_driver_loggers()
-        context = ray.init(
-            # "local" starts a new instance even when another Ray runs on this machine.
-            address=address or "local",
-            num_cpus=None if address else num_cpus,
-            dashboard_host="127.0.0.1",
-            log_to_driver=True,
-            logging_level=logging.WARNING,  # its start-up and packaging notes: one line of ours below
-            runtime_env=runtime_env,
-        )
+        with settings.scoped(GCS_PORT_ENV, None if port is None else str(port)):  # read by the head ray.init starts
+            context = ray.init(
+                # "local" starts a new instance even when another Ray runs on this machine.
+                address=address or "local",
+                num_cpus=None if address else num_cpus,
+                dashboard_host="127.0.0.1",
+                log_to_driver=True,
+                logging_level=logging.WARNING,  # its start-up and packaging notes: one line of ours below
+                runtime_env=runtime_env,
+            )
     except Exception as exc:  # nothing has been written yet: the commands start Ray before any run
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         where = f"joining the cluster at {address} ({found})" if address else "starting a local Ray"
         raise ClusterError(f"Ray failed {where}: {type(exc).__name__}: {first}") from None
-    finally:
-        if ours:
-            del os.environ[GCS_PORT_ENV]
     if port is not None and ray.get_runtime_context().gcs_address != env["RAY_ADDRESS"]:
         raise RuntimeError(f"Ray's GCS started at {ray.get_runtime_context().gcs_address}, "
                            f"not at the address given to its workers ({env['RAY_ADDRESS']})")
@@ -207,9 +172,9 @@ def quiet_driver_loggers() -> None:
     drop_notes(DRIVER_NOTES)
 
 
-GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
+GCS_PORT_ENV = settings.GCS_PORT
 # Set by Ray's job manager for a submitted job's driver: the job's configuration, runtime environment included.
-JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+JOB_CONFIG_ENV = settings.RAY_JOB_CONFIG
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+from platform import settings
 from platform.errors import UserError, redact
 from platform.outputs import in_ray_job_copy
 
@@ -108,7 +109,7 @@ def list_dirs(location: str) -> list[str]:
     return sorted(i.base_name for i in fs.get_file_info(selector) if i.type == pafs.FileType.Directory)
 
 
-TIMEOUT_ENV = "PLATFORM_STORAGE_TIMEOUT"  # seconds the storage check waits for an answer (default 30)
+TIMEOUT_ENV = settings.STORAGE_TIMEOUT
 
 
 def check_uri(location: str, what: str = "output_dir") -> None:
@@ -132,7 +133,7 @@ def check_writable(location: str, what: str = "output_dir") -> str:
                             "Ray deletes: give an s3:// URI (or a folder outside it) with --set output_dir=...")
         return str(writable_dir(location, what))
     check_uri(location, what)
-    timeout = float(os.environ.get(TIMEOUT_ENV) or 30)
+    timeout = settings.number(TIMEOUT_ENV, 30)
     outcome: list[BaseException | None] = []
 
     def probe() -> None:

@@ -6,10 +6,10 @@ upload runs after the run has FINISHED, so a failed upload loses nothing: the mo
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
+from platform import settings
 from platform.errors import UserError
 
 ST_FOLDER = "model.sentence_transformer"  # where MLflow's sentence_transformers flavor keeps the model
@@ -35,7 +35,7 @@ def check_access(repo: str, final_eval: bool) -> None:
                         "give NAMESPACE/NAME, e.g. your-user/una-bert-base") from None
     if "/" not in repo:
         raise UserError(f"--push-to-hub {repo}: give NAMESPACE/NAME (your user or organisation, then the model)")
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):  # as huggingface_hub reads it
+    if (settings.get(settings.HF_OFFLINE[0]) or "").upper() in ("1", "ON", "YES", "TRUE"):  # as huggingface_hub reads it
         raise UserError(f"--push-to-hub {repo}: HF_HUB_OFFLINE is set; unset it to push")
     if not get_token():
         raise UserError(f"--push-to-hub {repo}: no Hugging Face token; run `hf auth login` or set HF_TOKEN "

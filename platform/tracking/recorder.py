@@ -16,11 +16,11 @@ the best checkpoint, and every other number a run logs.
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from platform import settings
 from platform.run import storage
 from platform.tracking import store
 from platform.tracking.runs import DEV_METRIC, Run, TrackingUnavailable
@@ -137,7 +137,7 @@ def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: floa
 def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = None, where: str = "") -> None:
     """Send ``points`` (all of a run's, again: MLflow keeps each once), trying until they arrive or
     ``seconds`` have passed."""
-    seconds = float(os.environ.get(WAIT_ENV) or 600) if seconds is None else seconds
+    seconds = settings.number(settings.TRACKING_WAIT, 600) if seconds is None else seconds
     deadline, pause = time.monotonic() + seconds, 0.5
     for i in range(0, len(points), BATCH):
         while True:
@@ -152,9 +152,6 @@ def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = N
                         "run with --resume once the server is back") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 10.0)
-
-
-WAIT_ENV = "PLATFORM_TRACKING_WAIT"  # seconds a fit's end waits for an absent tracking server (600)
 
 
 def _try_send(uri: str, run_id: str, points: list[Point]) -> None:
@@ -211,7 +208,7 @@ def _system_metrics(uri: str | None, run_id: str):
     import logging
 
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter per run
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=float(os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", 10)),
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=settings.number(settings.SYSTEM_METRICS_INTERVAL, 10),
                                    samples_before_logging=1, resume_logging=True, tracking_uri=uri)
     monitor.start()
     return monitor

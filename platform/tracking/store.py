@@ -14,13 +14,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from platform import settings
 from platform import errors
 from platform.errors import UserError
 from platform.outputs import in_ray_job_copy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
-GIT_COMMIT_ENV = "PLATFORM_GIT_COMMIT"
+GIT_COMMIT_ENV = settings.GIT_COMMIT
 
 
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # SQLAlchemy back ends MLflow's tracking store takes
@@ -34,7 +35,7 @@ CREDENTIALS_ADVICE = {
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else the repository's SQLite store. A password inside the URI is
     refused: it would reach every worker's environment and every message that names the store."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    uri = settings.get(settings.TRACKING_URI)
     if not uri and in_ray_job_copy(REPO_ROOT):
         raise UserError("MLFLOW_TRACKING_URI is unset, and the default store (mlruns/ in the repository) would be "
                         "inside the job's temporary copy, which Ray deletes: set it where the cluster's Ray starts "
@@ -92,10 +93,11 @@ def _check_server(uri: str, timeout: float) -> None:
 
     base = uri.rstrip("/")
     headers = {}
-    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
-        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
-    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
-        pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+    user, password, token = (settings.get(k) for k in settings.TRACKING_CREDENTIALS)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    elif user:
+        pair = f"{user}:{password or ''}"
         headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
     for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
         try:
@@ -170,8 +172,8 @@ def git_commit() -> str:
     """The repository's commit. Ray ships the repository to workers (and ``ray job submit`` to
     the driver) without ``.git``: there the commit comes from ``$PLATFORM_GIT_COMMIT``, which the
     driver forwards to its workers and ``ray job submit`` is given (README, "On a cluster")."""
-    if os.environ.get(GIT_COMMIT_ENV):
-        return os.environ[GIT_COMMIT_ENV]
+    if settings.get(GIT_COMMIT_ENV):
+        return settings.get(GIT_COMMIT_ENV)
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False
