@@ -9,6 +9,7 @@ that name from its latest checkpoint; the process runtime restores ``<run_dir>/l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from typing import Any, Callable
@@ -20,6 +21,9 @@ from platform.run import checkpoint, storage
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking import recorder
 from platform.tracking.runs import DEV_METRIC, Run
+
+
+INTERRUPTED_WAIT_S = 15.0  # an interrupted fit's end: how long it waits for the tracking server
 
 
 @dataclasses.dataclass
@@ -57,12 +61,20 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
                      tracking_uri=run.uri if run else None, run_id=run.id if run else None, dev=dev_pairs(),
                      label=label, resumed=bool(run and run.resumed))
     folder = storage.join(storage_path, name)  # the fit's checkpoints: Ray Train's, or the loop's latest and best
-    if cfg.runtime == "process":
-        ctx.corpus, ctx.run_dir = corpus, folder
-        metrics = train_loop_per_worker(ctx)
-    else:
-        metrics = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
-    best = recorder.finish_fit(run.uri if run else None, run.id if run else None, folder)
+    uri, run_id = (run.uri, run.id) if run else (None, None)
+    try:
+        if cfg.runtime == "process":
+            ctx.corpus, ctx.run_dir = corpus, folder
+            metrics = train_loop_per_worker(ctx)
+        else:
+            metrics = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
+    except BaseException:
+        # Interrupted or failed: the run still gets the points and the best checkpoint its storage
+        # holds (what --resume continues from), without waiting long for a server that is away.
+        with contextlib.suppress(Exception):
+            recorder.finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
+        raise
+    best = recorder.finish_fit(uri, run_id, folder)
     return FitResult(best[1] if best else None, best[0] if best else None, metrics, recorder.latest_under(folder))
 
 
