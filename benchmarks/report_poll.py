@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
     del sys.modules["platform"]
 
-from platform.run.ray_env import TRAIN_POLL_ENV  # noqa: E402
+from platform.settings import TRAIN_POLL as TRAIN_POLL_ENV  # noqa: E402
 from platform.run.local_models import build_tiny_bert  # noqa: E402
 
 

@@ -8,6 +8,7 @@ import ast
 import inspect
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.helpers import ROOT
@@ -204,7 +205,7 @@ from platform import settings
 settings.apply_defaults()
 print(os.environ["RAY_AIR_NEW_OUTPUT"], os.environ["TOKENIZERS_PARALLELISM"])
 """
-    out = subprocess.run(["python", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={k: v for k, v in __import__("os").environ.items() if k not in ("TOKENIZERS_PARALLELISM", "RAY_AIR_NEW_OUTPUT")})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines() == ["[]", "1 false"], out.stdout

@@ -88,8 +88,8 @@ def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, sma
 def test_sigterm_stops_a_train_run_on_ray_as_ctrl_c(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):
     """SIGTERM (``ray job stop``, a batch scheduler) to ``train`` on Ray while it is held at step
     5: the run ends KILLED with exit 130, with its metrics up to its last checkpoint, and the best
-    checkpoint and score that Ray Train's controller recorded as it persisted them (the fit never
-    returned). (Ray Train continuing a run from storage: the sweeps' resumes.)"""
+    checkpoint the recorder decides from storage at the interrupted fit's end. (Ray Train
+    continuing a run from storage: the sweeps' resumes.)"""
     from platform.tracking.runs import checkpoint_exists
 
     barrier, held = _held(tmp_path, step=5)

@@ -70,7 +70,7 @@ def test_the_jobs_processes_ask_their_own_cluster(local_ray):
     from one) also poll their Train workers' reports every 0.5 s, not Ray's 2 s."""
     import os
 
-    from platform.run.ray_env import TRAIN_POLL_ENV
+    from platform.settings import TRAIN_POLL as TRAIN_POLL_ENV
 
     ray = local_ray
 
