@@ -40,7 +40,7 @@ def _s3(region: str | None):
     """An S3 client in the cluster's region (boto3 does not read an instance's region by itself)."""
     import boto3
 
-    return boto3.client("s3", region_name=settings.get(settings.AWS[2]) or settings.get(settings.AWS[1]) or region)
+    return boto3.client("s3", region_name=next(filter(None, map(settings.get, settings.AWS_REGIONS)), region))
 
 
 def _exists(client, bucket: str, key: str) -> bool:

@@ -27,7 +27,8 @@ RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's: set inside a `ray job s
 HF_OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # Hugging Face's: no downloads (forwarded to workers)
 HF_HOME = "HF_HOME"  # Hugging Face's model cache (forwarded to workers, made absolute)
 NLTK_DATA = "NLTK_DATA"  # NLTK's data folder (default $PLATFORM_DATA_DIR/nltk_data)
-AWS = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")  # boto3's and pyarrow's: S3 endpoint and region
+AWS_REGIONS = ("AWS_REGION", "AWS_DEFAULT_REGION")  # boto3's and pyarrow's region, the first set wins
+AWS = ("AWS_ENDPOINT_URL", *AWS_REGIONS)  # and S3's endpoint: forwarded to workers
 LOCAL_RANK = "LOCAL_RANK"  # torchrun's: the GPU of this process, for the loop run without Ray
 
 # -- set: defaults in the platform's own processes (a user's own value kept) ---------------------

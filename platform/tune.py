@@ -148,7 +148,7 @@ class TrialRuns:
                 reason = "completed" if done else outcome
                 extra = {"stopped_by_scheduler": "true"} if reason == "stopped" else None
                 status = Run(sweep.uri, r.info.run_id).end(reason, best, only_if_running=True, tags=extra)
-                if status == "FINISHED" and best:  # never trained again
+                if status == "FINISHED" and best and not (r is found and sweep.seeds > 1):  # a fit: never trained again
                     release_fit(fit_folder, best)
 
     def close_open(self, states: dict[str, str]) -> None:
