@@ -1,4 +1,4 @@
-"""Times the cluster of ``cluster.yaml`` reproduced on one machine (``platform.topology``): a
+"""Times the cluster of ``cluster.yaml`` reproduced on one machine (``tests.topology``): a
 2-trial UNA sweep there and on one node, and one checkpoint's trip through the S3 endpoint.
 
     sudo -E python -m benchmarks.topology_bench [--steps 24]     # numbers in RESULTS.md
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from platform.topology import Topology, available
+from tests.topology import Topology, available
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -46,7 +46,7 @@ from methods.augmentations import (
     sentence_seed,
     substitutes,
 )
-from methods.ingredients import AuxTerm, Draws, GeneratedColumn, InvalidParams, Params, StepOutputs, check
+from methods.ingredients import AuxTerm, Draws, GeneratedColumn, InvalidParams, Params, StepOutputs, check, cited
 from methods.losses import global_mean
 
 # Bump when an augmentation's output changes, so cached generations are not reused.
@@ -55,14 +55,14 @@ AUGMENTATION_VERSION = 1
 
 @dataclasses.dataclass
 class AugCSEParams(Params):
-    augmentations: str = "8-aug"  # a set (4-aug, 8-aug, 12-aug) or comma-separated names
-    lambda_disc: float = 5e-3  # lambda, Tang et al. App. A.7 (BERT-base, STS); grid 1e-5 ... 1e-2
-    grl_multiplier: float = -1.0  # gradient x this through the GRL; -1 antagonistic (Table 7)
-    disc_dropout: float = 0.2  # dropout before each of the discriminator's Linear layers (App. A.5)
-    disc_layers: int = 2  # Linear(2d, 4d) + Tanh, ..., Linear(4d, types)
-    spacy_model: str = "en_core_web_sm"  # the parser of the rule-based augmentations (NL-Augmenter's)
-    nltk_data: str = ""  # a folder with corpora/wordnet.zip; empty: NLTK's search path ($NLTK_DATA)
-    generation_seed: int = 0  # seeds the masks (and AugCSE's augmentations): generation is reproducible
+    augmentations: str = cited("8-aug", "a set (4-aug, 8-aug, 12-aug) or comma-separated names")
+    lambda_disc: float = cited(5e-3, "lambda, Tang et al. App. A.7 (BERT-base, STS); grid 1e-5 ... 1e-2")
+    grl_multiplier: float = cited(-1.0, "gradient x this through the GRL; -1 antagonistic (Table 7)")
+    disc_dropout: float = cited(0.2, "dropout before each of the discriminator's Linear layers (App. A.5)")
+    disc_layers: int = cited(2, "Linear(2d, 4d) + Tanh, ..., Linear(4d, types)")
+    spacy_model: str = cited("en_core_web_sm", "the parser of the rule-based augmentations (NL-Augmenter's)")
+    nltk_data: str = cited("", "a folder with corpora/wordnet.zip; empty: NLTK's search path ($NLTK_DATA)")
+    generation_seed: int = cited(0, "seeds the masks (and AugCSE's augmentations): generation is reproducible")
 
     def validate(self) -> None:
         resolve_set(self.augmentations)

@@ -31,6 +31,8 @@ import re
 import zlib
 from typing import Any
 
+from methods.ingredients import InvalidParams
+
 NO_AUGMENTATION = "no_augmentation"
 
 # ------------------------------------------------------------------------------------------------
@@ -77,8 +79,6 @@ def require_wordnet(nltk_data: str = "") -> None:
         try:
             nltk.data.find("corpora/wordnet")
         except LookupError:
-            from methods.ingredients import InvalidParams
-
             raise InvalidParams(
                 "NLTK's WordNet data was not found: run python -c \"import nltk; nltk.download('wordnet')\" "
                 "or point NLTK_DATA at a folder holding corpora/wordnet.zip"
@@ -603,8 +603,6 @@ def substitutes(spec: str) -> list[str]:
 
 def resolve_set(spec: str) -> list[str]:
     """A set name (``4-aug``, ``8-aug``, ``12-aug``) or comma-separated augmentation names."""
-    from methods.ingredients import InvalidParams
-
     if spec in AUGMENTATION_SETS:
         return list(AUGMENTATION_SETS[spec])
     names = [n.strip() for n in str(spec).split(",") if n.strip()]
@@ -624,7 +622,6 @@ def resolve_set(spec: str) -> list[str]:
 def load_spacy_parser(name: str):
     import spacy
 
-    from methods.ingredients import InvalidParams
 
     try:
         return spacy.load(name, disable=["ner"])

@@ -48,6 +48,17 @@ def check(conditions: list[tuple[bool, str]]) -> None:
             raise InvalidParams(message)
 
 
+def cited(default: Any, source: str) -> Any:
+    """A dataclass field with its default and where that default comes from (paper and section,
+    the authors' script, or our choice and why), read back by ``sources_of``."""
+    return dataclasses.field(default=default, metadata={"source": source})
+
+
+def sources_of(cls: type) -> dict[str, str]:
+    """Each field's cited source, by field name."""
+    return {f.name: f.metadata["source"] for f in dataclasses.fields(cls) if "source" in f.metadata}
+
+
 def derive_seed(seed: int, *keys: object) -> int:
     """A 63-bit seed that is a fixed function of the run's ``seed`` and ``keys`` (a purpose, a rank,
     a step): every random draw of a run derives from its seed, and draws for different purposes

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from methods.ingredients import Ingredient, Params, check
+from methods.ingredients import Ingredient, Params, check, cited
 
 
 def world_size() -> int:
@@ -202,10 +202,10 @@ class InfoNCE(Loss):
 
 @dataclasses.dataclass
 class HiNCEParams(Params):
-    # Temperature of the negatives' columns; tau1 is the shared ``temperature`` (Cai et al.:
-    # tau1 0.05, tau2 0.08 for SimCSE-BERT-base, grid 0.05-0.1).
-    tau2: float = 0.08
-    own_negative_weight: float = 1.0  # SimCSE's hard-negative weight on the anchor's own negative (1: none)
+    tau2: float = cited(0.08, (
+        "Temperature of the negatives' columns; tau1 is the shared ``temperature`` (Cai et al.: tau1 0.05, tau2 0.08 "
+        "for SimCSE-BERT-base, grid 0.05-0.1)."))
+    own_negative_weight: float = cited(1.0, "SimCSE's hard-negative weight on the anchor's own negative (1: none)")
 
     def validate(self) -> None:
         check([(self.tau2 > 0, f"tau2 must be > 0, got {self.tau2}"),

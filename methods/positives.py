@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from methods.ingredients import GeneratedColumn, Params, Positives, check
+from methods.encoder import pretrained_source
+from methods.ingredients import GeneratedColumn, Params, Positives, check, cited
 
 
 class DropoutPositives(Positives):
@@ -27,12 +28,12 @@ class DropoutPositives(Positives):
 
 @dataclasses.dataclass
 class ParaphraseParams(Params):
-    # A seq2seq model name or path (paper: tuner007/pegasus_paraphrase, beam 10, one output), or an
-    # existing Parquet file (columns sentence, paraphrase) in ``paraphrase_cache``.
-    paraphraser: str = ""
-    paraphrase_beams: int = 10  # beam search width (Shu et al.: beam 10, one output)
-    paraphrase_max_length: int = 60  # the generation's length limit, in tokens (the paraphraser's card)
-    paraphrase_cache: str = ""
+    paraphraser: str = cited("", (
+        "A seq2seq model name or path (paper: tuner007/pegasus_paraphrase, beam 10, one output), or an existing "
+        "Parquet file (columns sentence, paraphrase) in ``paraphrase_cache``."))
+    paraphrase_beams: int = cited(10, "beam search width (Shu et al.: beam 10, one output)")
+    paraphrase_max_length: int = cited(60, "the generation's length limit, in tokens (the paraphraser's card)")
+    paraphrase_cache: str = cited("", "a Parquet file (columns sentence, paraphrase) used instead of generating; empty: generate")
 
     def validate(self) -> None:
         check([
@@ -68,7 +69,6 @@ class Paraphraser:
 
         hf_logging.disable_progress_bar()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        from methods.encoder import pretrained_source
 
         path, pinned = pretrained_source(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path, **pinned)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from methods.encoder import POOLERS, Encoder, dropout_override, pad_cat
-from methods.ingredients import KINDS, Draws, Ingredient, InvalidParams, Params, StepOutputs, check
+from methods.ingredients import KINDS, Draws, Ingredient, InvalidParams, Params, StepOutputs, check, cited
 from methods.losses import Negative, Views, gather_with_grad
 from methods.registry import INGREDIENTS
 
@@ -35,16 +35,16 @@ MULTIPLE = ("negatives", "aux")  # kinds that take a comma-separated list (possi
 class SharedParams(Params):
     """Settings every ingredient of a recipe reads."""
 
-    # Softmax temperature of the contrastive loss (tau1 of HiNCE); 0.05 in SimCSE (Gao et al.,
-    # 2021, Sec. 3 / Appendix A), UNA, SAN (tau1), AugCSE and VaSCL.
-    temperature: float = 0.05
-    # Training pooler; 'cls' is [CLS] followed by SimCSE's MLP. Default: the aux term's choice
-    # (VaSCL avg, AugCSE cls_before_pooler), else SimCSE's 'cls'.
-    pooler: str = "cls"
-    # Use the MLP in training only and evaluate [CLS] before it (SimCSE, Sec. 6.3, Table 6).
-    mlp_only_train: bool = True
-    # 'paper' follows the paper; 'authors_code' the authors' released code where the two differ.
-    fidelity: str = "paper"
+    temperature: float = cited(0.05, (
+        "Softmax temperature of the contrastive loss (tau1 of HiNCE); 0.05 in SimCSE (Gao et al., 2021, Sec. 3 / "
+        "Appendix A), UNA, SAN (tau1), AugCSE and VaSCL."))
+    pooler: str = cited("cls", (
+        "Training pooler; 'cls' is [CLS] followed by SimCSE's MLP. Default: the aux term's choice (VaSCL avg, AugCSE "
+        "cls_before_pooler), else SimCSE's 'cls'."))
+    mlp_only_train: bool = cited(True, (
+        "Use the MLP in training only and evaluate [CLS] before it (SimCSE, Sec. 6.3, Table 6)."))
+    fidelity: str = cited("paper", (
+        "'paper' follows the paper; 'authors_code' the authors' released code where the two differ."))
 
     def validate(self) -> None:
         check([

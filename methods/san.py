@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from methods.ingredients import GeneratedColumn, InvalidParams, NegativesSource, Params, check
+from methods.encoder import pretrained_source
+from methods.ingredients import GeneratedColumn, InvalidParams, NegativesSource, Params, check, cited
 
 # Cai et al., Table 2: importance of each universal POS tag.
 POS_IMPORTANCE = {
@@ -52,20 +53,20 @@ POS_IMPORTANCE = {
 
 @dataclasses.dataclass
 class SANParams(Params):
-    p2: float = 0.2  # dropout of the negatives' forward pass
-    scale: float = 20.0  # mask probability = importance / scale (10-40 tested, 20 best)
-    rounds: int = 4  # mask-predict rounds (authors: 4, greedy)
-    sampling: str = "greedy"  # greedy | topk
-    top_k: int = 10  # candidates of sampling=topk (our choice; the authors decode greedily)
-    mlm: str = "bert-base-uncased"  # the masked LM that fills the masks (Cai et al., Sec. 4)
-    spacy_model: str = "en_core_web_sm"  # the POS tagger (the authors' code: spaCy's small English model)
-    tagging: str = "static"  # static (paper, Appendix A) | dynamic
-    subword_tags: str = "x"  # static tagging of ## pieces: x (the authors' lexicon) | stem
-    guard: str = "none"  # none (paper, Table 6) | negation | drop
-    min_chars: int = 50  # the guard's "short": the authors' check_puncts
-    max_punct_ratio: float = 0.3  # the guard's "punctuation-heavy": the authors' check_puncts
-    generation_batch_size: int = 64  # our choice: generation speed only
-    generation_seed: int = 0  # seeds the masks (and AugCSE's augmentations): generation is reproducible
+    p2: float = cited(0.2, "dropout of the negatives' forward pass")
+    scale: float = cited(20.0, "mask probability = importance / scale (10-40 tested, 20 best)")
+    rounds: int = cited(4, "mask-predict rounds (authors: 4, greedy)")
+    sampling: str = cited("greedy", "greedy | topk")
+    top_k: int = cited(10, "candidates of sampling=topk (our choice; the authors decode greedily)")
+    mlm: str = cited("bert-base-uncased", "the masked LM that fills the masks (Cai et al., Sec. 4)")
+    spacy_model: str = cited("en_core_web_sm", "the POS tagger (the authors' code: spaCy's small English model)")
+    tagging: str = cited("static", "static (paper, Appendix A) | dynamic")
+    subword_tags: str = cited("x", "static tagging of ## pieces: x (the authors' lexicon) | stem")
+    guard: str = cited("none", "none (paper, Table 6) | negation | drop")
+    min_chars: int = cited(50, 'the guard\'s "short": the authors\' check_puncts')
+    max_punct_ratio: float = cited(0.3, 'the guard\'s "punctuation-heavy": the authors\' check_puncts')
+    generation_batch_size: int = cited(64, "our choice: generation speed only")
+    generation_seed: int = cited(0, "seeds the masks (and AugCSE's augmentations): generation is reproducible")
 
     def validate(self) -> None:
         check([
@@ -162,7 +163,6 @@ def load_mlm(name: str):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from methods.encoder import pretrained_source
 
     hf_logging.disable_progress_bar()  # one bar per loaded model, on every worker: not a task to watch
     path, pinned = pretrained_source(name)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from methods.ingredients import (CorpusStatistics, Draws, InvalidParams, NegativesSource, Params, check,
+from methods.ingredients import (CorpusStatistics, Draws, InvalidParams, NegativesSource, Params, check, cited,
                                  counter_uniforms, derive_seed)
 
 SPLIT = re.compile(r"(\w+)", re.UNICODE)  # split() keeps the words at odd positions
@@ -57,15 +57,12 @@ def nltk_tokens(sentence: str) -> list[str]:
 
 @dataclasses.dataclass
 class UNAParams(Params):
-    # Every alpha-th batch carries its negatives (alpha = 5, Shu et al. Table C4); 0: never.
-    alpha: int = 5
-    # Expected fraction of a sentence's terms replaced (beta = 0.5, Eq. 4 and Table C5).
-    beta: float = 0.5
-    # Half-width of the replacement window in the s-sorted vocabulary (r = 4000, Table C6).
-    r: int = 4000
-    # Ablations of Table 2: how Step 2 chooses terms and Step 3 draws replacements.
-    step2: str = "tfidf"  # tfidf | random
-    step3: str = "tfidf"  # tfidf | random
+    alpha: int = cited(5, "Every alpha-th batch carries its negatives (alpha = 5, Shu et al. Table C4); 0: never.")
+    beta: float = cited(0.5, "Expected fraction of a sentence's terms replaced (beta = 0.5, Eq. 4 and Table C5).")
+    r: int = cited(4000, "Half-width of the replacement window in the s-sorted vocabulary (r = 4000, Table C6).")
+    step2: str = cited("tfidf", (
+        "Ablations of Table 2: how Step 2 chooses terms and Step 3 draws replacements. tfidf | random"))
+    step3: str = cited("tfidf", "tfidf | random")
 
     def validate(self) -> None:
         check([

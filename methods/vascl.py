@@ -39,19 +39,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.ingredients import AuxTerm, Params, StepOutputs, check, derive_seed
+from methods.ingredients import AuxTerm, Params, StepOutputs, check, cited, derive_seed
 from methods.losses import full_precision, gather_with_grad, rank
 
 
 @dataclasses.dataclass
 class VaSCLParams(Params):
-    k: int = 16  # neighbourhood size (Zhang et al., Sec. 4 / Appendix A)
-    delta: float = 15.0  # radius of the virtual augmentation (15 for base models, 30 for large)
-    power_iterations: int = 1  # VAT's power iterations; the authors' code takes one step
-    # Norm of the initial random perturbation; 0: delta, as the authors' vat_utils.py (the paper gives none).
-    xi: float = 0.0
-    head_dim: int = 128  # the head's output size, 128 (Zhang et al., Sec. 3)
-    head_lr_scale: float = 100.0  # head learning rate = 100 x backbone (Appendix A)
+    k: int = cited(16, "neighbourhood size (Zhang et al., Sec. 4 / Appendix A)")
+    delta: float = cited(15.0, "radius of the virtual augmentation (15 for base models, 30 for large)")
+    power_iterations: int = cited(1, "VAT's power iterations; the authors' code takes one step")
+    xi: float = cited(0.0, (
+        "Norm of the initial random perturbation; 0: delta, as the authors' vat_utils.py (the paper gives none)."))
+    head_dim: int = cited(128, "the head's output size, 128 (Zhang et al., Sec. 3)")
+    head_lr_scale: float = cited(100.0, "head learning rate = 100 x backbone (Appendix A)")
 
     def validate(self) -> None:
         check([

@@ -15,6 +15,7 @@ from pathlib import Path
 from platform.console import command_parser
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
+from platform.data.pipeline import augment_dataset
 from platform import outputs
 from platform.errors import UserError, cli_main, writable_dir
 from platform.run import unit
@@ -47,7 +48,6 @@ def main(argv=None) -> int:
     sentences = read_corpus(corpus_path, limit=cfg.max_sentences or None)
 
     unit.start(cfg, num_cpus=args.num_cpus)
-    from platform.data.pipeline import augment_dataset
 
     t0 = time.perf_counter()
     corpus = unit.prepare(cfg, sentences)

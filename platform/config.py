@@ -24,10 +24,9 @@ from typing import Any
 
 import yaml
 
-from methods.ingredients import KINDS, InvalidParams, Params
+from methods.ingredients import KINDS, InvalidParams, Params, cited, sources_of
 from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams
-from platform.errors import ConfigError
-from platform.run.storage import check_uri
+from platform.errors import ConfigError, check_uri
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 METHODS = sorted(NAMED) + [CUSTOM]
@@ -51,64 +50,59 @@ def smoke_reason(profile: str, model: str) -> str | None:
 
 @dataclasses.dataclass
 class TrainConfig:
-    """A run's configuration. The comment at each field is the source of its default (paper
-    section, authors' script, or our choice and why): ``--print-config`` shows it by the value."""
+    """A run's configuration. Each field cites the source of its default (paper section, authors'
+    script, or our choice and why): ``--print-config`` shows it by the value."""
 
-    method: str = "simcse"  # a named recipe, or 'recipe'
-    profile: str = "paper"  # the profile file the values came from
-    # Backbone: a Hugging Face name or local path, or the alias 'minilm' (packaged, offline).
-    model: str = "bert-base-uncased"
-    dropout: float = 0.1  # SimCSE: the standard BERT dropout p=0.1 gives the positive pairs
-    max_len: int = 32  # SimCSE: max sequence length 32 for unsupervised training
-    # Optimisation (SimCSE, BERT-base unsupervised: batch 64, lr 3e-5, 1 epoch, AdamW, linear decay).
-    batch_size: int = 64  # global batch over all workers (SimCSE, Appendix A: 64 for BERT-base)
-    lr: float = 3e-5  # SimCSE, Appendix A: 3e-5 for BERT-base
-    weight_decay: float = 0.0  # SimCSE trains with the HF Trainer's default, 0
-    # AdamW with a linear decay to 0 (SimCSE's HF Trainer); VaSCL: Adam at a constant rate (Sec. 4).
-    optimizer: str = "adamw"  # adamw | adam
-    schedule: str = "linear"  # linear | constant
-    warmup_steps: int = 0  # no warm-up (SimCSE's HF Trainer default)
-    # Gradient norm clipped at 1.0: the Hugging Face Trainer's max_grad_norm, which SimCSE, SAN and
-    # AugCSE train with (their papers are silent); 0: no clipping. UNA's and VaSCL's code do not clip.
-    max_grad_norm: float = 1.0
-    epochs: int = 1  # SimCSE: one epoch over wiki1m
-    max_steps: int = 0  # 0: the full epochs
-    seed: int = 42  # SimCSE's run script's seed
-    # Data: a corpus path, or a file name under $PLATFORM_DATA_DIR/corpus.
-    corpus: str = "wiki1m_for_simcse.txt"
-    max_sentences: int = 0  # 0: the whole corpus
-    # Evaluation: STS-B dev every eval_steps (SimCSE: 125) and at the last step; best checkpoint kept.
-    eval_steps: int = 125
-    eval_batch_size: int = 128  # our choice: evaluation speed only, no effect on scores
-    log_steps: int = 10  # our choice: how often step metrics go to MLflow
-    final_eval: bool = True  # the 7 STS tasks on the best checkpoint after training
-    # Resources.
-    num_workers: int = 1
-    use_gpu: bool = True
-    cpus_per_worker: float = 1.0
-    # CPUs each Ray Data augmentation task asks for. Fractional on small machines: concurrent
-    # trials' Train workers can hold every whole CPU, and the stage would never be scheduled.
-    augment_cpus: float = 1.0
-    bf16: bool = True  # autocast on GPU only
-    # Fault tolerance: a failed worker group restarts from the latest checkpoint (model, heads,
-    # optimizer, scheduler, step, RNG, data position) up to this many times (Ray Train FailureConfig).
-    max_failures: int = 3
-    # Where Ray Train workers get batches: 'ray' streams the recipe's augmentation through Ray Data
-    # (parallel CPUs); 'local' has every worker read the corpus and take its slice of each seeded
-    # global batch, so any worker count sees exactly the same batches (reproducibility checks).
-    # The process runtime always reads locally.
-    data_pipeline: str = "ray"
-    # 'ray': Ray Train workers (DDP over num_workers), Ray Data, Ray Tune. 'process': this process
-    # alone, no Ray at all (a GPU box without Ray, a debugger); train only, num_workers 1.
-    runtime: str = "ray"
-    # Where runs write checkpoints (Ray's storage_path); relative paths are under the repo root.
-    output_dir: str = "runs"
+    method: str = cited("simcse", "a named recipe, or 'recipe'")
+    profile: str = cited("paper", "the profile file the values came from")
+    model: str = cited("bert-base-uncased", (
+        "the papers' BERT-base backbone: a Hugging Face name or local path, or 'minilm' (packaged, offline)"))
+    dropout: float = cited(0.1, "SimCSE: the standard BERT dropout p=0.1 gives the positive pairs")
+    max_len: int = cited(32, "SimCSE: max sequence length 32 for unsupervised training")
+    batch_size: int = cited(64, "global batch over all workers (SimCSE, Appendix A: 64 for BERT-base)")
+    lr: float = cited(3e-5, "SimCSE, Appendix A: 3e-5 for BERT-base")
+    weight_decay: float = cited(0.0, "SimCSE trains with the HF Trainer's default, 0")
+    optimizer: str = cited("adamw", "adamw | adam: SimCSE's HF Trainer uses AdamW (VaSCL: Adam, Sec. 4)")
+    schedule: str = cited("linear", "linear | constant: SimCSE's HF Trainer decays linearly to 0 (VaSCL: constant)")
+    warmup_steps: int = cited(0, "no warm-up (SimCSE's HF Trainer default)")
+    max_grad_norm: float = cited(1.0, (
+        "Gradient norm clipped at 1.0: the Hugging Face Trainer's max_grad_norm, which SimCSE, SAN and AugCSE train "
+        "with (their papers are silent); 0: no clipping. UNA's and VaSCL's code do not clip."))
+    epochs: int = cited(1, "SimCSE: one epoch over wiki1m")
+    max_steps: int = cited(0, "0: the full epochs")
+    seed: int = cited(42, "SimCSE's run script's seed")
+    corpus: str = cited("wiki1m_for_simcse.txt", (
+        "SimCSE's 10^6 Wikipedia sentences: a corpus path, or a file name under $PLATFORM_DATA_DIR/corpus"))
+    max_sentences: int = cited(0, "0: the whole corpus")
+    eval_steps: int = cited(125, "STS-B dev every eval_steps (SimCSE: 125) and at the last step; best checkpoint kept")
+    eval_batch_size: int = cited(128, "our choice: evaluation speed only, no effect on scores")
+    log_steps: int = cited(10, "our choice: how often step metrics go to MLflow")
+    final_eval: bool = cited(True, "the 7 STS tasks on the best checkpoint after training")
+    num_workers: int = cited(1, "Ray Train workers (DDP); the papers train on one GPU")
+    use_gpu: bool = cited(True, "one GPU per Train worker, as the papers train")
+    cpus_per_worker: float = cited(1.0, "our choice: a Train worker's CPUs (tokenisation, the step's host side)")
+    augment_cpus: float = cited(1.0, (
+        "CPUs each Ray Data augmentation task asks for. Fractional on small machines: concurrent trials' Train workers "
+        "can hold every whole CPU, and the stage would never be scheduled."))
+    bf16: bool = cited(True, "autocast on GPU only")
+    max_failures: int = cited(3, (
+        "Fault tolerance: a failed worker group restarts from the latest checkpoint (model, heads, optimizer, "
+        "scheduler, step, RNG, data position) up to this many times (Ray Train FailureConfig)."))
+    data_pipeline: str = cited("ray", (
+        "Where Ray Train workers get batches: 'ray' streams the recipe's augmentation through Ray Data (parallel "
+        "CPUs); 'local' has every worker read the corpus and take its slice of each seeded global batch, so any worker "
+        "count sees exactly the same batches (reproducibility checks). The process runtime always reads locally."))
+    runtime: str = cited("ray", (
+        "'ray': Ray Train workers (DDP over num_workers), Ray Data, Ray Tune. 'process': this process alone, no Ray at "
+        "all (a GPU box without Ray, a debugger); train only, num_workers 1."))
+    output_dir: str = cited("runs", (
+        "Where runs write checkpoints (Ray's storage_path); relative paths are under the repo root."))
     recipe: RecipeSpec = dataclasses.field(default_factory=RecipeSpec)
     shared: SharedParams = dataclasses.field(default_factory=SharedParams)
     # Each ingredient's parameters, by ingredient name.
     params: dict[str, Params] = dataclasses.field(default_factory=dict)
     # Which layer set each key ("profile 'paper' (methods.vascl)", "--set", ...); unset keys have
-    # their default, whose source is the comment at its field.
+    # their default, whose source its field cites.
     sources: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     # -- construction ---------------------------------------------------------------------------
@@ -259,10 +253,10 @@ class TrainConfig:
 
     def recipe_card(self) -> list[tuple[str, Any, str]]:
         """``(key, value, where it comes from)`` for every key: the layer that set it, else the
-        comment at its field (the paper, the authors' script, or our choice and why)."""
+        source its field cites (the paper, the authors' script, or our choice and why)."""
         notes: dict[str, str] = {}
         for owner in (self, self.shared, *self.params.values()):
-            notes.update({k: v for k, v in field_notes(type(owner)).items() if k not in notes})
+            notes.update({k: v for k, v in sources_of(type(owner)).items() if k not in notes})
         return [(key, value, self.sources.get(key) or f"default: {notes.get(key) or 'no note'}")
                 for key, value in self.flat().items()]
 
@@ -320,33 +314,6 @@ class TrainConfig:
                 params.validate_batch(self.batch_size)
         except InvalidParams as exc:
             raise ConfigError(str(exc)) from None
-
-
-def field_notes(cls: type) -> dict[str, str]:
-    """The comments written at each field of a dataclass (the lines just above it and the one at
-    its end), read from the source: the citations of the defaults live there, once."""
-    import ast
-    import inspect
-    import textwrap
-
-    notes: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        lines, _ = inspect.getsourcelines(klass)
-        for node in ast.parse(textwrap.dedent("".join(lines))).body[0].body:
-            if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-                continue
-            i = node.lineno - 1
-            above = []
-            while i - 1 >= 0 and lines[i - 1].strip().startswith("#"):
-                i -= 1
-                above.insert(0, lines[i].strip().lstrip("# "))
-            inline = lines[node.end_lineno - 1].partition("  # ")[2].strip()
-            text = " ".join(above + ([inline] if inline else []))
-            if text:
-                notes[node.target.id] = text
-    return notes
 
 
 def field_type(owner: object, name: str) -> type:

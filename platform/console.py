@@ -4,6 +4,7 @@ and which of the libraries' log notes they leave out."""
 from __future__ import annotations
 
 import logging
+from platform.data import SHORT_NAMES
 
 
 class _Drop(logging.Filter):
@@ -43,7 +44,6 @@ def seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[
     """One row per seed's 7-task scores, then their mean +- std (``scores``)."""
     import pandas as pd
 
-    from platform.evaluation.sts import SHORT_NAMES
 
     rows = [{"": f"seed {s}", **{SHORT_NAMES.get(t, t): f"{v:.2f}" for t, v in row.items()}}
             for s, row in zip(seeds, per_seed)]

@@ -63,6 +63,15 @@ def redact(text: str) -> str:
     return _CREDENTIALS.sub("***@", str(text))
 
 
+def check_uri(location: str, what: str = "output_dir") -> None:
+    """A storage URI names no credentials: they would be logged with the configuration, written
+    into every checkpoint's state and printed in messages."""
+    if "://" in location and redact(location) != location:
+        raise UserError(f"{what} {redact(location)} carries credentials; give them the way the storage client reads "
+                        "them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, an instance role, "
+                        "GOOGLE_APPLICATION_CREDENTIALS), not in the URI")
+
+
 def fail(message: str) -> NoReturn:
     print(f"error: {redact(message)}", file=sys.stderr)
     raise SystemExit(2)

@@ -22,8 +22,11 @@ from platform.errors import UserError, cli_main
 from platform.evaluation.clustering import CLUSTER_SETS, PAPER_SETS, embed, kmeans_accuracy, load_labelled, protocol
 from platform.evaluation.classifier import CLASSIFIERS
 from platform.evaluation.embedding_cache import EmbeddingStore
+from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform.run import checkpoint
+from platform.tracking import recorder, store
+from platform.tracking.runs import Run
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
 TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"],
@@ -106,13 +109,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 @cli_main
 def main(argv=None) -> int:
-    from platform.evaluation.sts import STSEvaluator, format_table, with_mean
-
     args = parse_args(argv)
     tasks = expand_tasks(args.tasks)
     if args.log_to:
-        from platform.tracking import store
-
         store.check_run(store.tracking_uri(), args.log_to)  # before minutes of evaluation
     sts_tasks = [t for t in tasks if t in STS_TASKS]
     cluster_sets = {t.split(":", 1)[1]: load_labelled(t.split(":", 1)[1]) for t in tasks if t in CLUSTER_TASKS}
@@ -120,21 +119,21 @@ def main(argv=None) -> int:
     name, pooler = resolve_model(args.model, args.pooler)
     encoder = Encoder.from_pretrained(name, pooler=pooler)
     transfer_tasks = [t for t in tasks if t in TRANSFER_TASKS]
-    store = EmbeddingStore(encoder, pooler, batch_size=args.batch_size)
+    embeddings = EmbeddingStore(encoder, pooler, batch_size=args.batch_size)
     if transfer_tasks:  # every task's sentences encoded at once: what several tasks share, once
         wanted = [s for t in transfer_tasks for s in task_sentences(t, limit=args.transfer_limit)]
-        store.embed(wanted, progress=f"encoding {len(set(wanted))} sentences")
-        print(f"embeddings: {len(set(wanted))} distinct sentences, {store.encoded} encoded now, the rest from "
-              f"{store.folder}", flush=True)
+        embeddings.embed(wanted, progress=f"encoding {len(set(wanted))} sentences")
+        print(f"embeddings: {len(set(wanted))} distinct sentences, {embeddings.encoded} encoded now, the rest from "
+              f"{embeddings.folder}", flush=True)
     scores: dict[str, float] = {}
     if evaluator is not None:
         import torch
 
-        scores.update(with_mean(evaluator.score(torch.from_numpy(store.embed(evaluator.sentences, progress="STS")))))
+        scores.update(with_mean(evaluator.score(torch.from_numpy(embeddings.embed(evaluator.sentences, progress="STS")))))
         print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
         print(format_table(scores))
     for task in transfer_tasks:
-        acc = evaluate_transfer(task, store.embed, limit=args.transfer_limit, classifier=args.transfer_classifier,
+        acc = evaluate_transfer(task, embeddings.embed, limit=args.transfer_limit, classifier=args.transfer_classifier,
                                 jobs=args.transfer_jobs)
         scores[task] = acc
         print(f"transfer {task}: accuracy {acc:.2f} (SentEval protocol, {args.transfer_classifier} logistic "
@@ -154,9 +153,6 @@ def main(argv=None) -> int:
 
 def log_scores(run_id: str, scores: dict[str, float]) -> None:
     """The transfer and clustering scores on an MLflow run (``transfer_<task>``, ``cluster_<set>``)."""
-    from platform.tracking import recorder, store
-    from platform.tracking.runs import Run
-
     logged = {k.replace(":", "_") if k.startswith("cluster:") else f"transfer_{k}": v
               for k, v in scores.items() if k in TRANSFER_TASKS or k.startswith("cluster:")}
     recorder.log_results(Run(store.tracking_uri(), run_id), logged)

@@ -16,11 +16,11 @@ import math
 import time
 from pathlib import Path
 
+from methods.recipe import NAMED
 from platform import outputs
 from platform.console import command_parser
-from platform.data import STS_TASKS
+from platform.data import SHORT_NAMES, STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
-from platform.evaluation.sts import SHORT_NAMES
 from platform.tracking import store
 from platform.tracking.runs import DEV_METRIC, Run
 
@@ -87,8 +87,6 @@ def log_report(uri: str, name: str, tags: dict[str, str], frame, files: list[Pat
 
 def recipe_name(run) -> str:
     """A paper's name for its own recipe; the ingredients for a combination or a changed recipe."""
-    from methods.recipe import NAMED
-
     method, recipe = run.data.tags.get("method", "?"), run.data.tags.get("recipe", "")
     if method in NAMED:
         named = NAMED[method]

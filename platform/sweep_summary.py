@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from platform.console import format_frame
+from platform.data import SHORT_NAMES, STS_TASKS
 from platform.space import SearchSpace
 from platform.tracking import store
 from platform.tracking.runs import Run
@@ -201,8 +202,6 @@ def grid_frame(runs, param: str):
     value of ``param`` (its trial's best checkpoint), the 7 STS tasks and their mean as columns."""
     import pandas as pd
 
-    from platform.data import STS_TASKS
-    from platform.evaluation.sts import SHORT_NAMES
 
     rows = []
     for run in runs:

@@ -264,7 +264,7 @@ class MlflowServer:
     authentication with that admin (``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` values)."""
 
     def __init__(self, base: Path, backend: str, account: dict | None = None, env: dict | None = None):
-        from platform.topology import MLFLOW_SERVER_ENV, free_port
+        from tests.topology import MLFLOW_SERVER_ENV, free_port
 
         self.base, self.backend, self.account = Path(base), backend, account
         self.port, self.proc = free_port(), None
@@ -321,7 +321,7 @@ class Postgres:
         import glob
         import tempfile
 
-        from platform.topology import free_port
+        from tests.topology import free_port
 
         self.base, self.user, self.password, self.port = Path(tempfile.mkdtemp(prefix="pg-")), user, password, free_port()
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
@@ -369,7 +369,7 @@ class RayHead:
     Ray on the machine)."""
 
     def __init__(self, tmp: Path, env: dict | None = None, args: list[str] | None = None):
-        from platform.topology import free_port
+        from tests.topology import free_port
 
         self.tmp, self.args = Path(tmp), list(args or [])
         self.port, self.dashboard_port = free_port(), free_port()
@@ -411,7 +411,7 @@ class RayHead:
     def stop(self) -> None:
         import signal
 
-        from platform.topology import _kill_leftover_ray
+        from tests.topology import _kill_leftover_ray
 
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)

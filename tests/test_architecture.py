@@ -15,7 +15,7 @@ from tests.helpers import ROOT
 
 # The commands (``python -m platform.<name>``) and what only they use: nothing below them imports these.
 COMMANDS = {"platform.train", "platform.tune", "platform.evaluate", "platform.augment", "platform.report",
-            "platform.topology", "platform.data.fetch", "platform.data.__main__", "platform.sweep_summary"}
+            "platform.data.fetch", "platform.data.__main__", "platform.sweep_summary"}
 
 PACKAGES = ("platform", "methods")
 
@@ -85,6 +85,30 @@ def test_errors_is_the_bottom_of_the_platform():
     assert not {m for m in _imports(known["platform.settings"], known) if m.startswith("platform")}
 
 
+def test_project_modules_import_each_other_only_at_the_top():
+    """An import inside a function hides a layer that points the wrong way; libraries (torch, Ray,
+    MLflow) may still be imported late, where a command or runtime does without them."""
+    known = _modules()
+    late = []
+    for module, path in known.items():
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and _imports_of(node) & set(PACKAGES):
+                        late.append(f"{module}:{node.lineno}")
+    assert not late, late
+
+
+def _imports_of(node: ast.Import | ast.ImportFrom) -> set[str]:
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+    return {name.split(".")[0] for name in names}
+
+
+def test_the_configuration_is_below_the_run_layer():
+    known = _modules()
+    assert not {m for m in _imports(known["platform.config"], known) if m.startswith("platform.run")}
+
+
 def test_the_repository_stands_alone():
     """No file points at material outside the repository; the one exception is the default data
     folder the tests and CI use (the README's commands and the test fixture's hint)."""
@@ -138,9 +162,11 @@ def _python_imports(path: Path) -> set[str]:
 
 
 def test_tests_and_benchmarks_do_not_import_each_other_nor_tests_other_tests():
+    """The one thing both use is the cluster on one machine (``tests/topology.py``)."""
     offenders = []
     for path in (ROOT / "benchmarks").glob("*.py"):
-        offenders += [f"{path.name}: {n}" for n in _python_imports(path) if n.split(".")[0] == "tests"]
+        offenders += [f"{path.name}: {n}" for n in _python_imports(path)
+                      if n.split(".")[0] == "tests" and n != "tests.topology"]
     for path in (ROOT / "tests").glob("*.py"):
         offenders += [f"{path.name}: {n}" for n in _python_imports(path)
                       if n.split(".")[0] == "benchmarks" or n.startswith(("tests.test_", "tests.conftest"))]
@@ -173,7 +199,7 @@ def test_the_readme_code_map_is_the_sweep_path_in_at_most_14_files():
 def test_every_environment_variable_is_named_in_settings_and_the_readme():
     """The platform reads and sets the environment only through ``platform/settings.py`` (the
     cluster launcher's ``cluster.env`` keys aside), and the README's table lists every name there."""
-    allowed = {"settings.py", "cluster.py", "cluster_aws.py", "topology.py"}
+    allowed = {"settings.py", "cluster.py", "cluster_aws.py"}
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "platform").rglob("*.py") if p.name not in allowed
                  for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
                  if "os.environ" in line or "getenv(" in line]

@@ -35,7 +35,7 @@ BUCKET = "platform-runs"
 @pytest.fixture(scope="module")
 def aws(tmp_path_factory):
     """moto's server on a free loopback port; this process's AWS clients pointed at it."""
-    from platform.topology import free_port
+    from tests.topology import free_port
 
     port = free_port()
     base = tmp_path_factory.mktemp("moto")

@@ -132,6 +132,20 @@ def test_recipe_card_says_where_every_value_comes_from():
     assert all(source != "default: no note" for source in una.values()), [k for k, s in una.items() if s.endswith("no note")]
 
 
+def test_every_default_cites_its_source_as_field_metadata():
+    """Each field of the configuration, the shared settings and every ingredient's parameters
+    carries the source of its default as field metadata (``cited``), and the card shows it."""
+    owners = [TrainConfig, SharedParams] + [ing.Params for kind in INGREDIENTS.values() for ing in kind.values()]
+    containers = {"recipe", "shared", "params", "sources"}
+    for owner in owners:
+        for field in dataclasses.fields(owner):
+            if field.name not in containers:
+                assert len(field.metadata.get("source", "")) > 8, (owner.__name__, field.name)
+    card = TrainConfig.build("augcse", "paper").recipe_card()
+    source = {key: why for key, _, why in card}
+    assert source["lambda_disc"] == "default: lambda, Tang et al. App. A.7 (BERT-base, STS); grid 1e-5 ... 1e-2"
+
+
 def test_a_papers_values_follow_its_ingredient_into_combinations():
     """The paper profile's SAN dropout reaches ``recipe`` with SAN's negatives and HiNCE as it
     reaches the named ``san``; two ingredients that set one key differently: the later wins, and

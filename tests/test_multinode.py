@@ -1,4 +1,4 @@
-"""The cluster of cluster.yaml on one machine (``platform/topology.py``): a Ray head with no CPUs
+"""The cluster of cluster.yaml on one machine (``tests/topology.py``): a Ray head with no CPUs
 running the driver, an MLflow server whose artifacts go to an S3 endpoint, two worker nodes that
 see neither the data folder nor the repository's runs/, mlruns/ or caches. Only the network and
 the S3 endpoint connect them; ``output_dir`` is an ``s3://`` URI.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from platform.topology import BUCKET, Topology, available, processes
+from tests.topology import BUCKET, Topology, available, processes
 from tests.helpers import (ROOT, assert_user_error, release_barrier, repo_with_barrier, runs_of, sets, start_cli,
                            steps_of, wait_for)
 

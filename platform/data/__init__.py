@@ -35,6 +35,7 @@ STS_YEARS = {
     "STS16": ("STS16-en-test", ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"]),
 }
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+SHORT_NAMES = {**{t: t for t in STS_TASKS[:5]}, "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
 LAYOUT_HINT = (
     "fetch it with: python -m platform.data fetch senteval; expected SentEval layout: $PLATFORM_DATA_DIR/downstream/STS/STS12-en-test/STS.input.MSRpar.txt, "

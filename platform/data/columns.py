@@ -21,6 +21,7 @@ from typing import Any
 from methods.ingredients import GeneratedColumn
 from methods.recipe import Recipe
 from platform.data.cache import cache_entry, cached, sentences_digest
+from platform.data.pipeline import generate_columns
 from platform.errors import DataError
 
 
@@ -61,8 +62,6 @@ def corpus_columns(
     recipe: Recipe, sentences: list[str], use_ray: bool = True, use_gpu: bool = False, cpus: float = 1.0,
     digest: str | None = None,
 ) -> dict[str, list[str]]:
-    from platform.data.pipeline import generate_columns
-
     columns = {"sentence": sentences}
     digest = digest or sentences_digest(sentences)
     specs = {spec.column: spec for spec in recipe.generated_columns()}

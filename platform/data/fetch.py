@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from platform import settings
+from platform import outputs, settings
 from platform.data import DATA_ENV
 from platform.errors import UserError, cli_main, writable_dir
 
@@ -185,8 +185,6 @@ def _safe_members(tar: tarfile.TarFile):
 def install_senteval(tar_path: Path, root: Path) -> Path:
     """Unpack ``senteval.tar`` and put its ``downstream/`` folder in place in one rename (an
     existing ``downstream/`` only if this command wrote it: ``platform.outputs``)."""
-    from platform import outputs
-
     with tempfile.TemporaryDirectory(dir=root, prefix=".senteval-") as tmp:
         try:
             with tarfile.open(tar_path) as tar:
@@ -204,8 +202,6 @@ def install_senteval(tar_path: Path, root: Path) -> Path:
 
 
 def fetch(what: str, root: Path) -> list[Path]:
-    from platform import outputs
-
     mirror = settings.get(MIRROR_ENV)
     if mirror is not None and not re.match(r"^https?://[^/\s]+", mirror):
         raise UserError(f"{MIRROR_ENV}={mirror!r} is not an http(s) URL; unset it to download from the sources")

@@ -41,6 +41,7 @@ import dataclasses
 import os
 
 import numpy as np
+from platform.evaluation import batched
 
 CLASSIFIERS = ("pytorch", "sklearn")
 SEED = 1111
@@ -162,8 +163,6 @@ def _parallel(calls: list[tuple], jobs: int) -> list:
     The PyTorch classifier's batched engine runs all of them as one program instead."""
     x, y, _, _, nclasses, _, cfg = calls[0][:7]
     if cfg.kind == "pytorch" and cfg.engine == "batched":
-        from platform.evaluation import batched
-
         fits = [batched.Fit(c[2], c[3], c[5], c[7] if len(c) > 7 else None) for c in calls]
         return batched.fit_and_score(x, y, nclasses, fits, cfg)
     if jobs <= 1 or len(calls) == 1:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from platform.data import STS_TASKS
-from platform.evaluation.sts import SHORT_NAMES
+from platform.config import TrainConfig
+from platform.data import SHORT_NAMES, STS_TASKS
 
 
 # Where and how it ran, not what was learned: left off the card.
@@ -18,8 +18,6 @@ OPERATIONAL = {"output_dir", "runtime", "cpus_per_worker", "augment_cpus", "use_
 def non_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """The recorded configuration's values that differ from its recipe's defaults (the papers'),
     leaving out where and how it ran."""
-    from platform.config import TrainConfig
-
     try:
         defaults = TrainConfig.for_recipe(config.get("method", "simcse"),
                                           {k: v for k, v in config.items() if k in ("fidelity", "positives",

@@ -15,18 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.encoder import Encoder
-from platform.data import STS_TASKS, STSPairs, load_sts
-
-SHORT_NAMES = {
-    "STS12": "STS12",
-    "STS13": "STS13",
-    "STS14": "STS14",
-    "STS15": "STS15",
-    "STS16": "STS16",
-    "STSBenchmark": "STS-B",
-    "SICKRelatedness": "SICK-R",
-}
-
+from platform.data import SHORT_NAMES, STS_TASKS, STSPairs, load_sts
 
 def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> float:
     # Imported here: scipy.stats costs every Ray process that loads the loop, most never score.

@@ -8,7 +8,13 @@ import tempfile
 from pathlib import Path
 
 from methods.encoder import Encoder
-from platform.data import STS_TASKS
+from platform.config import TrainConfig, smoke_reason
+from platform.data import SHORT_NAMES, STS_TASKS
+from platform.data.cache import cached
+from platform.evaluation.embedding_cache import encoder_key
+from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
+from platform.evaluation.model_card import model_card
+from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint, storage
 from platform.tracking import recorder, registry
 from platform.tracking.runs import DEV_METRIC, Run
@@ -18,8 +24,6 @@ from platform.tracking.store import git_commit
 def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, float]:
     """The 7 STS tasks and their mean on the checkpoint at ``location`` (a folder or a URI),
     logged on ``run`` as ``sts_<task>`` at the checkpoint's step; printed unless ``quiet``."""
-    from platform.evaluation.sts import STSEvaluator, format_table, with_mean
-
     with storage.local_copy(location) as folder:
         state = checkpoint.read_state(folder)
         encoder = Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"])
@@ -34,10 +38,6 @@ def baseline_sts(backbone: str, pooler: str) -> dict[str, float]:
     """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
     model is measured against. A cache entry keyed by the backbone's weights, tokenizer and the
     pooler (``platform.data.cache``), so each backbone is evaluated once."""
-    from platform.data.cache import cached
-    from platform.evaluation.embedding_cache import encoder_key
-    from platform.evaluation.sts import STSEvaluator, with_mean
-
     encoder = Encoder.from_pretrained(backbone, pooler=pooler)
 
     def build(folder: Path) -> None:
@@ -52,9 +52,6 @@ def baseline_sts(backbone: str, pooler: str) -> dict[str, float]:
 def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False) -> dict[str, float]:
     """The trained model's table beside its backbone's (same pooler) and the difference, printed
     (unless ``quiet``) and logged on ``run`` (``baseline_sts_<task>``, ``delta_sts_<task>``); returns the baseline."""
-    from platform.config import smoke_reason
-    from platform.evaluation.sts import SHORT_NAMES
-
     state = read_state_at(location)
     config = state.get("config", {})
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
@@ -100,8 +97,6 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     also loads) and a version in the Model Registry with ``scores`` and ``dev`` (means over seeds
     where there are several) and ``tags``. A pooler sentence-transformers cannot express leaves
     the Hugging Face folder as the artifact ``best_checkpoint/hf`` instead."""
-    from platform.evaluation.export import ExportUnsupported, export_sentence_transformers
-
     with storage.local_copy(location) as folder, tempfile.TemporaryDirectory() as tmp:
         state = checkpoint.read_state(folder)
         model, pooler = checkpoint.model_dir(folder), state["eval_pooler"]
@@ -120,8 +115,6 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
 
 
 def _cites(config: dict) -> list[str]:
-    from platform.config import TrainConfig
-
     try:
         return list(dict.fromkeys(c.cites for c in TrainConfig.from_flat(config).recipe.classes() if c.cites))
     except Exception:  # noqa: BLE001 - a card without citations beats no card
@@ -132,9 +125,6 @@ def register(run: Run, st_dir: Path, state: dict, scores: dict[str, float], dev:
              tags: dict[str, str] | None = None, baseline: dict[str, float] | None = None, seeds: int = 1) -> None:
     """The exported encoder, with its model card, as the logged model of ``run`` and a version of
     ``<recipe>-encoder``; the ``champion`` alias moves as ``registry.champion_verdict`` says."""
-    from platform.config import smoke_reason
-    from platform.evaluation.model_card import model_card
-
     name = registry.registered_name(state["method"], state["recipe"])
     config = state.get("config", {})
     card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,

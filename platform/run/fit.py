@@ -17,6 +17,7 @@ from typing import Any, Callable
 from platform.config import TrainConfig
 from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
+from platform.data.pipeline import epoch_datasets
 from platform.run import checkpoint, storage
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking import recorder
@@ -107,7 +108,6 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from platform.data.pipeline import epoch_datasets
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     callbacks = []

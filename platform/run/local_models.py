@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from methods.encoder import load_tokenizer
 from platform import settings
-from platform.data.cache import cached
 from platform.data import DATA_ENV
+from platform.data.cache import cached
 
 TINY_MLM = "tiny-random-mlm"
 # The tests' and benchmarks' encoder: 2 layers, 32-d, random weights (seed 0), the MiniLM tokenizer.
@@ -27,7 +28,6 @@ def build_tiny_bert(path: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from methods.encoder import load_tokenizer
 
     with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
         torch.manual_seed(0)
@@ -42,7 +42,6 @@ def ensure_tiny_mlm() -> Path:
         from transformers import BertConfig, BertForMaskedLM
         from transformers.utils import logging as hf_logging
 
-        from methods.encoder import load_tokenizer
 
         tok = load_tokenizer("minilm")
         config = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,

@@ -17,7 +17,10 @@ import socket
 from pathlib import Path
 
 from platform import settings
+from platform.console import drop_notes
+from platform.data.cache import cache_root
 from platform.errors import ClusterError
+from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,8 +34,6 @@ FORWARDED_ENV = settings.FORWARDED
 def worker_env() -> dict[str, str]:
     # Workers run in a copy of the repository, where the default cache would be a new, empty
     # one: they read the driver's, so statistics and generated columns are made once.
-    from platform.data.cache import cache_root
-    from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
     env = {"TOKENIZERS_PARALLELISM": "false", settings.CACHE_DIR: str(cache_root()), GIT_COMMIT_ENV: git_commit()}
     for key in FORWARDED_ENV:
@@ -167,8 +168,6 @@ DRIVER_NOTES = {
 def quiet_driver_loggers() -> None:
     """The driver's share of a quiet console: Ray's notice that a local instance uses token
     authentication (its default), and Ray Data's notes around a dataset's progress bar."""
-    from platform.console import drop_notes
-
     drop_notes(DRIVER_NOTES)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from platform import settings
-from platform.errors import UserError, redact
+from platform.errors import UserError, check_uri, redact, writable_dir
 from platform.outputs import in_ray_job_copy
 
 # pyarrow names its file systems by type; URIs name them by scheme.
@@ -112,22 +112,11 @@ def list_dirs(location: str) -> list[str]:
 TIMEOUT_ENV = settings.STORAGE_TIMEOUT
 
 
-def check_uri(location: str, what: str = "output_dir") -> None:
-    """A storage URI names no credentials: they would be logged with the configuration, written
-    into every checkpoint's state and printed in messages."""
-    if is_uri(location) and redact(location) != location:
-        raise UserError(f"{what} {redact(location)} carries credentials; give them the way the storage client reads "
-                        "them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, an instance role, "
-                        "GOOGLE_APPLICATION_CREDENTIALS), not in the URI")
-
-
 def check_writable(location: str, what: str = "output_dir") -> str:
     """Create ``location`` and prove it takes a file: a read-only disk, a missing bucket, refused
     credentials or storage that does not answer (a cloud client without credentials may retry for
     minutes) become one clear line before Ray starts, not a failure at the first checkpoint."""
     if not is_uri(location):
-        from platform.errors import writable_dir
-
         if in_ray_job_copy(location):
             raise UserError(f"{what} {location} would be inside the job's temporary copy of the repository, which "
                             "Ray deletes: give an s3:// URI (or a folder outside it) with --set output_dir=...")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from methods.encoder import load_tokenizer, max_positions
 from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table
 from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
@@ -26,8 +27,7 @@ from platform.run import storage
 from platform.run.fit import FitResult, fit, release
 from platform.run.local_models import resolve_local_models, uses_random_mlm
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
-from platform.tracking import store
-from platform.tracking import recorder
+from platform.tracking import recorder, store
 from platform.tracking.runs import BEST, Run, checkpoint_exists
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
@@ -47,7 +47,6 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     sentences = read_corpus(corpus, limit=cfg.max_sentences or None)
     if len(sentences) < cfg.batch_size:
         raise DataError(f"corpus {corpus} has {len(sentences)} sentences, fewer than one batch of {cfg.batch_size}")
-    from methods.encoder import load_tokenizer, max_positions
 
     tokenizer = load_tokenizer(cfg.model)
     positions = max_positions(cfg.model)

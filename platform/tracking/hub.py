@@ -11,6 +11,7 @@ from pathlib import Path
 
 from platform import settings
 from platform.errors import UserError
+from platform.tracking import store
 
 ST_FOLDER = "model.sentence_transformer"  # where MLflow's sentence_transformers flavor keeps the model
 
@@ -46,7 +47,6 @@ def model_folder(uri: str, run_id: str, dst: Path) -> Path:
     """The run's logged sentence-transformers model, downloaded under ``dst``: the folder that goes up."""
     import mlflow.artifacts
 
-    from platform.tracking import store
 
     run = store.client(uri).get_run(run_id)
     logged = run.data.tags.get("logged_model")
@@ -63,7 +63,6 @@ def push(uri: str, run_id: str, repo: str) -> str:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    from platform.tracking import store
 
     run = store.client(uri).get_run(run_id)
     print(f"pushing the model of run {run.info.run_name} to the Hugging Face Hub: {repo} ...", flush=True)

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from platform.config import smoke_reason
 from platform.tracking import store
 
 CHAMPION = "champion"
@@ -78,8 +79,6 @@ LINEAGE = ("backbone", "profile", "corpus")
 
 def lineage(backbone: str, profile: str, corpus: str) -> dict[str, str]:
     """A version's lineage tags: what its STS-B dev may be compared with."""
-    from platform.config import smoke_reason
-
     why = smoke_reason(profile, backbone)
     return {"backbone": backbone, "profile": profile, "corpus": corpus, "smoke": "true" if why else "false",
             **({"smoke_note": f"smoke test, not a result: {why}"} if why else {})}

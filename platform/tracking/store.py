@@ -14,8 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from platform import settings
-from platform import errors
+from platform import errors, settings
+from platform.console import drop_notes
 from platform.errors import UserError
 from platform.outputs import in_ray_job_copy
 
@@ -148,8 +148,6 @@ def client(uri: str | None = None):
 def quiet_mlflow_loggers() -> None:
     """MLflow's notes that are not the user's to act on: a new SQLite store's table creation, and
     that the requirements it records drop torch's local version label (``2.13.0+cpu``)."""
-    from platform.console import drop_notes
-
     drop_notes({"mlflow.store.db.utils": ("database tables",),
                 "mlflow.utils.requirements_utils": ("local version label",)})
 

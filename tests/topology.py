@@ -13,7 +13,7 @@
 
 Contributors::
 
-    sudo -E python -m platform.topology up        # prints the variables to export, Ctrl-C stops it
+    sudo -E python -m tests.topology up        # prints the variables to export, Ctrl-C stops it
 
 ``tests/test_multinode.py`` runs the platform's commands against it and
 ``benchmarks/topology_bench.py`` times a sweep on it. Mount namespaces need root
@@ -330,7 +330,7 @@ def _up(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m platform.topology", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tests.topology", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the topology and wait")
     up.add_argument("--workers", type=int, default=2)
