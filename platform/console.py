@@ -68,3 +68,20 @@ def command_parser(prog: str, doc: str, example: str):
     plain = re.sub(r"``([^`]+)``", r"\1", doc).strip()
     return argparse.ArgumentParser(prog=prog, description=plain, formatter_class=Formatter,
                                    epilog=f"example:\n  {example}")
+
+
+def as_number(text: str):
+    """``text`` as an int or a float where it reads as one (a run's params are text)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def short(value) -> str:
+    """A searched value as the console shows it: floats to 3 significant digits (a value read back
+    from a run's params is text)."""
+    value = as_number(value) if isinstance(value, str) else value
+    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -7,13 +7,14 @@ the steps they trained), and Optuna's parameter-importance plot (fANOVA) with it
 from __future__ import annotations
 
 import tempfile
+import textwrap
 from pathlib import Path
 
-from platform.console import format_frame
+from platform.console import as_number, format_frame, short
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.space import SearchSpace
 from platform.tracking import store
-from platform.tracking.runs import Run
+from platform.tracking.runs import BEST, Run
 
 
 # A trial's status in the words of its MLflow run and of the console's trial lines.
@@ -217,16 +218,6 @@ def grid_frame(runs, param: str):
     return frame.sort_values(param).reset_index(drop=True) if len(frame) else frame
 
 
-def as_number(text: str):
-    """``text`` as an int or a float where it reads as one (a run's params are text)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def grid_plot(frame, param: str, path: Path) -> Path:
     import matplotlib
 
@@ -277,3 +268,31 @@ def _markdown(frame) -> str:
     rows = ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row) + " |"
             for row in frame.itertuples(index=False)]
     return "\n".join([head, rule, *rows]) + "\n"
+
+
+def closing_block(uri: str, experiment: str | None, parent: Run, best: Run, result, won: dict, registered: str,
+                  metric: str) -> None:
+    """What the user needs after a sweep, in one place."""
+    dev, n = result.dev, len(result.fits)
+    spread = f" +- {dev[BEST + '_std']:.2f} over {n} seeds" if n > 1 else ""
+    values = textwrap.wrap(", ".join(f"{k}={short(v)}" for k, v in won.items()), width=100 - 16,
+                           break_long_words=False, break_on_hyphens=False) or ["(none searched)"]
+    lines = ["", "=" * 72, "sweep finished", f"  best trial:   {best.name}",
+             *(f"  {'values:' if i == 0 else '':<14}{chunk}" for i, chunk in enumerate(values)),
+             f"  {metric}: {dev[BEST]:.2f}{spread}"]
+    if result.scores:
+        std = f" +- {result.scores['avg_std']:.2f}" if "avg_std" in result.scores else ""
+        lines.append(f"  STS avg:      {result.scores.get('avg', float('nan')):.2f}{std} (table above, against the backbone)")
+    lines += [f"  checkpoint:   {result.checkpoint}",
+              f"  model:        {('models:/' + registered) if '/' in registered else 'not registered'}",
+              f"  trials:       sweep_summary.csv and plots/ in MLflow run {parent.id} (artifacts)",
+              f"  MLflow:       {store.redact(uri)}, experiment {experiment!r}, run {parent.name}",
+              f"  browse it:    {ui_command(uri)}", "=" * 72]
+    print("\n".join(lines), flush=True)
+
+
+def ui_command(uri: str) -> str:
+    """How to open this store's MLflow UI."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {store.redact(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {store.redact(uri)} (then http://127.0.0.1:5000)"

@@ -20,7 +20,7 @@ def _checkpoint(folder, dev: float | None = None, step: int = 1):
 
 
 def _sweep(uri: str, parent: Run, folder):
-    from platform.tune import Sweep, TrialRuns
+    from platform.sweep_runs import Sweep, TrialRuns
 
     return TrialRuns(Sweep(base=None, sentences=[], uri=uri, parent=parent.id, folder=str(folder)))
 
@@ -79,7 +79,7 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
     already ended are left as they are. Only FINISHED trials whose best checkpoint exists in
     storage are ranked."""
     from platform.tracking import recorder
-    from platform.tune import ranked_trials
+    from platform.sweep_runs import ranked_trials
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
     trials = _sweep(mlflow_uri, parent, tmp_path / "sweep")
@@ -223,7 +223,7 @@ def test_train_resume_refuses_a_changed_configuration_naming_the_keys(tiny_model
 def test_tune_resume_refuses_a_changed_configuration_and_a_live_driver(tiny_model, small_corpus, tmp_path, mlflow_uri,
                                                                        cli):
     from platform.space import load_space
-    from platform.tune import SWEEP_STATE, sweep_state
+    from platform.sweep_runs import SWEEP_STATE, sweep_state
 
     out = tmp_path / "runs"
     cfg = _resolved(tiny_model, small_corpus, out)

@@ -1,0 +1,259 @@
+"""A sweep's MLflow runs and its state in storage: the parent run (started, or found again by
+``--resume`` with the same identity), each trial's run, opened and ended by one Tune callback from
+Tune's trial events (``TrialRuns``, the ``MLflowLoggerCallback`` pattern), and the winner recorded
+on the parent at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+from platform import sweep_summary
+from platform.config import TrainConfig
+from platform.console import short
+from platform.errors import ConfigError, UserError
+from platform.run import finalize as final_steps
+from platform.run import storage, unit
+from platform.run.fit import FitResult, release
+from platform.run.loop import total_steps
+from platform.space import SearchSpace
+from platform.tracking import recorder, store
+from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable, checkpoint_exists
+
+SWEEP_STATE = "platform_sweep.json"
+POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow
+
+
+@dataclasses.dataclass
+class Sweep:
+    """What every trial gets (through the object store, once for all trials)."""
+
+    base: TrainConfig
+    sentences: list[str]
+    uri: str
+    parent: str  # the sweep's MLflow run
+    folder: str  # the sweep's folder in output_dir's storage
+    seeds: int = 1
+    grid: str | None = None
+    experiment: str | None = None  # MLflow's (default: the method's name)
+
+
+def latest_sweep(root: str, method: str) -> tuple[str, dict] | None:
+    """The newest sweep of ``method`` under ``output_dir`` (local or object storage) and its state."""
+    for name in reversed(storage.list_dirs(root)):
+        if name.startswith(f"{method}-sweep-"):
+            text = storage.read_text(storage.join(root, name, SWEEP_STATE))
+            if text is not None:
+                return storage.join(root, name), json.loads(text)
+    return None
+
+
+def sweep_state(base: TrainConfig, spec: SearchSpace, seeds: int, grid: str | None) -> dict[str, Any]:
+    """What identifies a sweep: saved when it starts, compared by ``--resume``."""
+    return {"config": base.flat(), "space": spec.as_params(), "num_samples": spec.num_samples, "seeds": seeds,
+            "grid": grid}
+
+
+def resumable_sweep(uri: str, base: TrainConfig, identity: dict[str, Any]) -> tuple[str, dict]:
+    """The sweep ``--resume`` continues, once it is known to have this identity and no live driver."""
+    found = latest_sweep(base.output_dir, base.method)
+    if found is None:
+        raise UserError(f"--resume: no earlier {base.method} sweep under {base.output_dir}")
+    folder, state = found
+    if "config" not in state:
+        raise UserError(f"--resume: {folder} was started by an older version (no saved configuration); start a new sweep")
+    changed = base.differences(state["config"])
+    changed += [f"{key} ({state.get(key)} -> {value})" for key, value in identity.items()
+                if key != "config" and json.dumps(state.get(key)) != json.dumps(value)]
+    if changed:
+        raise ConfigError(f"--resume: the sweep in {folder} was started with another configuration: "
+                          f"{', '.join(changed)}; give the same --profile, --set, --space, --grid, --num-samples and "
+                          "--seeds, or start a new sweep without --resume")
+    parent = store.client(uri).get_run(state["parent_run_id"])
+    if parent.info.status == "FINISHED":
+        raise UserError(f"--resume: the sweep in {folder} finished (best run {parent.data.tags.get('best_run_id')}); "
+                        "there is nothing to resume")
+    if parent.info.status == "RUNNING" and store.driver_alive(parent.data.tags.get(store.DRIVER_TAG)):
+        raise UserError(f"--resume: the sweep in {folder} is still running (process "
+                        f"{parent.data.tags[store.DRIVER_TAG].split(':')[1]}); stop it first (Ctrl-C or kill)")
+    return folder, state
+
+
+def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: dict[str, Any],
+              experiment: str | None = None, extra_tags: dict[str, str] | None = None) -> tuple[Run, str]:
+    """The sweep's parent run, and its state in output_dir's storage, beside Tune's own: --resume
+    finds both there, also when the driver ran in a `ray job submit` working copy that is gone."""
+    name = f"{base.method}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = storage.join(base.output_dir, name)
+    seeds = identity["seeds"]
+    tags = {**(extra_tags or {}), **unit.run_tags(base), "sweep": "true", STORAGE_TAG: folder,
+            **({"seeds": str(seeds)} if seeds > 1 else {})}
+    parent = Run.create(uri, experiment or base.method, name, tags)
+    # The searched keys are logged at the end with the winning values (a parameter is written once):
+    # the parent shows what won, never the unsearched defaults beside the space.
+    parent.log_params({**{k: v for k, v in base.flat().items() if k not in spec.space}, **spec.as_params(),
+                       **({"seeds": seeds} if seeds > 1 else {})})
+    parent.set_tags({"searched": ",".join(spec.space)})
+    parent.log_corpus(base.corpus, corpus.digest, corpus.num_sentences)
+    state = {"parent_run_id": parent.id, "method": base.method, "expected_trials": spec.expected_trials(), **identity}
+    storage.write_text(storage.join(folder, SWEEP_STATE), json.dumps(state, default=str))
+    return parent, folder
+
+
+# ------------------------------------------------------------------------------------------------
+# The trials' runs: opened and ended by the driver, from Tune's trial events
+
+
+def trial_runs(uri: str, parent: str, trial_id: str, where: str = "") -> list:
+    """A trial's MLflow runs under the sweep's parent, newest first."""
+    return store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}'" + where, order_by=["attributes.start_time DESC"])
+
+
+class TrialRuns:
+    """Every trial's MLflow run, from Tune's own events (the ``MLflowLoggerCallback`` pattern):
+    opened when Tune starts the trial (reopened when a resumed sweep runs it again), ended when
+    Tune ends it: FINISHED when its work completed or the scheduler stopped it after a report with
+    its best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted.
+    Before a run ends, the recorder completes its step metrics and names its best checkpoint from
+    storage (``recorder.finish_fit``); a FINISHED trial keeps its best checkpoint, without
+    optimizer state, and nothing else."""
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+
+    def open(self, trial_id: str, config: dict[str, Any]) -> None:
+        sweep = self.sweep
+        found = trial_runs(sweep.uri, sweep.parent, trial_id)
+        if found and found[0].info.status == "FINISHED" and checkpoint_exists(found[0].data.tags.get("best_checkpoint")):
+            return  # the trial reports its result again
+        if found:
+            Run.reopen(sweep.uri, found[0].info.run_id, in_trial=True)
+            return
+        cfg = sweep.base.with_values(config, source="search space")
+        Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), "trial_id": trial_id},
+                   parent=Run(sweep.uri, sweep.parent), in_trial=True)
+
+    def close(self, trial_id: str, outcome: str) -> None:
+        """End the still-open runs of a trial (and of its seeds): ``completed`` where the work
+        marked itself done, else ``outcome`` (``stopped`` by the scheduler, ``failed``,
+        ``interrupted``)."""
+        sweep = self.sweep
+        for found in trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'"):
+            for r in [*store.child_runs(sweep.uri, found.info.run_id, "attributes.status = 'RUNNING'"), found]:
+                done = r.data.tags.get(WORK_DONE_TAG) == "true"
+                fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
+                if done or (r is found and sweep.seeds > 1):  # named by the fit's end (a configuration's: its seeds' best)
+                    best = r.data.tags.get("best_checkpoint")
+                else:  # Tune ended the fit: the recorder completes it from storage
+                    try:
+                        best = recorder.finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
+                    except TrackingUnavailable as exc:  # the run's end is told; its points stay in its checkpoints
+                        print(f"note: {exc}", file=sys.stderr, flush=True)
+                        best = recorder.best_under(fit_folder)
+                    best = best[0] if best else None
+                reason = "completed" if done else outcome
+                extra = {"stopped_by_scheduler": "true"} if reason == "stopped" else None
+                status = Run(sweep.uri, r.info.run_id).end(reason, best, only_if_running=True, tags=extra)
+                if status == "FINISHED" and best and not (r is found and sweep.seeds > 1):  # a fit: never trained again
+                    release_fit(fit_folder, best)
+
+    def close_open(self, states: dict[str, str]) -> None:
+        """After the driver stopped (Ctrl-C, SIGTERM) or died (closed by ``--resume``): each trial
+        run still open ends as Tune's saved state has its trial: stopped (TERMINATED), failed
+        (ERROR), else interrupted (KILLED; ``--resume`` runs the trial again in the same run)."""
+        for found in store.child_runs(self.sweep.uri, self.sweep.parent, "attributes.status = 'RUNNING'"):
+            trial_id = found.data.tags.get("trial_id", "")
+            self.close(trial_id, {"TERMINATED": "stopped", "ERROR": "failed"}.get(states.get(trial_id, ""), "interrupted"))
+
+    def callback(self):
+        """The Tune callback that calls ``open`` and ``close`` on the trials' events."""
+        from ray import tune
+
+        runs = self
+
+        class Callback(tune.Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                runs.open(trial.trial_id, trial.config or {})
+                values = ", ".join(f"{k}={short(v)}" for k, v in (trial.config or {}).items())
+                print(f"[trial {trial.trial_id}] started: {values}", flush=True)
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                runs.close(trial.trial_id, "stopped")
+                print(trial_line(runs.sweep.uri, runs.sweep.parent, trial.trial_id), flush=True)
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                runs.close(trial.trial_id, "failed")
+                print(trial_line(runs.sweep.uri, runs.sweep.parent, trial.trial_id), flush=True)
+
+        return Callback()
+
+
+def release_fit(fit_folder: str, best: str) -> None:
+    """A finished trial's fit keeps its best checkpoint, without optimizer state, and nothing else."""
+    keep = storage.resolve(best)
+    for name in storage.list_dirs(fit_folder):
+        if name.startswith("checkpoint_") and storage.resolve(storage.join(fit_folder, name)) != keep:
+            storage.remove(storage.join(fit_folder, name))
+    release(FitResult(None, best))
+
+
+def trial_line(uri: str, parent: str, trial_id: str) -> str:
+    """A trial's end in the words its MLflow run has (FINISHED, FINISHED stopped early by the
+    scheduler, FAILED, KILLED), with its best STS-B dev."""
+    found = trial_runs(uri, parent, trial_id)
+    if not found:
+        return f"[trial {trial_id}] ended"
+    run = found[0]
+    early = " (stopped early by the scheduler)" if run.data.tags.get("stopped_by_scheduler") == "true" else ""
+    best = run.data.metrics.get(BEST)
+    return f"[trial {trial_id}] {run.info.status}{early}" + (f", best {DEV_METRIC} {best:.2f}" if best is not None else "")
+
+
+# ------------------------------------------------------------------------------------------------
+# The winner
+
+
+def ranked_trials(uri: str, parent: str, metric: str, mode: str) -> list:
+    """FINISHED trial runs with a score and a best checkpoint that exists in storage, best first."""
+    order = "DESC" if mode == "max" else "ASC"
+    runs = store.child_runs(uri, parent, "attributes.status = 'FINISHED'", order_by=[f"metrics.best_{metric} {order}"])
+    return [r for r in runs if f"best_{metric}" in r.data.metrics and checkpoint_exists(r.data.tags.get("best_checkpoint"))]
+
+
+def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
+    """The trials' table and plots, the grid's table, and the best trial: its numbers on the
+    parent, its checkpoint evaluated, exported and registered. Returns that checkpoint."""
+    sweep_summary.summarise(parent, results, spec, total_steps(sweep.base, len(sweep.sentences)))
+    if sweep.grid and sweep.base.final_eval:
+        sweep_summary.grid_table(parent, sweep.grid)
+    ranked = ranked_trials(sweep.uri, sweep.parent, spec.metric, spec.mode)
+    if not ranked:
+        raise UserError("no trial produced a checkpoint; see the trials' errors above")
+    best = Run(sweep.uri, ranked[0].info.run_id, ranked[0].info.run_name)
+    result = unit.read_result(best)
+    step = final_steps.read_state_at(result.checkpoint)["step"]
+    won = {k: ranked[0].data.params.get(k) for k in spec.space}
+    recorder.name_best(parent, result.checkpoint, {"best_run_id": best.id, **{f"best.{k}": v for k, v in won.items()}})
+    logged = parent.info().data.params
+    parent.log_params({k: v for k, v in won.items() if k not in logged})  # the winner's values (searched: tag)
+    recorder.log_results(parent, result.dev, step)
+    unit.finalize(best, result, "full" if sweep.base.final_eval else "none", log_to=(parent,), step=step)
+    registered = best.info().data.tags.get("registered_model", "")
+    parent.set_tags({"registered_model": registered, "mlflow.note.content": _note(sweep, best, won, registered)})
+    sweep_summary.closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)
+    return result.checkpoint
+
+
+def _note(sweep: Sweep, best: Run, won: dict, registered: str) -> str:
+    """The parent run's description (Markdown in MLflow's UI): the winner, with links."""
+    experiment = best.info().info.experiment_id
+    lines = [f"**Best trial:** [{best.name}](#/experiments/{experiment}/runs/{best.id}) with "
+             + ", ".join(f"`{k}={v}`" for k, v in won.items()) + "."]
+    if "/" in registered:
+        name, version = registered.split("/", 1)
+        lines.append(f"**Registered:** [{name} version {version}](#/models/{name}/versions/{version}).")
+    lines.append("Trials: `sweep_summary.csv` and `plots/` in this run's artifacts.")
+    return "\n\n".join(lines)
