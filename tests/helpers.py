@@ -420,7 +420,8 @@ class RayHead:
         self.proc = None
 
 
-def cluster_head(tmp_path_factory, empty_db, name: str, args_for, fake: bool = False) -> RayHead:
+def cluster_head(tmp_path_factory, empty_db, name: str, args_for, fake: bool = False,
+                 env: dict | None = None) -> RayHead:
     """A head as cluster.yaml starts it: MLFLOW_TRACKING_URI and PLATFORM_DATA_DIR exported before
     ``ray start``, so every driver and job on it inherits them; a HOME of its own, where a job's
     caches go."""
@@ -431,10 +432,11 @@ def cluster_head(tmp_path_factory, empty_db, name: str, args_for, fake: bool = F
     ray_tmp = Path(tempfile.mkdtemp(prefix="rayc-"))  # short: Ray's socket paths live under it
     home = base / "home"
     home.mkdir()
-    env = {"MLFLOW_TRACKING_URI": uri, "HOME": str(home), "PLATFORM_DATA_DIR": os.environ["PLATFORM_DATA_DIR"]}
+    head_env = {"MLFLOW_TRACKING_URI": uri, "HOME": str(home), "PLATFORM_DATA_DIR": os.environ["PLATFORM_DATA_DIR"],
+                **(env or {})}
     if fake:
-        env["RAY_FAKE_CLUSTER"] = "1"
-    head = RayHead(ray_tmp, env=env)
+        head_env["RAY_FAKE_CLUSTER"] = "1"
+    head = RayHead(ray_tmp, env=head_env)
     head.args = args_for(head, base)
     head.uri, head.home = uri, home
     return head.start()
@@ -444,3 +446,12 @@ def tiny_run_args(tiny_model, small_corpus, output: Path) -> list[str]:
     """A run of a few steps of the tiny model on one worker: what the cluster tests train."""
     return sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4, eval_steps=2, log_steps=2,
                 num_workers=1, use_gpu="false", output_dir=output)
+
+
+def code_map() -> dict[str, str]:
+    """The README's Code map: ``{file: its job}``, from its numbered lines ``N. `file` — job``."""
+    import re
+
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Code map", 1)[1].split("\n## ", 1)[0]
+    items = re.findall(r"^\d+\. `([\w/]+\.py)` — (.+(?:\n   .+)*)", section, flags=re.M)
+    return {path: " ".join(job.split()) for path, job in items}

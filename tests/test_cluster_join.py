@@ -5,6 +5,9 @@ started and stopped by the real autoscaler). On it, as on the head of ``cluster.
 - the README's sweep command, run with no ``RAY_ADDRESS`` (a shell after ``ray attach``), joins that
   cluster (Ray's convention: what ``ray start`` recorded), and its trials finish once the
   autoscaler has added nodes;
+- every process of that cluster and the driver runs with ``tests/tracer`` on ``PYTHONPATH``: the
+  project modules whose functions the sweep ran (driver, trials, Train workers, Ray Data) are the
+  README's Code map;
 - (``tests/test_cluster_job.py``: the README's ``ray job submit`` line on a real head.)
 """
 
@@ -21,7 +24,7 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.helpers import ROOT, cluster_head, runs_of, tiny_run_args, wait_for
+from tests.helpers import ROOT, cluster_head, code_map, runs_of, tiny_run_args, wait_for
 
 pytestmark = pytest.mark.multinode
 
@@ -54,7 +57,10 @@ def head(tmp_path_factory, _empty_mlflow_db):
         config.write_text(yaml.safe_dump(fake_cluster_config(head.port)))
         return ["--num-cpus", "0", "--num-gpus", "0", f"--autoscaling-config={config}"]
 
-    head = cluster_head(tmp_path_factory, _empty_mlflow_db, "fake-cluster", args, fake=True)
+    trace = tmp_path_factory.mktemp("trace") / "calls.txt"
+    head = cluster_head(tmp_path_factory, _empty_mlflow_db, "fake-cluster", args, fake=True,
+                        env={"PYTHONPATH": str(ROOT / "tests" / "tracer"), "PLATFORM_TRACE_OUT": str(trace)})
+    head.trace = trace
     try:
         yield head
     finally:
@@ -75,17 +81,22 @@ def _jobs(head) -> list[dict]:
         return json.loads(resp.read())
 
 
-def test_the_sweep_on_the_head_joins_the_cluster_and_its_trials_finish_on_added_nodes(head, tiny_model, small_corpus,
-                                                                                      tmp_path):
-    """``python -m platform.tune una`` in a shell on the head (no RAY_ADDRESS): a driver of that
-    cluster, not a private Ray; the head has no CPUs, so every trial ran on nodes the autoscaler
-    added from 0; every trial FINISHED."""
+@pytest.fixture(scope="module")
+def sweep(head, tiny_model, small_corpus, tmp_path_factory):
+    """``python -m platform.tune una`` in a shell on the head (no RAY_ADDRESS), 2 trials."""
     wait_for("the head's raylet", lambda: _alive_nodes(head) == 1, timeout=60)  # the head alone: workers start at 0
-    env = {**os.environ, "RAY_TMPDIR": str(head.tmp), "MLFLOW_TRACKING_URI": head.uri}
+    env = {**os.environ, "RAY_TMPDIR": str(head.tmp), "MLFLOW_TRACKING_URI": head.uri,
+           **{k: head.env[k] for k in ("PYTHONPATH", "PLATFORM_TRACE_OUT")}}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "platform.tune", "una", "--num-samples", "2",
-                           *tiny_run_args(tiny_model, small_corpus, tmp_path / "runs")],
+    return subprocess.run([sys.executable, "-m", "platform.tune", "una", "--num-samples", "2",
+                           *tiny_run_args(tiny_model, small_corpus, tmp_path_factory.mktemp("join") / "runs")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_the_sweep_on_the_head_joins_the_cluster_and_its_trials_finish_on_added_nodes(head, sweep):
+    """A driver of that cluster, not a private Ray; the head has no CPUs, so every trial ran on
+    nodes the autoscaler added from 0; every trial FINISHED."""
+    proc = sweep
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert re.search(rf"^Ray: the cluster this machine belongs to, at \S+:{head.port}", proc.stdout, re.M), proc.stdout
     assert _alive_nodes(head) >= 2
@@ -94,3 +105,22 @@ def test_the_sweep_on_the_head_joins_the_cluster_and_its_trials_finish_on_added_
     _, runs = runs_of(head.uri, "una")
     trials = [r for r in runs if r.data.tags.get("trial_id")]
     assert len(trials) == 2 and all(r.info.status == "FINISHED" for r in trials)
+
+
+# The modules a sweep runs today; the path may shrink, not grow.
+MOST_MODULES_ON_THE_PATH = 35
+
+
+def test_the_code_map_is_what_the_sweep_ran(head, sweep):
+    """Every project module with a function the sweep ran, in the driver, its trials, the Train
+    workers or Ray Data's tasks, is in the README's Code map with its job in a line, and the map
+    lists nothing else."""
+    assert sweep.returncode == 0, sweep.stderr[-4000:]
+    calls = [line.split() for line in head.trace.read_text(encoding="utf-8").splitlines()]
+    ran = {module for _, module, _ in calls}
+    by_worker = {module for pid, module, name in calls if name == "train_loop_per_worker"}
+    assert by_worker == {"platform/run/loop.py"}  # the Train workers were traced, not the driver alone
+    mapped = code_map()
+    assert set(mapped) == ran, (sorted(ran - set(mapped)), sorted(set(mapped) - ran))
+    assert all(len(job) > 10 for job in mapped.values()), mapped
+    assert len(ran) <= MOST_MODULES_ON_THE_PATH, sorted(ran)
