@@ -28,8 +28,8 @@ def _held(tmp_path, step: int) -> tuple:
 
 
 def _registered(uri: str, step: int, trial: bool = False, count: int = 1) -> bool:
-    """Whether Ray Train's controller has registered the checkpoint of ``step`` of ``count`` runs
-    (it then records the run's best score at that step): only registered checkpoints are resumed from."""
+    """Whether Ray Train's controller has committed the checkpoint of ``step`` of ``count`` runs (its
+    points, the best score at that step among them, are sent then): a fit resumes from those only."""
     c, runs = runs_of(uri)
     runs = [r for r in runs if r.info.status == "RUNNING" and bool(r.data.tags.get("trial_id")) == trial]
     return sum(step in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in runs) >= count

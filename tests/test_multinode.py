@@ -87,7 +87,7 @@ def sweep(topology, tiny_model, small_corpus, tmp_path_factory):
     def trials(status: str) -> list:
         return [r for r in runs_of(topo.tracking_uri, "una")[1] if r.data.tags.get("trial_id") and r.info.status == status]
 
-    def registered():  # Ray Train resumes from the checkpoints its controller registered, which then records the best
+    def registered():  # a fit resumes from the checkpoints the controller committed, whose points are then sent
         c, runs = runs_of(topo.tracking_uri, "una")
         return any(3 in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in trials("RUNNING"))
 
@@ -196,7 +196,7 @@ def test_resuming_a_finished_sweep_is_refused(sweep):
 
 
 def _checkpointed(topo, step: int) -> bool:
-    """Whether Ray Train's controller registered the run's checkpoint of ``step`` (it then records the best)."""
+    """Whether Ray Train's controller committed the run's checkpoint of ``step`` (its points are then sent)."""
     c, runs = runs_of(topo.tracking_uri, "simcse")
     runs = [r for r in runs if r.data.params.get("output_dir", "").endswith("killed-node")]
     return bool(runs) and step in steps_of(c, runs[0].info.run_id, "best_stsb_dev_spearman")

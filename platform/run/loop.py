@@ -45,6 +45,8 @@ from platform.run.local_models import resolve_local_models
 from platform.tracking.recorder import StepLog, load_points
 from platform.tracking.runs import BEST, DEV_METRIC
 
+COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
+
 
 def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, Any]:
     """One worker's training. ``config``: ``RunContext.loop_config()`` (or a flat config, for a
@@ -401,6 +403,14 @@ class RayTrainRuntime(Runtime):
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))  # persisted on return
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        if self.is_chief:
+            # A resumed fit starts from the checkpoint the controller committed, not from the newest
+            # one in storage: points go out once they are committed, so none is sent twice.
+            try:
+                ray.train.get_all_reported_checkpoints(ray.train.CheckpointConsistencyMode.COMMITTED,
+                                                       timeout_s=COMMIT_WAIT_S)
+            except Exception:  # no controller to answer: the points are replayed at the fit's end
+                return
         log.persisted()
 
 
