@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import ROOT, run_cli, runs_of, sets
+from tests.helpers import ROOT, run_cli, run_main, runs_of, sets
 
 pytestmark = pytest.mark.e2e
 
@@ -49,7 +49,7 @@ def test_train_on_two_nodes_equals_one_process_end_to_end(two_node_cluster, tiny
     common = dict(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=6, eval_steps=3, log_steps=1,
                   dropout=0.0, data_pipeline="local", output_dir=tmp_path / "runs")
     env = {"MLFLOW_TRACKING_URI": mlflow_uri}
-    proc = _train(sets(**common, runtime="process", num_workers=1, final_eval="false"), env)
+    proc = run_main("train", "simcse", *sets(**common, runtime="process", num_workers=1, final_eval="false"), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _train(sets(**common, num_workers=2, cpus_per_worker=1.5), {**env, "RAY_ADDRESS": two_node_cluster.address})
     assert proc.returncode == 0, proc.stderr[-3000:]

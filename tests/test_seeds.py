@@ -47,13 +47,13 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another(method, tiny_
 def test_a_ray_worker_trains_as_this_process_does_for_one_seed(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """UNA on Ray (one worker; its negatives made per epoch in Ray Data tasks) and in this process,
     one seed: the same losses at every step (up to float sums in another thread count)."""
-    from tests.helpers import run_cli
+    from tests.helpers import run_cli, run_main
 
     common = dict(model=tiny_model, corpus=small_corpus, batch_size=16, max_steps=4, eval_steps=4, log_steps=1,
                   alpha=1, r=50, num_workers=1, final_eval="false", seed=7, output_dir=tmp_path / "runs")
     env = {"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
-    for runtime in ("ray", "process"):
-        proc = run_cli("train", "una", *sets(**common, runtime=runtime), env=env)
+    for runtime, command in (("ray", run_cli), ("process", run_main)):  # the process runtime starts no Ray
+        proc = command("train", "una", *sets(**common, runtime=runtime), env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
     c, runs = runs_of(mlflow_uri, "una")
     by = {r.data.params["runtime"]: r.info.run_id for r in runs}

@@ -22,10 +22,6 @@ from platform import settings
 from platform.errors import UserError, check_uri, redact, writable_dir
 from platform.outputs import in_ray_job_copy
 
-# pyarrow names its file systems by type; URIs name them by scheme.
-_SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
-
-
 def is_uri(location: str | os.PathLike) -> bool:
     return "://" in str(location)
 
@@ -50,12 +46,6 @@ def filesystem(location: str, what: str = "output_dir"):
         return pafs.FileSystem.from_uri(location)
     except Exception as exc:  # unknown scheme, no credentials for the scheme's client
         raise UserError(f"{what} {redact(location)}: cannot open ({_reason(exc)})") from None
-
-
-def uri_of(fs, path: str) -> str:
-    """The inverse of ``filesystem``: what Ray's ``Checkpoint(path, filesystem)`` points at, as one string."""
-    scheme = _SCHEMES.get(getattr(fs, "type_name", "local"))
-    return f"{scheme}://{path}" if scheme else path
 
 
 def write_text(location: str, text: str) -> None:
