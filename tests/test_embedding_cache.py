@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from methods.encoder import Encoder
-from platform.evaluation.embedding_cache import DIGEST_BYTES, EmbeddingStore, _digest, encoder_key, prune
+from platform.data.cache import encoder_key
+from platform.evaluation.embedding_cache import DIGEST_BYTES, EmbeddingStore, _digest, prune
 
 
 def _sentences(n: int) -> list[str]:

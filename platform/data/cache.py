@@ -53,6 +53,26 @@ def sentences_digest(sentences: list[str]) -> str:
     return h.hexdigest()
 
 
+def encoder_key(encoder, pooler: str) -> str:
+    """A digest of the weights, the tokenizer, the pooler and the device type."""
+    import torch
+
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(encoder.backbone.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    tok = encoder.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:  # its padding and truncation settings change with each call: not part of it
+        spec = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("padding", "truncation")}
+        h.update(json.dumps(spec, sort_keys=True).encode())
+    else:
+        h.update(repr(sorted(tok.get_vocab().items())).encode())
+    h.update(f"|{pooler}|{next(encoder.parameters()).device.type}".encode())
+    return h.hexdigest()
+
+
 def entry_key(kind: str, digest: str, params: dict[str, Any]) -> str:
     blob = json.dumps({"kind": kind, "corpus": digest, "params": params}, sort_keys=True, default=str)
     return f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"

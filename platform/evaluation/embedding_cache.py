@@ -18,7 +18,6 @@ write, the least recently used stores go first, never the one being written.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from platform import settings
-from platform.data.cache import cache_root
+from platform.data.cache import cache_root, encoder_key
 from platform.outputs import remove_leftovers, writer_id
 
 DIGEST_BYTES = 16
@@ -36,26 +35,6 @@ DEFAULT_LIMIT_GB = 4.0
 
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
-
-
-def encoder_key(encoder, pooler: str) -> str:
-    """A digest of the weights, the tokenizer, the pooler and the device type."""
-    import torch
-
-    h = hashlib.blake2b(digest_size=16)
-    for name, tensor in sorted(encoder.backbone.state_dict().items()):
-        h.update(name.encode())
-        h.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    tok = encoder.tokenizer
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is not None:  # its padding and truncation settings change with each call: not part of it
-        spec = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("padding", "truncation")}
-        h.update(json.dumps(spec, sort_keys=True).encode())
-    else:
-        h.update(repr(sorted(tok.get_vocab().items())).encode())
-    h.update(f"|{pooler}|{next(encoder.parameters()).device.type}".encode())
-    return h.hexdigest()
 
 
 class EmbeddingStore:

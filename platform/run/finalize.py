@@ -10,8 +10,7 @@ from pathlib import Path
 from methods.encoder import Encoder
 from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS
-from platform.data.cache import cached
-from platform.evaluation.embedding_cache import encoder_key
+from platform.data.cache import cached, encoder_key
 from platform.evaluation.export import ExportUnsupported, export_sentence_transformers, model_card
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint, storage
