@@ -2,8 +2,12 @@
 each function defined in the project's packages: one line ``pid module function`` appended to
 ``$PLATFORM_TRACE_OUT``. Ray's workers run a packed copy of the repository, so a file is named by
 its path from the package folder on. Used by ``tests/test_cluster_join.py`` to check the README's
-Code map against what a sweep runs."""
+Code map against what a sweep runs.
 
+Tracing starts when a process first imports a project module: Ray's own processes (dashboard,
+agents, idle workers) never pay for it."""
+
+import importlib.abc
 import inspect
 import os
 import re
@@ -16,9 +20,7 @@ _seen: set = set()
 _lock = threading.Lock()
 
 
-def _record(frame, event, arg):
-    if event != "call":
-        return
+def _record(frame, event, arg):  # a global trace function: called once per call, returns no local one
     code = frame.f_code
     if code in _seen:
         return
@@ -32,6 +34,16 @@ def _record(frame, event, arg):
             out.write(f"{os.getpid()} {found.group(1)} {code.co_name}\n")
 
 
+class _StartOnProjectImport(importlib.abc.MetaPathFinder):
+    started = False
+
+    def find_spec(self, name, path=None, target=None):
+        if not self.started and (name.startswith(("platform.", "methods.")) or name == "methods"):
+            self.started = True
+            sys.settrace(_record)
+            threading.settrace(_record)
+        return None  # the normal finders import it
+
+
 if _OUT:
-    sys.setprofile(_record)
-    threading.setprofile(_record)
+    sys.meta_path.insert(0, _StartOnProjectImport())
