@@ -2,9 +2,10 @@
 the best checkpoint, and every other number a run logs.
 
 - During a fit, rank 0 keeps each step's metrics as points (``StepLog``) and saves them with every
-  resumable checkpoint. Once a checkpoint is persisted its new points are sent in the background,
-  one attempt each: training never waits on the tracking server, and a restart from a checkpoint
-  never shows points of the attempt it abandoned (they were never persisted, so never sent).
+  resumable checkpoint. Once a checkpoint is one a restart would start from (in storage and, under
+  Ray, committed by Train's controller) its new points are sent in the background, one attempt
+  each: training never waits on the tracking server, and a restart from a checkpoint never shows
+  points of the attempt it abandoned (no such checkpoint held them, so they were never sent).
 - At a fit's end (its own, the sweep's Tune callback for a trial Tune ended, or ``--resume``),
   ``finish_fit`` replays the points of the fit's latest checkpoint, waiting for a server that is
   away: this replay is what a tracking outage costs nothing but time. MLflow stores a point once
@@ -58,7 +59,7 @@ class StepLog:
         self.sent.update(self.recorded)  # the earlier attempt (or the replay) sent them
 
     def persisted(self) -> None:
-        """The checkpoint holding every point so far is in storage: its new points go out."""
+        """The checkpoint holding every point so far is one a restart starts from: its new points go out."""
         new = [p for p in self.recorded if p not in self.sent]
         if self._sender is None or not new:
             return
