@@ -108,7 +108,6 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     callbacks = []
     if tune_reports:  # every evaluation goes on to Tune (and ASHA, which may end the trial on it)

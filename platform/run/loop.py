@@ -30,10 +30,10 @@ import torch
 import torch.distributed as dist
 from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
-from platform import settings
 from methods.encoder import Encoder
 from methods.ingredients import derive_seed
 from methods.recipe import Recipe
+from platform import settings
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
 from platform.data.cache import replace_dir
@@ -334,7 +334,7 @@ class ProcessRuntime(Runtime):
 class RayTrainRuntime(Runtime):
     """A Ray Train worker: DDP through Ray, batches from its Ray Data shard (or read locally),
     every evaluation reported with a resumable checkpoint that Ray persists to storage before
-    ``report`` returns (then rank 0's new points go out)."""
+    ``report`` returns; rank 0's new points go out once Ray Train's controller has committed it."""
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)

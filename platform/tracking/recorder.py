@@ -17,6 +17,8 @@ the best checkpoint, and every other number a run logs.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -75,8 +77,6 @@ class StepLog:
             monitor, self.monitor = self.monitor, None
             # MLflow's monitor sends its last sample on finish, with its client's retries: not
             # waited for when the server is away.
-            import threading
-
             threading.Thread(target=monitor.finish, daemon=True).start()
 
 
@@ -187,10 +187,11 @@ def _send(uri: str, run_id: str, points: list[Point]) -> None:
 
 
 def log_results(run: Run, metrics: dict[str, Any], step: int = 0) -> None:
-    """Numbers that are not step metrics (final scores, seed means, a sweep's winner), at ``step``."""
+    """Numbers that are not step metrics (final scores, seed means, a sweep's winner), at ``step``,
+    retried as the fit's replay is."""
     if metrics:
         ts = int(time.time() * 1000)
-        _send(run.uri, run.id, [(k, float(v), ts, int(step)) for k, v in metrics.items()])
+        replay(run.uri, run.id, [(k, float(v), ts, int(step)) for k, v in metrics.items()])
 
 
 def name_best(run: Run, checkpoint: str, tags: dict[str, str] | None = None) -> None:
@@ -206,8 +207,6 @@ def _system_metrics(uri: str | None, run_id: str):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
     except ImportError:
         return None
-    import logging
-
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter per run
     monitor = SystemMetricsMonitor(run_id, sampling_interval=settings.number(settings.SYSTEM_METRICS_INTERVAL, 10),
                                    samples_before_logging=1, resume_logging=True, tracking_uri=uri)

@@ -7,9 +7,9 @@ with a status that says what happened.
 - FAILED: an error, or work that completed without a checkpoint.
 
 Who ends a run: outside a sweep, the process doing the work (``Run.closing``); in a sweep, the
-driver's Tune callback ends every trial's runs from Tune's own trial events (``platform.tune``),
-the work inside only marking them done; ``--resume`` ends the runs a dead driver left open. Its numbers reach MLflow through
-``platform.tracking.recorder``.
+driver's Tune callback ends every trial's runs from Tune's own trial events
+(``platform.sweep_runs``), the work inside only marking them done; ``--resume`` ends the runs a
+dead driver left open. Its numbers reach MLflow through ``platform.tracking.recorder``.
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ class Run:
         tags = {"git_commit": store.git_commit(), store.DRIVER_TAG: store.driver_id(), **tags}
         if parent is not None:
             tags[store.PARENT_TAG] = parent.id
-        if parent is not None:
             experiment_id = parent.experiment_id or parent.info().info.experiment_id
         else:
             experiment_id = store.ensure_experiment(experiment, uri)
