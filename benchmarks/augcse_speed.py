@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,18 +61,17 @@ def _generate(sentences: list[str], cpus: int) -> float:
     not counted; the actors' start, imports and model loading counted)."""
     import ray
 
-    from platform.data.columns import generate_columns
+    from platform.data.pipeline import Generation, generate_columns
     from platform.run.ray_env import init_ray
 
     columns = [f"aug_{n}" for n in AUGMENTATION_SETS["8-aug"]]
     kwargs = {"columns": columns, "seed": 0, "spacy_model": SPACY, "nltk_data": str(data_dir() / "nltk_data")}
     init_ray(num_cpus=cpus)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            generate_columns(sentences, columns, "methods.augmentations:AugmentationGenerator", kwargs,
-                             Path(tmp) / "out.parquet", use_ray=True, use_gpu=False, cpu_bound=True)
-            return time.perf_counter() - t0
+        t0 = time.perf_counter()
+        job = Generation("methods.augmentations:AugmentationGenerator", kwargs, tuple(columns), cpu_bound=True)
+        generate_columns(sentences, [job], use_ray=True, use_gpu=False)
+        return time.perf_counter() - t0
     finally:
         ray.shutdown()
 

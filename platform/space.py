@@ -15,6 +15,7 @@ the recipe has. A parameter in several files gets the union of their ranges (or 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,30 @@ class SearchSpace:
             if clipped != args:
                 print(f"note: {name} {kind} {args} clipped to {clipped} for this corpus", flush=True)
                 self.space[name] = (kind, clipped)
+
+    def generation_values(self, base: TrainConfig) -> dict[str, list]:
+        """The searched parameters that change a generated column (SAN's ``scale``, AugCSE's
+        ``augmentations``), with every value a trial can draw: each is generated once, before the
+        trials. They must be a choice or a grid: a range would need a new generation per trial."""
+        varying = {}
+        for name, (kind, args) in self.space.items():
+            values = args if kind in ("choice", "grid") else args[:2]
+            made = [base.with_values({name: v}, source=f"tune space {name}").build_recipe().generated_columns()
+                    for v in values]
+            if all(m == made[0] for m in made):
+                continue
+            if kind not in ("choice", "grid"):
+                columns = ", ".join(c.column for c in made[0])
+                raise ConfigError(f"{self.source}: {name} changes the generated column(s) {columns}, made once "
+                                  f"before the trials: search it over a choice of values, not a {kind} range")
+            varying[name] = list(values)
+        return varying
+
+    @staticmethod
+    def generation_configs(base: TrainConfig, varying: dict[str, list]) -> list[TrainConfig]:
+        """``base`` with every combination of ``varying`` (``generation_values``)."""
+        return [base.with_values(dict(zip(varying, combo)), source="search space")
+                for combo in itertools.product(*varying.values())] if varying else []
 
     def to_ray(self) -> dict[str, Any]:
         from ray import tune

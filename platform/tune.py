@@ -56,9 +56,8 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
     run = Run(sweep.uri, found.info.run_id, found.info.run_name, resumed="platform.resumed" in found.data.tags,
               in_trial=True, experiment_id=found.info.experiment_id)
     with run.closing():
-        # A trial may search parameters that change generated columns (SAN's scale): its own corpus
-        # data, from the content-keyed cache when they match the sweep's base.
-        corpus = unit.prepare(cfg, sweep.sentences)
+        # Its columns were generated before the trials (searched SAN scales, AugCSE sets): read here.
+        corpus = unit.prepare(cfg, sweep.sentences, generate=False)
         if not run.resumed:
             run.log_params(cfg.flat())
             run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
@@ -197,6 +196,7 @@ def configure(args: argparse.Namespace) -> tuple[TrainConfig, SearchSpace, int]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     base, spec, seeds = configure(args)
+    varying = spec.generation_values(base)  # refused here, before Ray starts, when one is a range
     extra_tags = parse_tags(args.tags)
     if args.push_to_hub:
         hub.check_access(args.push_to_hub, base.final_eval)
@@ -210,6 +210,8 @@ def main(argv=None) -> int:
             raise UserError(f"--resume: the sweep's runs are in another experiment than --experiment {args.experiment}; "
                             "give the same arguments")
     unit.start(base)
+    unit.generate_all(base, spec.generation_configs(base, varying), sentences,
+                      ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in varying.items()))
     corpus = unit.prepare(base, sentences, check=False)
     # Searched parameters are checked against the corpus per trial, after clipping the space.
     spec.clip(base.build_recipe().space_limits(corpus.states))

@@ -63,6 +63,7 @@ def files(tmp_path_factory, tiny_model, small_corpus):
     (d / "metric.yaml").write_text("metric: accuracy\n" + space)
     (d / "grace0.yaml").write_text(space.replace("{type: asha}", "{type: asha, grace_period: 0}"))
     (d / "corpus.yaml").write_text(space.replace("{beta:", "{corpus: {choice: [a.txt, b.txt]}, beta:"))
+    (d / "scale.yaml").write_text(space.replace("{beta: {uniform: [0.3, 0.8]}}", "{scale: {uniform: [10, 40]}}"))
     user = d / "thesis"
     (user / "src").mkdir(parents=True)
     (user / "thesis.tex").write_text("\\documentclass{article}")
@@ -80,7 +81,8 @@ def files(tmp_path_factory, tiny_model, small_corpus):
         "UNKNOWN_KEY_YAML": str(d / "unknown.yaml"), "NOT_A_CHECKPOINT": str(d / "not-a-checkpoint"),
         "TINY_MODEL": str(tiny_model), "CORPUS": str(small_corpus), "READ_ONLY": str(_read_only_dir(d)),
         "INVISIBLE": str(d / "invisible.txt"), "SPACE_METRIC": str(d / "metric.yaml"),
-        "SPACE_GRACE0": str(d / "grace0.yaml"), "SPACE_CORPUS": str(d / "corpus.yaml"), "USER_FOLDER": str(user),
+        "SPACE_GRACE0": str(d / "grace0.yaml"), "SPACE_CORPUS": str(d / "corpus.yaml"),
+        "SPACE_SCALE": str(d / "scale.yaml"), "USER_FOLDER": str(user),
         "USER_DATA": str(d / "user-data"), "TRUNCATED_MODEL": str(d / "truncated"),
         "BROKEN_CHECKPOINT": str(d / "broken-checkpoint"),
     }

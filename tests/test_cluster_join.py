@@ -53,7 +53,7 @@ def fake_cluster_config(gcs_port: int) -> dict:
 def head(tmp_path_factory, _empty_mlflow_db):
     """The autoscaling cluster: a head with no CPUs, workers from 0."""
     def args(head, base):
-        config = base / "autoscaling.yaml"
+        config = base / "home" / "ray_bootstrap_config.yaml"  # where `ray up` puts it on the head
         config.write_text(yaml.safe_dump(fake_cluster_config(head.port)))
         return ["--num-cpus", "0", "--num-gpus", "0", f"--autoscaling-config={config}"]
 
@@ -88,9 +88,11 @@ def sweep(head, tiny_model, small_corpus, tmp_path_factory):
     env = {**os.environ, "RAY_TMPDIR": str(head.tmp), "MLFLOW_TRACKING_URI": head.uri,
            **{k: head.env[k] for k in ("PYTHONPATH", "PLATFORM_TRACE_OUT")}}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "platform.tune", "una", "--num-samples", "2",
+    proc = subprocess.run([sys.executable, "-m", "platform.tune", "una", "--num-samples", "2",
                            *tiny_run_args(tiny_model, small_corpus, tmp_path_factory.mktemp("join") / "runs")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc.calls = [line.split() for line in head.trace.read_text(encoding="utf-8").splitlines()]  # this sweep's
+    return proc
 
 
 def test_the_sweep_on_the_head_joins_the_cluster_and_its_trials_finish_on_added_nodes(head, sweep):
@@ -116,7 +118,7 @@ def test_the_code_map_is_what_the_sweep_ran(head, sweep):
     workers or Ray Data's tasks, is in the README's Code map with its job in a line, and the map
     lists nothing else."""
     assert sweep.returncode == 0, sweep.stderr[-4000:]
-    calls = [line.split() for line in head.trace.read_text(encoding="utf-8").splitlines()]
+    calls = sweep.calls
     ran = {module for _, module, _ in calls}
     by_worker = {module for pid, module, name in calls if name == "train_loop_per_worker"}
     assert by_worker == {"platform/run/loop.py"}  # the Train workers were traced, not the driver alone
@@ -124,3 +126,30 @@ def test_the_code_map_is_what_the_sweep_ran(head, sweep):
     assert set(mapped) == ran, (sorted(ran - set(mapped)), sorted(set(mapped) - ran))
     assert all(len(job) > 10 for job in mapped.values()), mapped
     assert len(ran) <= MOST_MODULES_ON_THE_PATH, sorted(ran)
+
+
+def _actors(head, class_name: str) -> list[dict]:
+    with urllib.request.urlopen(head.dashboard + "/api/v0/actors?limit=10000&detail=1", timeout=10) as resp:
+        actors = json.loads(resp.read())["data"]["result"]["result"]
+    return [a for a in actors if class_name in (a.get("class_name") or "")]
+
+
+def test_generation_grows_with_the_cluster(head, sweep, data_root, tmp_path):
+    """``platform.augment augcse`` on the head (0 CPUs): its generation actors' pool is sized by
+    the most the autoscaler can add (the launcher config ``ray up`` leaves on the head), not by the
+    CPUs there are when it starts (none), so more than one actor generates once nodes are added."""
+    from platform.data import read_corpus
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(read_corpus(data_root / "corpus" / "wiki1m_for_simcse.first11914.txt.gz",
+                                            limit=2048)) + "\n", encoding="utf-8")
+    assert sweep.returncode == 0, sweep.stderr[-4000:]
+    env = {**os.environ, "RAY_TMPDIR": str(head.tmp), "MLFLOW_TRACKING_URI": head.uri, "HOME": str(head.home),
+           "PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "platform.augment", "augcse", "--corpus", str(corpus),
+                           "--out", str(tmp_path / "augmented"), "--set", "augmentations=4-aug"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    generators = _actors(head, "Generators")
+    assert len(generators) > 1, [(a["class_name"], a["state"], a.get("node_id")) for a in generators]

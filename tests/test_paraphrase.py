@@ -41,7 +41,11 @@ def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_
     monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path / "cache"))
     method = Recipe.named("una", positives="paraphrase", paraphraser=str(tiny_seq2seq), paraphrase_beams=2,
                           paraphrase_max_length=12)
+    with pytest.raises(DataError, match="paraphrase are not in the cache .* made before the trials"):
+        corpus_columns(method, SENTS, use_ray=False, generate=False)  # a sweep's trial reads, never generates
+    assert not list((tmp_path / "cache").glob("gen-*"))
     cols = corpus_columns(method, SENTS, use_ray=False)
+    assert corpus_columns(method, SENTS, use_ray=False, generate=False) == cols
     assert cols["sentence"] == SENTS and len(cols["paraphrase"]) == 4
     assert all(isinstance(p, str) for p in cols["paraphrase"])
     assert statistics_input(cols) == SENTS + cols["paraphrase"]

@@ -146,8 +146,10 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
         assert history and all(m.value > 0 for m in history)
         assert child.data.tags["mlm_random_weights"] == "true"
     assert "r randint [1000, 6000] clipped to" in proc.stdout  # 128 sentences: a small vocabulary
-    scales = {child.data.params["scale"] for child in children}  # SAN: one generation per scale, cached
-    assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) >= len(scales)
+    # SAN: every scale the space holds generated once, in one pass before the first trial started.
+    assert "generating before the trials: san_negative for scale=10|20|30|40 (4 generation(s) of 128" in proc.stdout
+    assert proc.stdout.index("generated in") < proc.stdout.index("] started:")
+    assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) == 4
     assert "sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
     assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
 

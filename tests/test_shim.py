@@ -137,27 +137,21 @@ class SlowFirstBlock:
         return {**batch, self.columns[0]: np.asarray([s.upper() for s in sentences], dtype=object)}
 
 
-def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_ray, tmp_path):
-    """Two actors, three blocks: rows come back in corpus order, each with its own outputs, the
-    same as one process gives."""
-    import pyarrow.parquet as pq
-
-    from platform.data.pipeline import BLOCK_SENTENCES, generate_columns
+def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_ray):
+    """Two actors at most, three blocks, two generators in one pass: rows come back in corpus
+    order, each with its own outputs, the same as one process gives."""
+    from platform.data.pipeline import BLOCK_SENTENCES, Generation, actor_bounds, generate_columns
     from platform.data import read_corpus
 
     base = read_corpus(small_corpus)
     sentences = [f"{s} It's {i}." for i, s in enumerate(base * 6)][: 2 * BLOCK_SENTENCES + 100]
-    columns = ["aug_contraction_expansion", "aug_number_to_word"]
-    generator = "methods.augmentations:AugmentationGenerator"
-    for use_ray in (False, True):
-        generate_columns(sentences, columns, generator, {"columns": columns}, tmp_path / f"{use_ray}.parquet",
-                         use_ray=use_ray, use_gpu=False, cpu_bound=True)
-    alone, pooled = (pq.read_table(tmp_path / f"{r}.parquet").to_pydict() for r in (False, True))
-    assert pooled["sentence"] == sentences
-    assert pooled == alone
-    assert sum(a != s for a, s in zip(pooled["aug_number_to_word"], sentences)) > 500
-
-    generate_columns(sentences, ["upper"], "tests.test_shim:SlowFirstBlock", {"columns": ["upper"]},
-                     tmp_path / "slow.parquet", use_ray=True, use_gpu=False, cpu_bound=True)
-    slow = pq.read_table(tmp_path / "slow.parquet").to_pydict()
-    assert slow["sentence"] == sentences and slow["upper"] == [s.upper() for s in sentences]
+    columns = ("aug_contraction_expansion", "aug_number_to_word")
+    jobs = [Generation("methods.augmentations:AugmentationGenerator", {"columns": list(columns)}, columns, True),
+            Generation("tests.test_shim:SlowFirstBlock", {"columns": ["upper"]}, ("upper",), True)]
+    assert actor_bounds(gpu=False, cpu_bound=True) == (1, 2)  # this Ray's 2 CPUs: no autoscaler config
+    alone, pooled = (generate_columns(sentences, jobs, use_ray=use_ray, use_gpu=False) for use_ray in (False, True))
+    as_lists = [[{c: v.to_pylist() for c, v in job.items()} for job in out] for out in (alone, pooled)]
+    assert as_lists[0] == as_lists[1]
+    augmented, slow = as_lists[1]
+    assert sum(a != s for a, s in zip(augmented["aug_number_to_word"], sentences)) > 500
+    assert slow["upper"] == [s.upper() for s in sentences]  # the slow first block put back in place

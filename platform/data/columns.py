@@ -14,14 +14,13 @@ import dataclasses
 import functools
 import hashlib
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from methods.ingredients import GeneratedColumn
 from methods.recipe import Recipe
-from platform.data.cache import cache_entry, cached, sentences_digest
-from platform.data.pipeline import generate_columns
+from platform.data.cache import cache_entry, cache_root, cached, sentences_digest
+from platform.data.pipeline import Generation, generate_columns
 from platform.errors import DataError
 
 
@@ -40,9 +39,10 @@ class CorpusData:
 
 
 def prepare_corpus(recipe: Recipe, sentences: list[str], use_ray: bool, use_gpu: bool = False,
-                   cpus: float = 1.0) -> CorpusData:
+                   cpus: float = 1.0, generate: bool = True) -> CorpusData:
     digest = sentences_digest(sentences)
-    columns = corpus_columns(recipe, sentences, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus, digest=digest)
+    columns = corpus_columns(recipe, sentences, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus, digest=digest,
+                             generate=generate)
     return CorpusData(columns, prepared_states(recipe, columns), digest)
 
 
@@ -60,39 +60,61 @@ def prepared_states(recipe: Recipe, columns: dict[str, list[str]]) -> dict[str, 
 
 def corpus_columns(
     recipe: Recipe, sentences: list[str], use_ray: bool = True, use_gpu: bool = False, cpus: float = 1.0,
-    digest: str | None = None,
+    digest: str | None = None, generate: bool = True,
 ) -> dict[str, list[str]]:
-    columns = {"sentence": sentences}
+    """``sentence`` and every generated column of ``recipe``, from the user's files or the cache;
+    what the cache lacks is generated first (``generate=False``: a ``DataError`` instead)."""
     digest = digest or sentences_digest(sentences)
-    specs = {spec.column: spec for spec in recipe.generated_columns()}
-    missing: dict[str, list[str]] = {}  # one generation pass per generator (+ group)
-    for column, spec in specs.items():
-        if spec.file:
-            columns[column] = read_generated(Path(spec.file), sentences, column)
-            continue
-        folder = cache_entry(f"gen-{column}", digest, _key(spec))
-        if (folder / "COMPLETE").is_file():
-            columns[column] = read_generated(folder / f"{column}.parquet", sentences, column)
-            continue
-        group = json.dumps([spec.generator, spec.group], sort_keys=True) if spec.group is not None else column
-        missing.setdefault(group, []).append(column)
-
-    for names in missing.values():
-        spec = specs[names[0]]
-        with tempfile.TemporaryDirectory(prefix="generated-") as tmp:
-            path = Path(tmp) / "generated.parquet"
-            kwargs = {"columns": names, **spec.group} if spec.group is not None else spec.kwargs
-            generate_columns(sentences, names, spec.generator, kwargs, path, use_ray, use_gpu, cpus,
-                             cpu_bound=spec.cpu_bound)
-            table = _read_parquet(path)
-            for column in names:
-                part = table.select(["sentence", column])
-                folder = cached(
-                    f"gen-{column}", digest, _key(specs[column]),
-                    lambda tmp_dir, part=part, column=column: _write_parquet(part, tmp_dir / f"{column}.parquet"),
-                )
-                columns[column] = read_generated(folder / f"{column}.parquet", sentences, column)
+    specs = recipe.generated_columns()
+    missing = missing_generations([recipe], digest)
+    if missing and not generate:
+        names = ", ".join(c for job, _ in missing for c in job.columns)
+        raise DataError(f"generated column(s) {names} are not in the cache {cache_root()}: they are made before "
+                        "the trials (was the cache removed during the sweep?)")
+    generate_missing(missing, sentences, digest, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus)
+    columns = {"sentence": sentences}
+    for spec in specs:
+        path = Path(spec.file) if spec.file else cache_entry(f"gen-{spec.column}", digest, _key(spec)) / f"{spec.column}.parquet"
+        columns[spec.column] = read_generated(path, sentences, spec.column)
     return columns
+
+
+Pending = tuple[Generation, dict[str, GeneratedColumn]]  # a generator pass, and the column specs it makes
+
+
+def missing_generations(recipes: list[Recipe], digest: str) -> list[Pending]:
+    """The generator passes that would make every generated column of ``recipes`` the cache lacks:
+    one per generator and settings (a group's columns in one pass, as one spaCy parse for many
+    augmentations)."""
+    jobs: dict[str, Pending] = {}
+    for spec in [s for recipe in recipes for s in recipe.generated_columns() if not s.file]:
+        if (cache_entry(f"gen-{spec.column}", digest, _key(spec)) / "COMPLETE").is_file():
+            continue
+        if spec.group is None:
+            key = json.dumps(_key(spec), sort_keys=True, default=str)
+            jobs.setdefault(key, (Generation(spec.generator, spec.kwargs, (spec.column,), spec.cpu_bound),
+                                  {spec.column: spec}))
+            continue
+        key = json.dumps([spec.generator, spec.group], sort_keys=True, default=str)
+        made = {**(jobs[key][1] if key in jobs else {}), spec.column: spec}
+        jobs[key] = (Generation(spec.generator, {"columns": list(made), **spec.group}, tuple(made), spec.cpu_bound),
+                     made)
+    return list(jobs.values())
+
+
+def generate_missing(pending: list[Pending], sentences: list[str], digest: str, use_ray: bool,
+                     use_gpu: bool = False, cpus: float = 1.0) -> None:
+    """Every pass in one go over the corpus, each column then written to its cache entry."""
+    if not pending:
+        return
+    import pyarrow as pa
+
+    made = generate_columns(sentences, [job for job, _ in pending], use_ray, use_gpu, cpus)
+    for (_, specs), columns in zip(pending, made):
+        for column, values in columns.items():
+            part = pa.table({"sentence": sentences, column: values})
+            cached(f"gen-{column}", digest, _key(specs[column]),
+                   lambda tmp_dir, part=part, column=column: _write_parquet(part, tmp_dir / f"{column}.parquet"))
 
 
 def _key(spec: GeneratedColumn) -> dict:
@@ -109,12 +131,6 @@ def source_digest(module: str) -> str:
     found = importlib.util.find_spec(module)
     origin = Path(found.origin) if found and found.origin else None
     return hashlib.sha256(origin.read_bytes()).hexdigest()[:16] if origin and origin.is_file() else "unknown"
-
-
-def _read_parquet(path: Path):
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path)
 
 
 def _write_parquet(table, path: Path) -> None:

@@ -6,6 +6,8 @@ columns by actors, and cutting a table into blocks.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import numpy as np
 
 from methods.ingredients import import_by_name
 from methods.recipe import Recipe
+from platform import settings
 
 
 class BoundAugment:
@@ -118,46 +121,127 @@ BLOCK_SENTENCES = 512
 MAX_BLOCKS = 4096  # a corpus of millions of sentences stays at thousands of tasks, not tens of thousands
 
 
-def generate_columns(
-    sentences: list[str], columns: list[str], generator: str, kwargs: dict, path: Path, use_ray: bool,
-    use_gpu: bool, cpus: float = 1.0, cpu_bound: bool = False,
-) -> None:
-    """Run ``generator(**kwargs)`` over the sentences (in process, or as Ray Data actors) and
-    write ``sentence`` plus ``columns`` to ``path`` in corpus order."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One generator's pass over the corpus: ``generator(**kwargs)`` (a ``"module:Class"`` whose
+    instances map ``{"sentence": [...]}`` batches) adds ``columns``. ``cpu_bound``: pure Python, one
+    CPU each; otherwise a model (a GPU where the run has them, else a few threads)."""
 
-    cls = import_by_name(generator)
+    generator: str
+    kwargs: dict
+    columns: tuple[str, ...]
+    cpu_bound: bool = False
+
+
+class Generators:
+    """Every generation of one corpus pass, in one actor: each generator built once, on the device
+    the actor reserved (``cpu`` when it holds no GPU: a node's GPU is never used unreserved); the
+    output column ``c`` of job ``i`` is ``"i:c"``."""
+
+    def __init__(self, jobs: list[Generation], device: str | None = None):
+        self.jobs = [(job, _build(job, device)) for job in jobs]
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        out = {"index": batch["index"]}
+        for i, (job, make) in enumerate(self.jobs):
+            made = make({"sentence": batch["sentence"]})
+            out.update({f"{i}:{c}": np.asarray(made[c], dtype=object) for c in job.columns})
+        return out
+
+
+def _build(job: Generation, device: str | None):
+    import inspect
+
+    cls = import_by_name(job.generator)
+    takes_device = device is not None and "device" in inspect.signature(cls).parameters
+    return cls(**job.kwargs, **({"device": device} if takes_device else {}))
+
+
+def generate_columns(sentences: list[str], jobs: list[Generation], use_ray: bool, use_gpu: bool,
+                     cpus: float = 1.0) -> list[dict[str, Any]]:
+    """Every job over the sentences in one pass (in process, or by a pool of Ray Data actors that
+    grows with the cluster): for each job, its columns in corpus order (Arrow arrays)."""
+    import pyarrow as pa
+
     if not use_ray:
-        out = cls(**kwargs)({"sentence": sentences})
-        pq.write_table(pa.table({"sentence": sentences, **{c: list(out[c]) for c in columns}}), path)
-        return
+        table = pa.table(Generators(jobs)({"index": np.arange(len(sentences)), "sentence": sentences}))
+    else:
+        table = _generate_on_ray(sentences, jobs, use_gpu, cpus)
+    return [{c: table.column(f"{i}:{c}") for c in job.columns} for i, job in enumerate(jobs)]
+
+
+def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool, cpus: float):
+    import pyarrow as pa
     import ray
     import ray.data
 
-    gpus = ray.cluster_resources().get("GPU", 0) if use_gpu and not cpu_bound else 0
-    cluster_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    if gpus:
-        actors = max(1, int(gpus))
-    else:  # model-based generators use a few threads each; pure-Python ones one CPU each
-        actors = cluster_cpus if cpu_bound else max(1, cluster_cpus // 2)
-    table = pa.table({"index": list(range(len(sentences))), "sentence": sentences})
+    cpu_bound = all(job.cpu_bound for job in jobs)
+    gpu = use_gpu and not cpu_bound and ray.cluster_resources().get("GPU", 0) + most_resources().get("GPU", 0) > 0
+    lo, hi = actor_bounds(gpu, cpu_bound)
+    table = pa.table({"index": np.arange(len(sentences)), "sentence": sentences})
     # Blocks cut here: a repartition task would wait forever for a CPU the actors hold. Small ones
-    # (about a second of work each) so the actors finish together.
-    ds = arrow_blocks(table, max(actors, min(-(-len(sentences) // BLOCK_SENTENCES), MAX_BLOCKS)))
+    # (about a second of work each) so the actors finish together, and enough for the largest pool.
+    ds = arrow_blocks(table, max(hi, min(-(-len(sentences) // BLOCK_SENTENCES), MAX_BLOCKS)))
     ds = ds.map_batches(
-        cls,
-        fn_constructor_kwargs=kwargs,
-        batch_size=64 if not cpu_bound else 256,
+        Generators,
+        fn_constructor_kwargs={"jobs": jobs, "device": "cuda" if gpu else "cpu"},
+        batch_size=256 if cpu_bound else 64,
         batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=actors),
-        num_gpus=1 if gpus else 0,
+        compute=ray.data.ActorPoolStrategy(min_size=lo, max_size=hi),
+        num_gpus=1 if gpu else 0,
         num_cpus=cpus,  # fractional inside sweeps, where trials' Train workers may hold every CPU
     )
     # Collected and reordered as Arrow (C++), not as Python strings: on a small machine the
     # driver shares the CPUs with the actors.
-    table = pa.concat_tables(ray.get(ds.to_arrow_refs())).sort_by("index")
-    pq.write_table(table.select(["sentence", *columns]), path)
+    return pa.concat_tables(ray.get(ds.to_arrow_refs())).sort_by("index")
+
+
+def actor_bounds(gpu: bool, cpu_bound: bool) -> tuple[int, int]:
+    """A generation pool's smallest and largest size: one actor to start, as many as the cluster
+    can grow to (``most_resources``): a GPU each for GPU generators, one CPU each for pure-Python
+    ones, two for models on CPUs (they use a few threads each)."""
+    import ray
+
+    now = ray.cluster_resources()
+    most = {k: max(now.get(k, 0), v) for k, v in most_resources().items()} or now
+    if gpu:
+        return 1, max(1, int(most.get("GPU", 0)))
+    cpus = int(most.get("CPU", 1))
+    return 1, max(1, cpus if cpu_bound else cpus // 2)
+
+
+def most_resources() -> dict[str, float]:
+    """The most CPUs and GPUs the cluster can grow to: Ray's own reading of the autoscaler's
+    configuration where the autoscaler reports it (what Ray Train checks a worker group against),
+    else the launcher configuration the head runs (``settings.AUTOSCALING_CONFIG``), else {}."""
+    from ray._private.state import state
+
+    with contextlib.suppress(Exception):
+        found = state.get_max_resources_from_cluster_config()
+        if found:
+            return {k: float(v) for k, v in found.items() if k in ("CPU", "GPU")}
+    path = Path(settings.get(settings.AUTOSCALING_CONFIG, settings.BOOTSTRAP_CONFIG)).expanduser()
+    return launcher_maximum(path) if path.is_file() else {}
+
+
+def launcher_maximum(path: Path) -> dict[str, float]:
+    """CPUs and GPUs of a cluster launcher configuration at its largest: the head, plus each worker
+    type at its ``max_workers`` (the cluster's ``max_workers`` caps the workers of all types).
+    Types without ``resources`` (the AWS provider fills them from the instance type when it
+    bootstraps) count nothing."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    cap = int(config.get("max_workers", 10**6))
+    total = {"CPU": 0.0, "GPU": 0.0}
+    for name, node_type in (config.get("available_node_types") or {}).items():
+        count = 1 if name == config.get("head_node_type") else min(int(node_type.get("max_workers", 0)), cap)
+        for key in total:
+            total[key] += count * float((node_type.get("resources") or {}).get(key, 0))
+    return total
 
 
 def arrow_blocks(table, blocks: int):

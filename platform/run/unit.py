@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 from methods.encoder import load_tokenizer, max_positions
 from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table
 from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
-from platform.data.columns import CorpusData, prepare_corpus
+from platform.data.cache import sentences_digest
+from platform.data.columns import CorpusData, generate_missing, missing_generations, prepare_corpus
 from platform.errors import ConfigError, DataError, UserError
 from platform.run import finalize as final_steps
 from platform.run import storage
@@ -87,15 +89,33 @@ def start(cfg: TrainConfig, num_cpus: int | None = None) -> None:
         init_ray(num_cpus=num_cpus)
 
 
-def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True) -> CorpusData:
+def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True, generate: bool = True) -> CorpusData:
     """Once per corpus, on the driver: the generated columns (Ray Data actors under the Ray
     runtime) and the corpus statistics, both cached, so errors surface here and every worker and
-    trial finds them ready."""
+    trial finds them ready. ``generate=False`` (a sweep's trial): the columns must be cached."""
     recipe = cfg.build_recipe()
-    corpus = prepare_corpus(recipe, sentences, use_ray=cfg.runtime == "ray", use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus)
+    corpus = prepare_corpus(recipe, sentences, use_ray=cfg.runtime == "ray", use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus,
+                            generate=generate)
     if check:
         recipe.check_statistics(corpus.states)
     return corpus
+
+
+def generate_all(base: TrainConfig, configs: list[TrainConfig], sentences: list[str], what: str) -> None:
+    """The generated columns of ``base`` and of every configuration in ``configs`` (a sweep's
+    searched generation values, ``what``) that the cache lacks, made in one pass over the corpus
+    by the cluster's actors, said before and timed."""
+    digest = sentences_digest(sentences)
+    pending = missing_generations([cfg.build_recipe() for cfg in [base, *configs]], digest)
+    if not pending:
+        return
+    columns = ", ".join(dict.fromkeys(c for job, _ in pending for c in job.columns))
+    print(f"generating before the trials: {columns}{f' for {what}' if what else ''} "
+          f"({len(pending)} generation(s) of {len(sentences):,} sentences) ...", flush=True)
+    start = time.perf_counter()
+    generate_missing(pending, sentences, digest, use_ray=base.runtime == "ray", use_gpu=base.use_gpu,
+                     cpus=base.augment_cpus)
+    print(f"generated in {time.perf_counter() - start:.1f} s", flush=True)
 
 
 def run_tags(cfg: TrainConfig) -> dict[str, str]:
