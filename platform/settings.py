@@ -30,7 +30,6 @@ NLTK_DATA = "NLTK_DATA"  # NLTK's data folder (default $PLATFORM_DATA_DIR/nltk_d
 AWS_REGIONS = ("AWS_REGION", "AWS_DEFAULT_REGION")  # boto3's and pyarrow's region, the first set wins
 AWS = ("AWS_ENDPOINT_URL", *AWS_REGIONS)  # and S3's endpoint: forwarded to workers
 AUTOSCALING_CONFIG = "PLATFORM_AUTOSCALING_CONFIG"  # the launcher config the head runs: how far generation pools grow
-BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # (its default: where `ray up` puts it on the head)
 LOCAL_RANK = "LOCAL_RANK"  # torchrun's: the GPU of this process, for the loop run without Ray
 
 # -- set: defaults in the platform's own processes (a user's own value kept) ---------------------

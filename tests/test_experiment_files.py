@@ -73,6 +73,7 @@ def test_experiment_run_name_and_tags(cli, tiny_model, small_corpus, tmp_path, m
     assert run.info.run_name == "simcse-short" and run.info.status == "FINISHED"
     assert run.data.tags["purpose"] == "smoke check" and run.data.tags["owner"] == "me"
     # FINISHED: only the best checkpoint stays, without optimizer state
-    assert sorted(p.name for p in (tmp_path / "runs" / "simcse-short").iterdir() if p.is_dir()) == ["best"]
+    (kept,) = [p for p in (tmp_path / "runs" / "simcse-short").iterdir() if p.is_dir()]
+    assert (kept / "model").is_dir() and run.data.tags["best_checkpoint"] == str(kept)
     assert not list((tmp_path / "runs").rglob("train_state.pt"))
     assert_user_error(cli("train", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri}), "simcse-short", "exists")

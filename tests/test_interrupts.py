@@ -54,14 +54,21 @@ def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, sma
     space.write_text("search: optuna\nnum_samples: 2\nmax_concurrent_trials: 2\nscheduler: {type: none}\n"
                      "space:\n  lr: {loguniform: [1.0e-5, 1.0e-4]}\n")
     barrier, held = _held(tmp_path, step=5)
+    # The paper profile's checkpoint policy: 2 epochs of 3 steps, so step 2 writes the model only
+    # (it improves the first score), step 4 the full state (the second epoch's first evaluation).
     args = ["simcse", "--space", str(space), *sets(
-        model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=6, eval_steps=2, log_steps=1, num_workers=1,
-        cpus_per_worker=0.4, data_pipeline="local", final_eval="false", output_dir=tmp_path / "runs", **held)]
+        model=tiny_model, corpus=small_corpus, max_sentences=24, epochs=2, checkpoint_minutes=60, batch_size=8,
+        max_steps=6, eval_steps=2, log_steps=1, num_workers=1, cpus_per_worker=0.4, data_pipeline="local",
+        final_eval="false", output_dir=tmp_path / "runs", **held)]
     env = {"MLFLOW_TRACKING_URI": mlflow_uri}
     proc = start_cli("tune", *args, env=env, cwd=repo)
     wait_for("both trials to reach step 5", lambda: len((barrier / "blocked").read_text().split()) == 2
              if (barrier / "blocked").exists() else False, proc=proc)
-    wait_for("their checkpoints of step 4", lambda: _registered(mlflow_uri, 4, trial=True, count=2), proc=proc)
+    wait_for("their states of step 4", lambda: _registered(mlflow_uri, 4, trial=True, count=2), proc=proc)
+    for fit in (tmp_path / "runs").glob("*/trials/*"):  # a state at 4; the model of step 2 at most besides
+        kept = {int(p.name.split("_")[1]): p for p in fit.glob("checkpoint_0*") if (p / "state.json").is_file()}
+        assert [s for s, p in kept.items() if (p / "train_state.pt").is_file()] == [4], kept
+        assert set(kept) <= {2, 4} and all((p / "model").is_dir() for s, p in kept.items() if s == 2), kept
     _stop(proc, signal.SIGKILL)
     c, runs = runs_of(mlflow_uri)
     assert sorted(r.info.status for r in runs) == ["RUNNING"] * 3  # the driver could not close them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from platform.config import TrainConfig
 from platform.run.loop import local_batches, train_loop_per_worker
@@ -16,11 +17,14 @@ def test_plain_loop_trains_and_keeps_best_checkpoint(tiny_model, small_corpus, t
     )
     out = train_loop_per_worker(cfg.flat())
     assert out["steps"] == 6 and out["best_step"] in (3, 6)
-    state = json.loads((tmp_path / "local" / "best" / "state.json").read_text())
+    from platform.tracking.recorder import best_under
+
+    best = Path(best_under(str(tmp_path / "local"))[0])
+    state = json.loads((best / "state.json").read_text())
     assert state["step"] == out["best_step"]
     assert abs(state["stsb_dev_spearman"] - out["best_stsb_dev_spearman"]) < 1e-9
     assert state["eval_pooler"] == "cls_before_pooler"
-    assert (tmp_path / "local" / "best" / "model" / "model.safetensors").is_file()
+    assert (best / "model" / "model.safetensors").is_file()
 
 
 def test_workers_split_each_global_batch():
@@ -52,4 +56,51 @@ def test_a_run_restored_at_its_end_reports_its_last_state_once(tiny_model, small
     assert first["steps"] == again["steps"] == 4 and again["best_stsb_dev_spearman"] == first["best_stsb_dev_spearman"]
     history = client(mlflow_uri).get_metric_history(run.id, "stsb_dev_spearman")
     assert sorted(m.step for m in history) == [2, 4]
-    assert (tmp_path / "fit" / "latest" / "train_state.pt").is_file() and (tmp_path / "fit" / "best" / "state.json").is_file()
+    states = [p for p in (tmp_path / "fit").glob("checkpoint_*") if (p / "train_state.pt").is_file()]
+    assert max(json.loads((p / "state.json").read_text())["step"] for p in states) == 4
+
+
+def test_the_checkpoint_policy_writes_the_state_when_due_the_model_when_improved():
+    """``checkpoint_minutes`` apart, at an epoch's first evaluation and at the last step: the full
+    state; between them the model when STS-B dev improved, nothing otherwise."""
+    import time
+
+    from platform.run.checkpoint import Kept, Policy
+
+    policy = Policy(minutes=15)
+    assert policy.kind(improved=True, epoch=0, last=False) == "model"
+    assert policy.kind(improved=False, epoch=0, last=False) is None
+    assert policy.kind(improved=False, epoch=1, last=False) == "state"  # a new epoch
+    assert policy.kind(improved=False, epoch=0, last=True) == "state"
+    policy.since = time.monotonic() - 15 * 60
+    assert policy.kind(improved=False, epoch=0, last=False) == "state"
+    policy.wrote_state(epoch=1)
+    assert policy.kind(improved=False, epoch=1, last=False) is None
+    assert Policy(minutes=0).kind(improved=False, epoch=0, last=False) == "state"
+
+    kept = Kept()
+    kept.wrote("m2", "model", improved=True)
+    kept.wrote("s4", "state", improved=False)
+    assert kept.names() == {"m2", "s4"}  # the best as of the state is m2
+    kept.wrote("m5", "model", improved=True)
+    assert kept.names() == {"m2", "s4", "m5"}  # a restart from s4 falls back to m2
+    kept.wrote("s8", "state", improved=False)
+    assert kept.names() == {"s8", "m5"}
+
+
+def test_between_states_an_evaluation_writes_the_model_only_if_it_improves(tiny_model, small_corpus, tmp_path):
+    """The process runtime under the paper profile's policy: what stays at the end is the last
+    state and the best model, the best without the optimizer's state unless it is the last."""
+    from platform.tracking.recorder import best_under
+
+    cfg = TrainConfig.build("simcse", "local", {
+        "model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 16, "max_steps": 6, "eval_steps": 1,
+        "num_workers": 1, "output_dir": str(tmp_path), "checkpoint_minutes": 60})
+    out = train_loop_per_worker(cfg.flat())
+    folders = {int(p.name.split("_")[1]): p for p in (tmp_path / "local").glob("checkpoint_*")}
+    assert set(folders) == {6, out["best_step"]}
+    assert (folders[6] / "train_state.pt").is_file()
+    best, dev = best_under(str(tmp_path / "local"))
+    assert Path(best) == folders[out["best_step"]] and (Path(best) / "model").is_dir()
+    assert (Path(best) / "train_state.pt").is_file() == (out["best_step"] == 6)
+    assert abs(dev - out["best_stsb_dev_spearman"]) < 1e-9

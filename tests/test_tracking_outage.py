@@ -37,7 +37,7 @@ def _train(server, tiny_model, small_corpus, tmp_path, *extra, env=None):
 
 
 def _checkpointed(tmp_path) -> bool:
-    return any((tmp_path / "runs").glob("*/latest/metrics.json"))
+    return any((tmp_path / "runs").glob("*/checkpoint_*/metrics.json"))
 
 
 def _complete(uri: str):

@@ -119,6 +119,7 @@ def _one_operator_context() -> None:
 
 BLOCK_SENTENCES = 512
 MAX_BLOCKS = 4096  # a corpus of millions of sentences stays at thousands of tasks, not tens of thousands
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +221,7 @@ def most_resources() -> dict[str, float]:
         found = state.get_max_resources_from_cluster_config()
         if found:
             return {k: float(v) for k, v in found.items() if k in ("CPU", "GPU")}
-    path = Path(settings.get(settings.AUTOSCALING_CONFIG, settings.BOOTSTRAP_CONFIG)).expanduser()
+    path = Path(settings.get(settings.AUTOSCALING_CONFIG, BOOTSTRAP_CONFIG)).expanduser()
     return launcher_maximum(path) if path.is_file() else {}
 
 

@@ -56,7 +56,7 @@ def export_sentence_transformers(hf_dir: str | Path, out_dir: str | Path, pooler
 
 
 # Where and how it ran, not what was learned: left off the card.
-OPERATIONAL = {"output_dir", "runtime", "cpus_per_worker", "augment_cpus", "use_gpu", "num_workers", "log_steps",
+OPERATIONAL = {"output_dir", "runtime", "cpus_per_worker", "augment_cpus", "use_gpu", "num_workers", "log_steps", "checkpoint_minutes",
                "eval_batch_size", "data_pipeline", "profile"}
 
 

@@ -1,14 +1,21 @@
 """The checkpoint format, and every read and write of it.
 
-A checkpoint is a folder::
+A checkpoint is a folder ``checkpoint_<step>_<id>`` under its fit's folder, of one of two kinds
+(``config.checkpoint_minutes`` says when each is written)::
 
-    model/            the exported encoder in Hugging Face format (what evaluation and export load)
-    state.json        step, epoch, STS-B dev score, recipe, evaluation pooler, the flat config
-    train_state.pt    resumable training state: model with its training heads, optimizer,
-                      scheduler, data position (written where the runtime can resume)
-    rng_rank<r>.pt    each worker's RNG state
-    metrics.json      every step metric of the run up to this checkpoint's step (resumable ones):
-                      what MLflow is sent once the checkpoint is persisted, and again after a restart
+    model/            the exported encoder in Hugging Face format (what evaluation and export load):
+                      in a *model* checkpoint (an evaluation that improved STS-B dev), and in a
+                      *state* checkpoint whose evaluation improved it
+    state.json        step, epoch, STS-B dev score, recipe, evaluation pooler, the flat config; in a
+                      model checkpoint, ``resume_from``: the state checkpoint a restart starts from
+    train_state.pt    (state) model with its training heads, optimizer, scheduler, data position
+    rng_rank<r>.pt    (state) each worker's RNG state
+    metrics.json      (state) every step metric of the run up to this checkpoint's step: what MLflow
+                      is sent once the checkpoint is persisted, and again after a restart
+
+A fit keeps its latest state, its best model, and the best model as of that state (what a
+restart from it falls back to): ``keep``. A restart removes what the abandoned attempt wrote
+after the state it starts from.
 
 Everything resumable is read with ``weights_only=True``: tensors and plain values, never code.
 """
@@ -18,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +34,15 @@ import torch
 
 from methods.encoder import Encoder
 from platform.errors import DataError
+from platform.run import storage
 from platform.tracking.recorder import POINTS_FILE
 
 STATE = "state.json"
 MODEL = "model"
 TRAIN_STATE = "train_state.pt"
 POINTS = POINTS_FILE  # read back by platform.tracking.recorder
+PREFIX = "checkpoint_"
+STATE_KIND, MODEL_KIND = "state", "model"
 
 
 @dataclasses.dataclass
@@ -43,6 +55,7 @@ class Position:
     train_time_s: float = 0.0
     best: float = float("-inf")  # best STS-B dev so far
     best_step: int = 0
+    best_name: str = ""  # the checkpoint folder holding that best model
 
     def improve(self, dev: float) -> bool:
         if dev > self.best:
@@ -51,9 +64,68 @@ class Position:
         return False
 
 
-def save(directory: Path, encoder: Encoder, state: dict[str, Any]) -> Path:
-    """The evaluable part: the encoder in Hugging Face format plus ``state.json``."""
-    encoder.save_pretrained(directory / MODEL)
+def new_name(step: int) -> str:
+    """A fresh checkpoint folder name: by step, and unique (a restarted attempt trains steps again)."""
+    return f"{PREFIX}{step:08d}_{uuid.uuid4().hex[:8]}"
+
+
+def step_of(name: str) -> int:
+    return int(name[len(PREFIX):].split("_")[0])
+
+
+class Policy:
+    """Which checkpoint an evaluation writes: the full *state* when one is due (``minutes`` since
+    the last, 0 for every evaluation; an epoch's first evaluation; the last step), else the *model*
+    when STS-B dev improved, else none. SimCSE's trainer likewise saves the model only when the
+    dev score improves; the optimizer state (2x the model) is what a restart needs, not the registry."""
+
+    def __init__(self, minutes: float, epoch: int = 0):
+        self.minutes, self.epoch, self.since = minutes, epoch, time.monotonic()
+
+    def kind(self, improved: bool, epoch: int, last: bool) -> str | None:
+        due = last or self.minutes == 0 or epoch > self.epoch or time.monotonic() - self.since >= self.minutes * 60
+        return STATE_KIND if due else MODEL_KIND if improved else None
+
+    def wrote_state(self, epoch: int) -> None:
+        self.epoch, self.since = epoch, time.monotonic()
+
+
+class Kept:
+    """The checkpoints a fit keeps (names under its folder): the latest state, the best model, and
+    the best model as of that state."""
+
+    def __init__(self, state: str = "", best: str = ""):
+        self.state, self.best, self.settled = state, best, best
+
+    def wrote(self, name: str, kind: str, improved: bool) -> None:
+        if improved:
+            self.best = name
+        if kind == STATE_KIND:
+            self.state, self.settled = name, self.best
+
+    def names(self) -> set[str]:
+        return {n for n in (self.state, self.best, self.settled) if n}
+
+
+def prune(location: str, keep: set[str], whole: bool = False) -> None:
+    """Every checkpoint folder under a fit's ``location`` (a folder or URI) not in ``keep`` loses
+    what it holds. During a fit the folder itself stays, with a note: Ray Train's run snapshot
+    lists every checkpoint reported, and refuses to resume when one is missing. ``whole``: the
+    folders go too (a finished fit, never trained again)."""
+    for name in storage.list_dirs(location):
+        folder = storage.join(location, name)
+        if not name.startswith(PREFIX) or name in keep:
+            continue
+        if whole or ".tmp-" in name:
+            storage.remove(folder)
+        elif storage.exists(storage.join(folder, STATE)):
+            storage.empty(folder, "removed by the fit's checkpoint policy (platform.run.checkpoint.Kept)\n")
+
+
+def save(directory: Path, encoder: Encoder | None, state: dict[str, Any]) -> Path:
+    """``state.json``, with the encoder in Hugging Face format (the evaluable part) unless None."""
+    if encoder is not None:
+        encoder.save_pretrained(directory / MODEL)
     (directory / STATE).write_text(json.dumps(state, indent=2), encoding="utf-8")
     return directory
 

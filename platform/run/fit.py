@@ -1,10 +1,10 @@
 """One fit of one configuration and seed: Ray Train's ``TorchTrainer`` (DDP workers, every
 evaluation's checkpoint persisted to ``storage_path``) or the training loop in this process
 (``runtime=process``). Its end is the recorder's (``platform.tracking.recorder.finish_fit``): the
-run's step metrics completed from its latest checkpoint, its best checkpoint decided from storage.
+run's step metrics completed from its latest state checkpoint, its best checkpoint decided from storage.
 
 A fit named like an earlier one in the same storage continues it: Ray Train restores the run of
-that name from its latest checkpoint; the process runtime restores ``<run_dir>/latest``.
+that name from its latest state; the process runtime from the latest state under its folder.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from platform.data.pipeline import epoch_datasets
 from platform.run import checkpoint, storage
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking import recorder
-from platform.tracking.runs import DEV_METRIC, Run
+from platform.tracking.runs import Run
 
 
 INTERRUPTED_WAIT_S = 15.0  # an interrupted fit's end: how long it waits for the tracking server
@@ -32,18 +32,16 @@ class FitResult:
     best_dev: float | None
     checkpoint: str | None  # the best checkpoint: a local folder or a URI in output_dir's storage
     metrics: dict = dataclasses.field(default_factory=dict)  # the last report (Ray) or the loop's summary
-    latest: str | None = None  # the latest checkpoint (what a resumed fit continues from)
 
 
 def release(result: FitResult) -> None:
     """Once the fit's run is FINISHED (never trained again): only what the registry, the report and
-    evaluation need stays, the best checkpoint without its optimizer state; the latest checkpoint,
-    when it is another one, goes."""
+    evaluation need stays, the best checkpoint without its optimizer state; every other goes."""
     if result.checkpoint is None:
         return
     storage.remove(storage.join(result.checkpoint, checkpoint.TRAIN_STATE))
-    if result.latest and storage.resolve(result.latest) != storage.resolve(result.checkpoint):
-        storage.remove(result.latest)
+    folder, name = result.checkpoint.rstrip("/").rsplit("/", 1)
+    checkpoint.prune(folder, {name}, whole=True)
 
 
 def dev_pairs() -> dict[str, list]:
@@ -61,11 +59,12 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
     ctx = RunContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences,
                      tracking_uri=run.uri if run else None, run_id=run.id if run else None, dev=dev_pairs(),
                      label=label, resumed=bool(run and run.resumed))
-    folder = storage.join(storage_path, name)  # the fit's checkpoints: Ray Train's, or the loop's latest and best
+    folder = storage.join(storage_path, name)  # the fit's checkpoints (Ray Train's run folder, or the loop's)
     uri, run_id = (run.uri, run.id) if run else (None, None)
     try:
+        ctx.run_dir = folder
         if cfg.runtime == "process":
-            ctx.corpus, ctx.run_dir = corpus, folder
+            ctx.corpus = corpus
             metrics = train_loop_per_worker(ctx)
         else:
             metrics = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
@@ -76,7 +75,7 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
             recorder.finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
         raise
     best = recorder.finish_fit(uri, run_id, folder)
-    return FitResult(best[1] if best else None, best[0] if best else None, metrics, recorder.latest_under(folder))
+    return FitResult(best[1] if best else None, best[0] if best else None, metrics)
 
 
 def _off_the_main_thread(fn: Callable[[], Any]) -> Any:
@@ -129,10 +128,9 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage_path,  # a URI on a cluster: every node reads and writes checkpoints there
-            # Every evaluation reports a resumable checkpoint; Ray keeps the best by STS-B dev and
-            # always the latest, which a restarted worker group resumes from.
-            checkpoint_config=ray.train.CheckpointConfig(
-                num_to_keep=1, checkpoint_score_attribute=DEV_METRIC, checkpoint_score_order="max"),
+            # Ray keeps every checkpoint reported; the loop's rank 0 empties what the fit no longer
+            # keeps (checkpoint.Kept: the latest state, the best model, the best as of that state).
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
             callbacks=callbacks,
         ),

@@ -16,12 +16,14 @@ import contextlib
 import dataclasses
 import importlib.util
 import itertools
+import json
 import logging
 import pickle
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,7 +38,6 @@ from methods.recipe import Recipe
 from platform import settings
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
-from platform.data.cache import replace_dir
 from platform.data.columns import CorpusData, prepare_corpus
 from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
@@ -105,8 +106,8 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
                 model.train()
         if pos.step >= steps:
             break
+    rt.close()  # the checkpoints' commits awaited: their points are handed to the log
     log.close()
-    rt.close()
     return {"steps": pos.step, "train_time_s": pos.train_time_s, BEST: pos.best, "best_step": pos.best_step}
 
 
@@ -139,30 +140,36 @@ def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
 
 def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, pos: Position,
                         window: list[float], optim, log: StepLog, steps: int, record: bool = True) -> None:
-    """STS-B dev on rank 0 (its one console line; the step metrics so far go out to MLflow), then
-    the runtime's report with a checkpoint of this step."""
+    """STS-B dev on rank 0 (its one console line), then the runtime's report with the checkpoint
+    the policy asks for (``checkpoint.Policy``: the full state when due, the model when improved,
+    else none)."""
     metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": sum(window) / max(len(window), 1),
                                "train_time_s": pos.train_time_s}
-    write, improved = None, False
+    write, kind, improved = None, None, False
     if rt.is_chief:
         exported = recipe.export_encoder(model)
         dev = evaluator(exported, pooler=recipe.eval_pooler())["STSBenchmark"]
         improved = pos.improve(dev)
+        kind = rt.policy.kind(improved, pos.epoch, last=pos.step >= steps)
         metrics.update({DEV_METRIC: dev, BEST: pos.best})
         state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, "method": cfg.method,
                  "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(), "config": cfg.flat()}
 
-        if record:  # the best so far goes with this step's points: sent once this checkpoint is persisted
+        if record:  # the best so far goes with this step's points: sent once a state holding them is persisted
             log({DEV_METRIC: dev, BEST: pos.best, "train_loss_avg": metrics["train_loss_avg"]}, pos.step)
 
-        def write(folder: Path, resumable: bool = True) -> None:
-            checkpoint.save(folder, exported, state)
+        def write(folder: Path, name: str) -> None:
+            if improved:
+                pos.best_name = name  # saved with the state: what a restart from it keeps as the best
+            resumable = kind == checkpoint.STATE_KIND
+            checkpoint.save(folder, exported if improved else None,
+                            state if resumable else {**state, "resume_from": rt.kept.state})
             if resumable:
                 checkpoint.save_train_state(folder, model, *optim, pos)
                 checkpoint.save_points(folder, log.points())
 
         say(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved))
-    rt.report(metrics, write, improved, log)
+    rt.report(metrics, write, kind, improved, log)
 
 
 def announce_resume(pos: Position, log: StepLog) -> None:
@@ -204,7 +211,7 @@ class RunContext:
     corpus: CorpusData | None = None  # the prepared corpus, when the driver runs the loop itself
     tracking_uri: str | None = None  # MLflow run that rank 0 logs step metrics to (None: print only)
     run_id: str | None = None
-    run_dir: str | None = None  # process runtime: where its latest and best checkpoints are kept
+    run_dir: str | None = None  # the fit's folder (a path or URI): its checkpoints, pruned by rank 0
     # STS-B dev ({"sent1", "sent2", "scores"} lists) read by the driver: a worker on another node
     # has no data folder. None: rank 0 reads it from $PLATFORM_DATA_DIR.
     dev: dict[str, list] | None = None
@@ -232,9 +239,19 @@ class RunContext:
 class Runtime:
     """Rank, world size and device of this worker; its batches, checkpoints and metric log."""
 
+    prunes_whole = True  # checkpoints the fit no longer keeps go whole (Ray Train's must stay listed)
+
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         self.ctx, self.cfg = ctx, cfg
         self.rank, self.world, self.device = 0, 1, torch.device("cpu")
+        self.policy, self.kept = checkpoint.Policy(cfg.checkpoint_minutes), checkpoint.Kept()
+
+    def restored(self, name: str, pos: Position) -> Position:
+        """Started again from the state checkpoint ``name``: what the abandoned attempt wrote after it goes."""
+        self.policy, self.kept = checkpoint.Policy(self.cfg.checkpoint_minutes, pos.epoch), checkpoint.Kept(name, pos.best_name)
+        if self.is_chief and self.ctx.run_dir:
+            checkpoint.prune(self.ctx.run_dir, self.kept.names(), whole=self.prunes_whole)
+        return pos
 
     @property
     def is_chief(self) -> bool:
@@ -269,11 +286,11 @@ class Runtime:
         its step metrics into ``log``."""
         return None
 
-    def report(self, metrics: dict[str, Any], write: Callable[..., None] | None, improved: bool,
-               log: StepLog) -> None:
-        """Hand an evaluation's metrics on with a checkpoint of this step, which ``write(folder,
-        resumable=True)`` fills on rank 0 (with the step metrics so far, which MLflow is sent once
-        the checkpoint is persisted: ``log.persisted()``)."""
+    def report(self, metrics: dict[str, Any], write: Callable[[Path, str], None] | None, kind: str | None,
+               improved: bool, log: StepLog) -> None:
+        """Hand an evaluation's metrics on, with a checkpoint of ``kind`` (rank 0's choice) that
+        ``write(folder, name)`` fills on rank 0; a state holds the step metrics so far, which MLflow
+        is sent once the state is persisted (``log.persisted``)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -287,9 +304,8 @@ class Runtime:
 
 
 class ProcessRuntime(Runtime):
-    """This process (``torch.distributed`` ranks if initialised). Under ``run_dir`` (default
-    ``output_dir/local``) it keeps ``latest`` (resumable: model, heads, optimizer, scheduler, data
-    position, RNG) and ``best`` (the encoder and its state), each replaced in one rename."""
+    """This process (``torch.distributed`` ranks if initialised). Its checkpoints are folders under
+    ``run_dir`` (default ``output_dir/local``), each written aside and renamed into place."""
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
@@ -298,6 +314,7 @@ class ProcessRuntime(Runtime):
         if cfg.use_gpu and torch.cuda.is_available():
             self.device = torch.device("cuda", int(settings.get(settings.LOCAL_RANK) or 0))
         self.run_dir = Path(ctx.run_dir or Path(cfg.output_dir) / "local")
+        self.ctx = dataclasses.replace(ctx, run_dir=str(self.run_dir))
 
     def wrap(self, model):
         model.to(self.device)
@@ -307,34 +324,42 @@ class ProcessRuntime(Runtime):
         return model
 
     def restore(self, model, optimizer, schedule, log):
-        latest = self.run_dir / "latest"
-        if not (latest / checkpoint.TRAIN_STATE).is_file():
+        states = sorted(p for p in self.run_dir.glob(checkpoint.PREFIX + "*")
+                        if (p / checkpoint.TRAIN_STATE).is_file() and ".tmp-" not in p.name)
+        if not states:
             return None
+        latest = max(states, key=lambda p: checkpoint.step_of(p.name))
         pos = checkpoint.load_train_state(latest, self.rank, model, optimizer, schedule)
         log.restore(load_points(str(latest)), pos.step)
-        return pos
+        return self.restored(latest.name, pos)
 
-    def report(self, metrics, write, improved, log):
+    def report(self, metrics, write, kind, improved, log):
         if self.world > 1:
             dist.barrier()
-        if not (self.is_chief and write):
+        if not (self.is_chief and kind):
             return
-        self._write("latest", lambda folder: (write(folder), checkpoint.save_rng(folder, self.rank)))
-        if improved:
-            self._write("best", lambda folder: write(folder, resumable=False))
-        log.persisted()
-
-    def _write(self, name: str, fill: Callable[[Path], Any]) -> None:
+        name = checkpoint.new_name(metrics["step"])
+        state = kind == checkpoint.STATE_KIND
         self.run_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=self.run_dir))
-        fill(staging)
-        replace_dir(staging, self.run_dir / name)
+        write(staging, name)
+        if state:
+            checkpoint.save_rng(staging, self.rank)
+        staging.rename(self.run_dir / name)
+        self.kept.wrote(name, kind, improved)
+        if state:
+            self.policy.wrote_state(metrics["epoch"])
+            log.persisted()
+        checkpoint.prune(str(self.run_dir), self.kept.names(), whole=True)
 
 
 class RayTrainRuntime(Runtime):
     """A Ray Train worker: DDP through Ray, batches from its Ray Data shard (or read locally),
-    every evaluation reported with a resumable checkpoint that Ray persists to storage before
-    ``report`` returns; rank 0's new points go out once Ray Train's controller has committed it."""
+    every evaluation reported, with the checkpoint the policy chose uploaded by Ray in the
+    background; once Ray Train's controller has committed it, rank 0 sends a state's points and
+    prunes what the fit no longer keeps."""
+
+    prunes_whole = False
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
@@ -350,6 +375,7 @@ class RayTrainRuntime(Runtime):
         if spec is not None and spec.origin:
             logging.getLogger(spec.origin).setLevel(logging.WARNING)
         self.device = ray.train.torch.get_device()
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
 
     def wrap(self, model):
         import ray.train.torch
@@ -381,37 +407,76 @@ class RayTrainRuntime(Runtime):
         return self._corpus
 
     def restore(self, model, optimizer, schedule, log):
-        """The latest reported checkpoint: Ray Train restarts a failed worker group with it."""
+        """The state a restart starts from: Ray Train's latest committed checkpoint, or the state a
+        model checkpoint names (``resume_from``); None before the first state (a fresh start)."""
         import ray.train
 
         found = ray.train.get_checkpoint()
         if found is None:
             return None
         with found.as_directory() as directory:
+            if not (Path(directory) / checkpoint.TRAIN_STATE).is_file():
+                name = json.loads((Path(directory) / checkpoint.STATE).read_text()).get("resume_from")
+                if not name:
+                    return None
+                found = ray.train.Checkpoint(path=f"{found.path.rstrip('/').rsplit('/', 1)[0]}/{name}",
+                                             filesystem=found.filesystem)
+        with found.as_directory() as directory:
             pos = checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule)
             log.restore(load_points(str(directory)), pos.step)
-            return pos
+        return self.restored(found.path.rstrip("/").rsplit("/", 1)[1], pos)
 
-    def report(self, metrics, write, improved, log):
+    def report(self, metrics, write, kind, improved, log):
         import ray.train
 
+        kind, name = self._agree(kind, metrics["step"])
+        if kind is None:
+            ray.train.report(metrics)
+            return
+        state = kind == checkpoint.STATE_KIND
         folder = Path(tempfile.mkdtemp(prefix="ckpt-"))
-        try:
+        if state:
             checkpoint.save_rng(folder, self.rank)
-            if self.is_chief and write:
-                write(folder)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))  # persisted on return
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
         if self.is_chief:
-            # A resumed fit starts from the checkpoint the controller committed, not from the newest
-            # one in storage: points go out once they are committed, so none is sent twice.
-            try:
-                ray.train.get_all_reported_checkpoints(ray.train.CheckpointConsistencyMode.COMMITTED,
-                                                       timeout_s=COMMIT_WAIT_S)
-            except Exception:  # no controller to answer: the points are replayed at the fit's end
-                return
-        log.persisted()
+            write(folder, name)
+        found = ray.train.Checkpoint.from_directory(str(folder)) if self.is_chief or state else None
+        # Uploaded in the background (Ray removes the local copy after): the loop goes on training.
+        ray.train.report(metrics, checkpoint=found, checkpoint_dir_name=name,
+                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+                         delete_local_checkpoint_after_upload=True)
+        if found is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not self.is_chief:
+            return
+        self.kept.wrote(name, kind, improved)
+        if state:
+            self.policy.wrote_state(metrics["epoch"])
+        self._committer.submit(self._committed, log, log.points() if state else None, self.kept.names() | {name})
+
+    def _agree(self, kind: str | None, step: int) -> tuple[str | None, str | None]:
+        """Rank 0's choice of checkpoint, and its folder name, on every rank (one merged folder)."""
+        choice = [(kind, checkpoint.new_name(step) if kind else None)]
+        if self.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+    def _committed(self, log: StepLog, points, keep: set[str]) -> None:
+        """Once Ray Train's controller committed the checkpoint (what a resumed fit starts from): a
+        state's points go out, and what the fit no longer keeps is removed."""
+        import ray.train
+
+        try:
+            ray.train.get_all_reported_checkpoints(ray.train.CheckpointConsistencyMode.COMMITTED,
+                                                   timeout_s=COMMIT_WAIT_S)
+        except Exception:  # no controller to answer: the points are replayed at the fit's end
+            return
+        if points is not None:
+            log.persisted(points)
+        if self.ctx.run_dir:
+            checkpoint.prune(self.ctx.run_dir, keep)
+
+    def close(self) -> None:
+        self._committer.shutdown(wait=True)
 
 
 def make_runtime(ctx: RunContext, cfg: TrainConfig) -> Runtime:

@@ -90,6 +90,15 @@ def remove(location: str) -> None:
         fs.delete_file(path)
 
 
+def empty(location: str, note: str, name: str = "PRUNED") -> None:
+    """Delete what the folder at ``location`` holds, leaving the file ``name`` with ``note``: the
+    folder stays for whoever still lists it."""
+    fs, path = filesystem(location)
+    fs.delete_dir_contents(path, missing_dir_ok=True)
+    with fs.open_output_stream(f"{path}/{name}") as out:
+        out.write(note.encode("utf-8"))
+
+
 def list_dirs(location: str) -> list[str]:
     """The names of the folders directly under ``location`` (none if it does not exist)."""
     import pyarrow.fs as pafs

@@ -60,9 +60,10 @@ class StepLog:
         self.recorded = [tuple(p) for p in points if p[3] <= step]
         self.sent.update(self.recorded)  # the earlier attempt (or the replay) sent them
 
-    def persisted(self) -> None:
-        """The checkpoint holding every point so far is one a restart starts from: its new points go out."""
-        new = [p for p in self.recorded if p not in self.sent]
+    def persisted(self, points: list[Point] | None = None) -> None:
+        """The state holding ``points`` (default: every point so far) is one a restart starts from:
+        its new points go out."""
+        new = [p for p in (self.recorded if points is None else points) if p not in self.sent]
         if self._sender is None or not new:
             return
         self.sent.update(new)
