@@ -65,11 +65,11 @@ def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, sma
     wait_for("both trials to reach step 5", lambda: len((barrier / "blocked").read_text().split()) == 2
              if (barrier / "blocked").exists() else False, proc=proc)
     wait_for("their states of step 4", lambda: _registered(mlflow_uri, 4, trial=True, count=2), proc=proc)
+    _stop(proc, signal.SIGKILL)
     for fit in (tmp_path / "runs").glob("*/trials/*"):  # a state at 4; the model of step 2 at most besides
         kept = {int(p.name.split("_")[1]): p for p in fit.glob("checkpoint_0*") if (p / "state.json").is_file()}
         assert [s for s, p in kept.items() if (p / "train_state.pt").is_file()] == [4], kept
         assert set(kept) <= {2, 4} and all((p / "model").is_dir() for s, p in kept.items() if s == 2), kept
-    _stop(proc, signal.SIGKILL)
     c, runs = runs_of(mlflow_uri)
     assert sorted(r.info.status for r in runs) == ["RUNNING"] * 3  # the driver could not close them
     release_barrier(barrier)

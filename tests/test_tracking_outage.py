@@ -88,7 +88,7 @@ def test_a_server_that_never_comes_back_ends_the_run_resumably(tiny_model, small
         errors = [line for line in lines.err if line.startswith("error: ")]
         assert len(errors) == 1 and "took none of run" in errors[0] and "--resume" in errors[0], "".join(lines.err)
         assert "Traceback" not in "".join(lines.err)
-        name = next((tmp_path / "runs").glob("simcse-*/latest")).parent.name
+        name = next((tmp_path / "runs").glob("simcse-*/checkpoint_*")).parent.name
         server.start()
         resumed = run_cli("train", "simcse", "--resume", name,
                           *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=STEPS, eval_steps=EVAL,
