@@ -30,6 +30,19 @@ def test_una_grids_are_tables_c4_to_c6():  # the fast tier
     assert load_space(cfg, grid="r").space == {"r": ("grid", [1000, 2000, 3000, 4000, 5000, 6000])}
 
 
+def test_the_paper_profiles_first_rung_is_an_eighth_of_a_trial_or_more():  # the fast tier
+    """ASHA under the paper profile stops a trial no earlier than after 1/8 of its evaluations on
+    wiki1m's 10^6 sentences (the local profile keeps 1: its trials are a few evaluations long)."""
+    from platform.run.loop import total_steps
+
+    for method in ("simcse", "una", "san", "augcse", "vascl"):
+        cfg = TrainConfig.build(method, "paper")
+        evaluations = total_steps(cfg, 1_000_000) // cfg.eval_steps
+        grace = load_space(cfg).scheduler["grace_period"]
+        assert evaluations / 8 <= grace < evaluations / 2, (method, grace, evaluations)
+        assert load_space(TrainConfig.build(method, "local")).scheduler["grace_period"] == 1
+
+
 def _augment(corpus: Path, out: Path, env: dict, *sets: str) -> pd.DataFrame:
     proc = run_cli("augment", "augcse", "--corpus", str(corpus), "--out", str(out), "--num-cpus", "2",
                    *[a for s in sets for a in ("--set", s)], env=env)
@@ -149,3 +162,13 @@ def test_the_best_value_by_mean_dev_is_the_sweeps_result(grid):
     summary = pd.read_csv(grid["folder"] / "sweep_summary.csv")
     assert summary["best_stsb_dev_spearman"].iloc[0] == pytest.approx(best.data.metrics["best_stsb_dev_spearman"])
     assert summary["seeds"].tolist() == [2, 2]
+
+
+def test_the_rung_benchmark_correlates_each_rungs_best_with_the_final_best():  # the fast tier
+    from benchmarks.asha_rungs import rung_table
+
+    histories = {"a": [1, 2, 3, 9, 9, 9, 9, 9], "b": [2, 3, 4, 8, 8, 8, 8, 8], "c": [3, 4, 5, 7, 7, 7, 7, 7]}
+    rows = rung_table(histories, grace=1, factor=2)
+    assert [(r, n) for r, n, _, _ in rows] == [(1, 3), (2, 3), (4, 3)]  # rungs below the 8 evaluations
+    assert [round(rho, 6) for _, _, rho, _ in rows] == [-1.0, -1.0, 1.0]  # reversed until evaluation 4
+    assert [leads for *_, leads in rows] == [False, False, True]
