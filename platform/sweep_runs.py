@@ -240,7 +240,11 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     logged = parent.info().data.params
     parent.log_params({k: v for k, v in won.items() if k not in logged})  # the winner's values (searched: tag)
     recorder.log_results(parent, result.dev, step)
+    wall, cpu = time.perf_counter(), time.process_time()
     unit.finalize(best, result, "full" if sweep.base.final_eval else "none", log_to=(parent,), step=step)
+    if sweep.base.final_eval:  # the weights were loaded on the run's device, not here
+        print(f"the end of the sweep (7 STS tasks, baseline, export, registry): {time.perf_counter() - wall:.1f} s, "
+              f"{time.process_time() - cpu:.1f} s of it the driver's CPU", flush=True)
     registered = best.info().data.tags.get("registered_model", "")
     parent.set_tags({"registered_model": registered, "mlflow.note.content": _note(sweep, best, won, registered)})
     sweep_summary.closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)

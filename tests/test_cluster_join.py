@@ -128,6 +128,21 @@ def test_the_code_map_is_what_the_sweep_ran(head, sweep):
     assert len(ran) <= MOST_MODULES_ON_THE_PATH, sorted(ran)
 
 
+def test_the_end_of_the_sweep_loads_weights_on_the_workers_not_in_the_driver(head, sweep):
+    """The final 7 STS tasks, the baseline and the export ran as Ray tasks (on the nodes the
+    autoscaler added: the head offers no CPU); the driver loaded no weights."""
+    assert sweep.returncode == 0, sweep.stderr[-4000:]
+    driver = {pid for pid, module, name in sweep.calls if module == "platform/tune.py" and name == "main"}
+    assert len(driver) == 1
+    tasks = {name: pid for pid, module, name in sweep.calls if module == "platform/run/finalize.py"
+             and name in ("score_checkpoint", "score_backbone", "export_model")}
+    assert set(tasks) == {"score_checkpoint", "score_backbone", "export_model"}, sweep.calls
+    assert not driver & set(tasks.values())
+    loads = {pid for pid, module, name in sweep.calls if module == "methods/encoder.py" and name == "from_pretrained"}
+    assert loads and not driver & loads
+    assert "s of it the driver's CPU" in sweep.stdout
+
+
 def _actors(head, class_name: str) -> list[dict]:
     with urllib.request.urlopen(head.dashboard + "/api/v0/actors?limit=10000&detail=1", timeout=10) as resp:
         actors = json.loads(resp.read())["data"]["result"]["result"]

@@ -104,3 +104,19 @@ def test_between_states_an_evaluation_writes_the_model_only_if_it_improves(tiny_
     assert Path(best) == folders[out["best_step"]] and (Path(best) / "model").is_dir()
     assert (Path(best) / "train_state.pt").is_file() == (out["best_step"] == 6)
     assert abs(dev - out["best_stsb_dev_spearman"]) < 1e-9
+
+
+def test_pruning_empties_what_is_not_kept_up_to_the_committed_step(tmp_path):
+    """A folder Ray Train lists stays, emptied, with a note; a newer one (still uploading) is left
+    alone; ``whole`` removes the folders too."""
+    from platform.run.checkpoint import prune
+
+    for name in ("checkpoint_00000001_a", "checkpoint_00000002_b", "checkpoint_00000003_c"):
+        (tmp_path / name / "model").mkdir(parents=True)
+        (tmp_path / name / "state.json").write_text("{}")
+    prune(str(tmp_path), {"checkpoint_00000001_a"}, up_to=2)
+    assert (tmp_path / "checkpoint_00000001_a" / "model").is_dir()
+    assert sorted(p.name for p in (tmp_path / "checkpoint_00000002_b").iterdir()) == ["PRUNED"]
+    assert (tmp_path / "checkpoint_00000003_c" / "state.json").is_file()
+    prune(str(tmp_path), {"checkpoint_00000003_c"}, whole=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_00000003_c"]

@@ -73,6 +73,13 @@ def step_of(name: str) -> int:
     return int(name[len(PREFIX):].split("_")[0])
 
 
+def _step(name: str) -> int:
+    try:
+        return step_of(name)
+    except ValueError:  # a folder of another naming (Ray Train's own, an older version's)
+        return -1
+
+
 class Policy:
     """Which checkpoint an evaluation writes: the full *state* when one is due (``minutes`` since
     the last, 0 for every evaluation; an epoch's first evaluation; the last step), else the *model*
@@ -107,14 +114,15 @@ class Kept:
         return {n for n in (self.state, self.best, self.settled) if n}
 
 
-def prune(location: str, keep: set[str], whole: bool = False) -> None:
-    """Every checkpoint folder under a fit's ``location`` (a folder or URI) not in ``keep`` loses
-    what it holds. During a fit the folder itself stays, with a note: Ray Train's run snapshot
-    lists every checkpoint reported, and refuses to resume when one is missing. ``whole``: the
-    folders go too (a finished fit, never trained again)."""
+def prune(location: str, keep: set[str], whole: bool = False, up_to: int | None = None) -> None:
+    """Every checkpoint folder under a fit's ``location`` (a folder or URI) not in ``keep`` (and of
+    a step <= ``up_to``: newer ones may still be uploading) loses what it holds. During a fit the
+    folder itself stays, with a note: Ray Train's run snapshot lists every checkpoint reported, and
+    refuses to resume when one is missing. ``whole``: the folders go too (a finished fit, never
+    trained again)."""
     for name in storage.list_dirs(location):
         folder = storage.join(location, name)
-        if not name.startswith(PREFIX) or name in keep:
+        if not name.startswith(PREFIX) or name in keep or (up_to is not None and _step(name) > up_to):
             continue
         if whole or ".tmp-" in name:
             storage.remove(folder)

@@ -1,16 +1,19 @@
-"""After training: the 7 STS tasks on a best checkpoint, and its export (Hugging Face and
-sentence-transformers formats, logged to the run) and registration (``platform.tracking.registry``)."""
+"""After training: the 7 STS tasks on a best checkpoint beside the untouched backbone, and its
+export (Hugging Face and sentence-transformers formats, logged to the run) and registration
+(``platform.tracking.registry``). Whatever loads weights runs as a Ray task on the run's device
+(``on_device``); the driver reads the checkpoint's JSON, prints, logs and registers."""
 
 from __future__ import annotations
 
 import json
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 from methods.encoder import Encoder
 from platform.config import TrainConfig, smoke_reason
-from platform.data import SHORT_NAMES, STS_TASKS
-from platform.data.cache import cached, encoder_key
+from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
+from platform.data.cache import cache_root, cached, encoder_key, entry_key
 from platform.evaluation.export import ExportUnsupported, export_sentence_transformers, model_card
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint, storage
@@ -19,32 +22,122 @@ from platform.tracking.runs import DEV_METRIC, Run
 from platform.tracking.store import git_commit
 
 
-def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, float]:
-    """The 7 STS tasks and their mean on the checkpoint at ``location`` (a folder or a URI),
-    logged on ``run`` as ``sts_<task>`` at the checkpoint's step; printed unless ``quiet``."""
+# ------------------------------------------------------------------------------------------------
+# Where the model is loaded: a Ray task on the run's device (a GPU node under use_gpu), or this
+# process when the run has no Ray. The driver reads JSON and the data files, never weights.
+
+
+def on_device(fn: Callable[..., Any], *args: Any, device: dict[str, Any]) -> Any:
+    """``fn(*args)`` as a Ray task that asks for what the run's workers ask (a GPU each under
+    ``use_gpu``, else ``cpus_per_worker`` CPUs), where the run is on Ray; else here."""
+    if device.get("runtime", "ray") != "ray" or not _ray_ready():
+        return fn(*args)
+    import ray
+
+    gpu = bool(device.get("use_gpu"))
+    # "DEFAULT": not inside a Tune trial's placement group, which reserves no CPU or GPU.
+    task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=float(device.get("cpus_per_worker", 1)),
+                      max_retries=0, scheduling_strategy="DEFAULT")(fn)
+    return ray.get(task.remote(*args))
+
+
+def _ray_ready() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
+
+
+def device_of(location: str) -> dict[str, Any]:
+    """The run's device settings, from its checkpoint's configuration."""
+    config = read_state_at(location).get("config", {})
+    return {k: config[k] for k in ("runtime", "use_gpu", "cpus_per_worker") if k in config}
+
+
+def test_pairs() -> dict[str, dict[str, list]]:
+    """The 7 STS tasks' test pairs, read here: a task on another node has no data folder."""
+    root = data_dir()
+    return {t: {"sent1": list(p.sent1), "sent2": list(p.sent2), "scores": [float(x) for x in p.scores]}
+            for t, p in ((t, load_sts(t, root)) for t in STS_TASKS)}
+
+
+def _on_its_device(encoder: Encoder) -> Encoder:
+    import torch
+
+    return encoder.to("cuda") if torch.cuda.is_available() else encoder
+
+
+def score_checkpoint(location: str, pairs: dict) -> dict[str, float]:
+    """(task) The 7 STS tasks and their mean on the checkpoint at ``location``."""
     with storage.local_copy(location) as folder:
         state = checkpoint.read_state(folder)
-        encoder = Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"])
-        scores = with_mean(STSEvaluator()(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
+        encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
+        return with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
+
+
+def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict]) -> tuple[str, dict[str, float]]:
+    """(task) The untouched backbone's key in the cache (its weights, tokenizer, pooler and device)
+    and its 7-task scores: the cached ones in ``known`` (by entry name), or evaluated now."""
+    encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler))
+    digest = encoder_key(encoder, pooler)
+    found = known.get(entry_key(BASELINE, digest, {"pooler": pooler}))
+    if found is not None:
+        return digest, found
+    return digest, with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
+
+
+def export_model(location: str, uri: str, run_id: str, card: str, results: str) -> tuple[str | None, str]:
+    """(task) The checkpoint at ``location`` into run ``run_id``: ``sts_results.json``, and the
+    sentence-transformers folder with ``card`` as its logged model; returns its URI (None, and
+    why, when sentence-transformers cannot express the pooler: the Hugging Face folder is logged
+    as ``best_checkpoint/hf`` instead)."""
+    run = Run(uri, run_id)
+    with storage.local_copy(location) as folder, tempfile.TemporaryDirectory() as tmp:
+        state = checkpoint.read_state(folder)
+        model = checkpoint.model_dir(folder)
+        (Path(tmp) / "sts_results.json").write_text(results)
+        run.log_file(Path(tmp) / "sts_results.json")
+        try:
+            st_dir = export_sentence_transformers(model, Path(tmp) / "st", state["eval_pooler"])
+        except ExportUnsupported as exc:
+            run.log_folder(model, "best_checkpoint/hf")
+            return None, str(exc)
+        (st_dir / "README.md").write_text(card, encoding="utf-8")
+        config = state.get("config", {})
+        return registry.log_encoder_model(uri, run_id, st_dir, config.get("model", ""), state["step"],
+                                          params={"recipe": state["recipe"], "pooler": state["eval_pooler"]}), ""
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver's side
+
+
+def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, float]:
+    """The 7 STS tasks and their mean on the checkpoint at ``location`` (a folder or a URI), on
+    the run's device, logged on ``run`` as ``sts_<task>`` at the checkpoint's step; printed unless ``quiet``."""
+    scores = on_device(score_checkpoint, location, test_pairs(), device=device_of(location))
     if not quiet:
         print(format_table(scores), flush=True)
-    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
+    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, read_state_at(location)["step"])
     return scores
 
 
-def baseline_sts(backbone: str, pooler: str) -> dict[str, float]:
+BASELINE = "baseline_sts"
+
+
+def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = None) -> dict[str, float]:
     """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
     model is measured against. A cache entry keyed by the backbone's weights, tokenizer and the
-    pooler (``platform.data.cache``), so each backbone is evaluated once."""
-    encoder = Encoder.from_pretrained(backbone, pooler=pooler)
-
-    def build(folder: Path) -> None:
-        print(f"evaluating the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
-        scores = with_mean(STSEvaluator()(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
-        (folder / "scores.json").write_text(json.dumps(scores))
-
-    entry = cached("baseline_sts", encoder_key(encoder, pooler), {"pooler": pooler}, build)
-    return json.loads((entry / "scores.json").read_text())
+    pooler (``platform.data.cache``), so each backbone is evaluated once; on ``device`` (the
+    run's), where the weights are loaded."""
+    known = {p.name: json.loads((p / "scores.json").read_text())
+             for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
+    digest, scores = on_device(score_backbone, backbone, pooler, test_pairs(), known, device=device or {})
+    if entry_key(BASELINE, digest, {"pooler": pooler}) not in known:
+        print(f"evaluated the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
+        cached(BASELINE, digest, {"pooler": pooler}, lambda folder: (folder / "scores.json").write_text(json.dumps(scores)))
+    return scores
 
 
 def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False) -> dict[str, float]:
@@ -53,7 +146,7 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
     state = read_state_at(location)
     config = state.get("config", {})
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
-    baseline = baseline_sts(backbone, pooler)
+    baseline = baseline_sts(backbone, pooler, device_of(location))
     tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
     names = [SHORT_NAMES.get(t, t) for t in tasks]
     width = max(14, len(backbone.split("/")[-1]) + 2)
@@ -90,25 +183,22 @@ def read_state_at(location: str) -> dict:
 def export_and_register(run: Run, location: str, scores: dict[str, float], dev: float,
                         tags: dict[str, str] | None = None, baseline: dict[str, float] | None = None,
                         seeds: int = 1) -> None:
-    """The checkpoint at ``location`` into ``run``: ``sts_results.json``, and the model once, as
-    the run's logged model (sentence-transformers folder with its model card, which Hugging Face
-    also loads) and a version in the Model Registry with ``scores`` and ``dev`` (means over seeds
-    where there are several) and ``tags``. A pooler sentence-transformers cannot express leaves
-    the Hugging Face folder as the artifact ``best_checkpoint/hf`` instead."""
-    with storage.local_copy(location) as folder, tempfile.TemporaryDirectory() as tmp:
-        state = checkpoint.read_state(folder)
-        model, pooler = checkpoint.model_dir(folder), state["eval_pooler"]
-        results = Path(tmp) / "sts_results.json"
-        results.write_text(json.dumps({"scores": scores, "baseline": baseline, "pooler": pooler, "step": state["step"],
-                                       DEV_METRIC: dev, **(tags or {})}, indent=2))
-        run.log_file(results)
-        try:
-            st_dir = export_sentence_transformers(model, Path(tmp) / "st", pooler)
-        except ExportUnsupported as exc:
-            run.log_folder(model, "best_checkpoint/hf")
-            run.set_tags({"sentence_transformers_export": f"skipped: {exc}"})
-        else:
-            register(run, st_dir, state, scores, dev, tags, baseline, seeds)
+    """The checkpoint at ``location`` into ``run`` (``export_model``, on the run's device):
+    ``sts_results.json``, and the model once, as the run's logged model (sentence-transformers
+    folder with its model card, which Hugging Face also loads); then a version in the Model
+    Registry with ``scores`` and ``dev`` (means over seeds where there are several) and ``tags``."""
+    state = read_state_at(location)
+    name = registry.registered_name(state["method"], state["recipe"])
+    config = state.get("config", {})
+    card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
+                      cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")))
+    results = json.dumps({"scores": scores, "baseline": baseline, "pooler": state["eval_pooler"], "step": state["step"],
+                          DEV_METRIC: dev, **(tags or {})}, indent=2)
+    model_uri, why = on_device(export_model, location, run.uri, run.id, card, results, device=device_of(location))
+    if model_uri is None:
+        run.set_tags({"sentence_transformers_export": f"skipped: {why}"})
+    else:
+        register(run, model_uri, name, state, scores, dev, tags)
     run.set_tags({"best_step": str(state["step"])})
 
 
@@ -119,17 +209,11 @@ def _cites(config: dict) -> list[str]:
         return []
 
 
-def register(run: Run, st_dir: Path, state: dict, scores: dict[str, float], dev: float,
-             tags: dict[str, str] | None = None, baseline: dict[str, float] | None = None, seeds: int = 1) -> None:
-    """The exported encoder, with its model card, as the logged model of ``run`` and a version of
-    ``<recipe>-encoder``; the ``champion`` alias moves as ``registry.champion_verdict`` says."""
-    name = registry.registered_name(state["method"], state["recipe"])
+def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str, float], dev: float,
+             tags: dict[str, str] | None = None) -> None:
+    """The logged model ``model_uri`` as a version of ``name``; the ``champion`` alias moves as
+    ``registry.champion_verdict`` says."""
     config = state.get("config", {})
-    card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
-                      cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")))
-    (st_dir / "README.md").write_text(card, encoding="utf-8")
-    model_uri = registry.log_encoder_model(run.uri, run.id, st_dir, config.get("model", ""), state["step"],
-                                           params={"recipe": state["recipe"], "pooler": state["eval_pooler"]})
     version_tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": git_commit(),
                     **registry.lineage(config.get("model", ""), config.get("profile", ""), _corpus(config)),
                     "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()}, **(tags or {})}

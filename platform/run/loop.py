@@ -451,7 +451,8 @@ class RayTrainRuntime(Runtime):
         self.kept.wrote(name, kind, improved)
         if state:
             self.policy.wrote_state(metrics["epoch"])
-        self._committer.submit(self._committed, log, log.points() if state else None, self.kept.names() | {name})
+        # What the fit keeps as of this checkpoint: a name Kept drops never comes back.
+        self._committer.submit(self._committed, log, log.points() if state else None, name, self.kept.names() | {name})
 
     def _agree(self, kind: str | None, step: int) -> tuple[str | None, str | None]:
         """Rank 0's choice of checkpoint, and its folder name, on every rank (one merged folder)."""
@@ -460,9 +461,10 @@ class RayTrainRuntime(Runtime):
             dist.broadcast_object_list(choice, src=0)
         return choice[0]
 
-    def _committed(self, log: StepLog, points, keep: set[str]) -> None:
-        """Once Ray Train's controller committed the checkpoint (what a resumed fit starts from): a
-        state's points go out, and what the fit no longer keeps is removed."""
+    def _committed(self, log: StepLog, points, name: str, keep: set[str]) -> None:
+        """Once Ray Train's controller committed the checkpoint ``name`` (what a resumed fit starts
+        from): a state's points go out, and what the fit no longer keeps, up to it, is emptied
+        (newer checkpoints may still be uploading)."""
         import ray.train
 
         try:
@@ -473,7 +475,7 @@ class RayTrainRuntime(Runtime):
         if points is not None:
             log.persisted(points)
         if self.ctx.run_dir:
-            checkpoint.prune(self.ctx.run_dir, keep)
+            checkpoint.prune(self.ctx.run_dir, keep, up_to=checkpoint.step_of(name))
 
     def close(self) -> None:
         self._committer.shutdown(wait=True)
