@@ -19,24 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from platform.sweep_summary import rung_table  # noqa: E402
+
 DEV = "stsb_dev_spearman"
-
-
-def rung_table(histories: dict[str, list[float]], grace: int, factor: float) -> list[tuple[int, int, float, bool]]:
-    """(rung in evaluations, trials, Spearman of best-so-far vs final best, leader == winner) per
-    rung below the trials' length; ``histories``: each trial's dev scores in evaluation order."""
-    from scipy.stats import spearmanr
-
-    length = min(len(h) for h in histories.values())
-    final = {t: max(h) for t, h in histories.items()}
-    winner = max(final, key=final.get)
-    rows, rung = [], grace
-    while rung < length:
-        at = {t: max(h[:rung]) for t, h in histories.items()}
-        rho = spearmanr([at[t] for t in histories], [final[t] for t in histories]).statistic
-        rows.append((rung, len(histories), float(rho), max(at, key=at.get) == winner))
-        rung = int(round(rung * factor))
-    return rows
 
 
 def main() -> None:

@@ -1,7 +1,9 @@
 """The end of a sweep, for a researcher: every trial in one table (its searched parameters, best
 STS-B dev, steps, status), printed and logged on the sweep's parent run as an MLflow table and a
 CSV, with plots logged as PNG images: each parameter against the dev score (trials coloured by
-the steps they trained), and Optuna's parameter-importance plot (fANOVA) with its n.
+the steps they trained), and Optuna's parameter-importance plot (fANOVA) with its n. Also how
+well each ASHA rung's score predicts the final best (``rung_table``, read by
+``benchmarks/asha_rungs.py``).
 """
 
 from __future__ import annotations
@@ -296,3 +298,20 @@ def ui_command(uri: str) -> str:
     if uri.startswith(("http://", "https://")):
         return f"open {store.redact(uri)} in a browser"
     return f"mlflow ui --backend-store-uri {store.redact(uri)} (then http://127.0.0.1:5000)"
+
+
+def rung_table(histories: dict[str, list[float]], grace: int, factor: float) -> list[tuple[int, int, float, bool]]:
+    """(rung in evaluations, trials, Spearman of best-so-far vs final best, leader == winner) per
+    rung below the trials' length; ``histories``: each trial's dev scores in evaluation order."""
+    from scipy.stats import spearmanr
+
+    length = min(len(h) for h in histories.values())
+    final = {t: max(h) for t, h in histories.items()}
+    winner = max(final, key=final.get)
+    rows, rung = [], grace
+    while rung < length:
+        at = {t: max(h[:rung]) for t, h in histories.items()}
+        rho = spearmanr([at[t] for t in histories], [final[t] for t in histories]).statistic
+        rows.append((rung, len(histories), float(rho), max(at, key=at.get) == winner))
+        rung = int(round(rung * factor))
+    return rows

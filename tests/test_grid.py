@@ -165,7 +165,7 @@ def test_the_best_value_by_mean_dev_is_the_sweeps_result(grid):
 
 
 def test_the_rung_benchmark_correlates_each_rungs_best_with_the_final_best():  # the fast tier
-    from benchmarks.asha_rungs import rung_table
+    from platform.sweep_summary import rung_table
 
     histories = {"a": [1, 2, 3, 9, 9, 9, 9, 9], "b": [2, 3, 4, 8, 8, 8, 8, 8], "c": [3, 4, 5, 7, 7, 7, 7, 7]}
     rows = rung_table(histories, grace=1, factor=2)
