@@ -10,9 +10,11 @@ Ray Train worker whose storage is a local S3 emulator (moto).
   at the last evaluation; uploads in the background.
 
 The STS-B dev sequence is fixed (8 evaluations, 4 improving), so both runs write for the same
-events. Usage::
+events. ``--gap S``: S seconds of training between evaluations (a sleep; 0: evaluations back to
+back, the worst case, where a report waits for the previous upload: Ray Train hands reports to
+its controller in order). Usage::
 
-    python benchmarks/checkpoint_cost.py [--evaluations 8]
+    python benchmarks/checkpoint_cost.py [--evaluations 8] [--gap 0]
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def worker(config: dict) -> None:
     devs = config["devs"]
     if config["mode"] == "before":
         for i, dev in enumerate(devs, 1):
+            time.sleep(config["gap"])
             t0 = time.perf_counter()
             folder = Path(tempfile.mkdtemp(prefix="ckpt-"))
             checkpoint.save(folder, model, {"step": i, "stsb_dev_spearman": dev})
@@ -80,6 +83,7 @@ def worker(config: dict) -> None:
         log = StepLog()
         pos = checkpoint.Position()
         for i, dev in enumerate(devs, 1):
+            time.sleep(config["gap"])
             pos.step = i
             improved = pos.improve(dev)
             kind = rt.policy.kind(improved, epoch=0, last=i == len(devs))
@@ -113,6 +117,7 @@ def _free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--evaluations", type=int, default=len(DEVS))
+    parser.add_argument("--gap", type=float, default=0.0, help="seconds of training between evaluations")
     args = parser.parse_args()
     devs = (DEVS * (args.evaluations // len(DEVS) + 1))[: args.evaluations]
 
@@ -143,7 +148,7 @@ def main() -> None:
                 storage = f"s3://bench/{mode}"
                 TorchTrainer(
                     worker,
-                    train_loop_config={"mode": mode, "devs": devs, "out": str(out), "fit_folder": f"{storage}/{mode}"},
+                    train_loop_config={"mode": mode, "devs": devs, "gap": args.gap, "out": str(out), "fit_folder": f"{storage}/{mode}"},
                     scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
                     run_config=ray.train.RunConfig(
                         name=mode, storage_path=storage,
@@ -155,7 +160,8 @@ def main() -> None:
         moto.terminate()
         moto.wait()
 
-    print(f"{len(devs)} evaluations, bert-base-sized model (110M parameters) with AdamW state, storage: S3 (moto)")
+    print(f"{len(devs)} evaluations {args.gap:g} s apart, bert-base-sized model (110M parameters) with AdamW state, "
+          "storage: S3 (moto)")
     print(f"{'evaluation':>10} | {'dev':>5} | {'before: kind':>12} {'MB':>8} {'blocked s':>9} | "
           f"{'after: kind':>16} {'MB':>8} {'blocked s':>9}")
     for b, a in zip(results["before"], results["after"]):
