@@ -246,11 +246,13 @@ class Runtime:
         self.rank, self.world, self.device = 0, 1, torch.device("cpu")
         self.policy, self.kept = checkpoint.Policy(cfg.checkpoint_minutes), checkpoint.Kept()
 
-    def restored(self, name: str, pos: Position) -> Position:
-        """Started again from the state checkpoint ``name``: what the abandoned attempt wrote after it goes."""
+    def restored(self, name: str, pos: Position, latest: str = "") -> Position:
+        """Started again from the state checkpoint ``name``: what the abandoned attempt wrote after
+        it goes, but for ``latest`` (what Ray Train restarts from again, should this attempt die
+        before it reports)."""
         self.policy, self.kept = checkpoint.Policy(self.cfg.checkpoint_minutes, pos.epoch), checkpoint.Kept(name, pos.best_name)
         if self.is_chief and self.ctx.run_dir:
-            checkpoint.prune(self.ctx.run_dir, self.kept.names(), whole=self.prunes_whole)
+            checkpoint.prune(self.ctx.run_dir, self.kept.names() | {latest}, whole=self.prunes_whole)
         return pos
 
     @property
@@ -414,6 +416,7 @@ class RayTrainRuntime(Runtime):
         found = ray.train.get_checkpoint()
         if found is None:
             return None
+        latest = found.path.rstrip("/").rsplit("/", 1)[1]
         with found.as_directory() as directory:
             if not (Path(directory) / checkpoint.TRAIN_STATE).is_file():
                 name = json.loads((Path(directory) / checkpoint.STATE).read_text()).get("resume_from")
@@ -424,7 +427,7 @@ class RayTrainRuntime(Runtime):
         with found.as_directory() as directory:
             pos = checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule)
             log.restore(load_points(str(directory)), pos.step)
-        return self.restored(found.path.rstrip("/").rsplit("/", 1)[1], pos)
+        return self.restored(found.path.rstrip("/").rsplit("/", 1)[1], pos, latest)
 
     def report(self, metrics, write, kind, improved, log):
         import ray.train
