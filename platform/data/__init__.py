@@ -137,6 +137,11 @@ class STSPairs:
     def __len__(self) -> int:
         return len(self.scores)
 
+    def plain(self) -> dict[str, list]:
+        """As plain lists (``STSEvaluator.from_pairs``'s input): what a driver sends to workers on
+        nodes without a data folder."""
+        return {"sent1": list(self.sent1), "sent2": list(self.sent2), "scores": [float(x) for x in self.scores]}
+
 
 def _read_lines(path: Path) -> list[str]:
     if not path.is_file():

@@ -22,19 +22,6 @@ from platform.outputs import in_ray_job_copy, remove_leftovers, writer_id
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished folder ``src`` to ``dst`` (folders of the platform's own: checkpoints)
-    so that ``dst`` is never half-written: the old ``dst`` is renamed aside (a fresh name no
-    user folder has) and removed only after ``src`` took its place."""
-    aside = None
-    if dst.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
-        os.replace(dst, aside / dst.name)
-    os.replace(src, dst)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
 def cache_root() -> Path:
     """``$PLATFORM_CACHE_DIR``, else the repository's ``.cache/platform``; in a job's temporary copy
     of the repository, the user's cache folder (``~/.cache/contrastive-platform``) instead."""

@@ -177,8 +177,9 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
     import ray.data
 
     cpu_bound = all(job.cpu_bound for job in jobs)
-    gpu = use_gpu and not cpu_bound and ray.cluster_resources().get("GPU", 0) + most_resources().get("GPU", 0) > 0
-    lo, hi = actor_bounds(gpu, cpu_bound)
+    most = cluster_most()
+    gpu = use_gpu and not cpu_bound and most.get("GPU", 0) > 0
+    lo, hi = actor_bounds(gpu, cpu_bound, most)
     table = pa.table({"index": np.arange(len(sentences)), "sentence": sentences})
     # Blocks cut here: a repartition task would wait forever for a CPU the actors hold. Small ones
     # (about a second of work each) so the actors finish together, and enough for the largest pool.
@@ -197,18 +198,23 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
     return pa.concat_tables(ray.get(ds.to_arrow_refs())).sort_by("index")
 
 
-def actor_bounds(gpu: bool, cpu_bound: bool) -> tuple[int, int]:
+def actor_bounds(gpu: bool, cpu_bound: bool, most: dict[str, float] | None = None) -> tuple[int, int]:
     """A generation pool's smallest and largest size: one actor to start, as many as the cluster
-    can grow to (``most_resources``): a GPU each for GPU generators, one CPU each for pure-Python
-    ones, two for models on CPUs (they use a few threads each)."""
-    import ray
-
-    now = ray.cluster_resources()
-    most = {k: max(now.get(k, 0), v) for k, v in most_resources().items()} or now
+    can grow to (``most``, default ``cluster_most()``): a GPU each for GPU generators, one CPU each
+    for pure-Python ones, two for models on CPUs (they use a few threads each)."""
+    most = cluster_most() if most is None else most
     if gpu:
         return 1, max(1, int(most.get("GPU", 0)))
     cpus = int(most.get("CPU", 1))
     return 1, max(1, cpus if cpu_bound else cpus // 2)
+
+
+def cluster_most() -> dict[str, float]:
+    """CPUs and GPUs at the cluster's largest: ``most_resources``, or what it has now if more."""
+    import ray
+
+    now, most = ray.cluster_resources(), most_resources()
+    return {k: max(float(now.get(k, 0)), most.get(k, 0.0)) for k in ("CPU", "GPU")}
 
 
 def most_resources() -> dict[str, float]:

@@ -49,17 +49,16 @@ def _ray_ready() -> bool:
     return ray.is_initialized()
 
 
-def device_of(location: str) -> dict[str, Any]:
-    """The run's device settings, from its checkpoint's configuration."""
-    config = read_state_at(location).get("config", {})
+def device_of(state: dict[str, Any]) -> dict[str, Any]:
+    """The run's device settings, from its checkpoint's ``state.json``."""
+    config = state.get("config", {})
     return {k: config[k] for k in ("runtime", "use_gpu", "cpus_per_worker") if k in config}
 
 
-def test_pairs() -> dict[str, dict[str, list]]:
+def sts_test_pairs() -> dict[str, dict[str, list]]:
     """The 7 STS tasks' test pairs, read here: a task on another node has no data folder."""
     root = data_dir()
-    return {t: {"sent1": list(p.sent1), "sent2": list(p.sent2), "scores": [float(x) for x in p.scores]}
-            for t, p in ((t, load_sts(t, root)) for t in STS_TASKS)}
+    return {t: load_sts(t, root).plain() for t in STS_TASKS}
 
 
 def _on_its_device(encoder: Encoder) -> Encoder:
@@ -116,10 +115,11 @@ def export_model(location: str, uri: str, run_id: str, card: str, results: str) 
 def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, float]:
     """The 7 STS tasks and their mean on the checkpoint at ``location`` (a folder or a URI), on
     the run's device, logged on ``run`` as ``sts_<task>`` at the checkpoint's step; printed unless ``quiet``."""
-    scores = on_device(score_checkpoint, location, test_pairs(), device=device_of(location))
+    state = read_state_at(location)
+    scores = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state))
     if not quiet:
         print(format_table(scores), flush=True)
-    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, read_state_at(location)["step"])
+    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
     return scores
 
 
@@ -133,7 +133,7 @@ def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = Non
     run's), where the weights are loaded."""
     known = {p.name: json.loads((p / "scores.json").read_text())
              for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
-    digest, scores = on_device(score_backbone, backbone, pooler, test_pairs(), known, device=device or {})
+    digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, device=device or {})
     if entry_key(BASELINE, digest, {"pooler": pooler}) not in known:
         print(f"evaluated the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
         cached(BASELINE, digest, {"pooler": pooler}, lambda folder: (folder / "scores.json").write_text(json.dumps(scores)))
@@ -146,7 +146,7 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
     state = read_state_at(location)
     config = state.get("config", {})
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
-    baseline = baseline_sts(backbone, pooler, device_of(location))
+    baseline = baseline_sts(backbone, pooler, device_of(state))
     tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
     names = [SHORT_NAMES.get(t, t) for t in tasks]
     width = max(14, len(backbone.split("/")[-1]) + 2)
@@ -194,7 +194,7 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
                       cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")))
     results = json.dumps({"scores": scores, "baseline": baseline, "pooler": state["eval_pooler"], "step": state["step"],
                           DEV_METRIC: dev, **(tags or {})}, indent=2)
-    model_uri, why = on_device(export_model, location, run.uri, run.id, card, results, device=device_of(location))
+    model_uri, why = on_device(export_model, location, run.uri, run.id, card, results, device=device_of(state))
     if model_uri is None:
         run.set_tags({"sentence_transformers_export": f"skipped: {why}"})
     else:

@@ -47,8 +47,7 @@ def release(result: FitResult) -> None:
 def dev_pairs() -> dict[str, list]:
     """STS-B dev as plain lists, read here on the driver: training workers on other nodes get
     it with their configuration instead of reading a data folder they may not have."""
-    pairs = load_sts("STSBenchmark", data_dir(), split="dev")
-    return {"sent1": list(pairs.sent1), "sent2": list(pairs.sent2), "scores": [float(x) for x in pairs.scores]}
+    return load_sts("STSBenchmark", data_dir(), split="dev").plain()
 
 
 def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: str, name: str,
