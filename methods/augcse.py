@@ -240,11 +240,11 @@ class AugCSE(AuxTerm):
     def extra_rows(self, batch: dict[str, Any]) -> list:
         return [batch["augmented"]]
 
-    def forward(self, out: StepOutputs) -> tuple[torch.Tensor, dict[str, float]]:
+    def forward(self, out: StepOutputs) -> tuple[torch.Tensor, dict[str, Any]]:
         p = self.params
         labels = out.batch["aug_label"]
         features = grad_reverse(torch.cat([out.z["anchor"], out.z["augcse"]], dim=1), p.grl_multiplier)
         logits = out.model.heads["augcse"](features)
         disc = global_mean(discriminator_loss(logits, labels))
         accuracy = global_mean((logits.detach().argmax(1) == labels).float().mean())
-        return p.lambda_disc * disc, {"disc_loss": float(disc.detach()), "disc_accuracy": float(accuracy)}
+        return p.lambda_disc * disc, {"disc_loss": disc.detach(), "disc_accuracy": accuracy}

@@ -17,9 +17,11 @@ initialised still produces embeddings and silently wrong scores.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,6 +67,35 @@ def load_tokenizer(name_or_path: str):
         return AutoTokenizer.from_pretrained(path, **pinned)
     except OSError as exc:
         raise BackboneNotFound(_not_found_message(name_or_path)) from exc
+
+
+@functools.lru_cache(maxsize=4)
+def shared_tokenizer(name_or_path: str):
+    """One tokenizer per process and backbone, for the host-side work of the data pipeline."""
+    return load_tokenizer(name_or_path)
+
+
+def token_arrays(tokenizer, sentences: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, lengths)``: every sentence truncated to ``max_len`` tokens and padded to exactly
+    ``max_len`` (int32), with its length: a fixed-width form the data pipeline can carry in
+    Arrow; ``batch_tokens`` turns a batch of rows back into what ``Encoder.tokenize`` gives."""
+    enc = tokenizer(list(sentences), padding="max_length", truncation=True, max_length=max_len,
+                    return_attention_mask=True, return_token_type_ids=False, return_tensors="np")
+    return enc["input_ids"].astype(np.int32), enc["attention_mask"].sum(1).astype(np.int32)
+
+
+def batch_tokens(ids: np.ndarray, lengths: np.ndarray, token_type_ids: bool) -> dict[str, torch.Tensor]:
+    """A batch of ``token_arrays`` rows cut to its longest row: the tensors ``tokenizer(...,
+    padding=True, truncation=True)`` returns for the same sentences (right padding, as ``pad_cat``
+    assumes), made on the host."""
+    width = int(lengths.max()) if len(lengths) else 0
+    input_ids = torch.from_numpy(np.ascontiguousarray(ids[:, :width], dtype=np.int64))
+    mask = torch.from_numpy(np.arange(width)[None, :] < np.asarray(lengths)[:, None]).long()
+    out = {"input_ids": input_ids}
+    if token_type_ids:
+        out["token_type_ids"] = torch.zeros_like(input_ids)
+    out["attention_mask"] = mask
+    return out
 
 
 def max_positions(name_or_path: str) -> int | None:

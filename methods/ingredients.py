@@ -274,6 +274,7 @@ class AuxTerm(Ingredient):
         """Tokenised rows the term adds to the shared forward pass (AugCSE's augmentations)."""
         return []
 
-    def forward(self, out: StepOutputs) -> tuple[Any, dict[str, float]]:
-        """``(term, metrics)`` of a step: the term is added to the loss (identical on every worker)."""
+    def forward(self, out: StepOutputs) -> tuple[Any, dict[str, Any]]:
+        """``(term, metrics)`` of a step: the term is added to the loss (identical on every worker);
+        metrics as numbers or detached 0-d tensors (read back only when the loop logs)."""
         raise NotImplementedError

@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
-from methods.encoder import POOLERS, Encoder, dropout_override, pad_cat
+from methods.encoder import POOLERS, Encoder, batch_tokens, dropout_override, pad_cat, shared_tokenizer, token_arrays
 from methods.ingredients import KINDS, Draws, Ingredient, InvalidParams, Params, StepOutputs, check, cited
 from methods.losses import Negative, Views, gather_with_grad
 from methods.registry import INGREDIENTS
@@ -287,6 +288,9 @@ class Recipe:
             out.update(ingredient.tensor_columns(batch, device))
         return out
 
+    def step_inputs(self, tokenizer: str, max_len: int) -> "StepInputs":
+        return StepInputs(self, tokenizer, max_len)
+
     # -- model ----------------------------------------------------------------------------------
 
     def build(self, encoder: Encoder) -> RecipeModel:
@@ -335,9 +339,11 @@ class Recipe:
 
     # -- the training step ----------------------------------------------------------------------
 
-    def loss(self, model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
         """``(loss, metrics)`` of one step; ``loss`` is the global loss, identical on every worker.
-        ``batch``: the tokenised text columns and the tensor columns of this worker's rows."""
+        ``batch``: the tokenised text columns and the tensor columns of this worker's rows.
+        ``metrics`` are numbers or detached 0-d tensors: the loop reads them back to the host
+        only when it logs, so a step never waits for the device to report them."""
         twice = 2 if self.loss_fn.pairs_negatives else 1
         active = [n for n in self.negatives if n.active(step)]
         roles = ["anchor", "positive"]
@@ -368,7 +374,7 @@ class Recipe:
             negatives.append(Negative(gather_with_grad(z[f"{n.name}:0"]), valid, second))
         views = Views(gather_with_grad(z["anchor"]), gather_with_grad(z["positive"]), negatives)
         contrastive = self.loss_fn(views)
-        metrics = {"contrastive_loss": float(contrastive.detach())}
+        metrics: dict[str, Any] = {"contrastive_loss": contrastive.detach()}  # read back once per log step
         metrics.update({f"{n.name}_negatives": float(n in active) for n in self.negatives})
         total = contrastive
         outputs = StepOutputs(unwrap(model), step, e, z, batch, seed=self.seed)
@@ -377,6 +383,55 @@ class Recipe:
             total = total + term
             metrics.update(extra)
         return total, metrics
+
+
+class StepInputs:
+    """What ``Recipe.loss`` takes, made on the host away from the step, in two halves:
+
+    - ``arrays`` (in the data pipeline, per epoch): each text column tokenised to fixed-width ids
+      and lengths, the recipe's other step columns as numbers;
+    - ``collate`` (per batch, in a prefetching thread): flat CPU tensors, each text column cut to
+      its longest row, which is exactly what ``Encoder.tokenize`` (``padding=True``) gives;
+
+    then ``nest`` on the step's device. Only names travel: each process loads the tokenizer once.
+    """
+
+    SEP = "/"  # a text column's arrays and tensors are ``<column>/<key>``
+
+    def __init__(self, recipe: Recipe, tokenizer: str, max_len: int):
+        self.recipe, self.tokenizer, self.max_len = recipe, tokenizer, max_len
+
+    def arrays(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
+        tokenizer = shared_tokenizer(self.tokenizer)
+        out = {}
+        for column in self.recipe.text_columns:
+            ids, lengths = token_arrays(tokenizer, [str(s) for s in batch[column]], self.max_len)
+            out[f"{column}{self.SEP}input_ids"], out[f"{column}{self.SEP}length"] = ids, lengths
+        out.update({name: t.numpy() for name, t in self.recipe.tensor_columns(batch, None).items()})
+        return out
+
+    def collate(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        types = "token_type_ids" in shared_tokenizer(self.tokenizer).model_input_names
+        out: dict[str, torch.Tensor] = {}
+        for column in self.recipe.text_columns:
+            made = batch_tokens(arrays[f"{column}{self.SEP}input_ids"], arrays[f"{column}{self.SEP}length"], types)
+            out.update({f"{column}{self.SEP}{key}": t for key, t in made.items()})
+        tokenised = {f"{c}{self.SEP}{k}" for c in self.recipe.text_columns for k in ("input_ids", "length")}
+        out.update({k: torch.as_tensor(v) for k, v in arrays.items() if k not in tokenised})
+        return out
+
+    @classmethod
+    def nest(cls, flat: dict[str, torch.Tensor], device=None) -> dict[str, Any]:
+        """``{column: {input_ids, ...}, tensor column: tensor}`` on ``device`` (None: where they are)."""
+        out: dict[str, Any] = {}
+        for key, t in flat.items():
+            t = t.to(device, non_blocking=True) if device is not None else t
+            column, sep, part = key.partition(cls.SEP)
+            if sep:
+                out.setdefault(column, {})[part] = t
+            else:
+                out[key] = t
+        return out
 
 
 def _split(x: torch.Tensor, roles: list[str], n: int) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ head's gradient, like the encoder's, counts every row once across workers.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -165,7 +166,7 @@ class VaSCL(AuxTerm):
     def projection_lr_scale(self) -> float:
         return self.params.head_lr_scale
 
-    def forward(self, out: StepOutputs) -> tuple[torch.Tensor, dict[str, float]]:
+    def forward(self, out: StepOutputs) -> tuple[torch.Tensor, dict[str, Any]]:
         p, tau = self.params, self.shared.temperature
         head = out.model.projection
         local = out.e["anchor"].float()
@@ -176,4 +177,4 @@ class VaSCL(AuxTerm):
         gen = torch.Generator().manual_seed(derive_seed(out.seed, "vascl-noise", out.step))
         delta = virtual_perturbation(head, e, nbrs, p, tau, gen, authors=not paper)
         va = virtual_augmentation_loss(head, local, nbrs, delta, tau, attach=paper)
-        return va, {"vascl_neighbourhood": float(va.detach())}
+        return va, {"vascl_neighbourhood": va.detach()}

@@ -78,9 +78,9 @@ def recipe_build(method: str, params: dict, encoder):
     columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES}
 
     def loss_fn(model, _columns, step):
-        tokens = {c: encoder.tokenize(columns[c], max_len=32) for c in recipe.text_columns}
-        tokens.update(recipe.tensor_columns(columns, None))
-        return recipe.loss(model, tokens, step)
+        # The training loop's path: arrays made in the data pipeline, collated per batch.
+        inputs = recipe.step_inputs(str(encoder.tokenizer.name_or_path), 32)
+        return recipe.loss(model, inputs.nest(inputs.collate(inputs.arrays(columns))), step)
 
     return model, loss_fn
 

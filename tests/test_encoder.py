@@ -110,3 +110,29 @@ def test_a_hub_model_at_a_pinned_revision(tmp_path):
         assert TrainConfig.build(method, "paper").model == "bert-base-uncased@86b5e0934494bd15c9632b12f734a8a67f723594"
     assert TrainConfig.build("vascl", "paper").model == "roberta-base@e2da8e2f811d1448a5b465c236feacd80ffbac7b"
     assert TrainConfig.build("san", "paper").params["san"].mlm.endswith("@86b5e0934494bd15c9632b12f734a8a67f723594")
+
+
+def test_step_inputs_are_what_tokenize_gives(tiny_model):
+    """The pipeline's fixed-width arrays, collated per batch, are ``Encoder.tokenize``'s tensors for
+    the same rows (padding to the batch's longest row, truncation at ``max_len``, an empty
+    negative as [CLS] [SEP]), and the recipe's other step columns come along as tensors."""
+    from methods.augcse import NO_AUGMENTATION
+
+    enc = Encoder.from_pretrained(str(tiny_model))
+    recipe = Recipe.named("augcse", augmentations="random_swap,random_delete")
+    inputs = recipe.step_inputs(str(tiny_model), 8)
+    batch = {"sentence": ["a man is playing a guitar on a stage tonight .", "ok", "the cat"],
+             "augmented": ["", "ok ok", "cat the"], "aug_label": ["random_swap", NO_AUGMENTATION, "random_delete"]}
+    arrays = inputs.arrays(batch)
+    assert arrays["sentence/input_ids"].shape == (3, 8) and arrays["sentence/input_ids"].dtype.name == "int32"
+    got = inputs.nest(inputs.collate(arrays))
+    for column in ("sentence", "augmented"):
+        want = enc.tokenize(batch[column], max_len=8)
+        assert set(got[column]) == set(want)
+        for key in want:
+            assert torch.equal(got[column][key], want[key]), (column, key)
+    assert got["augmented"]["attention_mask"][0].sum() == 2  # the empty row: [CLS] [SEP]
+    assert torch.equal(got["aug_label"], recipe.tensor_columns(batch, None)["aug_label"])
+    # Rows of a shorter batch are cut to that batch's longest row, as tokenize pads them.
+    short = inputs.nest(inputs.collate({k: v[1:] for k, v in arrays.items()}))
+    assert torch.equal(short["sentence"]["input_ids"], enc.tokenize(batch["sentence"][1:], max_len=8)["input_ids"])

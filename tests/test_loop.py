@@ -120,3 +120,56 @@ def test_pruning_empties_what_is_not_kept_up_to_the_committed_step(tmp_path):
     assert (tmp_path / "checkpoint_00000003_c" / "state.json").is_file()
     prune(str(tmp_path), {"checkpoint_00000003_c"}, whole=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_00000003_c"]
+
+
+def test_a_step_reads_from_the_device_only_when_it_logs_or_evaluates(tiny_model, small_corpus, tmp_path, monkeypatch):
+    """The step gets tensors and keeps its numbers on the device: over 8 steps that log every 4th
+    and evaluate at the 8th, the project's code reads values back to Python twice (steps 4 and 8,
+    one transfer each), never in the other steps. Reads are counted by their caller, so torch's
+    own bookkeeping on CPU tensors (AdamW's step counter) is not counted; the evaluation's reads are
+    left out. Removing ``to_host``'s batching (a read per metric) fails this test."""
+    import sys
+    import threading
+
+    import torch
+
+    import platform.run.loop as loop
+    from methods.recipe import Recipe
+
+    roots = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("platform", "methods"))
+    state = {"training": False, "evaluating": False, "reads": []}
+    main = threading.main_thread()
+
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if (state["training"] and not state["evaluating"] and threading.current_thread() is main
+                    and caller.startswith(roots)):
+                state["reads"].append((name, caller, sys._getframe(1).f_lineno))
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu"):
+        counted(name)
+    original_loss, original_eval = Recipe.loss, loop.evaluate_and_report
+
+    def loss(self, *args, **kwargs):
+        state["training"] = True
+        return original_loss(self, *args, **kwargs)
+
+    def evaluate(*args, **kwargs):
+        state["evaluating"] = True
+        try:
+            return original_eval(*args, **kwargs)
+        finally:
+            state["evaluating"] = False
+
+    monkeypatch.setattr(Recipe, "loss", loss)
+    monkeypatch.setattr(loop, "evaluate_and_report", evaluate)
+    cfg = TrainConfig.build("augcse", "local", {
+        "model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8, "max_steps": 8, "eval_steps": 8,
+        "log_steps": 4, "num_workers": 1, "output_dir": str(tmp_path), "augmentations": "random_swap,random_delete"})
+    assert train_loop_per_worker(cfg.flat())["steps"] == 8
+    assert len(state["reads"]) == 2, state["reads"]

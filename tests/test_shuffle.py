@@ -91,3 +91,32 @@ def test_the_earlier_pipeline_fails_the_statistic(local_ray):
         batch_size=BATCH, drop_last=True, batch_format="numpy", local_shuffle_buffer_size=4 * BATCH,
         local_shuffle_seed=42)]
     assert same_group_fraction(batches) > 20 * UNIFORM
+
+
+@pytest.mark.e2e
+def test_ray_data_hands_the_step_the_tensors_the_local_pipeline_makes(local_ray, tiny_model):
+    """Tokenised in Ray Data, collated by Ray's prefetch (``iter_torch_batches``): each batch of
+    an epoch is, tensor for tensor, the local pipeline's batch with the same seed (UNA's negatives
+    included), so the step cannot tell which pipeline fed it."""
+    import torch
+
+    from methods.una import fit_tfidf
+    from platform.data.pipeline import epoch_datasets
+
+    sentences = [f"the {w} cat sat on the {v} mat number {i}" + " again" * (i % 7) for i, (w, v) in
+                 enumerate(itertools.product(["black", "white", "grey", "tall"], ["red", "blue", "green", "old"]))] * 4
+    recipe, states = Recipe.named("una", r=2), {"una": fit_tfidf(sentences)}
+    inputs = recipe.step_inputs(str(tiny_model), 12)  # short enough that long rows are truncated
+    ds = epoch_datasets(recipe, {"sentence": sentences}, states, epochs=1, seed=3, inputs=inputs)["train_0"]
+    got = [inputs.nest(b) for b in ds.iter_torch_batches(batch_size=16, drop_last=True, collate_fn=inputs.collate)]
+    cfg = TrainConfig.build("una", "local", {"batch_size": 16, "num_workers": 1, "seed": 3})
+    want = [inputs.nest(inputs.collate(inputs.arrays(recipe.augment(b, states, 0))))
+            for b in local_batches({"sentence": sentences}, cfg, 0, 1, epoch=0)]
+    assert len(got) == len(want) == len(sentences) // 16
+    for g, w in zip(got, want):
+        assert set(g) == set(w) == {"sentence", "una_negative"}
+        for column in w:
+            assert set(g[column]) == set(w[column]) == {"input_ids", "token_type_ids", "attention_mask"}
+            for key in w[column]:
+                assert torch.equal(g[column][key], w[column][key]), (column, key)
+    assert max(b["sentence"]["input_ids"].shape[1] for b in got) == 12  # a batch holding a truncated row

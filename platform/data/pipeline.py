@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from methods.ingredients import import_by_name
-from methods.recipe import Recipe
+from methods.recipe import Recipe, StepInputs
 from platform import settings
 
 
@@ -22,24 +22,26 @@ class BoundAugment:
     """``recipe.augment`` of epoch ``epoch`` with the corpus statistics, for ``map_batches``; with
     ``corpus`` (an object-store reference to the corpus table) its input is a batch of row numbers,
     and the rows are gathered from the table first. Batches keep their ``row`` column: the epoch's
-    draws are keyed by corpus row.
+    draws are keyed by corpus row. With ``inputs`` (a training epoch) the output is the step's
+    arrays instead (``StepInputs.arrays``: the text columns tokenised here, on the CPUs).
 
     The statistics (and the table) travel as object-store references that each worker process
     fetches once (``_fetch``): per-process caches (UNA's word look-up) last across tasks, and
     Ray Data does not copy the state into its plan at every execution (benchmarks/RESULTS.md).
     """
 
-    def __init__(self, recipe: Recipe, states_ref, corpus_ref=None, epoch: int = 0):
+    def __init__(self, recipe: Recipe, states_ref, corpus_ref=None, epoch: int = 0, inputs: StepInputs | None = None):
         self.recipe, self.state_ref, self.corpus_ref, self.epoch = recipe, states_ref, corpus_ref, epoch
+        self.inputs = inputs
 
     def __call__(self, batch):
         if self.corpus_ref is not None:
             rows = _fetch(self.corpus_ref).take(np.asarray(batch["row"]))
             batch = {"row": np.asarray(batch["row"]),
                      **{name: rows.column(name).to_numpy(zero_copy_only=False) for name in rows.column_names}}
-        if not self.recipe.augments_per_epoch:
-            return batch
-        return self.recipe.augment(batch, _fetch(self.state_ref), self.epoch)
+        if self.recipe.augments_per_epoch:
+            batch = self.recipe.augment(batch, _fetch(self.state_ref), self.epoch)
+        return self.inputs.arrays(batch) if self.inputs is not None else batch
 
     def __repr__(self) -> str:
         return f"BoundAugment({self.recipe.spec.describe()})"
@@ -78,13 +80,15 @@ def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], states: dict[
 
 
 def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[str, Any], epochs: int, seed: int,
-                   batch_size: int = 1024, num_cpus: float | None = None) -> dict[str, Any]:
+                   batch_size: int = 1024, num_cpus: float | None = None,
+                   inputs: StepInputs | None = None) -> dict[str, Any]:
     """``{"train_<epoch>": Dataset}``: each epoch a uniform permutation of the whole corpus, seeded
     with ``seed + epoch`` as the local pipeline's (SimCSE samples batches uniformly from the whole
     corpus, reshuffled every epoch; wiki1m is stored in article order). The permutation's row
     numbers are cut into blocks on the driver; each block's task gathers its rows from the corpus
     table (one object-store reference, fetched once per worker process) and adds the recipe's
-    per-epoch columns, so the epoch still streams to the training workers while the CPUs augment."""
+    per-epoch columns, so the epoch still streams to the training workers while the CPUs augment;
+    with ``inputs``, rows leave as the training step's arrays (tokenised on the CPUs)."""
     import pyarrow as pa
     import ray
     import ray.data
@@ -99,7 +103,7 @@ def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[s
     for epoch in range(epochs):
         rows = pa.table({"row": np.random.default_rng(seed + epoch).permutation(n)})
         out[f"train_{epoch}"] = arrow_blocks(rows, blocks).map_batches(
-            BoundAugment(recipe, states_ref, corpus_ref, epoch), batch_format="numpy", batch_size=batch_size,
+            BoundAugment(recipe, states_ref, corpus_ref, epoch, inputs), batch_format="numpy", batch_size=batch_size,
             num_cpus=num_cpus,
         )
     return out

@@ -114,8 +114,9 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
         callbacks.append(TuneReportCallback())
     datasets = {}
     if cfg.data_pipeline == "ray":
-        datasets = epoch_datasets(cfg.build_recipe(), corpus.columns, corpus.states, cfg.epochs, cfg.seed,
-                                  num_cpus=cfg.augment_cpus)
+        recipe = cfg.build_recipe()
+        datasets = epoch_datasets(recipe, corpus.columns, corpus.states, cfg.epochs, cfg.seed, num_cpus=cfg.augment_cpus,
+                                  inputs=recipe.step_inputs(cfg.model, cfg.max_len))
     else:  # every worker slices the same global batches: the corpus reaches it through the object store
         ctx.corpus_ref = ray.put((corpus.columns, corpus.states))
     trainer = TorchTrainer(

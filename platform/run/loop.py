@@ -34,7 +34,7 @@ from transformers import get_constant_schedule_with_warmup, get_linear_schedule_
 
 from methods.encoder import Encoder
 from methods.ingredients import derive_seed
-from methods.recipe import Recipe
+from methods.recipe import Recipe, StepInputs
 from platform import settings
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
@@ -73,21 +73,20 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
         announce_resume(pos, log)
     if pos.step >= steps:  # a run restored at its end (--resume of a trial cut just after its last step):
         # its last state reported once more (its points are the checkpoint's), since Tune expects a result from every trial
-        evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, [], (optimizer, schedule), log, steps, record=False)
-    window: list[float] = []
+        evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, 0.0, (optimizer, schedule), log, steps, record=False)
+    inputs = recipe.step_inputs(cfg.model, cfg.max_len)
+    window: list[torch.Tensor] = []  # the losses since the last evaluation, on the device
     model.train()
     for epoch in range(pos.epoch, cfg.epochs):
         skip = pos.batch_in_epoch if epoch == pos.epoch else 0  # the data position of a checkpoint
         pos.epoch, pos.batch_in_epoch = epoch, skip
-        for batch in itertools.islice(rt.batches(recipe, epoch), skip, None):
+        # Batches arrive tokenised, as tensors on the device: the step does no host work on text.
+        for batch in itertools.islice(rt.batches(recipe, epoch, inputs), skip, None):
             if pos.step >= steps:
                 break
             t0 = time.perf_counter()
-            tokens = {c: encoder.tokenize([str(s) for s in batch[c]], max_len=cfg.max_len, device=rt.device)
-                      for c in recipe.text_columns}
-            tokens.update(recipe.tensor_columns(batch, rt.device))
             with autocast:
-                loss, extra = recipe.loss(model, tokens, pos.step)
+                loss, extra = recipe.loss(model, batch, pos.step)
             # Every worker holds the same global loss; DDP averages gradients over workers, so
             # scaling by W makes the applied gradient that of the global loss (see gather_with_grad).
             (loss * rt.world).backward()
@@ -96,12 +95,18 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             pos.step, pos.batch_in_epoch = pos.step + 1, pos.batch_in_epoch + 1
-            pos.train_time_s += time.perf_counter() - t0
-            window.append(float(loss.detach()))
-            if pos.step % cfg.log_steps == 0:
-                log({"train_loss": window[-1], "lr": schedule.get_last_lr()[0], **extra}, pos.step)
-            if pos.step % cfg.eval_steps == 0 or pos.step == steps:
-                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, window, (optimizer, schedule), log, steps)
+            window.append(loss.detach())
+            logs, evaluates = pos.step % cfg.log_steps == 0, pos.step % cfg.eval_steps == 0 or pos.step == steps
+            # The step's one read from the device, and only on a step that logs or evaluates.
+            read = to_host({**({"train_loss": loss.detach(), **extra} if logs else {}),
+                            **({"train_loss_avg": torch.stack(window).mean()} if evaluates else {})})
+            pos.train_time_s += time.perf_counter() - t0  # the device's time too: reads wait for it
+            if logs:
+                log({"train_loss": read["train_loss"], "lr": schedule.get_last_lr()[0],
+                     **{k: read[k] for k in extra}}, pos.step)
+            if evaluates:
+                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, read["train_loss_avg"], (optimizer, schedule),
+                                    log, steps)
                 window = []
                 model.train()
         if pos.step >= steps:
@@ -111,13 +116,22 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     return {"steps": pos.step, "train_time_s": pos.train_time_s, BEST: pos.best, "best_step": pos.best_step}
 
 
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
-    """The global gradient's L2 norm, before it is scaled to ``max_norm`` when above it (0: never),
-    as the Hugging Face Trainer's ``max_grad_norm`` does."""
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """The global gradient's L2 norm (on the device), before it is scaled to ``max_norm`` when
+    above it (0: never), as the Hugging Face Trainer's ``max_grad_norm`` does."""
     parameters = [p for p in model.parameters() if p.grad is not None]
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters])))
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters]))
+
+
+def to_host(values: dict[str, Any]) -> dict[str, float]:
+    """Numbers and 0-d tensors as floats, the tensors read back from the device in one transfer."""
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    out = {k: float(v) for k, v in values.items() if k not in tensors}
+    if tensors:
+        out.update(zip(tensors, torch.stack([t.float().reshape(()) for t in tensors.values()]).tolist()))
+    return out
 
 
 def make_optimizer(cfg: TrainConfig, recipe: Recipe, model, steps: int):
@@ -139,11 +153,11 @@ def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
 
 
 def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, pos: Position,
-                        window: list[float], optim, log: StepLog, steps: int, record: bool = True) -> None:
+                        loss_avg: float, optim, log: StepLog, steps: int, record: bool = True) -> None:
     """STS-B dev on rank 0 (its one console line), then the runtime's report with the checkpoint
     the policy asks for (``checkpoint.Policy``: the full state when due, the model when improved,
-    else none)."""
-    metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": sum(window) / max(len(window), 1),
+    else none). ``loss_avg``: the mean training loss since the last evaluation."""
+    metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": loss_avg,
                                "train_time_s": pos.train_time_s}
     write, kind, improved = None, None, False
     if rt.is_chief:
@@ -267,11 +281,20 @@ class Runtime:
             return STSEvaluator.stsb_dev(batch_size=self.cfg.eval_batch_size)
         return STSEvaluator.from_pairs({"STSBenchmark": self.ctx.dev}, batch_size=self.cfg.eval_batch_size)
 
-    def batches(self, recipe: Recipe, epoch: int) -> Iterator[dict[str, np.ndarray]]:
-        """This worker's share of the epoch's global batches, with the recipe's per-epoch columns."""
+    def batches(self, recipe: Recipe, epoch: int, inputs: StepInputs) -> Iterator[dict[str, Any]]:
+        """This worker's share of the epoch's global batches, with the recipe's per-epoch columns,
+        as the step's tensors on this worker's device: made a batch ahead in a helper thread."""
         corpus = self.ctx.corpus or self._read_corpus(recipe)
-        for batch in local_batches(corpus.columns, self.cfg, self.rank, self.world, epoch):
-            yield recipe.augment(batch, corpus.states, epoch) if recipe.augments_per_epoch else batch
+        pin = self.device.type == "cuda"
+
+        def made() -> Iterator[dict[str, torch.Tensor]]:
+            for batch in local_batches(corpus.columns, self.cfg, self.rank, self.world, epoch):
+                batch = recipe.augment(batch, corpus.states, epoch) if recipe.augments_per_epoch else batch
+                flat = inputs.collate(inputs.arrays(batch))
+                yield {k: t.pin_memory() for k, t in flat.items()} if pin else flat
+
+        for flat in prefetched(made()):
+            yield inputs.nest(flat, self.device)
 
     def _read_corpus(self, recipe: Recipe) -> CorpusData:
         # Generated columns and statistics come from the cache the driver filled.
@@ -384,16 +407,19 @@ class RayTrainRuntime(Runtime):
 
         return ray.train.torch.prepare_model(model)
 
-    def batches(self, recipe, epoch):
+    def batches(self, recipe, epoch, inputs):
         if self.cfg.data_pipeline == "local":
-            yield from super().batches(recipe, epoch)
+            yield from super().batches(recipe, epoch, inputs)
             return
         import ray.train
 
-        # The epoch's own dataset: a uniform permutation of the corpus, augmented by Ray Data.
+        # The epoch's own dataset: a uniform permutation of the corpus, augmented and tokenised by
+        # Ray Data; Ray collates the next batch in its prefetch thread and moves it to the device.
         shard = ray.train.get_dataset_shard(f"train_{epoch}")
-        yield from shard.iter_batches(batch_size=self.cfg.batch_size // self.world, drop_last=True,
-                                      batch_format="numpy")
+        for flat in shard.iter_torch_batches(batch_size=self.cfg.batch_size // self.world, drop_last=True,
+                                             collate_fn=inputs.collate, device=self.device,
+                                             pin_memory=self.device.type == "cuda"):
+            yield inputs.nest(flat)
 
     def num_sentences(self, recipe):
         return self.ctx.num_sentences if self.cfg.data_pipeline == "ray" else super().num_sentences(recipe)
@@ -486,6 +512,18 @@ class RayTrainRuntime(Runtime):
 
 def make_runtime(ctx: RunContext, cfg: TrainConfig) -> Runtime:
     return RayTrainRuntime(ctx, cfg) if ctx.runtime == "ray" else ProcessRuntime(ctx, cfg)
+
+
+_END = object()
+
+
+def prefetched(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, each made in a helper thread while the caller works on the one before."""
+    with ThreadPoolExecutor(1, thread_name_prefix="batches") as pool:
+        pending = pool.submit(next, items, _END)
+        while (item := pending.result()) is not _END:
+            pending = pool.submit(next, items, _END)
+            yield item
 
 
 def local_batches(
