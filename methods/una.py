@@ -105,13 +105,18 @@ class TfIdfTable:
 
 class WordIds(dict):
     """A dict whose misses lower-case the word once and look it up in the vocabulary, so the
-    per-word look-up of a batch is one C-level ``map`` and each written form is lowered once."""
+    per-word look-up of a batch is one C-level ``map`` and each written form is lowered once.
+    Bounded: past ``LIMIT`` written forms it starts again (a worker process lives for a sweep)."""
+
+    LIMIT = 2_000_000
 
     def __init__(self, index: dict[str, int]):
         super().__init__()
         self.index = index
 
     def __missing__(self, word: str) -> int:
+        if len(self) >= self.LIMIT:
+            self.clear()
         self[word] = term = self.index.get(word.lower(), -1)
         return term
 

@@ -8,13 +8,14 @@ most a ``*.tmp-*`` folder, never a half-written entry; readers only see complete
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from platform import settings
 from platform.outputs import in_ray_job_copy, remove_leftovers, writer_id
@@ -72,15 +73,25 @@ def cache_entry(kind: str, digest: str, params: dict[str, Any]) -> Path:
 
 def cached(kind: str, digest: str, params: dict[str, Any], build: Callable[[Path], None]) -> Path:
     """The folder of a complete entry; ``build(tmp_dir)`` fills a new one on a miss."""
+    final = cache_entry(kind, digest, params)
+    if not (final / "COMPLETE").is_file():
+        with building(kind, digest, params) as tmp:
+            build(tmp)
+    return final
+
+
+@contextlib.contextmanager
+def building(kind: str, digest: str, params: dict[str, Any]) -> Iterator[Path]:
+    """A new entry's temporary folder, to fill inside the block: complete and in place when the
+    block ends without an error (several can be open at once, as one pass fills several
+    entries), removed otherwise."""
     root = cache_root()
     final = cache_entry(kind, digest, params)
-    if (final / "COMPLETE").is_file():
-        return final
     root.mkdir(parents=True, exist_ok=True)
     remove_leftovers(root, final.name + ".tmp-")
     tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-{writer_id()}-", dir=root))
     try:
-        build(tmp)
+        yield tmp
         (tmp / "COMPLETE").write_text(json.dumps({"kind": kind, "corpus": digest, "params": params}, default=str))
         try:
             os.replace(tmp, final)
@@ -89,4 +100,3 @@ def cached(kind: str, digest: str, params: dict[str, Any], build: Callable[[Path
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final

@@ -10,6 +10,7 @@ instead of pairing sentences with someone else's outputs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -19,17 +20,18 @@ from typing import Any
 
 from methods.ingredients import GeneratedColumn
 from methods.recipe import Recipe
-from platform.data.cache import cache_entry, cache_root, cached, sentences_digest
-from platform.data.pipeline import Generation, generate_columns
+from platform.data.cache import building, cache_entry, cache_root, cached, sentences_digest
+from platform.data.pipeline import Generation, generated_blocks
 from platform.errors import DataError
 
 
 @dataclasses.dataclass
 class CorpusData:
-    """What every worker of a run needs from the corpus: the columns and the statistics states
-    (by ingredient name)."""
+    """What every worker of a run needs from the corpus: the columns (Arrow arrays: a million
+    sentences of eight augmentations are ~1 GB as Arrow, several as Python strings) and the
+    statistics states (by ingredient name)."""
 
-    columns: dict[str, list[str]]
+    columns: dict[str, Any]
     states: dict[str, Any]
     digest: str = ""  # sha256 of the sentences: the key of their cached columns (MLflow's dataset digest)
 
@@ -46,10 +48,12 @@ def prepare_corpus(recipe: Recipe, sentences: list[str], use_ray: bool, use_gpu:
     return CorpusData(columns, prepared_states(recipe, columns), digest)
 
 
-def prepared_states(recipe: Recipe, columns: dict[str, list[str]]) -> dict[str, Any]:
+def prepared_states(recipe: Recipe, columns: dict[str, Any]) -> dict[str, Any]:
     """Each ingredient's corpus statistics, through the cache (fitted once per corpus)."""
+    states: dict[str, Any] = {}
+    if not recipe.with_statistics():
+        return states
     text = statistics_input(columns)
-    states = {}
     for ingredient in recipe.with_statistics():
         spec = ingredient.statistics()
         folder = cached(spec.kind, sentences_digest(text), {"version": spec.version},
@@ -61,9 +65,11 @@ def prepared_states(recipe: Recipe, columns: dict[str, list[str]]) -> dict[str, 
 def corpus_columns(
     recipe: Recipe, sentences: list[str], use_ray: bool = True, use_gpu: bool = False, cpus: float = 1.0,
     digest: str | None = None, generate: bool = True,
-) -> dict[str, list[str]]:
-    """``sentence`` and every generated column of ``recipe``, from the user's files or the cache;
-    what the cache lacks is generated first (``generate=False``: a ``DataError`` instead)."""
+) -> dict[str, Any]:
+    """``sentence`` and every generated column of ``recipe`` as Arrow arrays, from the user's files
+    or the cache; what the cache lacks is generated first (``generate=False``: a ``DataError``)."""
+    import pyarrow as pa
+
     digest = digest or sentences_digest(sentences)
     specs = recipe.generated_columns()
     missing = missing_generations([recipe], digest)
@@ -72,10 +78,10 @@ def corpus_columns(
         raise DataError(f"generated column(s) {names} are not in the cache {cache_root()}: they are made before "
                         "the trials (was the cache removed during the sweep?)")
     generate_missing(missing, sentences, digest, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus)
-    columns = {"sentence": sentences}
+    columns = {"sentence": pa.chunked_array([pa.array(sentences, pa.string())])}
     for spec in specs:
         path = Path(spec.file) if spec.file else cache_entry(f"gen-{spec.column}", digest, _key(spec)) / f"{spec.column}.parquet"
-        columns[spec.column] = read_generated(path, sentences, spec.column)
+        columns[spec.column] = read_generated(path, columns["sentence"], spec.column)
     return columns
 
 
@@ -104,17 +110,26 @@ def missing_generations(recipes: list[Recipe], digest: str) -> list[Pending]:
 
 def generate_missing(pending: list[Pending], sentences: list[str], digest: str, use_ray: bool,
                      use_gpu: bool = False, cpus: float = 1.0) -> None:
-    """Every pass in one go over the corpus, each column then written to its cache entry."""
+    """Every pass in one go over the corpus, streamed into each column's cache entry (Parquet, with
+    its sentences) a block at a time; the entries are complete once the whole pass is."""
     if not pending:
         return
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    made = generate_columns(sentences, [job for job, _ in pending], use_ray, use_gpu, cpus)
-    for (_, specs), columns in zip(pending, made):
-        for column, values in columns.items():
-            part = pa.table({"sentence": sentences, column: values})
-            cached(f"gen-{column}", digest, _key(specs[column]),
-                   lambda tmp_dir, part=part, column=column: _write_parquet(part, tmp_dir / f"{column}.parquet"))
+    text = pa.array(sentences, pa.string())
+    with contextlib.ExitStack() as stack:
+        writers = {}
+        for i, (job, specs) in enumerate(pending):
+            for column in job.columns:
+                folder = stack.enter_context(building(f"gen-{column}", digest, _key(specs[column])))
+                schema = pa.schema([("sentence", pa.string()), (column, pa.string())])
+                writers[f"{i}:{column}"] = stack.enter_context(pq.ParquetWriter(folder / f"{column}.parquet", schema))
+        for block in generated_blocks(sentences, [job for job, _ in pending], use_ray, use_gpu, cpus):
+            rows = text.slice(block.column("index")[0].as_py(), block.num_rows)
+            for name, writer in writers.items():
+                column = name.split(":", 1)[1]
+                writer.write_table(pa.table({"sentence": rows, column: block.column(name).cast(pa.string())}))
 
 
 def _key(spec: GeneratedColumn) -> dict:
@@ -133,32 +148,34 @@ def source_digest(module: str) -> str:
     return hashlib.sha256(origin.read_bytes()).hexdigest()[:16] if origin and origin.is_file() else "unknown"
 
 
-def _write_parquet(table, path: Path) -> None:
-    import pyarrow.parquet as pq
-
-    pq.write_table(table, path)
-
-
-def statistics_input(columns: dict[str, list[str]]) -> list[str]:
+def statistics_input(columns: dict[str, Any]) -> list[str]:
     """What corpus statistics are fitted on: the sentences plus their paraphrases (UNA, Sec. 3)."""
-    return columns["sentence"] + columns.get("paraphrase", [])
+    return [*_strings(columns["sentence"]), *_strings(columns.get("paraphrase", []))]
 
 
-def read_generated(path: Path, sentences: list[str], column: str) -> list[str]:
+def _strings(column) -> list[str]:
+    return column.to_pylist() if hasattr(column, "to_pylist") else list(column)
+
+
+def read_generated(path: Path, sentences, column: str):
+    """The column of a generated-column file (Arrow), checked row by row against the corpus'
+    ``sentences`` (an Arrow array) in Arrow's compute kernels, not as Python strings."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     if not path.is_file():
         raise DataError(f"{column} cache {path} not found")
     try:
         table = pq.read_table(path, columns=["sentence", column])
-    except Exception as exc:  # not Parquet, or missing columns
-        raise DataError(f"{column} cache {path} is not a Parquet file with columns sentence, {column} ({exc})") from None
-    cached_sentences = table.column("sentence").to_pylist()
-    if len(cached_sentences) != len(sentences):
-        raise DataError(
-            f"{column} cache {path} does not match the corpus: {len(cached_sentences)} rows for {len(sentences)} sentences"
-        )
-    for i, (a, b) in enumerate(zip(cached_sentences, sentences)):
-        if a != b:
-            raise DataError(f"{column} cache {path} does not match the corpus: row {i + 1} is {a[:40]!r}, corpus has {b[:40]!r}")
-    return [str(p) for p in table.column(column).to_pylist()]
+        stored, values = table.column("sentence").cast(pa.string()), table.column(column).cast(pa.string())
+    except Exception as exc:  # not Parquet, missing columns, or not text
+        raise DataError(f"{column} cache {path} is not a Parquet file with text columns sentence, {column} ({exc})") from None
+    if len(stored) != len(sentences):
+        raise DataError(f"{column} cache {path} does not match the corpus: {len(stored)} rows for {len(sentences)} sentences")
+    same = pc.fill_null(pc.equal(stored, sentences), False)
+    if not pc.all(same).as_py():
+        i = pc.index(same, False).as_py()
+        a, b = stored[i].as_py() or "", sentences[i].as_py()
+        raise DataError(f"{column} cache {path} does not match the corpus: row {i + 1} is {a[:40]!r}, corpus has {b[:40]!r}")
+    return pc.fill_null(values, "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -164,15 +164,34 @@ def _build(job: Generation, device: str | None):
 
 def generate_columns(sentences: list[str], jobs: list[Generation], use_ray: bool, use_gpu: bool,
                      cpus: float = 1.0) -> list[dict[str, Any]]:
+    """Every job over the sentences in one pass: for each job, its columns in corpus order (Arrow
+    arrays). ``generated_blocks`` is the same pass a block at a time."""
+    import pyarrow as pa
+
+    table = pa.concat_tables(list(generated_blocks(sentences, jobs, use_ray, use_gpu, cpus)))
+    return [{c: table.column(f"{i}:{c}") for c in job.columns} for i, job in enumerate(jobs)]
+
+
+def generated_blocks(sentences: list[str], jobs: list[Generation], use_ray: bool, use_gpu: bool,
+                     cpus: float = 1.0) -> Iterator[Any]:
     """Every job over the sentences in one pass (in process, or by a pool of Ray Data actors that
-    grows with the cluster): for each job, its columns in corpus order (Arrow arrays)."""
+    grows with the cluster), as Arrow tables of consecutive rows in corpus order: ``index`` and the
+    output column ``c`` of job ``i`` as ``"i:c"``. Streamed: the caller holds a block at a time."""
     import pyarrow as pa
 
     if not use_ray:
-        table = pa.table(Generators(jobs)({"index": np.arange(len(sentences)), "sentence": sentences}))
-    else:
-        table = _generate_on_ray(sentences, jobs, use_gpu, cpus)
-    return [{c: table.column(f"{i}:{c}") for c in job.columns} for i, job in enumerate(jobs)]
+        yield pa.table(Generators(jobs)({"index": np.arange(len(sentences)), "sentence": sentences}))
+        return
+    done = 0
+    for block in _generate_on_ray(sentences, jobs, use_gpu, cpus):
+        if block.num_rows == 0:
+            continue
+        if block.column("index")[0].as_py() != done:  # preserve_order keeps blocks in corpus order
+            raise RuntimeError(f"generation returned rows out of order: row {block.column('index')[0]} after {done}")
+        done += block.num_rows
+        yield block
+    if done != len(sentences):
+        raise RuntimeError(f"generation returned {done} rows for {len(sentences)} sentences")
 
 
 def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool, cpus: float):
@@ -180,6 +199,7 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
     import ray
     import ray.data
 
+    _one_operator_context()
     cpu_bound = all(job.cpu_bound for job in jobs)
     most = cluster_most()
     gpu = use_gpu and not cpu_bound and most.get("GPU", 0) > 0
@@ -197,9 +217,9 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
         num_gpus=1 if gpu else 0,
         num_cpus=cpus,  # fractional inside sweeps, where trials' Train workers may hold every CPU
     )
-    # Collected and reordered as Arrow (C++), not as Python strings: on a small machine the
-    # driver shares the CPUs with the actors.
-    return pa.concat_tables(ray.get(ds.to_arrow_refs())).sort_by("index")
+    # Streamed back in corpus order as Arrow (C++), never all at once: on a 1M-sentence corpus the
+    # driver holds one block of outputs, not every column of every row.
+    return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1)
 
 
 def actor_bounds(gpu: bool, cpu_bound: bool, most: dict[str, float] | None = None) -> tuple[int, int]:

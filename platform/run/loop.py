@@ -68,12 +68,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     evaluator = rt.dev_evaluator() if rt.is_chief else None
 
     log = rt.metric_log()
-    pos = rt.restore(model, optimizer, schedule, log) or Position()
-    if pos.step and rt.is_chief:
-        announce_resume(pos, log)
-    if pos.step >= steps:  # a run restored at its end (--resume of a trial cut just after its last step):
-        # its last state reported once more (its points are the checkpoint's), since Tune expects a result from every trial
-        evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, 0.0, (optimizer, schedule), log, steps, record=False)
+    pos = start_position(rt, recipe, model, evaluator, cfg, (optimizer, schedule), log, steps)
     inputs = recipe.step_inputs(cfg.model, cfg.max_len)
     window: list[torch.Tensor] = []  # the losses since the last evaluation, on the device
     model.train()
@@ -98,12 +93,11 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
             window.append(loss.detach())
             logs, evaluates = pos.step % cfg.log_steps == 0, pos.step % cfg.eval_steps == 0 or pos.step == steps
             # The step's one read from the device, and only on a step that logs or evaluates.
-            read = to_host({**({"train_loss": loss.detach(), **extra} if logs else {}),
+            read = to_host({**({"train_loss": loss.detach(), "lr": schedule.get_last_lr()[0], **extra} if logs else {}),
                             **({"train_loss_avg": torch.stack(window).mean()} if evaluates else {})})
             pos.train_time_s += time.perf_counter() - t0  # the device's time too: reads wait for it
             if logs:
-                log({"train_loss": read["train_loss"], "lr": schedule.get_last_lr()[0],
-                     **{k: read[k] for k in extra}}, pos.step)
+                log({k: v for k, v in read.items() if k != "train_loss_avg"}, pos.step)
             if evaluates:
                 evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, read["train_loss_avg"], (optimizer, schedule),
                                     log, steps)
@@ -114,6 +108,19 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     rt.close()  # the checkpoints' commits awaited: their points are handed to the log
     log.close()
     return {"steps": pos.step, "train_time_s": pos.train_time_s, BEST: pos.best, "best_step": pos.best_step}
+
+
+def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, optim, log: StepLog,
+                   steps: int) -> Position:
+    """Where training starts: a restart's position (Ray Train's, or ``--resume``), else step 0. A
+    run restored at its end (``--resume`` of a trial cut just after its last step) reports its last
+    state once more (its points are the checkpoint's), since Tune expects a result from every trial."""
+    pos = rt.restore(model, *optim, log) or Position()
+    if pos.step and rt.is_chief:
+        announce_resume(pos, log)
+    if pos.step >= steps:
+        evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, 0.0, optim, log, steps, record=False)
+    return pos
 
 
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
@@ -527,13 +534,17 @@ def prefetched(items: Iterator[Any]) -> Iterator[Any]:
 
 
 def local_batches(
-    columns: dict[str, list[str]], cfg: TrainConfig, rank: int, world: int, epoch: int
+    columns: dict[str, Any], cfg: TrainConfig, rank: int, world: int, epoch: int
 ) -> Iterator[dict[str, np.ndarray]]:
     """Global batches of a seeded per-epoch permutation; this rank takes its contiguous slice,
-    so W workers together see exactly the batches one worker would (drop_last)."""
-    arrays = {k: np.asarray(v, dtype=object) for k, v in columns.items()}
-    perm = np.random.default_rng(cfg.seed + epoch).permutation(len(arrays["sentence"]))
+    so W workers together see exactly the batches one worker would (drop_last). ``columns``:
+    Arrow arrays or lists; a batch's rows are taken from them as it is made."""
+    import pyarrow as pa
+
+    table = pa.table(columns)
+    perm = np.random.default_rng(cfg.seed + epoch).permutation(table.num_rows)
     local = cfg.batch_size // world
     for start in range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size):
         idx = perm[start + rank * local : start + (rank + 1) * local]
-        yield {"row": idx, **{k: a[idx] for k, a in arrays.items()}}
+        rows = table.take(idx)
+        yield {"row": idx, **{k: rows.column(k).to_numpy(zero_copy_only=False) for k in rows.column_names}}
