@@ -22,7 +22,7 @@ from platform.console import command_parser
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.tracking import store
-from platform.tracking.runs import DEV_METRIC, Run
+from platform.tracking.runs import DEV_METRIC, Run, trial_key
 
 REPORTS_EXPERIMENT = "reports"
 TASK_COLUMNS = [SHORT_NAMES[t] for t in STS_TASKS] + ["Avg."]
@@ -62,7 +62,12 @@ def result_runs(uri: str, experiment_ids: list[str]) -> list:
     """Finished top-level runs (a training run, a run with seeds, a sweep) that hold a 7-task
     table: their nested seed and trial runs are parts of them, not results of their own."""
     runs = store.client(uri).search_runs(experiment_ids, filter_string="attributes.status = 'FINISHED'", max_results=5000)
-    return [r for r in runs if store.PARENT_TAG not in r.data.tags and "sts_avg" in r.data.metrics]
+    return [r for r in runs if store.PARENT_TAG not in r.data.tags and "sts_avg" in result_metrics(r)]
+
+
+def result_metrics(run) -> dict[str, float]:
+    """A result's numbers under the trials' keys: a sweep's are its best trial's, ``best.*`` on its parent."""
+    return {**run.data.metrics, **{trial_key(k): v for k, v in run.data.metrics.items() if trial_key(k)}}
 
 
 def leaf_runs(uri: str, run) -> list:
@@ -108,9 +113,9 @@ def best_per_recipe(runs) -> list:
     best: dict[tuple[str, str], object] = {}
     for run in runs:
         key = (recipe_name(run), backbone(run))
-        dev = run.data.metrics.get("best_" + DEV_METRIC, -math.inf)
+        dev = result_metrics(run).get("best_" + DEV_METRIC, -math.inf)
         held = best.get(key)
-        if held is None or (dev, run.info.start_time) > (held.data.metrics.get("best_" + DEV_METRIC, -math.inf),
+        if held is None or (dev, run.info.start_time) > (result_metrics(held).get("best_" + DEV_METRIC, -math.inf),
                                                          held.info.start_time):
             best[key] = run
     return sorted(best.values(), key=lambda r: (recipe_name(r), backbone(r)))
@@ -118,7 +123,7 @@ def best_per_recipe(runs) -> list:
 
 def row_of(uri: str, run) -> dict:
     """A result's numbers: means under the column names, spreads under ``<column> std``."""
-    m = run.data.metrics
+    m = result_metrics(run)
     row = {"recipe": recipe_name(run), "backbone": backbone(run), "seeds": int(run.data.tags.get("seeds", 1)),
            "kind": "sweep" if run.data.tags.get("sweep") == "true" else "run"}
     for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS):

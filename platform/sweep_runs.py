@@ -21,7 +21,9 @@ from platform.run.fit import FitResult, release
 from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
-from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable, checkpoint_exists
+from platform.data import SHORT_NAMES, STS_TASKS
+from platform.tracking.runs import (BEST, DEV_METRIC, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable, checkpoint_exists,
+                                    winner_key)
 
 SWEEP_STATE = "platform_sweep.json"
 POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow
@@ -92,12 +94,15 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
     tags = {**(extra_tags or {}), **unit.run_tags(base), "sweep": "true", STORAGE_TAG: folder,
             **({"seeds": str(seeds)} if seeds > 1 else {})}
     parent = Run.create(uri, experiment or base.method, name, tags)
-    # The searched keys are logged at the end with the winning values (a parameter is written once):
-    # the parent shows what won, never the unsearched defaults beside the space.
-    parent.log_params({**{k: v for k, v in base.flat().items() if k not in spec.space}, **spec.as_params(),
+    # The parent is not a trial: its params are the recipe and the space searched (the base
+    # configuration is an artifact), the winner goes to its tags, description and best.* metrics.
+    parent.log_params({"recipe": base.recipe.describe(), "profile": base.profile, **spec.as_params(),
                        **({"seeds": seeds} if seeds > 1 else {})})
+    parent.log_dict(base.flat(), "sweep_config.json")
     parent.set_tags({"searched": ",".join(spec.space)})
     parent.log_corpus(base.corpus, corpus.digest, corpus.num_sentences)
+    store.save_runs_view(uri, parent.experiment_id, f"sweep-{parent.id}", f"{name}: trials by {DEV_METRIC}",
+                         f"tags.`{store.PARENT_TAG}` = '{parent.id}'", list(spec.space), BEST)
     state = {"parent_run_id": parent.id, "method": base.method, "expected_trials": spec.expected_trials(), **identity}
     storage.write_text(storage.join(folder, SWEEP_STATE), json.dumps(state, default=str))
     return parent, folder
@@ -225,8 +230,9 @@ def ranked_trials(uri: str, parent: str, metric: str, mode: str) -> list:
 
 def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     """The trials' table and plots, the grid's table, and the best trial: its numbers on the
-    parent, its checkpoint evaluated, exported and registered. Returns that checkpoint."""
-    sweep_summary.summarise(parent, results, spec, total_steps(sweep.base, len(sweep.sentences)))
+    parent (``best.*`` keys, never the trials' own), its checkpoint evaluated beside the backbone,
+    exported and registered. Returns that checkpoint."""
+    notes = sweep_summary.summarise(parent, results, spec, total_steps(sweep.base, len(sweep.sentences)))
     if sweep.grid and sweep.base.final_eval:
         sweep_summary.grid_table(parent, sweep.grid)
     ranked = ranked_trials(sweep.uri, sweep.parent, spec.metric, spec.mode)
@@ -237,27 +243,62 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     step = final_steps.read_state_at(result.checkpoint)["step"]
     won = {k: ranked[0].data.params.get(k) for k in spec.space}
     recorder.name_best(parent, result.checkpoint, {"best_run_id": best.id, **{f"best.{k}": v for k, v in won.items()}})
-    logged = parent.info().data.params
-    parent.log_params({k: v for k, v in won.items() if k not in logged})  # the winner's values (searched: tag)
-    recorder.log_results(parent, result.dev, step)
     wall, cpu = time.perf_counter(), time.process_time()
-    unit.finalize(best, result, "full" if sweep.base.final_eval else "none", log_to=(parent,), step=step)
+    baseline = unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)
     if sweep.base.final_eval:  # the weights were loaded on the run's device, not here
         print(f"the end of the sweep (7 STS tasks, baseline, export, registry): {time.perf_counter() - wall:.1f} s, "
               f"{time.process_time() - cpu:.1f} s of it the driver's CPU", flush=True)
+    # At the best checkpoint's step, each once: the winner's numbers, and the comparison with the backbone.
+    numbers = {winner_key(k): v for k, v in {**result.dev, **{f"sts_{k}": v for k, v in (result.scores or {}).items()}}.items()}
+    if baseline:
+        tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in result.scores]
+        numbers.update({f"baseline_sts_{t}": baseline[t] for t in tasks})
+        numbers.update({f"delta_sts_{t}": result.scores[t] - baseline[t] for t in tasks})
+        parent.log_text(comparison_table(result.scores, baseline, best_backbone(result.checkpoint)),
+                        "sts_vs_backbone.md")
+    recorder.log_results(parent, numbers, step)
     registered = best.info().data.tags.get("registered_model", "")
-    parent.set_tags({"registered_model": registered, "mlflow.note.content": _note(sweep, best, won, registered)})
+    parent.set_tags({"registered_model": registered,
+                     store.NOTE_TAG: _note(sweep, parent, best, won, registered, result, baseline, notes)})
     sweep_summary.closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)
     return result.checkpoint
 
 
-def _note(sweep: Sweep, best: Run, won: dict, registered: str) -> str:
-    """The parent run's description (Markdown in MLflow's UI): the winner, with links."""
-    experiment = best.info().info.experiment_id
+def best_backbone(checkpoint: str) -> str:
+    return final_steps.read_state_at(checkpoint).get("config", {}).get("model", "?")
+
+
+def comparison_table(scores: dict[str, float], baseline: dict[str, float], backbone: str) -> str:
+    """The 7 STS tasks of the trained model beside the untouched backbone's, as a Markdown table."""
+    tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in scores]
+    rows = ["| | " + " | ".join(SHORT_NAMES.get(t, t) for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|",
+            "| trained | " + " | ".join(f"{scores[t]:.2f}" for t in tasks) + " |",
+            f"| `{backbone}` (untouched) | " + " | ".join(f"{baseline[t]:.2f}" for t in tasks) + " |",
+            "| difference | " + " | ".join(f"{scores[t] - baseline[t]:+.2f}" for t in tasks) + " |"]
+    return "\n".join(rows) + "\n"
+
+
+def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, result, baseline, notes: list[str]) -> str:
+    """The parent run's description (Markdown in MLflow's UI): the winner and by how much, the
+    comparison with the backbone, where the trials and the model are, how to load it."""
+    experiment = parent.experiment_id or best.info().info.experiment_id
+    dev = result.dev
+    spread = f" ± {dev[BEST + '_std']:.2f} over {len(result.fits)} seeds" if BEST + "_std" in dev else ""
     lines = [f"**Best trial:** [{best.name}](#/experiments/{experiment}/runs/{best.id}) with "
-             + ", ".join(f"`{k}={v}`" for k, v in won.items()) + "."]
+             + (", ".join(f"`{k}={v}`" for k, v in won.items()) or "no searched value") + ".",
+             f"**STS-B dev** (Spearman x100): {dev[BEST]:.2f}{spread}."]
+    if baseline and result.scores:
+        backbone = best_backbone(result.checkpoint)
+        delta = result.scores["avg"] - baseline["avg"]
+        lines.append(f"**STS, 7 tasks (avg):** {result.scores['avg']:.2f}, {delta:+.2f} against the untouched "
+                     f"backbone `{backbone}` ({baseline['avg']:.2f}):")
+        lines.append(comparison_table(result.scores, baseline, backbone))
+    lines.append(f"**Trials:** [the view of this sweep's trials](#/experiments/{experiment}/runs?viewStateShareKey="
+                 f"sweep-{parent.id}) (searched values and {DEV_METRIC}); `sweep_summary.csv` and `plots/` in the "
+                 "artifacts.")
     if "/" in registered:
         name, version = registered.split("/", 1)
-        lines.append(f"**Registered:** [{name} version {version}](#/models/{name}/versions/{version}).")
-    lines.append("Trials: `sweep_summary.csv` and `plots/` in this run's artifacts.")
+        lines.append(f"**Registered:** [{name} version {version}](#/models/{name}/versions/{version}); load it with "
+                     f"`mlflow.sentence_transformers.load_model(\"models:/{name}/{version}\")`.")
+    lines += [f"*{note}*" for note in notes]
     return "\n\n".join(lines)

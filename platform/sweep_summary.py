@@ -105,9 +105,9 @@ def params_figure(frame, spec: SearchSpace):
     score = f"best_{spec.metric}"
     done = frame.dropna(subset=[score])
     names = list(spec.space)
-    cols = min(4, len(names))
+    cols = min(2, len(names))  # a grid, readable in MLflow's preview pane, never a strip
     rows = -(-len(names) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows + 1.0), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows + 1.2), squeeze=False)
     for ax in axes.flat[len(names):]:
         ax.set_visible(False)
     groups = _budget_groups(done)
@@ -139,15 +139,19 @@ def params_figure(frame, spec: SearchSpace):
     handles = [Line2D([], [], color=c, marker="o", linestyle="", label=f"{steps} steps") for c, (steps, _) in zip(colours, groups)]
     handles += [Line2D([], [], color="grey", marker=m, linestyle="", label=s.lower())
                 for s, m in BUDGET_MARKERS.items() if (done["status"] == s).any()]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
-    fig.suptitle(f"{len(done)} trials: each searched parameter against {score} (colour: steps trained)")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 3), fontsize=8, frameon=False)
+    fig.suptitle(f"{len(done)} trials: each searched parameter\nagainst {score} (colour: steps trained)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
+
+
+MIN_IMPORTANCE_TRIALS = 10  # fANOVA's forest on fewer trials ranks noise
 
 
 def importance_figure(frame, spec: SearchSpace):
     """Optuna's parameter-importance plot (fANOVA) over the trials with a score, titled with how
-    many there were and at which budgets; None when it cannot be computed."""
+    many there were and at which budgets; None with fewer than ``MIN_IMPORTANCE_TRIALS`` trials
+    or fewer than two parameters."""
     import warnings
 
     import matplotlib
@@ -157,7 +161,7 @@ def importance_figure(frame, spec: SearchSpace):
 
     score = f"best_{spec.metric}"
     done = frame.dropna(subset=[score])
-    if len(done) < 2 or len(spec.space) < 2:
+    if len(done) < MIN_IMPORTANCE_TRIALS or len(spec.space) < 2:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna's matplotlib plots are marked experimental
@@ -165,6 +169,8 @@ def importance_figure(frame, spec: SearchSpace):
     budgets = ", ".join(f"{len(g)} at {steps} steps" for steps, g in _budget_groups(done))
     ax.set_title("", loc="left")  # Optuna's own title, replaced by one that says what the bars rest on
     ax.set_title(f"fANOVA importance for {score}\nn = {len(done)} trials ({budgets})", fontsize=10)
+    if ax.get_legend() is not None:  # off the bars: the bars carry their own values
+        ax.get_legend().remove()
     fig = ax.get_figure()
     fig.set_size_inches(6, 0.6 * len(spec.space) + 1.8)
     fig.tight_layout()
@@ -188,16 +194,24 @@ def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
     return out
 
 
-def summarise(parent: Run, results, spec: SearchSpace, total_steps: int) -> None:
+def summarise(parent: Run, results, spec: SearchSpace, total_steps: int) -> list[str]:
+    """The trials' table printed and logged with its plots; returns what the plots leave out."""
     frame = trial_table(results, spec, total_steps)
     print(f"\nsweep: {len(frame)} trials\n{format_frame(frame)}", flush=True)
     parent.log_table(frame, "sweep_summary.json")
+    notes = []
+    scored = len(frame.dropna(subset=[f"best_{spec.metric}"])) if len(frame) else 0
+    if len(spec.space) >= 2 and scored < MIN_IMPORTANCE_TRIALS:
+        notes.append(f"Parameter importance not computed: {scored} trial(s) with a score, fANOVA needs "
+                     f"{MIN_IMPORTANCE_TRIALS} or more to mean something.")
+        print(f"note: {notes[-1]}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         csv = Path(tmp) / "sweep_summary.csv"
         frame.to_csv(csv, index=False)
         parent.log_file(csv)
         for image in plots(frame, spec, Path(tmp)):
             parent.log_file(image, "plots")
+    return notes
 
 
 def grid_frame(runs, param: str):

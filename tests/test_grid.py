@@ -16,6 +16,7 @@ import pytest
 from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
 from platform.config import TrainConfig
 from platform.space import load_space
+from platform.tracking.runs import winner_key
 from tests.helpers import check_seed_means, corpus_head, run_cli, runs_of
 
 
@@ -75,7 +76,7 @@ def grid(tiny_model, small_corpus, tmp_path_factory, mlflow_server):
     assert out["proc"].returncode == 0, out["proc"].stderr[-3000:]
     out["after"] = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in cache.glob("gen-*")}
     c, runs = runs_of(mlflow_server, "augcse")
-    out.update(client=c, children=[r for r in runs if r.data.tags.get("trial_id")],
+    out.update(client=c, uri=mlflow_server, children=[r for r in runs if r.data.tags.get("trial_id")],
                parent=next(r for r in runs if r.data.tags.get("sweep") == "true"))
     out["folder"] = Path(c.download_artifacts(out["parent"].info.run_id, "", str(tmp / "artifacts")))
     return out
@@ -156,7 +157,8 @@ def test_the_best_value_by_mean_dev_is_the_sweeps_result(grid):
     best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
     assert best.data.metrics["best_stsb_dev_spearman"] == max(r.data.metrics["best_stsb_dev_spearman"] for r in children)
     for key in ("sts_avg", "sts_avg_std", "best_stsb_dev_spearman", "best_stsb_dev_spearman_std"):
-        assert parent.data.metrics[key] == pytest.approx(best.data.metrics[key], abs=1e-9)
+        assert parent.data.metrics[winner_key(key)] == pytest.approx(best.data.metrics[key], abs=1e-9)
+        assert key not in parent.data.metrics  # the parent never sits among the trials in a sort
     version = c.get_model_version_by_alias("augcse-encoder", "champion")
     assert version.run_id == best.info.run_id and version.tags["seeds"] == "2"
     summary = pd.read_csv(grid["folder"] / "sweep_summary.csv")
@@ -172,3 +174,76 @@ def test_the_rung_benchmark_correlates_each_rungs_best_with_the_final_best():  #
     assert [(r, n) for r, n, _, _ in rows] == [(1, 3), (2, 3), (4, 3)]  # rungs below the 8 evaluations
     assert [round(rho, 6) for _, _, rho, _ in rows] == [-1.0, -1.0, 1.0]  # reversed until evaluation 4
     assert [leads for *_, leads in rows] == [False, False, True]
+
+
+def hidden_by_html(markdown: str) -> list[str]:
+    """What a Markdown renderer would take for HTML tags outside code (and so not show): ``<word``
+    outside fenced blocks and code spans. A description is read in MLflow's UI rendered."""
+    import re
+
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    text = re.sub(r"`[^`]*`", "", text)
+    return re.findall(r"<[A-Za-z/][^>]*>?", text)
+
+
+def test_the_hidden_by_html_check_can_fail():  # the fast tier
+    assert hidden_by_html("'best-<profile>-<backbone>'") == ["<profile>", "<backbone>"]
+    assert hidden_by_html("`best-<profile>` and\n```\n<b>\n```") == []
+
+
+@pytest.mark.e2e
+def test_mlflows_ui_tells_which_trial_won_and_how_to_load_it(grid):
+    """What MLflow's web UI reads, through its own REST endpoints: a training experiment (not GenAI)
+    with a description and a saved view of the sweep's trials; a sort by the dev score that lists
+    trials only; a registered version that says what won, by how much against the backbone, the
+    smoke caveat and its load line, with the searched values as tags and the corpus by content;
+    the logged model named for the recipe, listing its version, its card as description and its
+    numbers linked; descriptions with no text lost to HTML."""
+    import json
+
+    import requests
+
+    base, parent = grid["uri"] + "/api/2.0/mlflow", grid["parent"]
+
+    def get(path, **params):
+        response = requests.get(f"{base}/{path}", params=params, timeout=30)
+        assert response.ok, (path, response.text[:300])
+        return response.json()
+
+    experiment = get("experiments/get", experiment_id=parent.info.experiment_id)["experiment"]
+    tags = {t["key"]: t["value"] for t in experiment.get("tags", [])}
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "**augcse** recipe" in tags["mlflow.note.content"]
+    view = json.loads(tags[f"mlflow.sharedViewState.sweep-{parent.info.run_id}"])
+    state = json.loads(view["state"])
+    assert state["orderByKey"] == "metrics.`best_stsb_dev_spearman`" and state["orderByAsc"] is False
+    assert {"params.`grl_multiplier`", "metrics.`best_stsb_dev_spearman`"} <= set(state["selectedColumns"])
+    listed = requests.post(f"{base}/runs/search", json={"experiment_ids": [parent.info.experiment_id],
+                                                         "filter": state["searchFilter"]}, timeout=30).json()["runs"]
+    assert {r["info"]["run_id"] for r in listed} == {r.info.run_id for r in grid["children"]}
+
+    ranked = requests.post(f"{base}/runs/search", json={
+        "experiment_ids": [parent.info.experiment_id], "order_by": ["metrics.`best_stsb_dev_spearman` DESC"],
+        "filter": "metrics.`best_stsb_dev_spearman` > -1000"}, timeout=30).json()["runs"]
+    assert parent.info.run_id not in {r["info"]["run_id"] for r in ranked} and ranked
+    parent_metrics = {m["key"] for m in get("runs/get", run_id=parent.info.run_id)["run"]["data"]["metrics"]}
+    assert {"best.stsb_dev_spearman", "best.sts_avg", "baseline_sts_avg", "delta_sts_avg"} <= parent_metrics
+
+    version = get("registered-models/alias", name="augcse-encoder", alias="champion")["model_version"]
+    description, vtags = version["description"], {t["key"]: t["value"] for t in version.get("tags", [])}
+    for needle in ("`grl_multiplier=", "**STS-B dev**", "against the untouched backbone", "Smoke test, not a result",
+                   'mlflow.sentence_transformers.load_model("models:/augcse-encoder@champion")'):
+        assert needle in description, needle
+    assert "searched.grl_multiplier" in vtags
+    assert "sha256:" in vtags["corpus"] and "/" not in vtags["corpus"]
+    model_id = version.get("model_id") or version["source"].rsplit("/", 1)[1]  # registered from models:/<id>
+    model = get(f"logged-models/{model_id}")["model"]
+    mtags = {t["key"]: t["value"] for t in model["info"].get("tags", [])}
+    assert model["info"]["name"] == "augcse-encoder"
+    assert {"name": "augcse-encoder", "version": version["version"]} in json.loads(mtags["mlflow.modelVersions"])
+    assert mtags["mlflow.note.content"].startswith("# augcse-encoder")
+    assert {"stsb_dev_spearman", "sts_avg"} <= {m["key"] for m in model["data"]["metrics"]}
+
+    registered = get("registered-models/get", name="augcse-encoder")["registered_model"]["description"]
+    for text in (registered, description, tags["mlflow.note.content"], grid["parent"].data.tags["mlflow.note.content"]):
+        assert hidden_by_html(text) == [], text

@@ -154,7 +154,7 @@ def test_the_best_trial_is_finalized_from_s3(sweep):
     (parent,) = [r for r in runs if not r.data.tags.get("trial_id")]
     best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
     assert best.data.metrics["best_stsb_dev_spearman"] == max(r.data.metrics["best_stsb_dev_spearman"] for r in children)
-    assert "sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
+    assert "best.sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
     for child in children:
         assert {"alpha", "beta", "r", "lr"} <= set(child.data.params)
         assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")

@@ -150,18 +150,21 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert "generating before the trials: san_negative for scale=10|20|30|40 (4 generation(s) of 128" in proc.stdout
     assert proc.stdout.index("generated in") < proc.stdout.index("] started:")
     assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) == 4
-    assert "sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
+    assert "best.sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
     assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
 
-    # The parent reads as the winner: its searched parameters hold the best trial's values (never
-    # the unsearched defaults), its final metrics sit at the best checkpoint's step, its
-    # description links the best run and the registered version.
+    # The parent is not a trial: the winner's values are its best.* tags (its params are the recipe
+    # and the space), its numbers best.* metrics at the best checkpoint's step, once each; its
+    # description links the best run, the trials' view and the registered version.
     parent = parents[0]
     best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
-    assert {k: parent.data.params[k] for k in searched} == {k: best.data.params[k] for k in searched}
+    assert {k: parent.data.tags[f"best.{k}"] for k in searched} == {k: best.data.params[k] for k in searched}
+    assert not set(parent.data.params) & searched and not set(parent.data.metrics) & set(best.data.metrics)
     assert parent.data.tags["searched"].split(",") == sorted(searched, key=parent.data.tags["searched"].split(",").index)
     step = int(best.data.tags["best_step"])
-    assert [m.step for m in c.get_metric_history(parent.info.run_id, "sts_avg")] == [step] and step > 0
+    for key in ("best.sts_avg", "best.stsb_dev_spearman", "baseline_sts_avg", "delta_sts_avg"):
+        assert [m.step for m in c.get_metric_history(parent.info.run_id, key)] == [step] and step > 0, key
+    assert parent.data.metrics["best.stsb_dev_spearman"] == best.data.metrics["best_stsb_dev_spearman"]
     note = parent.data.tags["mlflow.note.content"]
     assert f"runs/{best.info.run_id})" in note and "#/models/recipe-negatives-una-san-loss-hince-aux-vascl-encoder/versions/1" in note
     # The closing block: where everything is and how to browse it.
@@ -213,9 +216,11 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert (folder / "sweep_summary.json").is_file()
     from PIL import Image
 
-    for name in ("params_vs_stsb_dev_spearman.png", "param_importance.png"):
-        with Image.open(folder / "plots" / name) as image:
-            assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 100
+    with Image.open(folder / "plots" / "params_vs_stsb_dev_spearman.png") as image:
+        assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 100
+    # Two trials: no importance plot, and the sweep says why.
+    assert not (folder / "plots" / "param_importance.png").exists()
+    assert "Parameter importance not computed: 2 trial(s)" in parents[0].data.tags["mlflow.note.content"]
 
     # Disk that matches need: each FINISHED trial keeps its best checkpoint, without optimizer state.
     states = list((tmp_path / "runs").rglob("state.json"))

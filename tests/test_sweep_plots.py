@@ -16,7 +16,11 @@ def _frame() -> pd.DataFrame:
     rows = [  # two trials at the full 24 steps, three that ASHA stopped at 8 or 16
         ("t1", 2.0e-5, 0.10, "cls", 71.0, 24, "FINISHED"), ("t2", 6.0e-5, 0.80, "avg", 74.5, 24, "FINISHED"),
         ("t3", 1.2e-5, 0.45, "avg", 60.2, 8, "FINISHED (stopped early)"), ("t4", 3.0e-5, 0.30, "cls", 63.9, 16, "FINISHED (stopped early)"),
-        ("t5", 7.5e-5, 0.95, "cls", 58.0, 8, "FINISHED (stopped early)")]
+        ("t5", 7.5e-5, 0.95, "cls", 58.0, 8, "FINISHED (stopped early)"),
+        # five more at the full budget: fANOVA is shown from 10 trials on
+        ("t6", 1.5e-5, 0.20, "avg", 69.0, 24, "FINISHED"), ("t7", 4.0e-5, 0.55, "cls", 72.3, 24, "FINISHED"),
+        ("t8", 5.0e-5, 0.65, "avg", 73.1, 24, "FINISHED"), ("t9", 2.5e-5, 0.05, "cls", 70.2, 24, "FINISHED"),
+        ("t10", 7.0e-5, 0.90, "avg", 74.0, 24, "FINISHED")]
     return pd.DataFrame(rows, columns=["trial_id", "lr", "alpha", "pooler", "best_stsb_dev_spearman", "steps", "status"])
 
 
@@ -50,11 +54,24 @@ def test_the_importance_plot_says_its_n_and_is_a_function_of_the_trials():
                                       for t, p in zip(ax.get_yticklabels(), ax.patches))
 
     title, first = bars(importance_figure(_frame(), SPACE))
-    assert "n = 5 trials (2 at 24 steps, 1 at 16 steps, 2 at 8 steps)" in title
+    assert "n = 10 trials (7 at 24 steps, 1 at 16 steps, 2 at 8 steps)" in title
     assert {name for name, _ in first} == {"lr", "alpha", "pooler"}
     assert sum(w for _, w in first) == pytest.approx(1.0, abs=0.02)  # Optuna's bars are rounded to 2 digits
     assert bars(importance_figure(_frame(), SPACE))[1] == first
-    assert importance_figure(_frame().head(1), SPACE) is None
+    assert importance_figure(_frame().head(9), SPACE) is None  # too few trials for fANOVA to mean something
+    assert ax_legend_free(importance_figure(_frame(), SPACE))
+
+
+def ax_legend_free(fig) -> bool:
+    return all(ax.get_legend() is None for ax in fig.axes)
+
+
+def test_the_parameters_are_a_grid_of_at_most_two_columns():
+    """Readable in MLflow's preview pane: rows of two panels, not a strip."""
+    fig = params_figure(_frame(), SPACE)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    columns = {round(ax.get_position().x0, 2) for ax in panels}
+    assert len(columns) == 2 and fig.get_size_inches()[0] / fig.get_size_inches()[1] < 2
 
 
 def test_plots_are_written_as_png(tmp_path):

@@ -56,7 +56,7 @@ def export_sentence_transformers(hf_dir: str | Path, out_dir: str | Path, pooler
 
 
 # Where and how it ran, not what was learned: left off the card.
-OPERATIONAL = {"output_dir", "runtime", "cpus_per_worker", "augment_cpus", "use_gpu", "num_workers", "log_steps", "checkpoint_minutes",
+OPERATIONAL = {"corpus", "output_dir", "runtime", "cpus_per_worker", "augment_cpus", "use_gpu", "num_workers", "log_steps", "checkpoint_minutes",
                "eval_batch_size", "data_pipeline", "profile"}
 
 
@@ -74,7 +74,7 @@ def non_defaults(config: dict[str, Any]) -> dict[str, Any]:
 
 def model_card(state: dict[str, Any], scores: dict[str, float], baseline: dict[str, float] | None, *,
                name: str, dev: float, commit: str, seeds: int = 1, cites: list[str] | None = None,
-               smoke: str | None = None) -> str:
+               smoke: str | None = None, corpus: str = "") -> str:
     config = state.get("config", {})
     backbone, pooler = config.get("model", "?"), state.get("eval_pooler", "?")
     tasks = [t for t in (*STS_TASKS, "avg") if t in scores]
@@ -98,8 +98,7 @@ def model_card(state: dict[str, Any], scores: dict[str, float], baseline: dict[s
     lines += [
         "## Training", "",
         f"- base model: `{backbone}`",
-        f"- corpus: `{config.get('corpus', '?')}`" + (f" (first {config['max_sentences']} sentences)"
-                                                    if config.get("max_sentences") else ""),
+        f"- corpus: `{corpus or Path(str(config.get('corpus', '?'))).name}`",
         f"- profile: `{config.get('profile', '?')}`, fidelity: `{config.get('fidelity', 'paper')}`",
         f"- steps: {state.get('step', '?')} (best STS-B dev checkpoint), seed {config.get('seed', '?')}"
         + (f", {seeds} seeds (the table holds their mean ± std; this model is the best seed's)" if seeds > 1 else ""),

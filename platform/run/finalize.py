@@ -5,6 +5,7 @@ export (Hugging Face and sentence-transformers formats, logged to the run) and r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -86,7 +87,7 @@ def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dic
     return digest, with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
 
 
-def export_model(location: str, uri: str, run_id: str, card: str, results: str) -> tuple[str | None, str]:
+def export_model(location: str, uri: str, run_id: str, card: str, results: str, name: str = "model") -> tuple[str | None, str]:
     """(task) The checkpoint at ``location`` into run ``run_id``: ``sts_results.json``, and the
     sentence-transformers folder with ``card`` as its logged model; returns its URI (None, and
     why, when sentence-transformers cannot express the pooler: the Hugging Face folder is logged
@@ -105,7 +106,8 @@ def export_model(location: str, uri: str, run_id: str, card: str, results: str) 
         (st_dir / "README.md").write_text(card, encoding="utf-8")
         config = state.get("config", {})
         return registry.log_encoder_model(uri, run_id, st_dir, config.get("model", ""), state["step"],
-                                          params={"recipe": state["recipe"], "pooler": state["eval_pooler"]}), ""
+                                          params={"recipe": state["recipe"], "pooler": state["eval_pooler"]},
+                                          name=name, card=card), ""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,23 +184,29 @@ def read_state_at(location: str) -> dict:
 
 def export_and_register(run: Run, location: str, scores: dict[str, float], dev: float,
                         tags: dict[str, str] | None = None, baseline: dict[str, float] | None = None,
-                        seeds: int = 1) -> None:
+                        seeds: int = 1, searched: dict[str, str] | None = None) -> None:
     """The checkpoint at ``location`` into ``run`` (``export_model``, on the run's device):
-    ``sts_results.json``, and the model once, as the run's logged model (sentence-transformers
-    folder with its model card, which Hugging Face also loads); then a version in the Model
-    Registry with ``scores`` and ``dev`` (means over seeds where there are several) and ``tags``."""
+    ``sts_results.json``, and the model once, as the run's logged model named for the recipe
+    (sentence-transformers folder with its model card, which Hugging Face also loads); then a
+    version in the Model Registry with ``scores`` and ``dev`` (means over seeds where there are
+    several), ``tags`` and a sweep's ``searched`` values, described for a reader of the registry."""
     state = read_state_at(location)
     name = registry.registered_name(state["method"], state["recipe"])
     config = state.get("config", {})
+    corpus = corpus_identity(config, run.info().data.tags.get("corpus_sha256", ""))
     card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
-                      cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")))
+                      cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")),
+                      corpus=corpus)
     results = json.dumps({"scores": scores, "baseline": baseline, "pooler": state["eval_pooler"], "step": state["step"],
                           DEV_METRIC: dev, **(tags or {})}, indent=2)
-    model_uri, why = on_device(export_model, location, run.uri, run.id, card, results, device=device_of(state))
+    model_uri, why = on_device(export_model, location, run.uri, run.id, card, results, name, device=device_of(state))
     if model_uri is None:
         run.set_tags({"sentence_transformers_export": f"skipped: {why}"})
     else:
-        register(run, model_uri, name, state, scores, dev, tags)
+        recorder.link_to_model(run, model_uri, {DEV_METRIC: dev, **{f"sts_{k}": v for k, v in scores.items()}},
+                               state["step"])
+        register(run, model_uri, name, state, scores, dev, tags,
+                 Registration(corpus, baseline, searched or {}, seeds))
     run.set_tags({"best_step": str(state["step"])})
 
 
@@ -209,20 +217,35 @@ def _cites(config: dict) -> list[str]:
         return []
 
 
+@dataclasses.dataclass
+class Registration:
+    """What a version's tags and description say besides its scores."""
+
+    corpus: str = ""  # the corpus by content (``corpus_identity``)
+    baseline: dict[str, float] | None = None  # the untouched backbone's 7 tasks
+    searched: dict[str, str] = dataclasses.field(default_factory=dict)  # a sweep's winning values
+    seeds: int = 1
+
+
 def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str, float], dev: float,
-             tags: dict[str, str] | None = None) -> None:
-    """The logged model ``model_uri`` as a version of ``name``; the ``champion`` alias moves as
-    ``registry.champion_verdict`` says."""
+             tags: dict[str, str] | None = None, about: Registration | None = None) -> None:
+    """The logged model ``model_uri`` as a version of ``name``, with its description; the
+    ``champion`` alias moves as ``registry.champion_verdict`` says."""
+    about = about or Registration()
     config = state.get("config", {})
     version_tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": git_commit(),
-                    **registry.lineage(config.get("model", ""), config.get("profile", ""), _corpus(config)),
-                    "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()}, **(tags or {})}
+                    **registry.lineage(config.get("model", ""), config.get("profile", ""), about.corpus),
+                    "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()},
+                    **{f"searched.{k}": str(v) for k, v in about.searched.items()}, **(tags or {})}
     try:
         version, champion = registry.register_encoder(run.uri, name, model_uri, run.id, dev, version_tags)
     except registry.RegistryUnavailable as exc:  # e.g. a file store: the model stays logged in the run
         run.set_tags({"registered_model": f"skipped: {exc}"})
         print(f"note: model logged in run {run.id}, not registered ({exc})", flush=True)
         return
+    load = f"models:/{name}@{registry.CHAMPION}" if champion is True else f"models:/{name}/{version}"
+    registry.describe_version(run.uri, name, version, version_description(run, name, version, state, scores, dev,
+                                                                          about, load))
     run.set_tags({"registered_model": f"{name}/{version}"})
     run.set_tags({"logged_model": model_uri})
     verdict = "now the champion" if champion is True else f"the champion stays: {champion}"
@@ -231,7 +254,39 @@ def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str,
           + (f"  (also models:/{name}@{registry.CHAMPION})" if champion is True else ""), flush=True)
 
 
-def _corpus(config: dict) -> str:
-    """The corpus a lineage is trained on: its name, and the prefix when only one was read."""
+def corpus_identity(config: dict, digest: str) -> str:
+    """The corpus a lineage is trained on, by content: its file name and the sha256 of the lines
+    read (the same corpus on another machine is the same lineage; no local path is recorded)."""
     n = int(config.get("max_sentences") or 0)
-    return f"{config.get('corpus', '')}" + (f" (first {n} sentences)" if n else "")
+    name = Path(str(config.get("corpus", ""))).name
+    return f"{name} sha256:{digest[:16] or 'unknown'}" + (f" (first {n} sentences)" if n else "")
+
+
+def version_description(run: Run, name: str, version: str, state: dict, scores: dict[str, float], dev: float,
+                        about: Registration, load: str) -> str:
+    """A registered version's description (Markdown): where it comes from, what won, by how much
+    against the untouched backbone, the smoke caveat, and the line that loads it."""
+    config = state.get("config", {})
+    info = run.info().info
+    backbone = config.get("model", "?")
+    spread = f" (mean of {about.seeds} seeds)" if about.seeds > 1 else ""
+    lines = [f"**{name} version {version}**: the best checkpoint (step {state['step']}) of run "
+             f"[{info.run_name}](#/experiments/{info.experiment_id}/runs/{run.id}), recipe `{state['recipe']}`, "
+             f"from `{backbone}` on `{about.corpus}`."]
+    if about.searched:
+        lines.append("**Searched values (the sweep's winner):** "
+                      + ", ".join(f"`{k}={v}`" for k, v in about.searched.items()) + ".")
+    lines.append(f"**STS-B dev** (Spearman x100): {dev:.2f}{spread}.")
+    if about.baseline and "avg" in scores and "avg" in about.baseline:
+        tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in about.baseline]
+        lines.append(f"**STS, 7 tasks (avg):** {scores['avg']:.2f}, {scores['avg'] - about.baseline['avg']:+.2f} "
+                     f"against the untouched backbone ({about.baseline['avg']:.2f}):")
+        lines.append("\n".join([
+            "| | " + " | ".join(SHORT_NAMES.get(t, t) for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|",
+            "| this version | " + " | ".join(f"{scores[t]:.2f}" for t in tasks) + " |",
+            "| backbone | " + " | ".join(f"{about.baseline[t]:.2f}" for t in tasks) + " |"]))
+    why = smoke_reason(config.get("profile", ""), backbone)
+    if why:
+        lines.append(f"> **Smoke test, not a result:** {why}.")
+    lines.append(f"Load it:\n\n```python\nimport mlflow\n\nmodel = mlflow.sentence_transformers.load_model(\"{load}\")\n```")
+    return "\n\n".join(lines)

@@ -93,7 +93,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
             window.append(loss.detach())
             logs, evaluates = pos.step % cfg.log_steps == 0, pos.step % cfg.eval_steps == 0 or pos.step == steps
             # The step's one read from the device, and only on a step that logs or evaluates.
-            read = to_host({**({"train_loss": loss.detach(), "lr": schedule.get_last_lr()[0], **extra} if logs else {}),
+            read = to_host({**({"train_loss": loss.detach(), "lr_current": schedule.get_last_lr()[0], **extra} if logs else {}),
                             **({"train_loss_avg": torch.stack(window).mean()} if evaluates else {})})
             pos.train_time_s += time.perf_counter() - t0  # the device's time too: reads wait for it
             if logs:

@@ -248,29 +248,29 @@ def read_result(run: Run) -> ConfigResult:
     return ConfigResult(fits, table if complete else None)
 
 
-def finalize(run: Run, result: ConfigResult, final: str, log_to: tuple[Run, ...] = (), step: int = 0) -> None:
+def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str] | None = None) -> dict[str, float] | None:
     """``final``: ``evaluate`` the 7 STS tasks on every seed's best checkpoint (skipped where
-    ``result`` holds them already), their means and stds on ``run`` and ``log_to``; ``full``: also
-    export and register the best seed's checkpoint with those numbers."""
+    ``result`` holds them already), their means and stds on ``run``; ``full``: also export and
+    register the best seed's checkpoint with those numbers (``searched``: a sweep's winning
+    values, for the registered version). Returns the untouched backbone's scores (None: ``none``)."""
     if final not in FINALS:
         raise ValueError(f"final must be one of {FINALS}, got {final!r}")
     if final == "none":
-        return
+        return None
     if result.scores is None:
         if final == "full":  # what the user waits on at the end: said before it starts
             of = f"each of the {len(result.fits)} seeds' best checkpoints" if len(result.fits) > 1 else "the best checkpoint"
             print(f"final evaluation: the {len(STS_TASKS)} STS tasks on {of} ...", flush=True)
         result.scores = evaluate_fits(run, result.fits)
     baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
-    for target in log_to:  # at the best checkpoint's step (``step``), not a phantom point at 0
-        recorder.log_results(target, {**{f"sts_{k}": v for k, v in result.scores.items()}, **result.dev}, step)
     if final == "full":
         n = len(result.fits)
         dev = result.dev
         tags = {} if n == 1 else {"seeds": str(n), "best_seed": str(result.best.seed),
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
         print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
-        final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n)
+        final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
+    return baseline
 
 
 def evaluate_fits(run: Run, fits: list[SeedFit]) -> dict[str, float]:

@@ -11,6 +11,7 @@ corpus, and whether they are a smoke test), and STS-B dev is compared only like 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import tempfile
 import time
@@ -20,6 +21,12 @@ from platform.config import smoke_reason
 from platform.tracking import store
 
 CHAMPION = "champion"
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # on a logged model: the registry versions made from it
+# Markdown: the alias patterns in code spans, or the UI's renderer takes <profile> for an HTML tag.
+REGISTERED_DESCRIPTION = ("Sentence encoders trained by the contrastive sentence-embedding platform. Alias "
+                          "`champion`: the best STS-B dev among comparable versions (a smoke test never displaces a "
+                          "real backbone's model); `best-<profile>-<backbone>-<id>`: the best of one lineage. Each "
+                          "version's description says what won, by how much, and how to load it.")
 INPUT_EXAMPLE = ["A man is playing a guitar.", "A woman is slicing a tomato."]
 
 
@@ -37,10 +44,11 @@ def registered_name(method: str, recipe: str) -> str:
 
 
 def log_encoder_model(uri: str, run_id: str, st_dir: Path, base_model: str, step: int,
-                      params: dict[str, str] | None = None, name: str = "model") -> str:
-    """The exported encoder as the run's logged model (MLflow's ``sentence_transformers`` flavor,
-    signature and input example included): listed under the run's "Logged models", linked from the
-    registry's versions. Returns its ``models:/<model_id>`` URI. The flavor's own requirements are
+                      params: dict[str, str] | None = None, name: str = "model", card: str = "") -> str:
+    """The exported encoder as the run's logged model ``name`` (MLflow's ``sentence_transformers``
+    flavor, signature and input example included): listed under the run's "Logged models", linked
+    from the registry's versions, its model ``card`` as its description and as ``README.md`` at the
+    top of its artifacts. Returns its ``models:/<model_id>`` URI. The flavor's own requirements are
     listed: inferring them loads the model in a new interpreter (~11 s). ``base_model`` is what the
     flavor records as the source model (else the temporary folder it was saved from)."""
     import mlflow.sentence_transformers
@@ -57,7 +65,8 @@ def log_encoder_model(uri: str, run_id: str, st_dir: Path, base_model: str, step
     signature = infer_signature(INPUT_EXAMPLE, model.encode(INPUT_EXAMPLE))
     c = store.client(uri)
     logged = c.create_logged_model(c.get_run(run_id).info.experiment_id, name=name, source_run_id=run_id,
-                                   params=params, model_type="sentence-encoder")
+                                   params=params, model_type="sentence-encoder",
+                                   tags={store.NOTE_TAG: without_front_matter(card)} if card else None)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
@@ -65,6 +74,8 @@ def log_encoder_model(uri: str, run_id: str, st_dir: Path, base_model: str, step
                 model, str(path), signature=signature, input_example=INPUT_EXAMPLE,
                 mlflow_model=Model(run_id=run_id, artifact_path=name, model_id=logged.model_id),
                 pip_requirements=mlflow.sentence_transformers.get_default_pip_requirements())
+            if card:
+                (path / "README.md").write_text(card, encoding="utf-8")
             c.log_model_artifacts(logged.model_id, str(path))
     except BaseException:
         c.finalize_logged_model(logged.model_id, "FAILED")
@@ -72,6 +83,15 @@ def log_encoder_model(uri: str, run_id: str, st_dir: Path, base_model: str, step
     c.finalize_logged_model(logged.model_id, "READY")
     c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step)])
     return f"models:/{logged.model_id}"
+
+
+def without_front_matter(card: str) -> str:
+    """A model card's Markdown without its YAML header (MLflow's UI would print it as text)."""
+    if card.startswith("---\n"):
+        end = card.find("\n---\n", 4)
+        if end >= 0:
+            return card[end + 5:].lstrip("\n")
+    return card
 
 
 LINEAGE = ("backbone", "profile", "corpus")
@@ -136,13 +156,14 @@ def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: floa
     except MlflowException as exc:
         if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
             raise RegistryUnavailable(" ".join(str(exc).split())[:200]) from None
-        c.create_registered_model(name, description="Sentence encoders trained by the platform. Alias 'champion': "
-                                  "the best STS-B dev among comparable versions (a smoke test never displaces a "
-                                  "real backbone's model); 'best-<profile>-<backbone>-<id>': the best of one lineage.")
+        c.create_registered_model(name, description=REGISTERED_DESCRIPTION)
     model_id = model_uri.split("/", 1)[1] if model_uri.startswith("models:/") else None
     version = c.create_model_version(name, model_uri, run_id=run_id, model_id=model_id,
                                      tags={**tags, "stsb_dev_spearman": f"{dev:.6f}"}).version
     _wait_ready(c, name, version)
+    if model_id:  # the logged model lists its versions, as mlflow.register_model records them
+        listed = json.loads(c.get_logged_model(model_id).tags.get(MODEL_VERSIONS_TAG, "[]"))
+        c.set_logged_model_tags(model_id, {MODEL_VERSIONS_TAG: json.dumps([*listed, {"name": name, "version": version}])})
     if all(k in tags for k in LINEAGE):
         alias = lineage_alias(tags)
         best = _version_by_alias(c, name, alias)
@@ -152,6 +173,10 @@ def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: floa
     if verdict is True:
         c.set_registered_model_alias(name, CHAMPION, version)
     return version, verdict
+
+
+def describe_version(uri: str, name: str, version: str, description: str) -> None:
+    store.client(uri).update_model_version(name, version, description=description)
 
 
 def _wait_ready(c, name: str, version: str, timeout: float = 120.0) -> None:

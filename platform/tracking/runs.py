@@ -30,6 +30,33 @@ STORAGE_TAG = "platform.storage"  # where the run's checkpoints and resumable st
 WORK_DONE_TAG = "platform.work_done"  # a trial's run whose work completed, for the sweep's callback to end
 
 
+WINNER = "best."  # a sweep's parent holds its best trial's numbers under these keys, never the trials' own
+
+
+def winner_key(key: str) -> str:
+    """The parent's key for a trial's metric: ``best_stsb_dev_spearman`` -> ``best.stsb_dev_spearman``,
+    ``sts_avg`` -> ``best.sts_avg``: a sort by a trial metric lists trials only."""
+    return WINNER + (key[len("best_"):] if key.startswith("best_") else key)
+
+
+def trial_key(key: str) -> str | None:
+    """The trial metric a parent's ``best.`` key stands for (None for other keys)."""
+    if not key.startswith(WINNER):
+        return None
+    key = key[len(WINNER):]
+    return "best_" + key if key.startswith(DEV_METRIC) else key
+
+
+def experiment_note(tags: dict[str, str]) -> str:
+    """An experiment's description (Markdown), from the tags of its first run."""
+    method, recipe = tags.get("method", "?"), tags.get("recipe", "")
+    return (f"Sentence encoders trained with the **{method}** recipe" + (f" (`{recipe}`)" if recipe else "")
+            + " by the contrastive sentence-embedding platform. Every run trains from a backbone and is selected "
+            f"by STS-B dev (`{BEST}`, Spearman x100). A sweep is a parent run (tag `sweep=true`) with a child run "
+            "per trial: its description names the winner and links the view of its trials; its registered "
+            "model is under Models.")
+
+
 def checkpoint_exists(location: str | None) -> bool:
     """Whether a checkpoint (a folder or URI holding ``state.json``) is in storage."""
     return bool(location) and storage.exists(storage.join(location, "state.json"))
@@ -76,7 +103,7 @@ class Run:
             tags[store.PARENT_TAG] = parent.id
             experiment_id = parent.experiment_id or parent.info().info.experiment_id
         else:
-            experiment_id = store.ensure_experiment(experiment, uri)
+            experiment_id = store.ensure_experiment(experiment, uri, experiment_note(tags))
         run = store.client(uri).create_run(experiment_id, run_name=name, tags=tags)
         return cls(uri, run.info.run_id, name, in_trial=in_trial, experiment_id=experiment_id)
 
@@ -119,6 +146,12 @@ class Run:
 
     def log_folder(self, folder: Path, artifact_path: str) -> None:
         store.client(self.uri).log_artifacts(self.id, str(folder), artifact_path)
+
+    def log_dict(self, values: dict, artifact_file: str) -> None:
+        store.client(self.uri).log_dict(self.id, values, artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        store.client(self.uri).log_text(self.id, text, artifact_file)
 
     def log_table(self, frame, artifact_file: str) -> None:
         """A pandas DataFrame as an MLflow table (shown in the UI's artifact and evaluation views)."""

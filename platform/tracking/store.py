@@ -152,18 +152,47 @@ def quiet_mlflow_loggers() -> None:
                 "mlflow.utils.requirements_utils": ("local version label",)})
 
 
-def ensure_experiment(name: str, uri: str) -> str:
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"  # MLflow's UI then opens on runs, not on GenAI traces
+NOTE_TAG = "mlflow.note.content"  # the description MLflow's UI shows (Markdown), of a run or experiment
+
+
+def ensure_experiment(name: str, uri: str, note: str = "") -> str:
+    """The experiment ``name``, created if missing, marked as model training for MLflow's UI, with
+    ``note`` as its description unless it has one (a description a user wrote stays)."""
     c = client(uri)
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return c.create_experiment(name, artifact_location=artifact_root(uri))
-    except Exception:  # created concurrently by another process
-        exp = c.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            exp = c.get_experiment(c.create_experiment(name, artifact_location=artifact_root(uri)))
+        except Exception:  # created concurrently by another process
+            exp = c.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+        c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    if note and not exp.tags.get(NOTE_TAG):
+        c.set_experiment_tag(exp.experiment_id, NOTE_TAG, note)
+    return exp.experiment_id
+
+
+VIEW_TAG = "mlflow.sharedViewState."  # MLflow's UI keeps a saved view of an experiment's runs table here
+
+
+def save_runs_view(uri: str, experiment_id: str, key: str, name: str, search: str, params: list[str],
+                   metric: str) -> None:
+    """A saved view of the experiment's runs table, as MLflow's UI saves one ("Views"; opened by
+    ``#/experiments/<id>/runs?viewStateShareKey=<key>``): the runs ``search`` finds, their ``params``
+    and ``metric`` as columns, best ``metric`` first."""
+    import json
+    import time
+
+    columns = [f"params.`{p}`" for p in params] + [f"metrics.`{metric}`", "attributes.`Models`"]
+    state = {"searchFilter": search, "orderByKey": f"metrics.`{metric}`", "orderByAsc": False,
+             "selectedColumns": columns}
+    now = int(time.time() * 1000)
+    view = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+    client(uri).set_experiment_tag(experiment_id, VIEW_TAG + key, json.dumps(view))
 
 
 def git_commit() -> str:
