@@ -48,6 +48,14 @@ def smoke_reason(profile: str, model: str) -> str | None:
     return "; ".join(why) or None
 
 
+# Where and how a run ran, not what it trained: in the run's config.json, not among its params.
+RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_workers", "use_gpu", "cpus_per_worker",
+                          "augment_cpus", "max_failures", "data_pipeline", "eval_batch_size", "log_steps",
+                          "checkpoint_minutes", "final_eval"})
+RUN_TAGS = ("runtime", "num_workers", "use_gpu", "output_dir")  # what finds a run, or accounts its GPU-hours
+RECIPE_KEYS = frozenset({"method", "positives", "negatives", "loss", "aux"})  # the param ``recipe`` (and tags)
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """A run's configuration. Each field cites the source of its default (paper section, authors'
@@ -225,6 +233,22 @@ class TrainConfig:
 
     def fields(self) -> list[str]:
         return list(self.owners())
+
+    def param_key(self, key: str) -> str:
+        """A key's MLflow param name: an ingredient's value under its ingredient (``una.alpha``)."""
+        owner = self.owners().get(key, [None])[0]
+        names = [name for name, params in self.params.items() if params is owner]
+        return f"{names[0]}.{key}" if names else key
+
+    def tracked(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """``(params, tags)`` of a run: its params are the recipe and the values it trains with
+        (an ingredient's under its name); where and how it ran is the run's ``config.json``, with
+        the few settings that find or account a run (runtime, workers, GPUs, output_dir) as tags."""
+        flat = self.flat()
+        params = {"recipe": self.recipe.describe()}
+        params.update({self.param_key(k): v for k, v in flat.items()
+                       if k not in RUN_SETTINGS and k not in RECIPE_KEYS and v != ""})
+        return params, {f"run.{k}": str(flat[k]) for k in RUN_TAGS}
 
     def update(self, values: dict[str, Any], source: str) -> None:
         self.__dict__.pop("_recipe", None)

@@ -148,9 +148,14 @@ def _seconds(run) -> float:
 
 
 def _gpu_hours(run) -> float:
-    if run.data.params.get("use_gpu") not in ("True", "true", "1"):
+    if _setting(run, "use_gpu") not in ("True", "true", "1"):
         return 0.0
-    return _seconds(run) / 3600 * int(run.data.params.get("num_workers", 1))
+    return _seconds(run) / 3600 * int(_setting(run, "num_workers") or 1)
+
+
+def _setting(run, key: str) -> str | None:
+    """Where and how a run ran: its ``run.*`` tag (a param in runs of earlier versions)."""
+    return run.data.tags.get(f"run.{key}", run.data.params.get(key))
 
 
 def reference_rows(frame) -> list[dict]:

@@ -102,7 +102,7 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
     parent.set_tags({"searched": ",".join(spec.space)})
     parent.log_corpus(base.corpus, corpus.digest, corpus.num_sentences)
     store.save_runs_view(uri, parent.experiment_id, f"sweep-{parent.id}", f"{name}: trials by {DEV_METRIC}",
-                         f"tags.`{store.PARENT_TAG}` = '{parent.id}'", list(spec.space), BEST)
+                         f"tags.`{store.PARENT_TAG}` = '{parent.id}'", [base.param_key(k) for k in spec.space], BEST)
     state = {"parent_run_id": parent.id, "method": base.method, "expected_trials": spec.expected_trials(), **identity}
     storage.write_text(storage.join(folder, SWEEP_STATE), json.dumps(state, default=str))
     return parent, folder
@@ -234,14 +234,14 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     exported and registered. Returns that checkpoint."""
     notes = sweep_summary.summarise(parent, results, spec, total_steps(sweep.base, len(sweep.sentences)))
     if sweep.grid and sweep.base.final_eval:
-        sweep_summary.grid_table(parent, sweep.grid)
+        sweep_summary.grid_table(parent, sweep.grid, sweep.base.param_key(sweep.grid))
     ranked = ranked_trials(sweep.uri, sweep.parent, spec.metric, spec.mode)
     if not ranked:
         raise UserError("no trial produced a checkpoint; see the trials' errors above")
     best = Run(sweep.uri, ranked[0].info.run_id, ranked[0].info.run_name)
     result = unit.read_result(best)
     step = final_steps.read_state_at(result.checkpoint)["step"]
-    won = {k: ranked[0].data.params.get(k) for k in spec.space}
+    won = {k: ranked[0].data.params.get(sweep.base.param_key(k)) for k in spec.space}
     recorder.name_best(parent, result.checkpoint, {"best_run_id": best.id, **{f"best.{k}": v for k, v in won.items()}})
     wall, cpu = time.perf_counter(), time.process_time()
     baseline = unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)

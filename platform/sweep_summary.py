@@ -214,17 +214,19 @@ def summarise(parent: Run, results, spec: SearchSpace, total_steps: int) -> list
     return notes
 
 
-def grid_frame(runs, param: str):
+def grid_frame(runs, param: str, key: str | None = None):
     """A sensitivity grid as the papers print it (UNA Tables C4-C6, AugCSE Table 7): one row per
-    value of ``param`` (its trial's best checkpoint), the 7 STS tasks and their mean as columns."""
+    value of ``param`` (its trial's best checkpoint; the MLflow param ``key``, default ``param``),
+    the 7 STS tasks and their mean as columns."""
+    key = key or param
     import pandas as pd
 
 
     rows = []
     for run in runs:
-        if param not in run.data.params or f"sts_{STS_TASKS[0]}" not in run.data.metrics:
+        if key not in run.data.params or f"sts_{STS_TASKS[0]}" not in run.data.metrics:
             continue
-        value = as_number(run.data.params[param])
+        value = as_number(run.data.params[key])
         row = {param: value, **{SHORT_NAMES[t]: run.data.metrics.get(f"sts_{t}") for t in STS_TASKS}}
         row["Avg."] = run.data.metrics.get("sts_avg")
         if "sts_avg_std" in run.data.metrics:  # a grid with seeds: each value's mean, and its spread
@@ -261,9 +263,9 @@ def grid_plot(frame, param: str, path: Path) -> Path:
     return path
 
 
-def grid_table(parent: Run, param: str) -> None:
+def grid_table(parent: Run, param: str, key: str | None = None) -> None:
     """The grid's table printed, and logged on the parent run (MLflow table, CSV, Markdown) with its plot."""
-    frame = grid_frame(store.child_runs(parent.uri, parent.id), param)
+    frame = grid_frame(store.child_runs(parent.uri, parent.id), param, key)
     if not len(frame):
         print(f"note: no trial of the {param} grid has a 7-task table", flush=True)
         return

@@ -115,7 +115,7 @@ def new_run(uri: str, cfg: TrainConfig, corpus, seeds: int, experiment: str | No
     tags = {**(extra_tags or {}), **unit.run_tags(cfg), STORAGE_TAG: location,
             **({"seeds": str(seeds)} if seeds > 1 else {})}
     run = Run.create(uri, experiment or cfg.method, name, tags)
-    run.log_params({**cfg.flat(), **({"seeds": seeds} if seeds > 1 else {})})
+    run.log_config(cfg, {"seeds": seeds} if seeds > 1 else None)
     run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
     unit.save_state(location, {"run_id": run.id, "config": cfg.flat(), "seeds": seeds})
     return run

@@ -59,7 +59,7 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
         # Its columns were generated before the trials (searched SAN scales, AugCSE sets): read here.
         corpus = unit.prepare(cfg, sweep.sentences, generate=False)
         if not run.resumed:
-            run.log_params(cfg.flat())
+            run.log_config(cfg)
             run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
         result = unit.run_configuration(
             cfg, corpus, run, storage_path=storage.join(sweep.folder, "trials"), name=trial_id, seeds=sweep.seeds,

@@ -156,7 +156,7 @@ def test_the_best_trial_is_finalized_from_s3(sweep):
     assert best.data.metrics["best_stsb_dev_spearman"] == max(r.data.metrics["best_stsb_dev_spearman"] for r in children)
     assert "best.sts_avg" in parent.data.metrics and "sts_avg" in best.data.metrics
     for child in children:
-        assert {"alpha", "beta", "r", "lr"} <= set(child.data.params)
+        assert {"una.alpha", "una.beta", "una.r", "lr"} <= set(child.data.params)
         assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")
     assert parent.data.tags["best_checkpoint"].startswith(f"{sweep['output']}/una-sweep-")
     assert {a.path for a in c.list_artifacts(best.info.run_id)} == {"sts_results.json"}
@@ -198,7 +198,7 @@ def test_resuming_a_finished_sweep_is_refused(sweep):
 def _checkpointed(topo, step: int) -> bool:
     """Whether Ray Train's controller committed the run's checkpoint of ``step`` (its points are then sent)."""
     c, runs = runs_of(topo.tracking_uri, "simcse")
-    runs = [r for r in runs if r.data.params.get("output_dir", "").endswith("killed-node")]
+    runs = [r for r in runs if r.data.tags.get("run.output_dir", "").endswith("killed-node")]
     return bool(runs) and step in steps_of(c, runs[0].info.run_id, "best_stsb_dev_spearman")
 
 
@@ -250,7 +250,7 @@ def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_
             topo.wait_for_nodes(topo.workers + 1)
     assert proc.returncode == 0, err[-3000:]
     c, runs = runs_of(topo.tracking_uri, "simcse")
-    run = next(r for r in runs if r.data.params.get("output_dir", "").endswith("killed-node"))
+    run = next(r for r in runs if r.data.tags.get("run.output_dir", "").endswith("killed-node"))
     # The restart is read from the run's history: a restarted worker's console line reaches the
     # driver through Ray's log monitor, which may drop it.
     assert steps_of(c, run.info.run_id, "resumed_at_step") == [16]

@@ -58,7 +58,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     model_uri = run.data.tags["logged_model"]
     assert champion.source == model_uri and model_uri.startswith("models:/m-")
     assert [o.model_id for o in run.outputs.model_outputs] == [model_uri[len("models:/"):]]
-    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json"}
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json", "config.json"}
 
     # Against the untouched backbone (same pooler): on the console, on the run, in the model card.
     assert "against the untouched backbone" in proc.stdout and "difference" in proc.stdout
@@ -72,7 +72,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     card = open(f"{folder}/model.sentence_transformer/README.md").read()
     mlmodel = open(f"{folder}/MLmodel").read()
     assert f"source_model_name: {tiny_model}" in mlmodel and "/tmp" not in mlmodel.replace(str(tiny_model), "")
-    for field in (f"base_model: {tiny_model}", f"corpus: `{small_corpus}`", "`max_steps`: `4`", "| difference |",
+    for field in (f"base_model: {tiny_model}", f"corpus: `{small_corpus.name} sha256:", "`max_steps`: `4`", "| difference |",
                   "Gao et al. (2021), SimCSE", run.data.tags["git_commit"], "Smoke test, not a result"):
         assert field in card, field
 

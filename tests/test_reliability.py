@@ -55,8 +55,8 @@ def test_train_on_two_nodes_equals_one_process_end_to_end(two_node_cluster, tiny
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STS12" in proc.stdout and "avg" in proc.stdout
     c, runs = runs_of(mlflow_uri)
-    by_runtime = {r.data.params["runtime"]: r for r in runs}
-    assert set(by_runtime) == {"process", "ray"} and by_runtime["ray"].data.params["num_workers"] == "2"
+    by_runtime = {r.data.tags["run.runtime"]: r for r in runs}
+    assert set(by_runtime) == {"process", "ray"} and by_runtime["ray"].data.tags["run.num_workers"] == "2"
     history = {rt: {key: sorted((m.step, m.value) for m in c.get_metric_history(r.info.run_id, key))
                     for key in ("stsb_dev_spearman", "train_loss")} for rt, r in by_runtime.items()}
     for key, steps, tolerance in (("stsb_dev_spearman", [3, 6], {"abs": 1e-3}),
@@ -74,7 +74,7 @@ def test_train_on_two_nodes_equals_one_process_end_to_end(two_node_cluster, tiny
     assert run.data.params["batch_size"] == "8" and run.data.params["temperature"] == "0.05"
     for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"):
         assert f"sts_{task}" in run.data.metrics
-    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json"}  # the model: once, logged
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json", "config.json"}  # the model: once, logged
 
     import mlflow
     from sentence_transformers import SentenceTransformer

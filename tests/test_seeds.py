@@ -56,7 +56,7 @@ def test_a_ray_worker_trains_as_this_process_does_for_one_seed(tiny_model, small
         proc = command("train", "una", *sets(**common, runtime=runtime), env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
     c, runs = runs_of(mlflow_uri, "una")
-    by = {r.data.params["runtime"]: r.info.run_id for r in runs}
+    by = {r.data.tags["run.runtime"]: r.info.run_id for r in runs}
     loss = {rt: [m.value for m in sorted(c.get_metric_history(i, "train_loss"), key=lambda m: m.step)]
             for rt, i in by.items()}
     assert steps_of(c, by["ray"], "train_loss") == [1, 2, 3, 4]

@@ -203,8 +203,6 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     if model_uri is None:
         run.set_tags({"sentence_transformers_export": f"skipped: {why}"})
     else:
-        recorder.link_to_model(run, model_uri, {DEV_METRIC: dev, **{f"sts_{k}": v for k, v in scores.items()}},
-                               state["step"])
         register(run, model_uri, name, state, scores, dev, tags,
                  Registration(corpus, baseline, searched or {}, seeds))
     run.set_tags({"best_step": str(state["step"])})

@@ -212,7 +212,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int,
                 else run.child(seed_name, {**run_tags(scfg), "seed": str(seed)}))
     with seed_run.closing():
         if found is None:
-            seed_run.log_params(scfg.flat())
+            seed_run.log_config(scfg)
             seed_run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
         out = fit(scfg, corpus, seed_run, storage_path=storage_path, name=seed_name, tune_reports=tune_reports,
                   label=" ".join(filter(None, [label, f"seed {seed}"])))

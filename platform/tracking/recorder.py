@@ -195,16 +195,6 @@ def log_results(run: Run, metrics: dict[str, Any], step: int = 0) -> None:
         replay(run.uri, run.id, [(k, float(v), ts, int(step)) for k, v in metrics.items()])
 
 
-def link_to_model(run: Run, model_uri: str, metrics: dict[str, float], step: int) -> None:
-    """A run's final numbers linked to its logged model (``models:/<id>``): the model's page lists them."""
-    from mlflow.entities import Metric
-
-    model_id = model_uri.split("/", 1)[1]
-    ts = int(time.time() * 1000)
-    store.client(run.uri).log_batch(run.id, metrics=[Metric(k, float(v), ts, int(step), model_id=model_id)
-                                                     for k, v in metrics.items()])
-
-
 def name_best(run: Run, checkpoint: str, tags: dict[str, str] | None = None) -> None:
     """A configuration's (or a sweep's) best checkpoint, chosen among its fits' (or trials')."""
     run.set_tags({"best_checkpoint": checkpoint, **(tags or {})})

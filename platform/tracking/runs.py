@@ -135,6 +135,14 @@ class Run:
         for i in range(0, len(items), 100):
             store.client(self.uri).log_batch(self.id, params=items[i : i + 100])
 
+    def log_config(self, cfg, extra: dict[str, Any] | None = None) -> None:
+        """A configuration: its recipe values as params (``TrainConfig.tracked``), where and how it
+        ran as ``config.json`` and a few ``run.*`` tags."""
+        params, tags = cfg.tracked()
+        self.log_params({**params, **(extra or {})})
+        self.set_tags(tags)
+        self.log_dict(cfg.flat(), "config.json")
+
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
