@@ -182,16 +182,27 @@ def generated_blocks(sentences: list[str], jobs: list[Generation], use_ray: bool
     if not use_ray:
         yield pa.table(Generators(jobs)({"index": np.arange(len(sentences)), "sentence": sentences}))
         return
-    done = 0
+    # Blocks arrive as the actors finish them; each is passed on once every row before it has been
+    # (Ray Data's preserve_order would hold finished blocks back and let its autoscaler retire and
+    # restart the actors, each restart reloading spaCy and WordNet).
+    done, waiting = 0, {}
     for block in _generate_on_ray(sentences, jobs, use_gpu, cpus):
         if block.num_rows == 0:
             continue
-        if block.column("index")[0].as_py() != done:  # preserve_order keeps blocks in corpus order
-            raise RuntimeError(f"generation returned rows out of order: row {block.column('index')[0]} after {done}")
-        done += block.num_rows
-        yield block
-    if done != len(sentences):
-        raise RuntimeError(f"generation returned {done} rows for {len(sentences)} sentences")
+        index = block.column("index")
+        first, last = index[0].as_py(), index[len(index) - 1].as_py()
+        if last - first + 1 != block.num_rows:
+            block = block.sort_by("index")
+            first, last = block.column("index")[0].as_py(), block.column("index")[block.num_rows - 1].as_py()
+            if last - first + 1 != block.num_rows:
+                raise RuntimeError(f"generation returned a block of {block.num_rows} rows spanning rows {first}-{last}")
+        waiting[first] = block
+        while done in waiting:
+            block = waiting.pop(done)
+            done += block.num_rows
+            yield block
+    if done != len(sentences) or waiting:
+        raise RuntimeError(f"generation returned {done} rows in order for {len(sentences)} sentences")
 
 
 def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool, cpus: float):
@@ -200,6 +211,7 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
     import ray.data
 
     _one_operator_context()
+    ray.data.DataContext.get_current().execution_options.preserve_order = False  # put in order as they come
     cpu_bound = all(job.cpu_bound for job in jobs)
     most = cluster_most()
     gpu = use_gpu and not cpu_bound and most.get("GPU", 0) > 0
@@ -217,8 +229,8 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
         num_gpus=1 if gpu else 0,
         num_cpus=cpus,  # fractional inside sweeps, where trials' Train workers may hold every CPU
     )
-    # Streamed back in corpus order as Arrow (C++), never all at once: on a 1M-sentence corpus the
-    # driver holds one block of outputs, not every column of every row.
+    # Streamed back as Arrow (C++), never all at once: on a 1M-sentence corpus the driver holds the
+    # blocks finished ahead of the next one in corpus order, not every column of every row.
     return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1)
 
 
