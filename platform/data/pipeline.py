@@ -187,9 +187,10 @@ def generated_blocks(sentences: list[str], jobs: list[Generation], use_ray: bool
     # them one block at a time, in corpus order. A streaming consumer in the driver would
     # backpressure the pool, and Ray Data's autoscaler would then retire and restart actors (each
     # restart reloading spaCy and WordNet): AugCSE's 8 augmentations ran at ~260 sentences/s, not ~390.
-    done = 0
-    for ref in _generate_on_ray(sentences, jobs, use_gpu, cpus):
-        block = ray.get(ref)
+    done, refs = 0, _generate_on_ray(sentences, jobs, use_gpu, cpus)
+    refs.reverse()
+    while refs:
+        block = ray.get(refs.pop())  # a block's reference goes once it is fetched: the store may free it
         if block.num_rows == 0:
             continue
         if block.column("index")[0].as_py() != done:
