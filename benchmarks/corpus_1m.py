@@ -13,8 +13,12 @@ with Ray local on ``--cpus`` CPUs:
 4. AugCSE's columns read back from the cache (what a trial or a fit does before training);
 5. the first epoch's dataset (``epoch_datasets``: the corpus table put in the object store).
 
-The driver's resident memory is sampled every 0.1 s; each step's peak is printed with its time.
-The object store's shared memory is Ray's, not the driver's (``ray.put`` copies into it).
+The driver's resident memory is sampled every 0.1 s; each step's peak is printed with its time,
+twice: the resident set (RSS) and its private part (RSS less file-backed and shared pages, Linux's
+RssAnon). The difference is mostly Ray's object store: the driver reads generated blocks from it
+without a copy (the store is shared memory mapped into every process), and the pages it has read
+count in its RSS while the store holds them, though they are the store's memory, sized by Ray's
+``object_store_memory``, not the driver's.
 """
 
 from __future__ import annotations
@@ -38,21 +42,28 @@ from platform.data import data_dir, read_corpus  # noqa: E402
 
 
 class PeakMemory:
-    """This process' resident set, sampled in a thread; ``step()`` returns the peak since the last."""
+    """This process' resident set and its private part, sampled in a thread; ``step()`` returns
+    both peaks (GiB) since the last call."""
 
     def __init__(self, every: float = 0.1):
-        self.proc, self.every, self.peak, self.stop = psutil.Process(), every, 0, threading.Event()
+        self.proc, self.every, self.stop = psutil.Process(), every, threading.Event()
+        self.peak = self.private = 0
         threading.Thread(target=self._sample, daemon=True).start()
+
+    def _read(self) -> None:
+        m = self.proc.memory_info()
+        self.peak, self.private = max(self.peak, m.rss), max(self.private, m.rss - m.shared)
 
     def _sample(self) -> None:
         while not self.stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self._read()
             time.sleep(self.every)
 
-    def step(self) -> float:
-        peak = max(self.peak, self.proc.memory_info().rss)
-        self.peak = 0
-        return peak / 2**30
+    def step(self) -> tuple[float, float]:
+        self._read()
+        out = (self.peak / 2**30, self.private / 2**30)
+        self.peak = self.private = 0
+        return out
 
 
 def write_corpus(n: int, folder: Path) -> Path:
@@ -87,8 +98,9 @@ def main() -> None:
         memory.step()
         t0 = time.perf_counter()
         out = fn()
-        rows.append((name, time.perf_counter() - t0, memory.step()))
-        print(f"{name}: {rows[-1][1]:.1f} s, driver peak {rows[-1][2]:.2f} GiB", flush=True)
+        rows.append((name, time.perf_counter() - t0, *memory.step()))
+        print(f"{name}: {rows[-1][1]:.1f} s, driver peak RSS {rows[-1][2]:.2f} GiB, private {rows[-1][3]:.2f} GiB",
+              flush=True)
         return out
 
     base = {"corpus": str(corpus_file), "max_sentences": 0}
@@ -103,9 +115,9 @@ def main() -> None:
           lambda: epoch_datasets(augcse.build_recipe(), corpus.columns, corpus.states, 1, 0))
     print(f"\nn={args.n:,} sentences, Ray CPUs {args.cpus}, max RSS of the driver over the whole run "
           f"(ru_maxrss): {__import__('resource').getrusage(__import__('resource').RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
-    print("| step | time (s) | driver peak RSS (GiB) |\n|---|---|---|")
-    for name, seconds, peak in rows:
-        print(f"| {name} | {seconds:.1f} | {peak:.2f} |")
+    print("| step | time (s) | driver peak RSS (GiB) | of which private (GiB) |\n|---|---|---|---|")
+    for name, seconds, peak, private in rows:
+        print(f"| {name} | {seconds:.1f} | {peak:.2f} | {private:.2f} |")
 
 
 if __name__ == "__main__":
