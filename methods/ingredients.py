@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+from collections.abc import Iterable
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -140,7 +141,7 @@ class CorpusStatistics:
 
     kind: str
     version: int
-    fit: Callable[[list[str]], Any]
+    fit: Callable[[Iterable[str]], Any]  # a sized iterable of the sentences, in order
     save: Callable[[Any, Any], None]
     load: Callable[[Any], Any]
 

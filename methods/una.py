@@ -33,7 +33,9 @@ a drawn entry of the same list.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +133,15 @@ def term_frequencies(counts: sp.csr_matrix) -> sp.csr_matrix:
     return tf
 
 
-def fit_tfidf(sentences: list[str], tokenizer: str = "words") -> TfIdfTable:
+def fit_tfidf(sentences: Iterable[str], tokenizer: str = "words", chunk: int = 100_000) -> TfIdfTable:
     """Step 1 over the corpus: scikit-learn counts, the paper's formula with scipy.sparse.
-    ``tokenizer``: ``words`` (letters-bearing words) or ``nltk`` (the authors'; see the module)."""
+    ``tokenizer``: ``words`` (letters-bearing words) or ``nltk`` (the authors'; see the module).
+
+    ``sentences`` (any sized iterable) is read ``chunk`` documents at a time: each chunk adds its
+    document frequencies and its largest tf per term, and ``s_j = idf_j * max_d tf(j, d)`` since
+    idf_j >= 0 (Eq. 2), so a million sentences never hold their counts at once."""
     from sklearn.feature_extraction.text import CountVectorizer
+    from tqdm.auto import tqdm
 
     if len(sentences) < 2:
         raise InvalidParams(f"UNA needs a corpus of at least 2 sentences for TF-IDF, got {len(sentences)}")
@@ -142,16 +149,29 @@ def fit_tfidf(sentences: list[str], tokenizer: str = "words") -> TfIdfTable:
         vectorizer = CountVectorizer(lowercase=False, tokenizer=nltk_tokens, token_pattern=None, dtype=np.int64)
     else:
         vectorizer = CountVectorizer(lowercase=True, token_pattern=TERM, dtype=np.int64)
-    from tqdm.auto import tqdm
-
+    index: dict[str, int] = {}  # term -> position in df / tf_max, in the order terms were met
+    df, tf_max = np.zeros(0, np.int64), np.zeros(0)
     # The one long step on the driver: a progress bar on a terminal (none in logs, disable=None).
-    counts = vectorizer.fit_transform(tqdm(sentences, desc="UNA TF-IDF", unit=" sentences", disable=None, leave=False))
-    N = counts.shape[0]
-    df = np.bincount(counts.indices, minlength=counts.shape[1])
-    idf = -np.log(df / N)
-    z = term_frequencies(counts).multiply(idf).tocsc()
-    s = np.asarray(z.max(axis=0).todense()).ravel()
-    return _table(vectorizer.get_feature_names_out().astype(object), idf, s)
+    documents = iter(tqdm(sentences, desc="UNA TF-IDF", unit=" sentences", disable=None, leave=False))
+    N = 0
+    while block := list(itertools.islice(documents, chunk)):
+        N += len(block)
+        try:
+            counts = vectorizer.fit_transform(block).tocsr()
+        except ValueError:  # no term in this chunk: its documents count in N only
+            continue
+        ids = np.fromiter((index.setdefault(t, len(index)) for t in vectorizer.get_feature_names_out()),
+                          np.int64, counts.shape[1])
+        df, tf_max = np.pad(df, (0, len(index) - len(df))), np.pad(tf_max, (0, len(index) - len(tf_max)))
+        df[ids] += np.bincount(counts.indices, minlength=counts.shape[1])
+        tf = term_frequencies(counts)
+        np.maximum.at(tf_max, ids[tf.indices], tf.data)
+    if not index:
+        raise InvalidParams(f"UNA's TF-IDF found no terms in the corpus' {N} sentences")
+    terms = np.array(sorted(index), dtype=object)  # scikit-learn's column order: sorted terms
+    at = np.fromiter((index[t] for t in terms), np.int64, len(terms))
+    idf = -np.log(df[at] / N)
+    return _table(terms, idf, tf_max[at] * idf)
 
 
 TFIDF_VERSION = 1

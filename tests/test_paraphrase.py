@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods.recipe import Recipe
-from platform.data.columns import corpus_columns, statistics_input
+from platform.data.columns import TextRows, corpus_columns, statistics_input
 from platform.data import DataError
 from tests.helpers import assert_user_error, run_cli
 
@@ -49,7 +49,9 @@ def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_
     assert {k: v.to_pylist() for k, v in again.items()} == {k: v.to_pylist() for k, v in cols.items()}
     assert cols["sentence"].to_pylist() == SENTS and len(cols["paraphrase"]) == 4
     assert all(isinstance(p, str) for p in cols["paraphrase"].to_pylist())
-    assert statistics_input(cols) == SENTS + cols["paraphrase"].to_pylist()
+    assert list(statistics_input(cols)) == SENTS + cols["paraphrase"].to_pylist()
+    monkeypatch.setattr(TextRows, "SLICE", 3)  # slices that cut a column: the same rows, in order
+    assert list(statistics_input(cols)) == SENTS + cols["paraphrase"].to_pylist() and len(statistics_input(cols)) == 8
     assert "paraphrase" in method.text_columns
     entries = list((tmp_path / "cache").glob("gen-paraphrase-*"))
     assert len(entries) == 1

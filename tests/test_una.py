@@ -371,3 +371,26 @@ def test_batched_step2_equals_per_sentence_reference():
     reference = np.concatenate([replacement_probabilities(z[a:b], 0.4) for a, b in zip(starts, ends)])
     np.testing.assert_allclose(grouped_probabilities(z, starts, group, 0.4), reference)
     assert list(reference[10:14]) == [1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("tokenizer", ["words", "nltk"])
+def test_tfidf_read_in_chunks_is_the_table_of_the_whole_corpus(corpus, tokenizer):
+    """Chunks add document frequencies and each term's largest tf; s = idf * max tf (Eq. 2) is then
+    the column max of Z over the whole corpus, bit for bit, as scipy computes it in one piece."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    from methods.una import TERM, nltk_tokens, term_frequencies
+
+    docs = corpus[:700] + ["", "1999 ...", "--"]  # rows without a term count in N
+    whole = (CountVectorizer(lowercase=False, tokenizer=nltk_tokens, token_pattern=None) if tokenizer == "nltk"
+             else CountVectorizer(lowercase=True, token_pattern=TERM))
+    counts = whole.fit_transform(docs)
+    idf = -np.log(np.bincount(counts.indices, minlength=counts.shape[1]) / len(docs))
+    s = np.asarray(term_frequencies(counts).multiply(idf).tocsc().max(axis=0).todense()).ravel()
+    for chunk in (1, 37, 10_000):
+        table = fit_tfidf(docs, tokenizer, chunk=chunk)
+        assert list(table.vocab) == list(whole.get_feature_names_out())
+        np.testing.assert_array_equal(table.idf, idf)
+        np.testing.assert_array_equal(table.s, s)
+    with pytest.raises(InvalidParams, match="no terms"):
+        fit_tfidf(["1999", "--", "..."])

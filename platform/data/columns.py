@@ -148,13 +148,29 @@ def source_digest(module: str) -> str:
     return hashlib.sha256(origin.read_bytes()).hexdigest()[:16] if origin and origin.is_file() else "unknown"
 
 
-def statistics_input(columns: dict[str, Any]) -> list[str]:
+def statistics_input(columns: dict[str, Any]) -> "TextRows":
     """What corpus statistics are fitted on: the sentences plus their paraphrases (UNA, Sec. 3)."""
-    return [*_strings(columns["sentence"]), *_strings(columns.get("paraphrase", []))]
+    return TextRows([columns["sentence"], columns.get("paraphrase", [])])
 
 
-def _strings(column) -> list[str]:
-    return column.to_pylist() if hasattr(column, "to_pylist") else list(column)
+@dataclasses.dataclass
+class TextRows:
+    """The strings of columns one after another, made Python strings a slice at a time: a million
+    rows are read twice (digest, fit) without ever being a list."""
+
+    columns: list
+    SLICE = 65_536
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self.columns)
+
+    def __iter__(self):
+        for column in self.columns:
+            if not hasattr(column, "slice"):
+                yield from column
+                continue
+            for start in range(0, len(column), self.SLICE):
+                yield from column.slice(start, self.SLICE).to_pylist()
 
 
 def read_generated(path: Path, sentences, column: str):
