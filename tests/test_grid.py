@@ -242,6 +242,10 @@ def test_mlflows_ui_tells_which_trial_won_and_how_to_load_it(grid):
     assert model["info"]["name"] == "augcse-encoder"
     assert {"name": "augcse-encoder", "version": version["version"]} in json.loads(mtags["mlflow.modelVersions"])
     assert mtags["mlflow.note.content"].startswith("# augcse-encoder")
+    linked = {m["key"]: m["value"] for m in model.get("data", {}).get("metrics", [])}
+    assert {"sts_avg", "best_stsb_dev_spearman"} <= set(linked), linked
+    history = get("metrics/get-history", run_id=model["info"]["source_run_id"], metric_key="sts_avg")["metrics"]
+    assert [p["value"] for p in history] == [linked["sts_avg"]]  # linked, not logged a second time
 
     registered = get("registered-models/get", name="augcse-encoder")["registered_model"]["description"]
     for text in (registered, description, tags["mlflow.note.content"], grid["parent"].data.tags["mlflow.note.content"]):

@@ -19,7 +19,7 @@ from platform.evaluation.export import ExportUnsupported, export_sentence_transf
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint, storage
 from platform.tracking import recorder, registry
-from platform.tracking.runs import DEV_METRIC, Run
+from platform.tracking.runs import BEST, DEV_METRIC, Run
 from platform.tracking.store import git_commit
 
 
@@ -203,6 +203,7 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     if model_uri is None:
         run.set_tags({"sentence_transformers_export": f"skipped: {why}"})
     else:
+        recorder.link_to_model(run, model_uri.split("/", 1)[1], [f"sts_{k}" for k in scores] + [BEST])
         register(run, model_uri, name, state, scores, dev, tags,
                  Registration(corpus, baseline, searched or {}, seeds))
     run.set_tags({"best_step": str(state["step"])})

@@ -195,6 +195,18 @@ def log_results(run: Run, metrics: dict[str, Any], step: int = 0) -> None:
         replay(run.uri, run.id, [(k, float(v), ts, int(step)) for k, v in metrics.items()])
 
 
+def link_to_model(run: Run, model_id: str, keys: list[str]) -> None:
+    """The run's final point of each of ``keys`` it has (its scores) shown on its logged model
+    ``model_id`` too: the same points sent again with the model's id, which the run keeps once
+    (a point is its key, step, timestamp and value) and the model lists as its metrics."""
+    from mlflow.entities import Metric
+
+    client = store.client(run.uri)
+    have = client.get_run(run.id).data.metrics
+    last = [max(client.get_metric_history(run.id, k), key=lambda m: (m.step, m.timestamp)) for k in keys if k in have]
+    client.log_batch(run.id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id) for m in last])
+
+
 def name_best(run: Run, checkpoint: str, tags: dict[str, str] | None = None) -> None:
     """A configuration's (or a sweep's) best checkpoint, chosen among its fits' (or trials')."""
     run.set_tags({"best_checkpoint": checkpoint, **(tags or {})})
