@@ -68,6 +68,13 @@ def derive_seed(seed: int, *keys: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The order of the corpus' ``n`` rows in ``epoch``: drawn from (seed, epoch) hashed together,
+    so no two (seed, epoch) pairs share an order (``seed + epoch`` gave seed 42's second epoch to
+    seed 43's first, and multi-seed spreads of multi-epoch runs were not independent)."""
+    return np.random.default_rng(derive_seed(seed, "epoch-order", int(epoch))).permutation(n)
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     # SplitMix64's finaliser (Steele et al., 2014): a counter to 64 well-mixed bits.
     x = x + np.uint64(0x9E3779B97F4A7C15)

@@ -33,6 +33,8 @@ head's gradient, like the encoder's, counts every row once across workers.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 from typing import Any
 
@@ -131,11 +133,14 @@ def virtual_augmentation_loss(
     """l_VA (Eq. 4): each instance vs its virtual augmentation, both directions, against the
     augmented neighbourhood {z_k, z_k^delta : k in N(i)} (2K negatives); the mean of the two
     directions, i.e. averaged over the 2M views (Eq. 5). ``e`` holds this worker's rows, ``nbrs``
-    and ``delta`` the global batch's; ``attach=False`` is the authors' code (embeddings detached)."""
+    and ``delta`` the global batch's; ``attach=False`` is the authors' code (``vat_utils.py``): the
+    embeddings detached and the clean projections ``z`` computed under ``no_grad``, so only the
+    augmented ones ``z^delta`` train the head."""
     base = e if attach else e.detach()
     n = len(base)
     own = delta[rank() * n : (rank() + 1) * n]
-    z = gather_with_grad(head(base))
+    with contextlib.nullcontext() if attach else torch.no_grad():
+        z = gather_with_grad(head(base))
     z_aug = gather_with_grad(head(base + own))
     augmented = torch.cat([z[nbrs], z_aug[nbrs]], dim=1)  # N x 2K x d
     return 0.5 * (neighbourhood_loss(z_aug, z, augmented, temperature)

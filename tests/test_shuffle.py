@@ -81,6 +81,19 @@ def test_the_local_pipeline_has_the_same_distribution():
     assert same_group_fraction(batches) == pytest.approx(UNIFORM, rel=0.25)
 
 
+def test_no_two_seeds_share_an_epoch_order():
+    """Orders from (seed, epoch) hashed: seed 42's second epoch is not seed 43's first (it was, with
+    ``seed + epoch``), and both pipelines take the same order."""
+    from methods.ingredients import epoch_permutation
+
+    orders = {(s, e): tuple(epoch_permutation(s, e, 500)) for s in range(40, 46) for e in range(4)}
+    assert len(set(orders.values())) == len(orders)
+    assert epoch_permutation(42, 1, 500).tolist() == list(orders[42, 1])  # a function of (seed, epoch)
+    cfg = TrainConfig.build("simcse", "local", {"batch_size": BATCH, "num_workers": 1, "seed": 43})
+    rows = [r for b in local_batches({"sentence": [str(i) for i in range(500)]}, cfg, 0, 1, epoch=0) for r in b["row"]]
+    assert rows == list(orders[43, 0][: len(rows)])
+
+
 @pytest.mark.e2e
 def test_the_earlier_pipeline_fails_the_statistic(local_ray):
     """Corpus-order blocks and a local shuffle buffer of 4 batches (what training used before)."""

@@ -182,6 +182,33 @@ def test_neighbourhood_term_reaches_encoder_only_in_paper_mode(tiny_model, fidel
     assert all(float(g.abs().sum()) > 0 for g in head_grads)  # the head always learns from it
 
 
+def test_authors_code_trains_the_head_through_the_augmented_views_only():
+    """vat_utils.py: the clean projections are computed under no_grad, so the head's gradient is
+    that of Eq. 4 with z held constant (a direct reference with z detached by hand), not Eq. 4's."""
+    torch.manual_seed(0)
+    head = Head(8, 4)
+    e, nb = torch.randn(6, 8), neighbours(torch.randn(6, 8), 2)
+    delta = 0.5 * F.normalize(torch.randn(6, 8), dim=-1)
+
+    def reference(clean_trains: bool):
+        z, z_aug = head(e), head(e + delta)
+        z = z if clean_trains else z.detach()
+        augmented = torch.cat([z[nb], z_aug[nb]], dim=1)
+        terms = []
+        for q, p in ((z_aug, z), (z, z_aug)):  # both directions, each row against its 2K neighbours
+            for i in range(len(e)):
+                logits = torch.cat([(q[i] * p[i]).sum().view(1), augmented[i] @ q[i]]) / 0.05
+                terms.append(-F.log_softmax(logits, 0)[0] / len(e))
+        return 0.5 * sum(terms)
+
+    for attach in (False, True):
+        got = torch.autograd.grad(virtual_augmentation_loss(head, e, nb, delta, 0.05, attach=attach),
+                                  list(head.parameters()))
+        want = torch.autograd.grad(reference(clean_trains=attach), list(head.parameters()))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
 def _outputs(model, e):
     from methods.ingredients import StepOutputs
 

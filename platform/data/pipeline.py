@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from methods.ingredients import import_by_name
+from methods.ingredients import epoch_permutation, import_by_name
 from methods.recipe import Recipe, StepInputs
 from platform import settings
 
@@ -82,8 +82,8 @@ def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], states: dict[
 def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[str, Any], epochs: int, seed: int,
                    batch_size: int = 1024, num_cpus: float | None = None,
                    inputs: StepInputs | None = None) -> dict[str, Any]:
-    """``{"train_<epoch>": Dataset}``: each epoch a uniform permutation of the whole corpus, seeded
-    with ``seed + epoch`` as the local pipeline's (SimCSE samples batches uniformly from the whole
+    """``{"train_<epoch>": Dataset}``: each epoch a uniform permutation of the whole corpus,
+    ``epoch_permutation(seed, epoch)`` as the local pipeline's (SimCSE samples batches uniformly from the whole
     corpus, reshuffled every epoch; wiki1m is stored in article order). The permutation's row
     numbers are cut into blocks on the driver; each block's task gathers its rows from the corpus
     table (one object-store reference, fetched once per worker process) and adds the recipe's
@@ -101,7 +101,7 @@ def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[s
     blocks = max(1, min(n // batch_size, 64))
     out = {}
     for epoch in range(epochs):
-        rows = pa.table({"row": np.random.default_rng(seed + epoch).permutation(n)})
+        rows = pa.table({"row": epoch_permutation(seed, epoch, n)})
         out[f"train_{epoch}"] = arrow_blocks(rows, blocks).map_batches(
             BoundAugment(recipe, states_ref, corpus_ref, epoch, inputs), batch_format="numpy", batch_size=batch_size,
             num_cpus=num_cpus,

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from methods.encoder import Encoder
-from methods.ingredients import derive_seed
+from methods.ingredients import derive_seed, epoch_permutation
 from methods.recipe import Recipe, StepInputs
 from platform import settings
 from platform.config import TrainConfig
@@ -542,7 +542,7 @@ def local_batches(
     import pyarrow as pa
 
     table = pa.table(columns)
-    perm = np.random.default_rng(cfg.seed + epoch).permutation(table.num_rows)
+    perm = epoch_permutation(cfg.seed, epoch, table.num_rows)
     local = cfg.batch_size // world
     for start in range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size):
         idx = perm[start + rank * local : start + (rank + 1) * local]
