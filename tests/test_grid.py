@@ -62,7 +62,7 @@ def grid(tiny_model, small_corpus, tmp_path_factory, mlflow_server):
     env = {"PLATFORM_CACHE_DIR": str(cache)}
     out = {"eight": _augment(corpus, tmp / "augcse", env), "cache": cache}
     out["entries_after_8"] = sorted(p.name.split("-")[1] for p in cache.glob("gen-aug_*") if (p / "COMPLETE").is_file())
-    out["two"] = _augment(corpus, tmp / "augcse12", env, "augmentations=contraction_expansion,number_to_word")
+    out["two"] = _augment(corpus, tmp / "augcse12", env, "augmentations=contraction_expansion,adjective_antonym_switch")
     out["entries_after_2"] = len(sorted(cache.glob("gen-aug_*")))
     out["before"] = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in cache.glob("gen-*")}
     space = tmp / "augcse-grid.yaml"
@@ -96,7 +96,7 @@ def test_augment_caches_each_augmentation_on_its_own(grid):
     assert df["aug_label"].nunique() >= 4
     assert grid["entries_after_8"] == sorted(f"aug_{n}" for n in AUGMENTATION_SETS["8-aug"])
     assert grid["entries_after_2"] == 9
-    assert set(grid["two"]["aug_label"]) <= {NO_AUGMENTATION, "contraction_expansion", "number_to_word"}
+    assert set(grid["two"]["aug_label"]) <= {NO_AUGMENTATION, "contraction_expansion", "adjective_antonym_switch"}
 
 
 @pytest.mark.e2e
