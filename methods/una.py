@@ -453,7 +453,8 @@ class UNA(NegativesSource):
     space = "una"
     column = "una_negative"  # encoded in the anchors' pass (the interface's dropout None)
     augments_per_epoch = True
-    config_defaults = {"max_grad_norm": (0.0, "Shu et al.'s code (una.py) steps its optimizer without clipping gradients")}
+    config_defaults = {"max_grad_norm": (0.0, "Shu et al.'s code (una.py) steps its optimizer without clipping gradients"),
+                       "precision": ("fp32", "Shu et al.'s code trains in fp32 (no autocast)")}
 
     def statistics(self) -> CorpusStatistics:
         # The table depends on the corpus and the tokeniser (the formula is versioned here).

@@ -157,7 +157,8 @@ class VaSCL(AuxTerm):
     space = "vascl"
     default_pooler = "avg"  # VaSCL pools the mean of the last layer; the head replaces SimCSE's MLP
     brings_projection = True
-    config_defaults = {"max_grad_norm": (0.0, "Zhang et al.'s code (training.py) steps its optimizer without clipping gradients")}
+    config_defaults = {"max_grad_norm": (0.0, "Zhang et al.'s code (training.py) steps its optimizer without clipping gradients"),
+                       "precision": ("fp32", "Zhang et al.'s code (training.py) trains in fp32 (no autocast)")}
 
     def notes(self, batch_size: int) -> list[str]:
         k = self.params.k

@@ -97,7 +97,10 @@ class TrainConfig:
     augment_cpus: float = cited(1.0, (
         "CPUs each Ray Data augmentation task asks for. Fractional on small machines: concurrent trials' Train workers "
         "can hold every whole CPU, and the stage would never be scheduled."))
-    bf16: bool = cited(True, "autocast on GPU only")
+    precision: str = cited("fp16", (
+        "fp16 | bf16 | fp32, on GPU only (CPU steps are fp32): the authors' mixed precision. SimCSE, SAN and AugCSE "
+        "train with the HF Trainer's --fp16 (autocast and a loss scaler); UNA and VaSCL in fp32 (their ingredients "
+        "say so). bf16 is a speed choice, not the papers'."))
     max_failures: int = cited(3, (
         "Fault tolerance: a failed worker group restarts from the latest checkpoint (model, heads, optimizer, "
         "scheduler, step, RNG, data position) up to this many times (Ray Train FailureConfig)."))
@@ -326,6 +329,7 @@ class TrainConfig:
             (self.data_pipeline in ("ray", "local"), f"data_pipeline must be ray or local, got {self.data_pipeline!r}"),
             (self.optimizer in ("adamw", "adam"), f"optimizer must be adamw or adam, got {self.optimizer!r}"),
             (self.schedule in ("linear", "constant"), f"schedule must be linear or constant, got {self.schedule!r}"),
+            (self.precision in ("fp16", "bf16", "fp32"), f"precision must be fp16, bf16 or fp32, got {self.precision!r}"),
             (self.runtime in ("ray", "process"), f"runtime must be ray or process, got {self.runtime!r}"),
             (0 <= self.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}] (a NumPy seed), got {self.seed}"),
             (bool(self.output_dir.strip()), "output_dir is empty; give a folder or a storage URI (default: runs)"),

@@ -173,3 +173,58 @@ def test_a_step_reads_from_the_device_only_when_it_logs_or_evaluates(tiny_model,
         "log_steps": 4, "num_workers": 1, "output_dir": str(tmp_path), "augmentations": "random_swap,random_delete"})
     assert train_loop_per_worker(cfg.flat())["steps"] == 8
     assert len(state["reads"]) == 2, state["reads"]
+
+
+def test_each_paper_trains_in_its_authors_precision():
+    """SimCSE, SAN and AugCSE: the HF Trainer's --fp16 (autocast and a loss scaler) in their authors'
+    scripts; UNA and VaSCL: fp32 (no autocast in their code). The local profile's CPU steps: fp32."""
+    want = {"simcse": "fp16", "san": "fp16", "augcse": "fp16", "una": "fp32", "vascl": "fp32"}
+    assert {m: TrainConfig.build(m, "paper").precision for m in want} == want
+    assert "una" in TrainConfig.build("una", "paper").sources["precision"]
+    assert {TrainConfig.build(m, "local").precision for m in want} == {"fp32"}
+
+
+def test_a_state_keeps_the_loss_scale_and_a_restart_takes_it_back(tmp_path):
+    """fp16's loss scale (and its growth count) is part of the resumable state, as the optimizer's
+    moments are: a restart that began again at 65536 would skip steps the run did not skip."""
+    import torch
+
+    from platform.run import checkpoint
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale(model(torch.ones(1, 3)).sum() * float("inf")).backward()  # an overflow: the scale halves
+    scaler.step(optimizer)
+    scaler.update()
+    assert scaler.get_scale() == 2.0**15
+    checkpoint.save_train_state(tmp_path, model, optimizer, schedule, checkpoint.Position(step=1), scaler=scaler)
+    fresh = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    checkpoint.load_train_state(tmp_path, 0, model, optimizer, schedule, fresh)
+    assert fresh.state_dict() == scaler.state_dict() and fresh.get_scale() == 2.0**15
+
+
+def test_fp16_on_a_gpu_trains_with_a_loss_scaler_and_resumes_with_its_scale(tiny_model, small_corpus, tmp_path):
+    """The paper profile's fp16 on a GPU (skipped without one): the step under fp16 autocast with a
+    loss scaler, finite losses, the scale in every resumable state, and --resume continuing from it."""
+    import math
+
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from platform.run import loop
+
+    autocast, scaler = loop.mixed_precision("fp16", torch.device("cuda"))
+    assert scaler.is_enabled() and autocast.fast_dtype == torch.float16
+    base = {"model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 16, "eval_steps": 3,
+            "num_workers": 1, "use_gpu": True, "precision": "fp16", "checkpoint_minutes": 0, "output_dir": str(tmp_path)}
+    first = train_loop_per_worker(TrainConfig.build("simcse", "local", {**base, "max_steps": 3}).flat())
+    state = torch.load(next((tmp_path / "local").glob("*/train_state.pt")), weights_only=True)
+    assert first["steps"] == 3 and state["scaler"]["scale"] > 0
+    skipped = round(math.log2(2.0**16 / state["scaler"]["scale"]))  # each overflow halves the scale
+    assert state["scheduler"]["last_epoch"] == 3 - skipped  # a skipped step leaves the schedule where it was
+    again = train_loop_per_worker(TrainConfig.build("simcse", "local", {**base, "max_steps": 6}).flat())
+    assert again["steps"] == 6 and again["best_stsb_dev_spearman"] == again["best_stsb_dev_spearman"]  # not NaN

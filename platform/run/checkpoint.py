@@ -145,18 +145,22 @@ def save_rng(directory: Path, rank: int) -> None:
     torch.save(state, directory / f"rng_rank{rank}.pt")
 
 
-def save_train_state(directory: Path, model, optimizer, schedule, position: Position) -> None:
+def save_train_state(directory: Path, model, optimizer, schedule, position: Position, scaler=None) -> None:
     inner = getattr(model, "module", model)
     torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
+                **({"scaler": scaler.state_dict()} if scaler is not None else {}),
                 **dataclasses.asdict(position)}, directory / TRAIN_STATE)
 
 
-def load_train_state(directory: Path, rank: int, model, optimizer, schedule) -> Position:
-    """Restore model, optimizer, scheduler and this rank's RNG; return the position."""
+def load_train_state(directory: Path, rank: int, model, optimizer, schedule, scaler=None) -> Position:
+    """Restore model, optimizer, scheduler, fp16's loss scale and this rank's RNG; return the position."""
     state = torch.load(directory / TRAIN_STATE, map_location="cpu", weights_only=True)
     getattr(model, "module", model).load_state_dict(state.pop("model"))
     optimizer.load_state_dict(state.pop("optimizer"))
     schedule.load_state_dict(state.pop("scheduler"))
+    saved_scale = state.pop("scaler", None)
+    if scaler is not None and saved_scale:
+        scaler.load_state_dict(saved_scale)
     rng_file = directory / f"rng_rank{rank}.pt"
     if rng_file.is_file():
         rng = torch.load(rng_file, weights_only=True)

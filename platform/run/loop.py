@@ -64,11 +64,11 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))  # each rank its own masks, from the seed
     steps = total_steps(cfg, rt.num_sentences(recipe))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if rt.device.type == "cuda" and cfg.bf16 else contextlib.nullcontext()
+    autocast, scaler = mixed_precision(cfg.precision, rt.device)
     evaluator = rt.dev_evaluator() if rt.is_chief else None
 
     log = rt.metric_log()
-    pos = start_position(rt, recipe, model, evaluator, cfg, (optimizer, schedule), log, steps)
+    pos = start_position(rt, recipe, model, evaluator, cfg, (optimizer, schedule, scaler), log, steps)
     inputs = recipe.step_inputs(cfg.model, cfg.max_len)
     window: list[torch.Tensor] = []  # the losses since the last evaluation, on the device
     model.train()
@@ -84,10 +84,10 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
                 loss, extra = recipe.loss(model, batch, pos.step)
             # Every worker holds the same global loss; DDP averages gradients over workers, so
             # scaling by W makes the applied gradient that of the global loss (see gather_with_grad).
-            (loss * rt.world).backward()
+            scaler.scale(loss * rt.world).backward()
+            scaler.unscale_(optimizer)  # fp16: clipping and the logged norm see the true gradient
             extra["grad_norm"] = clip_gradients(model, cfg.max_grad_norm)
-            optimizer.step()
-            schedule.step()
+            apply_step(optimizer, schedule, scaler)
             optimizer.zero_grad(set_to_none=True)
             pos.step, pos.batch_in_epoch = pos.step + 1, pos.batch_in_epoch + 1
             window.append(loss.detach())
@@ -99,7 +99,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
             if logs:
                 log({k: v for k, v in read.items() if k != "train_loss_avg"}, pos.step)
             if evaluates:
-                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, read["train_loss_avg"], (optimizer, schedule),
+                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, read["train_loss_avg"], (optimizer, schedule, scaler),
                                     log, steps)
                 window = []
                 model.train()
@@ -139,6 +139,27 @@ def to_host(values: dict[str, Any]) -> dict[str, float]:
     if tensors:
         out.update(zip(tensors, torch.stack([t.float().reshape(()) for t in tensors.values()]).tolist()))
     return out
+
+
+def apply_step(optimizer, schedule, scaler) -> None:
+    """The optimizer's and the schedule's step. Under fp16 the scaler skips a step whose gradient
+    overflowed (and lowers its scale); as in the HF Trainer the authors ran, a skipped step does
+    not advance the learning-rate schedule. Knowing it reads the scale back (fp16 steps only)."""
+    before = scaler.get_scale() if scaler.is_enabled() else 0.0
+    scaler.step(optimizer)
+    scaler.update()
+    if not scaler.is_enabled() or scaler.get_scale() >= before:
+        schedule.step()
+
+
+def mixed_precision(precision: str, device: torch.device):
+    """The step's autocast and gradient scaler for ``precision`` on ``device``: ``fp16`` autocast
+    with a loss scaler (the HF Trainer's ``--fp16``, which SimCSE's, SAN's and AugCSE's authors
+    train with), ``bf16`` autocast (no scaler: bf16 has fp32's range), ``fp32`` neither. On a CPU
+    the step runs in fp32 whatever ``precision`` says; a disabled scaler passes everything through."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision) if device.type == "cuda" else None
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    return autocast, torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 
 def make_optimizer(cfg: TrainConfig, recipe: Recipe, model, steps: int):
@@ -186,7 +207,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
             checkpoint.save(folder, exported if improved else None,
                             state if resumable else {**state, "resume_from": rt.kept.state})
             if resumable:
-                checkpoint.save_train_state(folder, model, *optim, pos)
+                checkpoint.save_train_state(folder, model, *optim[:2], pos, scaler=optim[2])
                 checkpoint.save_points(folder, log.points())
 
         say(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved))
@@ -313,7 +334,7 @@ class Runtime:
     def num_sentences(self, recipe: Recipe) -> int:
         return (self.ctx.corpus or self._read_corpus(recipe)).num_sentences
 
-    def restore(self, model, optimizer, schedule, log: StepLog) -> Position | None:
+    def restore(self, model, optimizer, schedule, scaler, log: StepLog) -> Position | None:
         """The training state of the run's latest checkpoint (a restart or --resume), if any, and
         its step metrics into ``log``."""
         return None
@@ -355,13 +376,13 @@ class ProcessRuntime(Runtime):
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
 
-    def restore(self, model, optimizer, schedule, log):
+    def restore(self, model, optimizer, schedule, scaler, log):
         states = sorted(p for p in self.run_dir.glob(checkpoint.PREFIX + "*")
                         if (p / checkpoint.TRAIN_STATE).is_file() and ".tmp-" not in p.name)
         if not states:
             return None
         latest = max(states, key=lambda p: checkpoint.step_of(p.name))
-        pos = checkpoint.load_train_state(latest, self.rank, model, optimizer, schedule)
+        pos = checkpoint.load_train_state(latest, self.rank, model, optimizer, schedule, scaler)
         log.restore(load_points(str(latest)), pos.step)
         return self.restored(latest.name, pos)
 
@@ -441,7 +462,7 @@ class RayTrainRuntime(Runtime):
             self._corpus = CorpusData(*ray.get(self.ctx.corpus_ref))
         return self._corpus
 
-    def restore(self, model, optimizer, schedule, log):
+    def restore(self, model, optimizer, schedule, scaler, log):
         """The state a restart starts from: Ray Train's latest committed checkpoint, or the state a
         model checkpoint names (``resume_from``); None before the first state (a fresh start)."""
         import ray.train
@@ -458,7 +479,7 @@ class RayTrainRuntime(Runtime):
                 found = ray.train.Checkpoint(path=f"{found.path.rstrip('/').rsplit('/', 1)[0]}/{name}",
                                              filesystem=found.filesystem)
         with found.as_directory() as directory:
-            pos = checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule)
+            pos = checkpoint.load_train_state(Path(directory), self.rank, model, optimizer, schedule, scaler)
             log.restore(load_points(str(directory)), pos.step)
         return self.restored(found.path.rstrip("/").rsplit("/", 1)[1], pos, latest)
 
