@@ -406,7 +406,9 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
-def load_profile(name: str) -> dict[str, Any]:
+def load_profile(name: str, _within: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A profile's values; one that ``extends`` another is that profile with its own values on top
+    (an ingredient's or a method's section merged key by key)."""
     path = PROFILES_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown profile {name!r}; choose one of {', '.join(available_profiles())}")
@@ -416,7 +418,31 @@ def load_profile(name: str) -> dict[str, Any]:
         raise ConfigError(f"profile {path}: invalid YAML ({exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"profile {path}: expected a mapping of key: value")
-    return data
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if base in (*_within, name):
+        raise ConfigError(f"profile {path}: extends {base!r}, which extends it back")
+    parent = load_profile(str(base), (*_within, name))
+    merged = {**parent, **data}
+    for section in ("methods", "ingredients"):
+        mine, theirs = data.get(section) or {}, parent.get(section) or {}
+        if isinstance(mine, dict) and isinstance(theirs, dict):  # else TrainConfig.build says what is wrong
+            merged[section] = {k: {**theirs[k], **v} if isinstance(theirs.get(k), dict) and isinstance(v, dict) else v
+                               for k, v in {**theirs, **mine}.items()}
+    return merged
+
+
+def profile_lineage(name: str) -> list[str]:
+    """The profile and those it extends, nearest first (a sweep file's per-profile settings are
+    looked up in this order)."""
+    names = [name]
+    while (PROFILES_DIR / f"{names[-1]}.yaml").is_file():
+        base = (yaml.safe_load((PROFILES_DIR / f"{names[-1]}.yaml").read_text(encoding="utf-8")) or {}).get("extends")
+        if not base or base in names:
+            break
+        names.append(str(base))
+    return names
 
 
 def load_config_file(path: str | Path, method: str, profile: str | None) -> tuple[dict[str, Any], str]:

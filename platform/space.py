@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from methods.recipe import CUSTOM
-from platform.config import TrainConfig
+from platform.config import TrainConfig, profile_lineage
 from platform.errors import ConfigError
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
@@ -180,7 +180,9 @@ def read_file(path: Path, profile: str) -> SearchSpace:
     unknown = set(raw) - TOP_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
-    raw = {**raw, **((raw.get("profiles") or {}).get(profile) or {})}
+    per_profile = raw.get("profiles") or {}
+    # A profile that extends another (paper-roberta: paper) takes the nearest one's sweep settings.
+    raw = {**raw, **next((per_profile[p] or {} for p in profile_lineage(profile) if p in per_profile), {})}
     settings = {k: raw[k] for k in SETTINGS if k in raw}
     spec = SearchSpace(space={}, grids=dict(raw.get("grids") or {}), source=str(path), **settings)
     if spec.mode not in ("max", "min"):

@@ -170,3 +170,31 @@ def test_max_grad_norm_is_on_every_card_with_its_source():
         assert card["max_grad_norm"][0] == want and needle in card["max_grad_norm"][1], (method, card["max_grad_norm"])
     with pytest.raises(ConfigError, match="max_grad_norm must be >= 0"):
         TrainConfig.build("simcse", "local", {"max_grad_norm": "-1"})
+
+
+def test_paper_roberta_applies_each_papers_roberta_values_on_the_paper_profile():
+    """SimCSE's (and SAN's) RoBERTa-base batch 512 / lr 1e-5, UNA's constant 5e-6; AugCSE, which
+    reports BERT-base only, and VaSCL, RoBERTa already, keep the paper profile's; the rest is the
+    paper profile's, each value saying where it comes from."""
+    from platform.config import load_profile
+
+    got = {m: TrainConfig.build(m, "paper-roberta") for m in ("simcse", "una", "san", "augcse", "vascl")}
+    assert all(c.model.startswith("roberta-base@") for c in got.values())
+    assert (got["simcse"].batch_size, got["simcse"].lr, got["simcse"].schedule) == (512, 1e-5, "linear")
+    assert (got["san"].batch_size, got["san"].lr, got["san"].dropout) == (512, 1e-5, 0.15)
+    assert (got["una"].lr, got["una"].schedule, got["una"].eval_steps) == (5e-6, "constant", 100)
+    paper = {m: TrainConfig.build(m, "paper") for m in ("augcse", "vascl")}
+    for m, c in paper.items():
+        assert (got[m].batch_size, got[m].lr, got[m].epochs) == (c.batch_size, c.lr, c.epochs)
+    assert got["una"].sources["lr"] == "profile 'paper-roberta' (ingredients.una)"
+    assert load_profile("paper-roberta")["ingredients"]["san"]["mlm"] == load_profile("paper")["ingredients"]["san"]["mlm"]
+
+
+def test_a_profile_that_extends_itself_is_one_error(tmp_path, monkeypatch):
+    import platform.config as config
+
+    (tmp_path / "a.yaml").write_text("extends: b\n")
+    (tmp_path / "b.yaml").write_text("extends: a\n")
+    monkeypatch.setattr(config, "PROFILES_DIR", tmp_path)
+    with pytest.raises(ConfigError, match="extends 'a', which extends it back"):
+        config.load_profile("a")

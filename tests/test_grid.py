@@ -37,10 +37,11 @@ def test_the_paper_profiles_first_rung_is_an_eighth_of_a_trial_or_more():  # the
     from platform.run.loop import total_steps
 
     for method in ("simcse", "una", "san", "augcse", "vascl"):
-        cfg = TrainConfig.build(method, "paper")
-        evaluations = total_steps(cfg, 1_000_000) // cfg.eval_steps
-        grace = load_space(cfg).scheduler["grace_period"]
-        assert evaluations / 8 <= grace < evaluations / 2, (method, grace, evaluations)
+        for profile in ("paper", "paper-roberta"):
+            cfg = TrainConfig.build(method, profile)
+            evaluations = total_steps(cfg, 1_000_000) // cfg.eval_steps
+            grace = load_space(cfg).scheduler["grace_period"]
+            assert evaluations / 8 <= grace < evaluations / 2, (method, profile, grace, evaluations)
         assert load_space(TrainConfig.build(method, "local")).scheduler["grace_period"] == 1
 
 
