@@ -62,7 +62,7 @@ class AugCSEParams(Params):
     disc_layers: int = cited(2, "Linear(2d, 4d) + Tanh, ..., Linear(4d, types)")
     spacy_model: str = cited("en_core_web_sm", "the parser of the rule-based augmentations (NL-Augmenter's)")
     nltk_data: str = cited("", "a folder with corpora/wordnet.zip; empty: NLTK's search path ($NLTK_DATA)")
-    generation_seed: int = cited(0, "seeds the masks (and AugCSE's augmentations): generation is reproducible")
+    generation_seed: int = cited(0, "seeds each augmentation's choices (with the sentence) and the one drawn per sentence")
 
     def validate(self) -> None:
         resolve_set(self.augmentations)

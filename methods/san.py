@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from methods.encoder import pretrained_source
-from methods.ingredients import GeneratedColumn, InvalidParams, NegativesSource, Params, check, cited
+from methods.ingredients import GeneratedColumn, InvalidParams, NegativesSource, Params, check, cited, derive_seed
 
 # Cai et al., Table 2: importance of each universal POS tag.
 POS_IMPORTANCE = {
@@ -66,7 +66,7 @@ class SANParams(Params):
     min_chars: int = cited(50, 'the guard\'s "short": the authors\' check_puncts')
     max_punct_ratio: float = cited(0.3, 'the guard\'s "punctuation-heavy": the authors\' check_puncts')
     generation_batch_size: int = cited(64, "our choice: generation speed only")
-    generation_seed: int = cited(0, "seeds the masks (and AugCSE's augmentations): generation is reproducible")
+    generation_seed: int = cited(0, "seeds the masks, with each corpus row: a row's negative is the same on any number of actors")
 
     def validate(self) -> None:
         check([
@@ -194,6 +194,23 @@ def masked_logits(mlm, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
         return mlm(input_ids=input_ids, attention_mask=attention_mask).logits[mask].float()
 
 
+class RowDraws:
+    """The uniform draws of mask-predict for a batch of corpus rows: each row's own stream, seeded
+    from (seed, row), giving one number per real token of the row per call. A row's masks are then
+    the same whatever batch, chunk or actor it falls in (the cluster's size never changes them)."""
+
+    def __init__(self, seed: int, rows) -> None:
+        self.streams = [torch.Generator().manual_seed(derive_seed(seed, "san-mask", int(r))) for r in rows]
+
+    def uniform(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """One number in [0, 1) per real token (1 at padding, never below a probability)."""
+        real = attention_mask.bool().cpu()
+        out = torch.ones(real.shape)
+        for i, stream in enumerate(self.streams):
+            out[i, real[i]] = torch.rand(int(real[i].sum()), generator=stream)
+        return out
+
+
 def mask_predict(
     mlm,
     tokenizer,
@@ -201,7 +218,7 @@ def mask_predict(
     attention_mask: torch.Tensor,
     probs: torch.Tensor,
     rounds: int,
-    generator: torch.Generator,
+    draws: RowDraws,
     sampling: str = "greedy",
     top_k: int = 10,
     return_masks: bool = False,
@@ -219,7 +236,7 @@ def mask_predict(
         if rescore is not None and r > 0:
             probs = rescore(ids)
         probs = probs.masked_fill(~maskable, 0.0)
-        mask = (torch.rand(probs.shape, generator=generator).to(probs.device) < probs) & maskable
+        mask = (draws.uniform(attention_mask).to(probs.device) < probs) & maskable
         none = ~mask.any(dim=1) & maskable.any(dim=1)
         if none.any():
             top = probs.argmax(dim=1)
@@ -231,7 +248,8 @@ def mask_predict(
             pred = logits.argmax(-1)
         else:
             values, idx = logits.topk(top_k, dim=-1)
-            choice = torch.multinomial(values.softmax(-1).cpu(), 1, generator=generator).to(idx.device)
+            u = draws.uniform(attention_mask).to(idx.device)[mask]  # inverse CDF: a row's own draw per position
+            choice = (values.softmax(-1).cumsum(-1) < u[:, None]).sum(-1, keepdim=True).clamp(max=top_k - 1)
             pred = idx.gather(-1, choice).squeeze(-1)
         ids = ids.clone()
         ids[mask] = pred
@@ -290,7 +308,6 @@ class SANNegatives:
         self.tokenizer, self.mlm = load_mlm(self.p.mlm)
         self.mlm = self.mlm.eval().to(self.device).float()
         self.nlp = load_spacy(self.p.spacy_model, parser=self.p.guard == "negation")
-        self.generator = torch.Generator().manual_seed(self.p.generation_seed)
 
     def scores(self, sentences: list[str]) -> list[np.ndarray]:
         if self.p.tagging == "dynamic":
@@ -304,9 +321,12 @@ class SANNegatives:
         lexicon = torch.from_numpy(static_lexicon(self.nlp, self.tokenizer, self.p.subword_tags) / self.p.scale)
         return lexicon.to(ids.device, torch.float32)[ids]
 
-    def generate(self, sentences: list[str]) -> list[str]:
+    def generate(self, sentences: list[str], rows=None) -> list[str]:
+        """The negatives of ``sentences``, the corpus rows ``rows`` (default 0, 1, ...): each row's
+        masks drawn from (``generation_seed``, row)."""
+        rows = np.arange(len(sentences)) if rows is None else np.asarray(rows)
         if self.fidelity == "authors_code":
-            return [self.guard(s, n) for s, n in zip(sentences, self.generate_authors(sentences))]
+            return [self.guard(s, n) for s, n in zip(sentences, self.generate_authors(sentences, rows))]
         out: list[str] = []
         bs = self.p.generation_batch_size
         for start in range(0, len(sentences), bs):
@@ -317,13 +337,14 @@ class SANNegatives:
                 probs[i, : len(s)] = torch.from_numpy(s / self.p.scale)
             ids = mask_predict(
                 self.mlm, self.tokenizer, enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
-                probs.to(self.device), self.p.rounds, self.generator, self.p.sampling, self.p.top_k,
+                probs.to(self.device), self.p.rounds, RowDraws(self.p.generation_seed, rows[start : start + bs]),
+                self.p.sampling, self.p.top_k,
                 rescore=self.retag if self.p.tagging == "static" else None,
             )
             out.extend(self.tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True))
         return [self.guard(s, n) for s, n in zip(sentences, out)]
 
-    def generate_authors(self, sentences: list[str]) -> list[str]:
+    def generate_authors(self, sentences: list[str], rows) -> list[str]:
         """Mask-predict as the authors' code does it, where it differs from ``generate``: a
         sentence without final punctuation gets "."; each round encodes the current text, masks
         each position with its probability (no position forced), takes the MLM's argmax at every
@@ -332,6 +353,7 @@ class SANNegatives:
         texts = [s if s.rstrip()[-1:] in string.punctuation else s.rstrip() + "." for s in sentences]
         special = torch.tensor(self.tokenizer.all_special_ids, device=self.device)
         bs = self.p.generation_batch_size
+        draws = [RowDraws(self.p.generation_seed, rows[start : start + bs]) for start in range(0, len(texts), bs)]
         for _ in range(self.p.rounds):
             out: list[str] = []
             for start in range(0, len(texts), bs):
@@ -342,7 +364,7 @@ class SANNegatives:
                 for i, scores in enumerate(self.scores(chunk)):
                     probs[i, : len(scores)] = torch.from_numpy(scores / self.p.scale)
                 maskable = attention.bool() & ~torch.isin(ids, special)
-                mask = (torch.rand(probs.shape, generator=self.generator).to(self.device) < probs.to(self.device)) & maskable
+                mask = (draws[start // bs].uniform(attention).to(self.device) < probs.to(self.device)) & maskable
                 with torch.no_grad():
                     logits = self.mlm(input_ids=ids.masked_fill(mask, self.tokenizer.mask_token_id),
                                       attention_mask=attention).logits.float()
@@ -359,7 +381,7 @@ class SANNegatives:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         sentences = [str(s) for s in batch["sentence"]]
-        return {**batch, SAN.column: np.asarray(self.generate(sentences), dtype=object)}
+        return {**batch, SAN.column: np.asarray(self.generate(sentences, batch.get("index")), dtype=object)}
 
 
 # ------------------------------------------------------------------------------------------------

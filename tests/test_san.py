@@ -15,6 +15,7 @@ from methods.recipe import Recipe
 from methods.san import (
     POS_IMPORTANCE,
     SAN,
+    RowDraws,
     SANParams,
     dynamic_scores,
     is_degenerate,
@@ -170,7 +171,7 @@ def test_rounds_change_only_masked_positions(tiny_mlm):
     tokenizer, mlm = tiny_mlm
     enc = tokenizer(["the cat sat on the mat", "rain falls in spain today"], padding=True, return_tensors="pt")
     probs = torch.full(enc["input_ids"].shape, 0.4)
-    gen = torch.Generator().manual_seed(0)
+    gen = RowDraws(0, range(2))
     ids = enc["input_ids"]
     special = torch.isin(ids, torch.tensor(tokenizer.all_special_ids))
     for _ in range(4):
@@ -220,7 +221,7 @@ def test_each_round_retags_the_current_text(tiny_mlm):
         return probs
 
     out, masks = mask_predict(mlm, tokenizer, enc["input_ids"], enc["attention_mask"], torch.full(enc["input_ids"].shape, 0.5),
-                              3, torch.Generator().manual_seed(0), return_masks=True, rescore=rescore)
+                              3, RowDraws(0, range(2)), return_masks=True, rescore=rescore)
     assert len(seen) == 2
     assert ((seen[0] != enc["input_ids"]) & ~masks[0]).sum() == 0 and (seen[0] != enc["input_ids"]).any()
     assert ((seen[1] != seen[0]) & ~masks[1]).sum() == 0 and ((out != seen[1]) & ~masks[2]).sum() == 0
@@ -255,3 +256,34 @@ def test_bad_params(kw, message):
         SAN(SANParams(**kw))
     with pytest.raises(InvalidParams, match="tau2 must be > 0"):
         HiNCE(HiNCEParams(tau2=0))
+
+
+@pytest.mark.parametrize("sampling,fidelity", [("greedy", "paper"), ("topk", "paper"), ("greedy", "authors_code")])
+def test_a_rows_negative_is_the_same_in_any_batch_or_actor(tiny_model, tmp_path, sampling, fidelity):
+    """SAN's masks (and top-k choices) are drawn from (generation_seed, corpus row): the corpus cut
+    into other generation batches and handed out in another order, as other actors would get it,
+    gives every row the same negative; another generation seed gives other negatives."""
+    import numpy as np
+    from transformers import BertConfig, BertForMaskedLM
+
+    from methods.encoder import Encoder
+    from methods.san import SANNegatives
+
+    torch.manual_seed(0)
+    tok = Encoder.from_pretrained(str(tiny_model)).tokenizer
+    BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    sents = ["the cat sat on the mat", "rain falls in spain today", "a man plays the guitar on stage",
+             "stocks fell sharply on monday", "she reads a book", "two dogs run across the green field",
+             "the meeting was postponed again", "he cooked pasta for dinner last night", "birds sing",
+             "the train left the station late", "children play in the park", "the old bridge was closed"]
+    params = {"mlm": str(tmp_path), "spacy_model": SPACY, "sampling": sampling, "top_k": 5}
+    whole = SANNegatives({**params, "generation_batch_size": 5}, fidelity=fidelity).generate(sents)
+    actor = SANNegatives({**params, "generation_batch_size": 3}, fidelity=fidelity)
+    pieces = {a: actor({"sentence": np.asarray(sents[a:b], dtype=object), "index": np.arange(a, b)})["san_negative"]
+              for a, b in ((9, 12), (4, 9), (0, 4))}
+    assert [n for a in sorted(pieces) for n in pieces[a]] == whole
+    assert sum(n != s for n, s in zip(whole, sents)) >= 10
+    other = SANNegatives({**params, "generation_batch_size": 5, "generation_seed": 1}, fidelity=fidelity).generate(sents)
+    assert sum(a != b for a, b in zip(other, whole)) >= 3

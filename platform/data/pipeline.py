@@ -149,7 +149,7 @@ class Generators:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         out = {"index": batch["index"]}
         for i, (job, make) in enumerate(self.jobs):
-            made = make({"sentence": batch["sentence"]})
+            made = make({"sentence": batch["sentence"], "index": batch["index"]})  # rows: what draws are keyed by
             out.update({f"{i}:{c}": np.asarray(made[c], dtype=object) for c in job.columns})
         return out
 
