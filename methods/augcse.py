@@ -47,7 +47,7 @@ from methods.augmentations import (
     substitutes,
 )
 from methods.ingredients import AuxTerm, Draws, GeneratedColumn, InvalidParams, Params, StepOutputs, check, cited
-from methods.losses import global_mean
+from methods.losses import global_mean, world_size
 
 # Bump when an augmentation's output changes, so cached generations are not reused.
 AUGMENTATION_VERSION = 1
@@ -100,7 +100,9 @@ class BatchNormProjector(nn.Module):
 
     ``forward(x, reference)``: in training, the batch statistics of the rows ``reference`` marks
     (the step's own batch) normalise every row, and only they update the running statistics: a
-    recipe's negatives are projected with their anchors' statistics, not their own."""
+    recipe's negatives are projected with their anchors' statistics, not their own. Under DDP the
+    statistics are the whole batch's, over every worker (``GlobalMoments``): two GPUs train as one
+    (the authors trained on one)."""
 
     uses_batch_statistics = True
 
@@ -112,8 +114,10 @@ class BatchNormProjector(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, reference: torch.Tensor | None = None) -> torch.Tensor:
-        if reference is None or not self.training:
+        if not self.training or (reference is None and world_size() == 1):
             return self.net(x)
+        if reference is None:  # DDP: every row is the batch's, normalised with the whole batch's moments
+            reference = torch.ones(len(x), dtype=torch.bool, device=x.device)
         for layer in self.net:
             x = batch_norm_from(layer, x, reference) if isinstance(layer, nn.BatchNorm1d) else layer(x)
         return x
@@ -124,14 +128,49 @@ def batch_norm_from(bn: nn.BatchNorm1d, x: torch.Tensor, reference: torch.Tensor
     marks applied to every row of ``x``; the running statistics move with those rows alone, as
     ``nn.BatchNorm1d`` moves them (momentum, unbiased variance)."""
     ref = x[reference]
-    mean, var = ref.mean(0), ref.var(0, unbiased=False)
+    if world_size() > 1:  # the whole batch's moments across DDP workers, as one process computes them
+        mean, var, n = GlobalMoments.apply(ref)
+    else:
+        mean, var, n = ref.mean(0), ref.var(0, unbiased=False), ref.shape[0]
     with torch.no_grad():
-        n = ref.shape[0]
         bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
         bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * var * n / max(n - 1, 1))
         bn.num_batches_tracked += 1
     y = (x - mean) / torch.sqrt(var + bn.eps)
     return y * bn.weight + bn.bias if bn.affine else y
+
+
+class GlobalMoments(torch.autograd.Function):
+    """Mean and biased variance over the rows of every DDP worker (and their number), as
+    ``nn.SyncBatchNorm`` computes them: summed across workers in the forward, and the gradients
+    of the moments summed across workers in the backward, since every worker's loss depends on
+    every worker's rows through them. With the loop's x W and DDP's averaging, the applied gradient
+    is one process's on the whole batch (tested with two gloo workers)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor):
+        import torch.distributed as dist
+
+        sums = torch.cat([rows.sum(0), rows.new_tensor([rows.shape[0]])])
+        dist.all_reduce(sums)
+        n = int(sums[-1])
+        mean = sums[:-1] / n
+        squares = ((rows - mean) ** 2).sum(0)  # about the global mean: as exact as one process's var
+        dist.all_reduce(squares)
+        var = squares / n
+        ctx.save_for_backward(rows, mean)
+        ctx.n = n
+        return mean, var, n
+
+    @staticmethod
+    def backward(ctx, grad_mean: torch.Tensor, grad_var: torch.Tensor, _grad_n):
+        import torch.distributed as dist
+
+        rows, mean = ctx.saved_tensors
+        grads = torch.cat([grad_mean, grad_var])
+        dist.all_reduce(grads)
+        d = rows.shape[1]
+        return grads[:d] / ctx.n + grads[d:] * 2 * (rows - mean) / ctx.n
 
 
 class AugmentationDiscriminator(nn.Module):

@@ -40,32 +40,42 @@ def test_gather_is_identity_without_distributed():
 # Two gloo processes vs one process on the concatenated batch
 
 
+# Each recipe with its random draws outside the data turned off (dropout, SAN's p2, the
+# discriminator's dropout), so one process and two see the same views.
+DDP_PARAMS = {"simcse": {}, "vascl": {"k": 3}, "una": {"alpha": 1}, "san": {"p2": 0.0},
+              "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}}
+
+
 def _build(model_dir, recipe="simcse"):
     from methods.encoder import Encoder
     from methods.recipe import Recipe
 
     torch.manual_seed(0)
-    method = Recipe.named(recipe, **({"k": 3} if recipe == "vascl" else {}))
+    method = Recipe.named(recipe, **DDP_PARAMS[recipe])
     encoder = Encoder.from_pretrained(str(model_dir), dropout=0.0)  # no dropout: deterministic views
     return method, encoder, method.build(encoder)
 
 
-SENTENCES = [
-    "a man is playing a guitar .", "the cat sleeps on the mat .", "stocks fell sharply on monday .",
-    "she reads a book in the garden .", "two dogs run across the field .", "the meeting was postponed again .",
-    "rain is expected tomorrow afternoon .", "he cooked pasta for dinner .",
-]
+def _batch(method, model_dir, rows: slice):
+    """The rows' batch as the training loop gets it (the data pipeline's arrays, collated), with the
+    columns a recipe's data steps add: UNA's and SAN's negatives (one empty), AugCSE's augmentation."""
+    from tests.recipe_reference import COLUMNS, NEGATIVES
+
+    columns = {k: v[rows] for k, v in {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES}.items()}
+    inputs = method.step_inputs(str(model_dir), 32)
+    return inputs.nest(inputs.collate(inputs.arrays(columns)))
 
 
 def _worker(rank, world, model_dir, init_file, out_dir, recipe):
     import torch.distributed as dist
 
+    from tests.recipe_reference import SENTENCES
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     method, encoder, model = _build(model_dir, recipe)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     local = len(SENTENCES) // world
-    batch = {"sentence": encoder.tokenize(SENTENCES[rank * local : (rank + 1) * local], max_len=32)}
-    loss, _ = method.loss(ddp, batch, 0)
+    loss, _ = method.loss(ddp, _batch(method, model_dir, slice(rank * local, (rank + 1) * local)), 0)
     (loss * world).backward()  # exactly what train_loop_per_worker does
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -73,14 +83,15 @@ def _worker(rank, world, model_dir, init_file, out_dir, recipe):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("recipe", ["simcse", "vascl"])
+@pytest.mark.parametrize("recipe", ["simcse", "vascl", "una", "san", "augcse"])
 def test_ddp_two_workers_equal_one_process(tiny_model, recipe):
-    """Also for VaSCL, whose head sees the all-gathered batch: applied to local rows and gathered,
-    its gradient counts every row once (applied to the gathered rows, it was W times too large)."""
+    """Two gloo workers with half the batch each give the loss and the gradient of one process on
+    the whole batch, for every named recipe: VaSCL's head sees the all-gathered batch (applied to
+    local rows and gathered, its gradient counts every row once), UNA's and SAN's negatives join
+    the gathered candidates, AugCSE's projector normalises with the whole batch's statistics and
+    its discriminator's loss is the whole batch's mean."""
     method, encoder, model = _build(tiny_model, recipe)
-    # Pad to the longest sentence of the whole batch in both runs, so inputs are identical.
-    batch = {"sentence": encoder.tokenize(SENTENCES, max_len=32)}
-    loss, _ = method.loss(model, batch, 0)
+    loss, _ = method.loss(model, _batch(method, tiny_model, slice(None)), 0)
     loss.backward()
     ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
