@@ -24,7 +24,9 @@ Tanh between them and a Tanh on its output logits, as the paper's listing and th
 both end it.
 
 Sampling (footnote 6, fixed sampling): each sentence's augmentation is drawn once, from a hash of
-the sentence and ``generation_seed``, so every epoch pairs a sentence with the same augmentation.
+the sentence and the run's seed, so every epoch pairs a sentence with the same augmentation. The
+augmentations' own choices derive from the run's seed too (and the sentence): another seed,
+other augmented columns, generated and cached apart.
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ class AugCSEParams(Params):
     disc_layers: int = cited(2, "Linear(2d, 4d) + Tanh, ..., Linear(4d, types)")
     spacy_model: str = cited("en_core_web_sm", "the parser of the rule-based augmentations (NL-Augmenter's)")
     nltk_data: str = cited("", "a folder with corpora/wordnet.zip; empty: NLTK's search path ($NLTK_DATA)")
-    generation_seed: int = cited(0, "seeds each augmentation's choices (with the sentence) and the one drawn per sentence")
 
     def validate(self) -> None:
         resolve_set(self.augmentations)
@@ -229,12 +230,12 @@ class AugCSE(AuxTerm):
         if any(a.uses_spacy for a in augs):
             load_spacy_parser(self.params.spacy_model)
 
-    def generated_columns(self) -> list[GeneratedColumn]:
+    def generated_columns(self, seed: int = 0) -> list[GeneratedColumn]:
         p = self.params
-        group = {"seed": p.generation_seed, "spacy_model": p.spacy_model, "nltk_data": p.nltk_data}
+        group = {"seed": seed, "spacy_model": p.spacy_model, "nltk_data": p.nltk_data}
         columns = []
         for name in self.names:
-            key = {"augmentation": name, "seed": p.generation_seed, "version": AUGMENTATION_VERSION}
+            key = {"augmentation": name, "seed": seed, "version": AUGMENTATION_VERSION}
             if AUGMENTATIONS[name].uses_spacy:
                 key["spacy_model"] = p.spacy_model  # the parse decides the output
             columns.append(GeneratedColumn(f"aug_{name}", generator="methods.augmentations:AugmentationGenerator",
@@ -247,12 +248,12 @@ class AugCSE(AuxTerm):
 
     def augment(self, batch: dict[str, Any], state: Any, draws: Draws) -> dict[str, Any]:
         """One augmentation per sentence, uniformly from the set and fixed across epochs (footnote
-        6: a hash of the sentence and ``generation_seed``); unchanged text is labelled "no
+        6: a hash of the sentence and the run's seed); unchanged text is labelled "no
         augmentation". The generated ``aug_*`` columns are dropped: the step needs only these."""
         names = np.asarray(self.names, dtype=object)
         sentences = np.asarray(batch["sentence"], dtype=object)
         table = np.stack([np.asarray(batch[f"aug_{n}"], dtype=object) for n in names], axis=1)
-        pick = np.fromiter((sentence_seed(self.params.generation_seed, "augcse-pick", str(s)) % len(names)
+        pick = np.fromiter((sentence_seed(draws.seed, "augcse-pick", str(s)) % len(names)
                             for s in sentences), dtype=np.int64, count=len(sentences))
         augmented = table[np.arange(len(sentences)), pick]
         labels = np.where(augmented == sentences, NO_AUGMENTATION, names[pick]).astype(object)

@@ -201,7 +201,9 @@ class Ingredient:
         """MLflow tags of a run with this ingredient (e.g. an offline substitution it made)."""
         return {}
 
-    def generated_columns(self) -> list[GeneratedColumn]:
+    def generated_columns(self, seed: int = 0) -> list[GeneratedColumn]:
+        """Columns made once per corpus and ``seed`` (the run's: a generator's random draws derive
+        from it and the corpus row, and it is part of the columns' cache key where it matters)."""
         return []
 
     def statistics(self) -> CorpusStatistics | None:

@@ -50,7 +50,7 @@ class ParaphrasePositives(Positives):
     cites = "Shu et al., UNA, Sec. 3.3 (paraphrase positives)"
     column = "paraphrase"
 
-    def generated_columns(self) -> list[GeneratedColumn]:
+    def generated_columns(self, seed: int = 0) -> list[GeneratedColumn]:  # beam search: no draw, no seed
         p = self.params
         if p.paraphrase_cache:
             return [GeneratedColumn("paraphrase", file=p.paraphrase_cache)]

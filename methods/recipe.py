@@ -246,7 +246,7 @@ class Recipe:
             ingredient.preflight()
 
     def generated_columns(self):
-        return [c for ingredient in self.ingredients for c in ingredient.generated_columns()]
+        return [c for ingredient in self.ingredients for c in ingredient.generated_columns(self.seed)]
 
     def with_statistics(self) -> list[Ingredient]:
         """The ingredients that fit corpus statistics (their state is keyed by ingredient name)."""

@@ -66,7 +66,6 @@ class SANParams(Params):
     min_chars: int = cited(50, 'the guard\'s "short": the authors\' check_puncts')
     max_punct_ratio: float = cited(0.3, 'the guard\'s "punctuation-heavy": the authors\' check_puncts')
     generation_batch_size: int = cited(64, "our choice: generation speed only")
-    generation_seed: int = cited(0, "seeds the masks, with each corpus row: a row's negative is the same on any number of actors")
 
     def validate(self) -> None:
         check([
@@ -299,11 +298,11 @@ class SANNegatives:
     ``fidelity="authors_code"``: ``generate_authors``. The MLM runs in float32 (the authors' code;
     the paper is silent)."""
 
-    def __init__(self, params: dict[str, Any], device: str | None = None, fidelity: str = "paper"):
+    def __init__(self, params: dict[str, Any], device: str | None = None, fidelity: str = "paper", seed: int = 0):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        self.p, self.fidelity = SANParams(**params), fidelity
+        self.p, self.fidelity, self.seed = SANParams(**params), fidelity, seed
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer, self.mlm = load_mlm(self.p.mlm)
         self.mlm = self.mlm.eval().to(self.device).float()
@@ -323,7 +322,7 @@ class SANNegatives:
 
     def generate(self, sentences: list[str], rows=None) -> list[str]:
         """The negatives of ``sentences``, the corpus rows ``rows`` (default 0, 1, ...): each row's
-        masks drawn from (``generation_seed``, row)."""
+        masks drawn from (the run's ``seed``, row)."""
         rows = np.arange(len(sentences)) if rows is None else np.asarray(rows)
         if self.fidelity == "authors_code":
             return [self.guard(s, n) for s, n in zip(sentences, self.generate_authors(sentences, rows))]
@@ -337,7 +336,7 @@ class SANNegatives:
                 probs[i, : len(s)] = torch.from_numpy(s / self.p.scale)
             ids = mask_predict(
                 self.mlm, self.tokenizer, enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
-                probs.to(self.device), self.p.rounds, RowDraws(self.p.generation_seed, rows[start : start + bs]),
+                probs.to(self.device), self.p.rounds, RowDraws(self.seed, rows[start : start + bs]),
                 self.p.sampling, self.p.top_k,
                 rescore=self.retag if self.p.tagging == "static" else None,
             )
@@ -353,7 +352,7 @@ class SANNegatives:
         texts = [s if s.rstrip()[-1:] in string.punctuation else s.rstrip() + "." for s in sentences]
         special = torch.tensor(self.tokenizer.all_special_ids, device=self.device)
         bs = self.p.generation_batch_size
-        draws = [RowDraws(self.p.generation_seed, rows[start : start + bs]) for start in range(0, len(texts), bs)]
+        draws = [RowDraws(self.seed, rows[start : start + bs]) for start in range(0, len(texts), bs)]
         for _ in range(self.p.rounds):
             out: list[str] = []
             for start in range(0, len(texts), bs):
@@ -389,7 +388,7 @@ class SANNegatives:
 
 
 _GENERATION_KEYS = ("scale", "rounds", "sampling", "top_k", "mlm", "spacy_model", "tagging", "subword_tags", "guard",
-                    "min_chars", "max_punct_ratio", "generation_batch_size", "generation_seed")
+                    "min_chars", "max_punct_ratio", "generation_batch_size")
 
 
 class SAN(NegativesSource):
@@ -409,8 +408,9 @@ class SAN(NegativesSource):
         load_spacy(self.params.spacy_model, parser=self.params.guard == "negation")
         load_mlm(self.params.mlm)
 
-    def generated_columns(self) -> list[GeneratedColumn]:
-        kwargs: dict[str, Any] = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}}
+    def generated_columns(self, seed: int = 0) -> list[GeneratedColumn]:
+        # The run's seed draws the masks (with each row) and keys the cache: seeds get their own negatives.
+        kwargs: dict[str, Any] = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}, "seed": seed}
         if self.shared is not None and self.shared.fidelity == "authors_code":
             kwargs["fidelity"] = "authors_code"  # negatives of their own, cached under their own key
         return [GeneratedColumn(self.column, generator="methods.san:SANNegatives", kwargs=kwargs)]

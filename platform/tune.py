@@ -211,7 +211,7 @@ def main(argv=None) -> int:
                             "give the same arguments")
     unit.start(base)
     unit.generate_all(base, spec.generation_configs(base, varying), sentences,
-                      ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in varying.items()))
+                      ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in varying.items()), seeds=seeds)
     corpus = unit.prepare(base, sentences, check=False)
     # Searched parameters are checked against the corpus per trial, after clipping the space.
     spec.clip(base.build_recipe().space_limits(corpus.states))

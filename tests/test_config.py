@@ -82,7 +82,7 @@ def test_ingredient_params_never_shadow_common_or_shared_keys():
 
 
 def test_a_key_two_ingredients_declare_is_one_setting_of_one_type_and_default():
-    """Such a key (spacy_model, generation_seed) is set on both at once; it must mean the same."""
+    """Such a key (spacy_model) is set on both at once; it must mean the same."""
     seen: dict[str, tuple] = {}
     for choices in INGREDIENTS.values():
         for ingredient in choices.values():

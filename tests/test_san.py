@@ -260,9 +260,9 @@ def test_bad_params(kw, message):
 
 @pytest.mark.parametrize("sampling,fidelity", [("greedy", "paper"), ("topk", "paper"), ("greedy", "authors_code")])
 def test_a_rows_negative_is_the_same_in_any_batch_or_actor(tiny_model, tmp_path, sampling, fidelity):
-    """SAN's masks (and top-k choices) are drawn from (generation_seed, corpus row): the corpus cut
+    """SAN's masks (and top-k choices) are drawn from (the run's seed, corpus row): the corpus cut
     into other generation batches and handed out in another order, as other actors would get it,
-    gives every row the same negative; another generation seed gives other negatives."""
+    gives every row the same negative; another seed gives other negatives."""
     import numpy as np
     from transformers import BertConfig, BertForMaskedLM
 
@@ -285,5 +285,35 @@ def test_a_rows_negative_is_the_same_in_any_batch_or_actor(tiny_model, tmp_path,
               for a, b in ((9, 12), (4, 9), (0, 4))}
     assert [n for a in sorted(pieces) for n in pieces[a]] == whole
     assert sum(n != s for n, s in zip(whole, sents)) >= 10
-    other = SANNegatives({**params, "generation_batch_size": 5, "generation_seed": 1}, fidelity=fidelity).generate(sents)
+    other = SANNegatives({**params, "generation_batch_size": 5}, fidelity=fidelity, seed=1).generate(sents)
     assert sum(a != b for a, b in zip(other, whole)) >= 3
+
+
+def test_each_seed_has_its_own_negatives_in_the_cache(tiny_model, tmp_path, monkeypatch):
+    """A run's seed draws SAN's masks and keys their cache entry: seed 43 generates negatives of its
+    own beside seed 42's; seed 42 again reads its entry (no second generation)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from methods.encoder import Encoder
+    from methods.recipe import Recipe
+    from platform.data.columns import corpus_columns
+
+    monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    tok = Encoder.from_pretrained(str(tiny_model)).tokenizer
+    BertForMaskedLM(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(tmp_path / "mlm")
+    tok.save_pretrained(tmp_path / "mlm")
+    sents = [f"the {w} cat sat on the mat near the old house number {i}" for i, w in enumerate(["black", "white", "grey", "tall", "small", "lazy"])]
+
+    def negatives(seed):
+        recipe = Recipe.named("san", mlm=str(tmp_path / "mlm"), spacy_model=SPACY)
+        recipe.seed = seed
+        return corpus_columns(recipe, sents, use_ray=False)["san_negative"].to_pylist()
+
+    first, other = negatives(42), negatives(43)
+    assert sum(a != b for a, b in zip(first, other)) >= 3
+    entries = sorted((tmp_path / "cache").glob("gen-san_negative-*"))
+    assert len(entries) == 2
+    stamps = [(e / "COMPLETE").stat().st_mtime_ns for e in entries]
+    assert negatives(42) == first and [(e / "COMPLETE").stat().st_mtime_ns for e in entries] == stamps

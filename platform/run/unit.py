@@ -101,12 +101,22 @@ def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True, generate
     return corpus
 
 
-def generate_all(base: TrainConfig, configs: list[TrainConfig], sentences: list[str], what: str) -> None:
+def seed_corpus(cfg: TrainConfig, scfg: TrainConfig, corpus: CorpusData, generate: bool) -> CorpusData:
+    """The corpus a seed trains on: ``cfg``'s, unless the recipe generates columns from the seed
+    (SAN's masks, AugCSE's choices), which each seed has of its own (a trial's were made before it)."""
+    if [c.kwargs for c in scfg.build_recipe().generated_columns()] == [c.kwargs for c in cfg.build_recipe().generated_columns()]:
+        return corpus
+    return prepare(scfg, corpus.columns["sentence"].to_pylist(), check=False, generate=generate)
+
+
+def generate_all(base: TrainConfig, configs: list[TrainConfig], sentences: list[str], what: str,
+                 seeds: int = 1) -> None:
     """The generated columns of ``base`` and of every configuration in ``configs`` (a sweep's
-    searched generation values, ``what``) that the cache lacks, made in one pass over the corpus
-    by the cluster's actors, said before and timed."""
+    searched generation values, ``what``), for each of ``seeds`` seeds, that the cache lacks, made
+    in one pass over the corpus by the cluster's actors, said before and timed."""
     digest = sentences_digest(sentences)
-    pending = missing_generations([cfg.build_recipe() for cfg in [base, *configs]], digest)
+    pending = missing_generations([c.with_values({"seed": s}, source="--seeds").build_recipe()
+                                   for c in [base, *configs] for s in seed_values(c, seeds)], digest)
     if not pending:
         return
     columns = ", ".join(dict.fromkeys(c for job, _ in pending for c in job.columns))
@@ -204,6 +214,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int,
             raise DataError("training finished without a checkpoint (no STS-B dev evaluation ran)")
         return SeedFit(seed, run, out)
     scfg = cfg.with_values({"seed": seed}, source="--seeds")
+    corpus = seed_corpus(cfg, scfg, corpus, generate=not run.in_trial)
     seed_name = f"{name}-seed{seed}"
     found = _seed_run(run, seed)
     if found is not None and found.info.status == "FINISHED" and checkpoint_exists(found.data.tags.get("best_checkpoint")):
