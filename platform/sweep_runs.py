@@ -252,8 +252,8 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     numbers = {winner_key(k): v for k, v in {**result.dev, **{f"sts_{k}": v for k, v in (result.scores or {}).items()}}.items()}
     if baseline:
         tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in result.scores]
-        numbers.update({f"baseline_sts_{t}": baseline[t] for t in tasks})
-        numbers.update({f"delta_sts_{t}": result.scores[t] - baseline[t] for t in tasks})
+        numbers.update({f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks})
+        numbers.update({f"vs_backbone/delta_sts_{t}": result.scores[t] - baseline[t] for t in tasks})
         parent.log_text(comparison_table(result.scores, baseline, best_backbone(result.checkpoint)),
                         "sts_vs_backbone.md")
     recorder.log_results(parent, numbers, step)
@@ -284,7 +284,7 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
     experiment = parent.experiment_id or best.info().info.experiment_id
     dev = result.dev
     spread = f" ± {dev[BEST + '_std']:.2f} over {len(result.fits)} seeds" if BEST + "_std" in dev else ""
-    lines = [f"**Best trial:** [{best.name}](#/experiments/{experiment}/runs/{best.id}) with "
+    lines = [f"**Best trial:** [{best.name}]({store.ui_route(f'#/experiments/{experiment}/runs/{best.id}')}) with "
              + (", ".join(f"`{k}={v}`" for k, v in won.items()) or "no searched value") + ".",
              f"**STS-B dev** (Spearman x100): {dev[BEST]:.2f}{spread}."]
     if baseline and result.scores:
@@ -293,12 +293,13 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
         lines.append(f"**STS, 7 tasks (avg):** {result.scores['avg']:.2f}, {delta:+.2f} against the untouched "
                      f"backbone `{backbone}` ({baseline['avg']:.2f}):")
         lines.append(comparison_table(result.scores, baseline, backbone))
-    lines.append(f"**Trials:** [the view of this sweep's trials](#/experiments/{experiment}/runs?viewStateShareKey="
-                 f"sweep-{parent.id}) (searched values and {DEV_METRIC}); `sweep_summary.csv` and `plots/` in the "
+    view = store.ui_route(f"#/experiments/{experiment}/runs?viewStateShareKey=sweep-{parent.id}")
+    lines.append(f"**Trials:** [the view of this sweep's trials]({view}) (searched values and {DEV_METRIC}); "
+                 "`sweep_summary.csv` and `plots/` in the "
                  "artifacts.")
     if "/" in registered:
         name, version = registered.split("/", 1)
-        lines.append(f"**Registered:** [{name} version {version}](#/models/{name}/versions/{version}); load it with "
+        lines.append(f"**Registered:** [{name} version {version}]({store.ui_route(f'#/models/{name}/versions/{version}')}); load it with "
                      f"`mlflow.sentence_transformers.load_model(\"models:/{name}/{version}\")`.")
     lines += [f"*{note}*" for note in notes]
     return "\n\n".join(lines)

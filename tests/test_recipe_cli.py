@@ -158,20 +158,23 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     parent = parents[0]
     best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
     assert {k: parent.data.tags[f"best.{k}"] for k in searched} == {k: param(best, k) for k in searched}
-    comparison = ("baseline_sts_", "delta_sts_")  # the backbone's table: on the parent and on the winner
+    comparison = ("vs_backbone/baseline_sts_", "vs_backbone/delta_sts_")  # the backbone's table: on the parent and on the winner
     assert not set(parent.data.params) & searched
     assert not {k for k in parent.data.metrics if not k.startswith(comparison)} & set(best.data.metrics)
     assert parent.data.tags["searched"].split(",") == sorted(searched, key=parent.data.tags["searched"].split(",").index)
     step = int(best.data.tags["best_step"])
-    for key in ("best.sts_avg", "best.stsb_dev_spearman", "baseline_sts_avg", "delta_sts_avg"):
+    for key in ("best.sts_avg", "best.stsb_dev_spearman", "vs_backbone/baseline_sts_avg", "vs_backbone/delta_sts_avg"):
         assert [m.step for m in c.get_metric_history(parent.info.run_id, key)] == [step] and step > 0, key
     assert parent.data.metrics["best.stsb_dev_spearman"] == best.data.metrics["best_stsb_dev_spearman"]
     note = parent.data.tags["mlflow.note.content"]
-    assert f"runs/{best.info.run_id})" in note and "#/models/recipe-negatives-una-san-loss-hince-aux-vascl-encoder/versions/1" in note
+    # Links open MLflow's UI in its model-training mode (3.17 defaults to GenAI and reads the link's workflowType).
+    assert f"runs/{best.info.run_id}?workflowType=machine_learning)" in note
+    assert "#/models/recipe-negatives-una-san-loss-hince-aux-vascl-encoder/versions/1?workflowType=machine_learning" in note
     # The closing block: where everything is and how to browse it.
     closing = proc.stdout[proc.stdout.index("sweep finished"):]
     for needle in (f"best trial:   trial-{best.data.tags['trial_id']}", "checkpoint:", "models:/recipe-negatives-",
-                   f"sweep_summary.csv and plots/ in MLflow run {parent.info.run_id}", "mlflow ui --backend-store-uri"):
+                   f"sweep_summary.csv and plots/ in MLflow run {parent.info.run_id}", "mlflow ui --backend-store-uri",
+                   f"http://127.0.0.1:5000/#/experiments/{parent.info.experiment_id}?workflowType=machine_learning"):
         assert needle in closing, needle
     assert "against the untouched backbone" in proc.stdout
     # One line per trial start and end in the runs' own words, no Tune status boxes; short overall.

@@ -63,10 +63,10 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     # Against the untouched backbone (same pooler): on the console, on the run, in the model card.
     assert "against the untouched backbone" in proc.stdout and "difference" in proc.stdout
     m = run.data.metrics
-    assert m["delta_sts_avg"] == pytest.approx(m["sts_avg"] - m["baseline_sts_avg"], abs=1e-6)
+    assert m["vs_backbone/delta_sts_avg"] == pytest.approx(m["sts_avg"] - m["vs_backbone/baseline_sts_avg"], abs=1e-6)
     from platform.run.finalize import baseline_sts
 
-    assert baseline_sts(str(tiny_model), pooler)["avg"] == pytest.approx(m["baseline_sts_avg"], abs=1e-9)
+    assert baseline_sts(str(tiny_model), pooler)["avg"] == pytest.approx(m["vs_backbone/baseline_sts_avg"], abs=1e-9)
     assert run.data.tags["smoke"] == champion.tags["smoke"] == "true" and "smoke test" in proc.stdout
     folder = mlflow.artifacts.download_artifacts(model_uri, dst_path=str(tmp_path / "logged"))
     card = open(f"{folder}/model.sentence_transformer/README.md").read()

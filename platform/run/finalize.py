@@ -20,7 +20,7 @@ from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint, storage
 from platform.tracking import recorder, registry
 from platform.tracking.runs import BEST, DEV_METRIC, Run
-from platform.tracking.store import git_commit
+from platform.tracking.store import git_commit, ui_route
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = Non
 
 def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False) -> dict[str, float]:
     """The trained model's table beside its backbone's (same pooler) and the difference, printed
-    (unless ``quiet``) and logged on ``run`` (``baseline_sts_<task>``, ``delta_sts_<task>``); returns the baseline."""
+    (unless ``quiet``) and logged on ``run`` (``vs_backbone/baseline_sts_<task>``, ``vs_backbone/delta_sts_<task>``: their own section of MLflow's charts, after the training curves); returns the baseline."""
     state = read_state_at(location)
     config = state.get("config", {})
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
@@ -165,8 +165,8 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
         print("\n".join(lines), flush=True)
         if why:
             print(f"note: a smoke test, not a result ({why})", flush=True)
-    recorder.log_results(run, {**{f"baseline_sts_{t}": baseline[t] for t in tasks},
-                               **{f"delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
+    recorder.log_results(run, {**{f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks},
+                               **{f"vs_backbone/delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
     run.set_tags({"baseline": f"{backbone} (pooler {pooler}) STS avg {baseline['avg']:.2f}"} if "avg" in baseline else {})
     return baseline
 
@@ -270,7 +270,7 @@ def version_description(run: Run, name: str, version: str, state: dict, scores: 
     backbone = config.get("model", "?")
     spread = f" (mean of {about.seeds} seeds)" if about.seeds > 1 else ""
     lines = [f"**{name} version {version}**: the best checkpoint (step {state['step']}) of run "
-             f"[{info.run_name}](#/experiments/{info.experiment_id}/runs/{run.id}), recipe `{state['recipe']}`, "
+             f"[{info.run_name}]({ui_route(f'#/experiments/{info.experiment_id}/runs/{run.id}')}), recipe `{state['recipe']}`, "
              f"from `{backbone}` on `{about.corpus}`."]
     if about.searched:
         lines.append("**Searched values (the sweep's winner):** "

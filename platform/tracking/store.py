@@ -50,6 +50,13 @@ def tracking_uri() -> str:
     return uri
 
 
+def ui_route(route: str) -> str:
+    """A link into MLflow's UI (``#/experiments/...``) that opens it in its model-training mode:
+    MLflow 3.17's sidebar switch (GenAI | Model training) defaults to GenAI and takes the mode from
+    the link's ``workflowType``, not from the experiment's kind tag."""
+    return route + ("&" if "?" in route else "?") + "workflowType=machine_learning"
+
+
 def redact(uri: str) -> str:
     """The URI with its credentials masked, for messages and logs."""
     return errors.redact(uri)
