@@ -142,6 +142,28 @@ def test_generator_parses_once_and_adds_one_column_per_augmentation(data_root):
     assert out["aug_yoda_perturbation"][1] == "!!!"
 
 
+def test_augmented_columns_are_the_seeds_whatever_the_batches(data_root, small_corpus):
+    """AugCSE's generated columns: one seed gives every sentence the same augmentations however the
+    corpus is cut into batches (as actors get it), another seed gives other ones."""
+    import numpy as np
+
+    from platform.data import read_corpus
+
+    sents = read_corpus(small_corpus)[:60]
+    columns = ["aug_random_swap", "aug_synonym_substitution", "aug_random_delete"]
+
+    def made(seed, cuts):
+        gen = AugmentationGenerator(columns, seed=seed, spacy_model=SPACY, nltk_data=str(data_root / "nltk_data"))
+        parts = {a: gen({"sentence": np.asarray(sents[a:b], dtype=object), "index": np.arange(a, b)})
+                 for a, b in list(zip(cuts, cuts[1:]))[::-1]}  # the last batch first, as another actor may
+        return {c: [x for a in sorted(parts) for x in parts[a][c]] for c in columns}
+
+    whole, cut = made(42, [0, 60]), made(42, [0, 7, 33, 60])
+    assert whole == cut
+    other = made(43, [0, 60])
+    assert all(sum(a != b for a, b in zip(whole[c], other[c])) >= 10 for c in columns), other
+
+
 def test_a_named_set_says_which_augmentations_it_substitutes():
     """A run whose set stands in for the authors' augmentations is tagged with which (as SAN's
     random-weight MLM runs are); a list of names says what it is."""
