@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from methods.encoder import pretrained_source
-from methods.ingredients import GeneratedColumn, InvalidParams, NegativesSource, Params, check, cited, derive_seed
+from methods.ingredients import (GeneratedColumn, InvalidParams, NegativesSource, Params, check, cited,
+                                 counter_uniforms, derive_seed)
 
 # Cai et al., Table 2: importance of each universal POS tag.
 POS_IMPORTANCE = {
@@ -194,20 +195,20 @@ def masked_logits(mlm, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
 
 
 class RowDraws:
-    """The uniform draws of mask-predict for a batch of corpus rows: each row's own stream, seeded
-    from (seed, row), giving one number per real token of the row per call. A row's masks are then
-    the same whatever batch, chunk or actor it falls in (the cluster's size never changes them)."""
+    """The uniform draws of mask-predict for a batch of corpus rows: each a fixed function of (seed,
+    row, call, the token's place among the row's real tokens), by ``counter_uniforms`` as UNA's
+    draws. A row's masks are then the same whatever batch, chunk or actor it falls in (the
+    cluster's size never changes them)."""
 
     def __init__(self, seed: int, rows) -> None:
-        self.streams = [torch.Generator().manual_seed(derive_seed(seed, "san-mask", int(r))) for r in rows]
+        self.seed, self.rows, self.calls = derive_seed(seed, "san-mask"), np.asarray(rows, dtype=np.int64), 0
 
     def uniform(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """One number in [0, 1) per real token (1 at padding, never below a probability)."""
-        real = attention_mask.bool().cpu()
-        out = torch.ones(real.shape)
-        for i, stream in enumerate(self.streams):
-            out[i, real[i]] = torch.rand(int(real[i].sum()), generator=stream)
-        return out
+        real = attention_mask.bool().cpu().numpy()
+        u = counter_uniforms(self.seed, self.rows[:, None], self.calls, real.cumsum(1) - 1)
+        self.calls += 1
+        return torch.from_numpy(np.where(real, u, 1.0)).float()
 
 
 def mask_predict(
