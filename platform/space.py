@@ -181,8 +181,9 @@ def read_file(path: Path, profile: str) -> SearchSpace:
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
     per_profile = raw.get("profiles") or {}
-    # A profile that extends another (paper-roberta: paper) takes the nearest one's sweep settings.
-    raw = {**raw, **next((per_profile[p] or {} for p in profile_lineage(profile) if p in per_profile), {})}
+    # A profile that extends another (paper-roberta: paper) takes its settings, then its own on top.
+    for name in reversed(profile_lineage(profile)):
+        raw = {**raw, **(per_profile.get(name) or {})}
     settings = {k: raw[k] for k in SETTINGS if k in raw}
     spec = SearchSpace(space={}, grids=dict(raw.get("grids") or {}), source=str(path), **settings)
     if spec.mode not in ("max", "min"):

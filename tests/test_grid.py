@@ -42,6 +42,7 @@ def test_the_paper_profiles_first_rung_is_an_eighth_of_a_trial_or_more():  # the
             evaluations = total_steps(cfg, 1_000_000) // cfg.eval_steps
             grace = load_space(cfg).scheduler["grace_period"]
             assert evaluations / 8 <= grace < evaluations / 2, (method, profile, grace, evaluations)
+            assert load_space(cfg).num_samples == 16  # paper-roberta takes the paper's sweep size, its rungs its own
         assert load_space(TrainConfig.build(method, "local")).scheduler["grace_period"] == 1
 
 

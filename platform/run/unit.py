@@ -214,11 +214,11 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int,
             raise DataError("training finished without a checkpoint (no STS-B dev evaluation ran)")
         return SeedFit(seed, run, out)
     scfg = cfg.with_values({"seed": seed}, source="--seeds")
-    corpus = seed_corpus(cfg, scfg, corpus, generate=not run.in_trial)
     seed_name = f"{name}-seed{seed}"
     found = _seed_run(run, seed)
     if found is not None and found.info.status == "FINISHED" and checkpoint_exists(found.data.tags.get("best_checkpoint")):
         return SeedFit(seed, Run(run.uri, found.info.run_id, seed_name), _fit_result(found))  # a resumed configuration
+    corpus = seed_corpus(cfg, scfg, corpus, generate=not run.in_trial)  # read only for a seed that trains
     seed_run = (Run.reopen(run.uri, found.info.run_id, run.in_trial) if found is not None
                 else run.child(seed_name, {**run_tags(scfg), "seed": str(seed)}))
     with seed_run.closing():
