@@ -219,6 +219,24 @@ class Topology:
             summary = json.loads(resp.read())["data"]["summary"]
         return [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
 
+    def state(self) -> str:
+        """Ray's view of the cluster (nodes, placement groups, live actors) for a failure message."""
+        lines = []
+        for kind, query in (("nodes", "nodes?limit=100"), ("placement_groups", "placement_groups?limit=100&detail=1"),
+                            ("actors", "actors?limit=200&detail=1")):
+            request = urllib.request.Request(f"{self.dashboard}/api/v0/{query}",
+                                             headers={"Authorization": f"Bearer {self.ray_token}"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as resp:
+                    rows = json.loads(resp.read())["data"]["result"]["result"]
+            except Exception as exc:  # noqa: BLE001 - a diagnostic never hides the failure it explains
+                lines.append(f"{kind}: unreadable ({exc})")
+                continue
+            keep = ("node_id", "state", "class_name", "name", "resources_total", "bundles", "strategy", "death_cause")
+            lines += [f"{kind}: " + json.dumps({k: r[k] for k in keep if r.get(k) not in (None, "", [])}, default=str)[:600]
+                      for r in rows if kind != "actors" or r.get("state") != "DEAD"]
+        return "\n".join(lines)
+
     def wait_for_nodes(self, count: int, timeout: float = 120.0) -> None:
         _wait(f"{count} Ray nodes", lambda: len(self.alive_nodes()) >= count, timeout=timeout)
 
