@@ -41,6 +41,17 @@ def _isolated_env(tmp_path_factory):
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_env():
+    """Each module starts from the session's environment: an in-process ``ray.init`` exports
+    ``RAY_AUTH_MODE=token`` (Ray 2.60), and a later module's ``ray start --head`` with a HOME of
+    its own then finds no token for it."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer, 32-d BERT with random weights and the packaged MiniLM (uncased) tokenizer."""
@@ -95,3 +106,16 @@ def cli():
     from tests.helpers import run_main
 
     return run_main
+
+
+# The modules that take longest (minutes, mostly Ray Train and Tune starting their processes), in
+# that order; the suite runs modules in parallel processes (pytest-xdist, one module to a process),
+# and handing these out first lets the processes finish together.
+SLOWEST_FIRST = ["test_multinode", "test_grid", "test_cluster_join", "test_recipe_cli", "test_interrupts",
+                 "test_tracking_outage", "test_cluster_job", "test_reliability", "test_seeds", "test_postgres",
+                 "test_cluster_aws", "test_una_cli", "test_san_cli", "test_paraphrase", "test_losses", "test_report"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))  # stable: in-module order kept
