@@ -212,11 +212,13 @@ class Topology:
         """Each hidden folder of the head -> the empty folder worker ``i`` sees in its place."""
         return {path: self.base / f"worker{i}" / f"disk{k}" for k, path in enumerate(self.hidden)}
 
+    def _dashboard_get(self, path: str, timeout: float = 5) -> dict:
+        request = urllib.request.Request(f"{self.dashboard}/{path}", headers={"Authorization": f"Bearer {self.ray_token}"})
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read())["data"]
+
     def alive_nodes(self) -> list[dict]:
-        request = urllib.request.Request(self.dashboard + "/nodes?view=summary",
-                                         headers={"Authorization": f"Bearer {self.ray_token}"})
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            summary = json.loads(resp.read())["data"]["summary"]
+        summary = self._dashboard_get("nodes?view=summary")["summary"]
         return [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
 
     def state(self) -> str:
@@ -224,11 +226,8 @@ class Topology:
         lines = []
         for kind, query in (("nodes", "nodes?limit=100"), ("placement_groups", "placement_groups?limit=100&detail=1"),
                             ("actors", "actors?limit=200&detail=1")):
-            request = urllib.request.Request(f"{self.dashboard}/api/v0/{query}",
-                                             headers={"Authorization": f"Bearer {self.ray_token}"})
             try:
-                with urllib.request.urlopen(request, timeout=10) as resp:
-                    rows = json.loads(resp.read())["data"]["result"]["result"]
+                rows = self._dashboard_get(f"api/v0/{query}", timeout=10)["result"]["result"]
             except Exception as exc:  # noqa: BLE001 - a diagnostic never hides the failure it explains
                 lines.append(f"{kind}: unreadable ({exc})")
                 continue
