@@ -22,7 +22,7 @@ from typing import Any
 from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
-from platform.run import storage, unit
+from platform.run import ray_env, storage, unit
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.sweep_runs import Sweep, TrialRuns, finish_sweep, new_sweep, resumable_sweep, sweep_state, trial_runs
@@ -121,7 +121,13 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
             # when it starts, one per evaluation, and one when it ends, in its MLflow run's words.
             run_config=tune.RunConfig(name="tune", storage_path=sweep.folder, callbacks=callbacks, verbose=0),
         )
-    return tuner.fit()
+    try:
+        return tuner.fit()
+    finally:
+        released = ray_env.release_reservations()
+        if released:
+            print(f"note: released {len(released)} placement group(s) that stopped trials left reserved on the cluster",
+                  flush=True)
 
 
 def saved_trial_states(folder: str) -> dict[str, str]:

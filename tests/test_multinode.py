@@ -98,6 +98,7 @@ def sweep(topology, tiny_model, small_corpus, tmp_path_factory):
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
     out["stopped"] = (proc.returncode, stdout, stderr)
+    out["reserved_after_stop"] = topo.reserved()  # the driver has exited: its job's groups released
     release_barrier(barrier)
     out["after_stop"] = runs_of(topo.tracking_uri, "una")[1]
     resumed = _driver(topology, "tune", [*args, "--resume"])
@@ -124,6 +125,9 @@ def test_sigterm_stops_a_sweep_as_ctrl_c(sweep):
     assert status == {sweep["first"].data.tags["trial_id"]: "FINISHED", "parent": "KILLED",
                       **{t: "KILLED" for t in status if t not in ("parent", sweep["first"].data.tags["trial_id"])}}
     assert len(status) == 3
+    # Nothing of the sweep stays reserved on the cluster (a trial stopped while Ray Train restarted
+    # its worker group once left a group holding a worker's CPU after its job had ended).
+    assert sweep["reserved_after_stop"] == [], sweep["reserved_after_stop"]
 
 
 def test_the_resumed_sweep_continues_the_cut_trial_in_its_run(sweep):
@@ -221,6 +225,7 @@ def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_
     run finishes with a clean metric history (every step and every evaluation once). Runs last: it
     takes a node down (and brings it back for whatever runs after)."""
     topo, _ = topology
+    assert topo.reserved() == [], "the cluster holds placement groups from earlier runs: the group cannot restart"
     steps, eval_steps = 48, 8
     barrier = tmp_path / "barrier"
     held = _barrier(barrier, step=20)

@@ -88,6 +88,38 @@ def test_the_jobs_processes_ask_their_own_cluster(local_ray):
     assert poll == "0.5"
 
 
+def test_a_sweeps_end_releases_what_its_job_still_holds(local_ray):
+    """``release_reservations`` (the end of every sweep) removes the placement groups the driver's
+    job still holds, and only those: a group another job holds on the cluster stays."""
+    from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+    from ray.util.state import list_placement_groups
+
+    from platform.run.ray_env import release_reservations
+
+    ray = local_ray
+    ours = placement_group([{"CPU": 0.1}])
+    ray.get(ours.ready(), timeout=60)
+    gcs = ray.get_runtime_context().gcs_address
+    other_job = subprocess.Popen([sys.executable, "-c", (
+        "import ray, time; from ray.util.placement_group import placement_group;"
+        f"ray.init(address={gcs!r}); g = placement_group([{{'CPU': 0.1}}], lifetime='detached');"
+        "ray.get(g.ready()); print(g.id.hex(), flush=True); time.sleep(600)")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    theirs = ""
+    try:
+        theirs = other_job.stdout.readline().strip()
+        assert theirs, "the other job made no placement group"
+        assert release_reservations(settle_s=0) == [ours.id.hex()]
+        assert placement_group_table(ours)["state"] == "REMOVED"
+        states = {g.placement_group_id: g.state for g in list_placement_groups(address=gcs, detail=True)}
+        assert states[theirs] == "CREATED"
+    finally:
+        other_job.kill()
+        other_job.wait()
+        if theirs:  # detached: it would outlive its job and hold a CPU share from this module's other tests
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(theirs))))
+
+
 def test_ray_tasks_and_data_import_the_package(small_corpus, local_ray):
     ray = local_ray
 

@@ -236,6 +236,11 @@ class Topology:
                       for r in rows if kind != "actors" or r.get("state") != "DEAD"]
         return "\n".join(lines)
 
+    def reserved(self) -> list[dict]:
+        """The placement groups that hold (or wait for) resources: neither removed nor done."""
+        rows = self._dashboard_get("api/v0/placement_groups?limit=100&detail=1", timeout=10)["result"]["result"]
+        return [r for r in rows if r.get("state") != "REMOVED"]
+
     def wait_for_nodes(self, count: int, timeout: float = 120.0) -> None:
         _wait(f"{count} Ray nodes", lambda: len(self.alive_nodes()) >= count, timeout=timeout)
 
