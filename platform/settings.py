@@ -40,7 +40,8 @@ DEFAULTS = {
     "RAY_DEDUP_LOGS_ALLOW_REGEX": r"step \d+/\d+  loss ",
     # Lines of Ray's own processes that are not the user's to act on (they stay in Ray's log files):
     # worker-group placement, Ray Data's execution notes, Ray-internal deprecations, ray#53727's
-    # actor-restart caveat, the raylet's hint about the fractional CPUs the platform asks for.
+    # actor-restart caveat, the raylet's hint about the fractional CPUs the platform asks for, and
+    # abseil's note that a lock waited long (a loaded machine, not a fault).
     "RAY_DEDUP_LOGS_SKIP_REGEX": "|".join([
         r"Requesting resources: ", r"Attempting to start training worker group", r"Started training worker group",
         r"world_rank=\d+, local_rank=\d+", r"Setting up process group for",
@@ -48,6 +49,7 @@ DEFAULTS = {
         r"RayDeprecationWarning", r"self\.exclude_resources = exclude_resources", r"Starting execution of Dataset",
         r"Execution plan of Dataset", r"Progress bars (for operators )?disabled", r"A new progress UI is available",
         r"Dataset \S+ execution finished in", r"PYTHON worker processes have been started on node",
+        r"RAW: Lock blocking",
     ]),
     # Without a terminal Ray Data logs progress as a block of lines: once a minute, not every 10 s.
     "RAY_DATA_NON_TTY_PROGRESS_LOG_INTERVAL": "60",

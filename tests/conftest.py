@@ -37,6 +37,15 @@ def _isolated_env(tmp_path_factory):
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["PLATFORM_DATA_DIR"] = str(_data_root())
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The suite's processes share the cores: torch's OpenMP threads, one per core in each test
+        # process and in each command it starts, spin against the other process's (a process-runtime
+        # train took 90 s beside the other process instead of 23 s alone). Ray's workers already run
+        # with one thread each.
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
     yield
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
