@@ -12,7 +12,7 @@ import pytest
 
 from methods.recipe import Recipe
 from platform.config import TrainConfig
-from platform.run.loop import local_batches
+from platform.run.loop import local_batches, ray_collate
 
 GROUPS, SIZE, BATCH = 1024, 64, 32
 CORPUS = {"sentence": [f"g{g}-{i}" for g in range(GROUPS) for i in range(SIZE)]}
@@ -121,7 +121,7 @@ def test_ray_data_hands_the_step_the_tensors_the_local_pipeline_makes(local_ray,
     recipe, states = Recipe.named("una", r=2), {"una": fit_tfidf(sentences)}
     inputs = recipe.step_inputs(str(tiny_model), 12)  # short enough that long rows are truncated
     ds = epoch_datasets(recipe, {"sentence": sentences}, states, epochs=1, seed=3, inputs=inputs)["train_0"]
-    got = [inputs.nest(b) for b in ds.iter_torch_batches(batch_size=16, drop_last=True, collate_fn=inputs.collate)]
+    got = [inputs.nest(b) for b in ds.iter_torch_batches(batch_size=16, drop_last=True, collate_fn=ray_collate(inputs))]
     cfg = TrainConfig.build("una", "local", {"batch_size": 16, "num_workers": 1, "seed": 3})
     want = [inputs.nest(inputs.collate(inputs.arrays(recipe.augment(b, states, 0))))
             for b in local_batches({"sentence": sentences}, cfg, 0, 1, epoch=0)]

@@ -445,7 +445,7 @@ class RayTrainRuntime(Runtime):
         # Ray Data; Ray collates the next batch in its prefetch thread and moves it to the device.
         shard = ray.train.get_dataset_shard(f"train_{epoch}")
         for flat in shard.iter_torch_batches(batch_size=self.cfg.batch_size // self.world, drop_last=True,
-                                             collate_fn=inputs.collate, device=self.device,
+                                             collate_fn=ray_collate(inputs), device=self.device,
                                              pin_memory=self.device.type == "cuda"):
             yield inputs.nest(flat)
 
@@ -569,3 +569,15 @@ def local_batches(
         idx = perm[start + rank * local : start + (rank + 1) * local]
         rows = table.take(idx)
         yield {"row": idx, **{k: rows.column(k).to_numpy(zero_copy_only=False) for k in rows.column_names}}
+
+
+def ray_collate(inputs):
+    """``inputs.collate`` as Ray Data's collate class for ``iter_torch_batches`` (Ray 2.47 deprecates
+    a plain function there); Ray still moves its tensors to the device in its prefetch thread."""
+    from ray.data.collate_fn import NumpyBatchCollateFn
+
+    class Collate(NumpyBatchCollateFn):
+        def __call__(self, batch):
+            return inputs.collate(batch)
+
+    return Collate()
