@@ -39,9 +39,8 @@ def _isolated_env(tmp_path_factory):
     os.environ["PLATFORM_DATA_DIR"] = str(_data_root())
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # The suite's processes share the cores: torch's OpenMP threads, one per core in each test
-        # process and in each command it starts, spin against the other process's (a process-runtime
-        # train took 90 s beside the other process instead of 23 s alone). Ray's workers already run
-        # with one thread each.
+        # process and each command it starts, would spin against the other process's (Ray's
+        # workers already run with one thread each).
         import torch
 
         os.environ["OMP_NUM_THREADS"] = "1"

@@ -141,13 +141,9 @@ def init_ray(num_cpus: int | None = None) -> None:
 
 def release_reservations(settle_s: float = 20.0) -> list[str]:
     """Once a sweep's trials have ended: remove the placement groups its job still holds on the
-    cluster; the ids removed.
-
-    A trial stopped (Ctrl-C, SIGTERM, an error) while Ray Train restarts its worker group can
-    leave the group it was placing reserved for good, after the job has ended too: seen holding
-    0.4 CPU of a worker node that the next run then could not be placed on. The job's Train
-    controllers (owned by the ended trials) are given ``settle_s`` to end first, so that none
-    places a group after this."""
+    cluster; the ids removed. A trial stopped while Ray Train restarts its worker group can leave
+    that group reserved after the job ends, holding a node's resources for good. The job's Train
+    controllers are given ``settle_s`` to end first, so that none places a group after this."""
     import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
     from ray.util.state import list_actors, list_placement_groups
