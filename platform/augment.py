@@ -15,6 +15,7 @@ from pathlib import Path
 from platform.console import command_parser
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
 from platform.data import read_corpus, resolve_corpus
+from platform.data.columns import check_given_columns
 from platform.data.pipeline import augment_dataset
 from platform import outputs
 from platform.errors import UserError, cli_main, writable_dir
@@ -46,6 +47,7 @@ def main(argv=None) -> int:
     outputs.check_replaceable(out, OUT_ADVICE)
     writable_dir(out.parent)
     sentences = read_corpus(corpus_path, limit=cfg.max_sentences or None)
+    check_given_columns(recipe, sentences)
 
     unit.start(cfg, num_cpus=args.num_cpus)
 

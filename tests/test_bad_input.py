@@ -75,6 +75,11 @@ def files(tmp_path_factory, tiny_model, small_corpus):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     (d / "broken-checkpoint" / "model").mkdir(parents=True)
     (d / "broken-checkpoint" / "state.json").write_text('{"step": 3, "eval_pool')
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"sentence": ["another corpus", "its second line"], "paraphrase": ["a corpus", "line 2"]}),
+                   d / "other-paraphrases.parquet")
     return {
         "MISSING": str(d / "does-not-exist.txt"), "EMPTY": str(d / "empty.txt"), "BINARY": str(d / "binary.bin"),
         "LATIN1": str(d / "latin1.txt"), "HUGE_LINE": str(d / "huge.txt"), "MALFORMED_YAML": str(d / "malformed.yaml"),
@@ -84,7 +89,7 @@ def files(tmp_path_factory, tiny_model, small_corpus):
         "SPACE_GRACE0": str(d / "grace0.yaml"), "SPACE_CORPUS": str(d / "corpus.yaml"),
         "SPACE_SCALE": str(d / "scale.yaml"), "USER_FOLDER": str(user),
         "USER_DATA": str(d / "user-data"), "TRUNCATED_MODEL": str(d / "truncated"),
-        "BROKEN_CHECKPOINT": str(d / "broken-checkpoint"),
+        "BROKEN_CHECKPOINT": str(d / "broken-checkpoint"), "OTHER_PARAPHRASES": str(d / "other-paraphrases.parquet"),
     }
 
 

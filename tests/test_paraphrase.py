@@ -98,7 +98,7 @@ def test_paraphrases_are_the_positives_in_the_loss(tiny_model):
 
 
 @pytest.mark.e2e
-def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tmp_path):
+def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tmp_path, cli):
     env = {"PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
     few = tmp_path / "few.txt"
     few.write_text("\n".join(open(small_corpus).read().split("\n")[:64]) + "\n")
@@ -111,6 +111,6 @@ def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tm
     df = pd.read_parquet(tmp_path / "o")
     assert set(df.columns) == {"sentence", "paraphrase", "una_negative"} and len(df) == 64
     cache = next((tmp_path / "cache").glob("gen-paraphrase-*")) / "paraphrase.parquet"
-    proc = run_cli("augment", "una", "--corpus", str(small_corpus), "--out", str(tmp_path / "o2"),
-                   "--set", "positives=paraphrase", "--set", f"paraphrase_cache={cache}", "--set", "r=20", env=env)
+    proc = cli("augment", "una", "--corpus", str(small_corpus), "--out", str(tmp_path / "o2"),  # refused before Ray starts
+               "--set", "positives=paraphrase", "--set", f"paraphrase_cache={cache}", "--set", "r=20", env=env)
     assert_user_error(proc, "does not match the corpus")

@@ -85,6 +85,18 @@ def corpus_columns(
     return columns
 
 
+def check_given_columns(recipe: Recipe, sentences: list[str]) -> None:
+    """The columns a user gives as files (``paraphrase_cache``, ...) match the corpus row for row:
+    checked before Ray starts, as every other input."""
+    import pyarrow as pa
+
+    given = [spec for spec in recipe.generated_columns() if spec.file]
+    if given:
+        text = pa.array(sentences, pa.string())
+        for spec in given:
+            read_generated(Path(spec.file), text, spec.column)
+
+
 Pending = tuple[Generation, dict[str, GeneratedColumn]]  # a generator pass, and the column specs it makes
 
 

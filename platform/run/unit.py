@@ -22,7 +22,7 @@ from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table
 from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
 from platform.data.cache import sentences_digest
-from platform.data.columns import CorpusData, generate_missing, missing_generations, prepare_corpus
+from platform.data.columns import CorpusData, check_given_columns, generate_missing, missing_generations, prepare_corpus
 from platform.errors import ConfigError, DataError, UserError
 from platform.run import finalize as final_steps
 from platform.run import storage
@@ -59,6 +59,7 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     resolve_local_models(cfg.ingredient_params)
     recipe = cfg.build_recipe()
     recipe.preflight()
+    check_given_columns(recipe, sentences)
     for line in [n for i in recipe.ingredients for n in i.notes(cfg.batch_size)]:
         print(f"note: {line}", flush=True)
     if cfg.runtime == "process" and storage.is_uri(cfg.output_dir):
