@@ -90,13 +90,12 @@ def test_ddp_two_workers_equal_one_process(tiny_model, recipe):
     local rows and gathered, its gradient counts every row once), UNA's and SAN's negatives join
     the gathered candidates, AugCSE's projector normalises with the whole batch's statistics and
     its discriminator's loss is the whole batch's mean."""
-    ref = _one_process_grads(tiny_model, recipe, torch.get_num_threads())
-    loss = ref.pop("__loss__")
+    loss, ref = _one_process_grads(tiny_model, recipe, torch.get_num_threads())
     # The float32 rounding of this very computation: the same process with another thread count
     # sums in another order. DDP sums in yet another (half batches, then the all-reduce), so it may
     # differ from one process by a few times that much, and no more (AugCSE's batch-normalised
     # projector amplifies it: ~2e-6 of ~5e-4 in the word embeddings' gradient).
-    other = _one_process_grads(tiny_model, recipe, 1 if torch.get_num_threads() > 1 else 2)
+    _, other = _one_process_grads(tiny_model, recipe, 1 if torch.get_num_threads() > 1 else 2)
     spread = {n: (g - other[n]).abs().max().item() for n, g in ref.items()}
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,9 +114,9 @@ def test_ddp_two_workers_equal_one_process(tiny_model, recipe):
         torch.testing.assert_close(outs[1]["grads"][name], g, rtol=1e-4, atol=atol, msg=name)
 
 
-def _one_process_grads(tiny_model, recipe: str, threads: int) -> dict:
-    """The loss (``__loss__``) and the gradients of one process on the whole batch, computed with
-    ``threads`` torch threads."""
+def _one_process_grads(tiny_model, recipe: str, threads: int) -> tuple[torch.Tensor, dict]:
+    """The loss and the gradients (by parameter name) of one process on the whole batch, computed
+    with ``threads`` torch threads."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -126,7 +125,7 @@ def _one_process_grads(tiny_model, recipe: str, threads: int) -> dict:
         loss.backward()
     finally:
         torch.set_num_threads(before)
-    return {"__loss__": loss.detach(), **{n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 # ------------------------------------------------------------------------------------------------

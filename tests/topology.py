@@ -89,6 +89,9 @@ def _http_ok(url: str, token: str | None = None) -> bool:
         return resp.status < 400
 
 
+PLACEMENT_GROUPS = "placement_groups?limit=100&detail=1"
+
+
 class Topology:
     """Start with ``up()``, stop with ``down()`` (or use as a context manager)."""
 
@@ -221,13 +224,17 @@ class Topology:
         summary = self._dashboard_get("nodes?view=summary")["summary"]
         return [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
 
+    def _rows(self, query: str) -> list[dict]:
+        """The rows of one of Ray's state API listings (``api/v0/<query>``)."""
+        return self._dashboard_get(f"api/v0/{query}", timeout=10)["result"]["result"]
+
     def state(self) -> str:
         """Ray's view of the cluster (nodes, placement groups, live actors) for a failure message."""
         lines = []
-        for kind, query in (("nodes", "nodes?limit=100"), ("placement_groups", "placement_groups?limit=100&detail=1"),
+        for kind, query in (("nodes", "nodes?limit=100"), ("placement_groups", PLACEMENT_GROUPS),
                             ("actors", "actors?limit=200&detail=1")):
             try:
-                rows = self._dashboard_get(f"api/v0/{query}", timeout=10)["result"]["result"]
+                rows = self._rows(query)
             except Exception as exc:  # noqa: BLE001 - a diagnostic never hides the failure it explains
                 lines.append(f"{kind}: unreadable ({exc})")
                 continue
@@ -238,8 +245,7 @@ class Topology:
 
     def reserved(self) -> list[dict]:
         """The placement groups that hold (or wait for) resources: neither removed nor done."""
-        rows = self._dashboard_get("api/v0/placement_groups?limit=100&detail=1", timeout=10)["result"]["result"]
-        return [r for r in rows if r.get("state") != "REMOVED"]
+        return [r for r in self._rows(PLACEMENT_GROUPS) if r.get("state") != "REMOVED"]
 
     def wait_for_nodes(self, count: int, timeout: float = 120.0) -> None:
         _wait(f"{count} Ray nodes", lambda: len(self.alive_nodes()) >= count, timeout=timeout)
