@@ -59,7 +59,7 @@ def _bench(args) -> int:
 
 def _checkpoint_transfer(topo: Topology) -> tuple[float, float, int]:
     """Upload and download of one checkpoint folder of the local profile's backbone, as Ray
-    Train persists it and ``platform.run.storage.local_copy`` reads it back."""
+    Train persists it and ``platform.storage.local_copy`` reads it back."""
     import pyarrow.fs as pafs
 
     from methods.encoder import Encoder

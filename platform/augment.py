@@ -12,15 +12,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from platform import storage
 from platform.console import command_parser
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
-from platform.data import read_corpus, resolve_corpus
+from platform.data import read_corpus, resolve_corpus, resolve_local_models
 from platform.data.columns import check_given_columns
 from platform.data.pipeline import augment_dataset
-from platform import outputs
 from platform.errors import UserError, cli_main, writable_dir
 from platform.run import unit
-from platform.run.local_models import resolve_local_models
 
 OUT_ADVICE = "choose a new or empty folder for --out"
 
@@ -44,7 +43,7 @@ def main(argv=None) -> int:
         raise UserError(f"method {cfg.method!r} has no augmentation to generate")
     corpus_path = resolve_corpus(cfg.corpus)
     out = Path(args.out or Path("outputs") / "augment" / f"{cfg.method}-{corpus_path.name.split('.')[0]}").resolve()
-    outputs.check_replaceable(out, OUT_ADVICE)
+    storage.check_replaceable(out, OUT_ADVICE)
     writable_dir(out.parent)
     sentences = read_corpus(corpus_path, limit=cfg.max_sentences or None)
     check_given_columns(recipe, sentences)
@@ -54,17 +53,17 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     corpus = unit.prepare(cfg, sentences)
     t_prepare = time.perf_counter() - t0
-    tmp = outputs.staging(out)
+    tmp = storage.staging(out)
     t1 = time.perf_counter()
     try:
         augment_dataset(recipe, corpus.columns, corpus.states).write_parquet(str(tmp))
     except BaseException as exc:
-        outputs.discard(tmp)
+        storage.discard(tmp)
         if isinstance(exc, OSError):
             raise UserError(f"cannot write {tmp}: {exc}") from None
         raise
     seconds = time.perf_counter() - t1
-    outputs.install(tmp, out, "platform.augment", OUT_ADVICE)
+    storage.install(tmp, out, "platform.augment", OUT_ADVICE)
     print(f"{len(sentences)} sentences -> {out}")
     print(f"prepare (generated columns and corpus statistics, cached): {t_prepare:.1f}s; augmentation with Ray Data: "
           f"{seconds:.1f}s = {len(sentences) / seconds:,.0f} sentences/s")

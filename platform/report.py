@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from methods.recipe import NAMED
-from platform import outputs
+from platform import storage
 from platform.console import command_parser
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
@@ -312,11 +312,11 @@ def main(argv=None) -> int:
     uri = store.tracking_uri()
     store.check_reachable(uri)
     out = args.out.expanduser().resolve()
-    outputs.check_replaceable(out, "choose a new or empty folder for --out")
+    storage.check_replaceable(out, "choose a new or empty folder for --out")
     writable_dir(out.parent, "report folder")
     frame, names = build(uri, args.experiments)
     references = reference_rows(frame)
-    tmp = outputs.staging(out)
+    tmp = storage.staging(out)
     try:
         (tmp / "report.md").write_text(markdown(frame, references, names), encoding="utf-8")
         frame.to_csv(tmp / "report.csv", index=False)
@@ -324,9 +324,9 @@ def main(argv=None) -> int:
         if args.latex:
             (tmp / "report.tex").write_text(latex(frame, references), encoding="utf-8")
     except BaseException:
-        outputs.discard(tmp)
+        storage.discard(tmp)
         raise
-    outputs.install(tmp, out, "platform.report", "choose a new or empty folder for --out")
+    storage.install(tmp, out, "platform.report", "choose a new or empty folder for --out")
     files = [out / "report.md", out / "report.csv", out / "report.png", *([out / "report.tex"] if args.latex else [])]
     print(files[0].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(f) for f in files)}")

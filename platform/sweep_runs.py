@@ -11,12 +11,12 @@ import sys
 import time
 from typing import Any
 
-from platform import sweep_summary
+from platform import storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
 from platform.errors import ConfigError, UserError
 from platform.run import finalize as final_steps
-from platform.run import storage, unit
+from platform.run import unit
 from platform.run.fit import FitResult, release
 from platform.run.loop import total_steps
 from platform.space import SearchSpace

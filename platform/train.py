@@ -16,10 +16,11 @@ import re
 import time
 from pathlib import Path
 
+from platform import storage
 from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags, print_config
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
-from platform.run import storage, unit
+from platform.run import unit
 from platform.run.fit import release
 from platform.tracking import hub, store
 from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run

@@ -19,10 +19,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from platform import storage
 from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
-from platform.run import ray_env, storage, unit
+from platform.run import ray_env, unit
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.sweep_runs import Sweep, TrialRuns, finish_sweep, new_sweep, resumable_sweep, sweep_state, trial_runs

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from methods.encoder import Encoder
-from platform.data.cache import encoder_key
+from platform.storage import encoder_key
 from platform.evaluation.embedding_cache import DIGEST_BYTES, EmbeddingStore, _digest, prune
 
 

@@ -194,7 +194,7 @@ def _saved_run(uri: str, output_dir, config: dict, status: str = "KILLED") -> Ru
 
 def _resolved(tiny_model, small_corpus, output_dir, **extra):
     from platform.config import TrainConfig
-    from platform.run import storage
+    from platform import storage
 
     cfg = TrainConfig.build("simcse", "local", {"model": str(tiny_model), "corpus": str(small_corpus),
                                                 "output_dir": str(output_dir), **extra})

@@ -1,4 +1,4 @@
-"""Nothing a user made is deleted: the platform replaces only folders it wrote (``platform.outputs``),
+"""Nothing a user made is deleted: the platform replaces only folders it wrote (``platform.storage``),
 through ``augment --out``, ``report --out``, ``data fetch senteval`` and the exports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from platform import outputs
+from platform import storage
 from platform.errors import UserError
 
 
@@ -29,15 +29,15 @@ def test_a_users_folder_is_refused_and_left_as_it_was(tmp_path):
     folder = _users_folder(tmp_path)
     before = _tree(folder)
     with pytest.raises(UserError, match="is not empty and was not written by this platform: nothing was changed; pick"):
-        outputs.check_replaceable(folder, "pick another")
-    new = outputs.staging(folder)
+        storage.check_replaceable(folder, "pick another")
+    new = storage.staging(folder)
     (new / "part-0.parquet").write_bytes(b"x")
     with pytest.raises(UserError, match="not written by this platform"):
-        outputs.install(new, folder, "test", "pick another")
+        storage.install(new, folder, "test", "pick another")
     assert _tree(folder) == before and not new.exists()
     (tmp_path / "a-file").write_text("mine")
     with pytest.raises(UserError, match="is a file, not a folder"):
-        outputs.check_replaceable(tmp_path / "a-file", "pick another")
+        storage.check_replaceable(tmp_path / "a-file", "pick another")
 
 
 def test_a_rerun_replaces_its_own_output_and_nothing_beside_it(tmp_path):
@@ -47,23 +47,23 @@ def test_a_rerun_replaces_its_own_output_and_nothing_beside_it(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "keep.txt").write_text(text)
     for content in ("first", "second"):
-        new = outputs.staging(target)
+        new = storage.staging(target)
         (new / "data.txt").write_text(content)
-        outputs.install(new, target, "test", "pick another")
-        assert (target / "data.txt").read_text() == content and outputs.is_ours(target)
+        storage.install(new, target, "test", "pick another")
+        assert (target / "data.txt").read_text() == content and storage.is_ours(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.old", "out.tmp"]
     assert all((tmp_path / n / "keep.txt").read_text() == t for n, t in neighbours.items())
     empty = tmp_path / "empty"
     empty.mkdir()
-    outputs.install(outputs.staging(empty), empty, "test", "pick another")  # an empty folder may be used
+    storage.install(storage.staging(empty), empty, "test", "pick another")  # an empty folder may be used
 
 
 def test_a_killed_writers_leftovers_are_removed_a_live_ones_kept(tmp_path):
     """A writer killed mid-write leaves its staging folder; the next writer of the target removes
     it when that process is gone, and leaves a live writer's alone."""
     target = tmp_path / "out"
-    code = ("import sys, time; from pathlib import Path; from platform import outputs; "
-            "d = outputs.staging(Path(sys.argv[1])); print(d, flush=True); time.sleep(int(sys.argv[2]))")
+    code = ("import sys, time; from pathlib import Path; from platform import storage; "
+            "d = storage.staging(Path(sys.argv[1])); print(d, flush=True); time.sleep(int(sys.argv[2]))")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     dead_dir = subprocess.run([sys.executable, "-c", code, str(target), "0"], capture_output=True, text=True,
                               env=env).stdout.strip()
@@ -72,7 +72,7 @@ def test_a_killed_writers_leftovers_are_removed_a_live_ones_kept(tmp_path):
     try:
         live_dir = live.stdout.readline().strip()
         assert os.path.isdir(live_dir) and not os.path.exists(dead_dir)  # the live writer removed it
-        mine = outputs.staging(target)
+        mine = storage.staging(target)
         assert os.path.isdir(live_dir) and mine.is_dir()
     finally:
         live.kill()
@@ -95,10 +95,10 @@ def test_report_and_fetch_keep_a_users_folder(tmp_path, cli, mlflow_uri):
 def test_a_cache_entry_killed_mid_write_is_cleaned_by_the_next_writer(tmp_path, monkeypatch):
     """A cache writer killed mid-build leaves its ``*.tmp-<host>-<pid>-*`` folder; the next writer
     of that entry removes it (its process is gone) and builds a complete entry."""
-    from platform.data.cache import cache_entry, cached
+    from platform.storage import cache_entry, cached
 
     monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path / "cache"))
-    code = ("import os, sys; from pathlib import Path; from platform.data.cache import cached; "
+    code = ("import os, sys; from pathlib import Path; from platform.storage import cached; "
             "cached('kind', 'digest', {'p': 1}, lambda d: (Path(d, 'half').write_text('x'), os._exit(9)))")
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "PLATFORM_CACHE_DIR": str(tmp_path / "cache")}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 9

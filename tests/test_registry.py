@@ -139,7 +139,7 @@ def test_registration_reaches_the_platforms_default_store(tiny_model, tmp_path, 
     must look in the same store (the README's main job failed at registration otherwise)."""
     import mlflow.tracking._tracking_service.utils as tracking_utils
 
-    from platform.evaluation.export import export_sentence_transformers
+    from platform.run.finalize import export_sentence_transformers
     from platform.tracking import registry
     from platform.tracking.runs import Run
 

@@ -140,11 +140,11 @@ def test_ray_tasks_and_data_import_the_package(small_corpus, local_ray):
 
     @ray.remote
     def worker_cache_root():
-        from platform.data.cache import cache_root
+        from platform.storage import cache_root
 
         return str(cache_root())
 
-    from platform.data.cache import cache_root
+    from platform.storage import cache_root
 
     # Workers run in a copy of the repository; they must share the driver's cache, not
     # start an empty one in that copy.

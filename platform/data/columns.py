@@ -20,7 +20,7 @@ from typing import Any
 
 from methods.ingredients import GeneratedColumn
 from methods.recipe import Recipe
-from platform.data.cache import building, cache_entry, cache_root, cached, sentences_digest
+from platform.storage import building, cache_entry, cache_root, cached, sentences_digest
 from platform.data.pipeline import Generation, generated_blocks
 from platform.errors import DataError
 

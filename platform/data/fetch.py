@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from platform import outputs, settings
+from platform import settings, storage
 from platform.data import DATA_ENV
 from platform.errors import UserError, cli_main, writable_dir
 
@@ -184,7 +184,7 @@ def _safe_members(tar: tarfile.TarFile):
 
 def install_senteval(tar_path: Path, root: Path) -> Path:
     """Unpack ``senteval.tar`` and put its ``downstream/`` folder in place in one rename (an
-    existing ``downstream/`` only if this command wrote it: ``platform.outputs``)."""
+    existing ``downstream/`` only if this command wrote it: ``platform.storage``)."""
     with tempfile.TemporaryDirectory(dir=root, prefix=".senteval-") as tmp:
         try:
             with tarfile.open(tar_path) as tar:
@@ -194,10 +194,10 @@ def install_senteval(tar_path: Path, root: Path) -> Path:
         found = sorted(Path(tmp).rglob("downstream"), key=lambda p: len(p.parts))
         if not found or not found[0].is_dir():
             raise UserError(f"{tar_path} has no downstream/ folder")
-        staging = outputs.staging(root / "downstream")
+        staging = storage.staging(root / "downstream")
         os.replace(found[0], staging / "downstream")
-        outputs.install(staging / "downstream", root / "downstream", "platform.data fetch senteval", SENTEVAL_ADVICE)
-        outputs.discard(staging)
+        storage.install(staging / "downstream", root / "downstream", "platform.data fetch senteval", SENTEVAL_ADVICE)
+        storage.discard(staging)
     return root / "downstream"
 
 
@@ -207,7 +207,7 @@ def fetch(what: str, root: Path) -> list[Path]:
         raise UserError(f"{MIRROR_ENV}={mirror!r} is not an http(s) URL; unset it to download from the sources")
     names = list(SOURCES) if what == "all" else [what]
     if "senteval" in names:  # before minutes of download
-        outputs.check_replaceable(root / "downstream", SENTEVAL_ADVICE)
+        storage.check_replaceable(root / "downstream", SENTEVAL_ADVICE)
     done = []
     for name in names:
         for source in SOURCES[name]:

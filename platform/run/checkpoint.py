@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from methods.encoder import Encoder
+from platform import storage
 from platform.errors import DataError
-from platform.run import storage
 from platform.tracking.recorder import POINTS_FILE
 
 STATE = "state.json"

@@ -14,11 +14,12 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
+from platform import storage
 from platform.config import TrainConfig
 from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
 from platform.data.pipeline import epoch_datasets
-from platform.run import checkpoint, storage
+from platform.run import checkpoint
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking import recorder
 from platform.tracking.runs import Run

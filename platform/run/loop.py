@@ -37,12 +37,11 @@ from methods.ingredients import derive_seed, epoch_permutation
 from methods.recipe import Recipe, StepInputs
 from platform import settings
 from platform.config import TrainConfig
-from platform.data import read_corpus, resolve_corpus
+from platform.data import read_corpus, resolve_corpus, resolve_local_models
 from platform.data.columns import CorpusData, prepare_corpus
 from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position
-from platform.run.local_models import resolve_local_models
 from platform.tracking.recorder import StepLog, load_points
 from platform.tracking.runs import BEST, DEV_METRIC
 

@@ -19,11 +19,10 @@ from pathlib import Path
 
 from platform import settings
 from platform.console import drop_notes
-from platform.data.cache import cache_root
 from platform.errors import ClusterError
+from platform.storage import REPO_ROOT, cache_root
 from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
 

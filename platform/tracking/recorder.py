@@ -23,8 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from platform import settings
-from platform.run import storage
+from platform import settings, storage
 from platform.tracking import store
 from platform.tracking.runs import DEV_METRIC, Run, TrackingUnavailable
 

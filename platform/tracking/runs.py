@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from platform import storage
 from platform.errors import UserError
-from platform.run import storage
 from platform.tracking import store
 
 DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman x100: what checkpoints and runs are selected by

@@ -17,9 +17,8 @@ from pathlib import Path
 from platform import errors, settings
 from platform.console import drop_notes
 from platform.errors import UserError
-from platform.outputs import in_ray_job_copy
+from platform.storage import REPO_ROOT, in_ray_job_copy
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
 GIT_COMMIT_ENV = settings.GIT_COMMIT
 
