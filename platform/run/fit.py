@@ -133,6 +133,9 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
             # keeps (checkpoint.Kept: the latest state, the best model, the best as of that state).
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
+            # Ray Train's own notes (a retry's traceback, a dead worker's failed shutdown, ~45
+            # lines per lost worker) stay in Ray's session logs; a fit that fails for good raises.
+            logging_config=ray.train.LoggingConfig(log_level="ERROR"),
             callbacks=callbacks,
         ),
         datasets=datasets,
