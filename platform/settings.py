@@ -35,6 +35,7 @@ LOCAL_RANK = "LOCAL_RANK"  # torchrun's: the GPU of this process, for the loop r
 # -- set: defaults in the platform's own processes (a user's own value kept) ---------------------
 GCS_PORT = "RAY_GCS_SERVER_PORT"  # a local Ray's GCS on a free port (set while ray.init starts it; ray_env)
 TRAIN_POLL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+URL_PRINTS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 DEFAULTS = {
     # Ray's log dedup would fold every trial's per-evaluation line into one (read when Ray is imported).
     "RAY_DEDUP_LOGS_ALLOW_REGEX": r"step \d+/\d+  loss ",
@@ -61,10 +62,13 @@ DEFAULTS = {
     "RAY_AIR_NEW_OUTPUT": "0",
     # Tokenizers' thread pool after a fork (Ray's workers, DataLoader) deadlocks or warns.
     "TOKENIZERS_PARALLELISM": "false",
+    # MLflow prints two "View run" lines whenever a run on a tracking server ends (every seed and
+    # trial of a sweep), with links that open its UI in GenAI mode; the commands print their own.
+    URL_PRINTS: "true",
 }
 
 # Passed through to Ray workers (paths made absolute: workers run in a copy of the repository).
-FORWARDED = (TRAIN_POLL, DATA_DIR, TRACKING_URI, HF_HOME, *HF_OFFLINE, NLTK_DATA, *AWS, *TRACKING_CREDENTIALS)
+FORWARDED = (TRAIN_POLL, URL_PRINTS, DATA_DIR, TRACKING_URI, HF_HOME, *HF_OFFLINE, NLTK_DATA, *AWS, *TRACKING_CREDENTIALS)
 PATHS = (DATA_DIR, HF_HOME, NLTK_DATA, CACHE_DIR)
 
 

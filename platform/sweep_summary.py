@@ -305,16 +305,8 @@ def closing_block(uri: str, experiment: str | None, parent: Run, best: Run, resu
               f"  model:        {('models:/' + registered) if '/' in registered else 'not registered'}",
               f"  trials:       sweep_summary.csv and plots/ in MLflow run {parent.id} (artifacts)",
               f"  MLflow:       {store.redact(uri)}, experiment {experiment!r}, run {parent.name}",
-              f"  browse it:    {ui_command(uri, parent.experiment_id or parent.info().info.experiment_id)}", "=" * 72]
+              f"  browse it:    {store.ui_command(uri, parent.experiment_id or parent.info().info.experiment_id)}", "=" * 72]
     print("\n".join(lines), flush=True)
-
-
-def ui_command(uri: str, experiment_id: str | None = None) -> str:
-    """How to open this store's MLflow UI, on the experiment's runs in its model-training mode."""
-    page = store.ui_route(f"/#/experiments/{experiment_id}" if experiment_id else "/#/experiments")
-    if uri.startswith(("http://", "https://")):
-        return f"open {store.redact(uri).rstrip('/')}{page} in a browser"
-    return f"mlflow ui --backend-store-uri {store.redact(uri)} (then http://127.0.0.1:5000{page})"
 
 
 def rung_table(histories: dict[str, list[float]], grace: int, factor: float) -> list[tuple[int, int, float, bool]]:

@@ -134,6 +134,7 @@ def test_the_grid_table_is_the_papers_with_the_spread_over_seeds(grid):
     proc = grid["proc"]
     assert "grl_multiplier grid (best checkpoint of each value)" in proc.stdout
     assert (proc.stdout + proc.stderr).count("mean +- std |") == 2
+    assert "View run" not in proc.stdout + proc.stderr  # MLflow's own lines at each seed's and trial's end
     table = pd.read_csv(grid["folder"] / "grid_grl_multiplier.csv")
     assert table["grl_multiplier"].tolist() == [-1, 1]
     assert list(table.columns) == ["grl_multiplier", *TASKS, "Avg. std"]

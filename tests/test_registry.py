@@ -33,6 +33,10 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     assert champion.version == "1"
     run = c.get_run(champion.run_id)
     assert run.data.tags["registered_model"] == "simcse-encoder/1"
+    # The run's link opens MLflow's UI in its model-training mode; MLflow's own "View run" lines are off.
+    assert (f"browse it: open {mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+            "?workflowType=machine_learning in a browser") in proc.stdout
+    assert "View run" not in proc.stdout + proc.stderr
     dev = float(champion.tags["stsb_dev_spearman"])
     assert dev == pytest.approx(run.data.metrics["best_stsb_dev_spearman"], abs=1e-4)
     assert champion.tags["git_commit"] == run.data.tags["git_commit"] != "unknown"

@@ -56,6 +56,15 @@ def ui_route(route: str) -> str:
     return route + ("&" if "?" in route else "?") + "workflowType=machine_learning"
 
 
+def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """How to open this store's MLflow UI on an experiment's runs (or one run), in its model-training mode."""
+    page = f"/#/experiments/{experiment_id}" if experiment_id else "/#/experiments"
+    page = ui_route(page + (f"/runs/{run_id}" if experiment_id and run_id else ""))
+    if uri.startswith(("http://", "https://")):
+        return f"open {redact(uri).rstrip('/')}{page} in a browser"
+    return f"mlflow ui --backend-store-uri {redact(uri)} (then http://127.0.0.1:5000{page})"
+
+
 def redact(uri: str) -> str:
     """The URI with its credentials masked, for messages and logs."""
     return errors.redact(uri)
