@@ -228,3 +228,26 @@ def test_fp16_on_a_gpu_trains_with_a_loss_scaler_and_resumes_with_its_scale(tiny
     assert state["scheduler"]["last_epoch"] == 3 - skipped  # a skipped step leaves the schedule where it was
     again = train_loop_per_worker(TrainConfig.build("simcse", "local", {**base, "max_steps": 6}).flat())
     assert again["steps"] == 6 and again["best_stsb_dev_spearman"] == again["best_stsb_dev_spearman"]  # not NaN
+
+
+def test_a_fit_that_lost_its_workers_says_so_in_a_line_and_a_workers_own_error_keeps_its_traceback():
+    """Ray Train's ``WorkerGroupError`` as it reaches the driver: for workers whose processes died
+    (each a failed health check on a dead actor) one line naming the rank and Ray's exit detail;
+    for a worker that raised, nothing (the traceback is the report)."""
+    import ray.exceptions
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback, WorkerHealthCheckFailedError
+
+    from platform.run.fit import workers_lost
+
+    died = ray.exceptions.ActorDiedError(ActorDiedErrorContext(  # as a SIGKILLed Train worker's reads
+        class_name="RayTrainWorker", actor_id=bytes(16), pid=3170, error_message=(
+            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+            "detail: Worker unexpectedly exits with a connection error code 2. End of file. Some common causes ...")))
+    lost = {rank: WorkerHealthCheckFailedError("A worker health check failed.", died) for rank in (1, 0)}
+    assert workers_lost(WorkerGroupError("two died", lost)) == (
+        "rank 0's process died: Worker unexpectedly exits with a connection error code 2")
+    raised = UserExceptionWithTraceback(ValueError("a bug"), "Traceback ...\nValueError: a bug")
+    assert workers_lost(WorkerGroupError("one raised", {0: raised})) is None
+    assert workers_lost(WorkerGroupError("mixed", {0: lost[0], 1: raised})) is None

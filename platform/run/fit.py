@@ -19,6 +19,7 @@ from platform.config import TrainConfig
 from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
 from platform.data.pipeline import epoch_datasets
+from platform.errors import ClusterError
 from platform.run import checkpoint
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking import recorder
@@ -140,4 +141,28 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
         ),
         datasets=datasets,
     )
-    return dict(trainer.fit().metrics or {})
+    try:
+        return dict(trainer.fit().metrics or {})
+    except ray.train.WorkerGroupError as exc:
+        lost = workers_lost(exc)
+        if lost is None:
+            raise  # a worker raised: a bug, with its traceback
+        raise ClusterError(f"training lost its Ray Train workers {cfg.max_failures + 1} time(s), more than "
+                           f"max_failures={cfg.max_failures} allows (the last time {lost}); the run keeps its "
+                           "checkpoints: --resume continues it (raise --set max_failures=N for a cluster that loses "
+                           "nodes)") from None
+
+
+def workers_lost(exc) -> str | None:
+    """What Ray Train's ``WorkerGroupError`` says when its workers died (a killed process, an OOM, a
+    lost node: each worker's failure is a failed health check on a dead actor), in a line; None
+    when a worker raised an exception of its own."""
+    import ray.exceptions
+
+    died = {rank: getattr(failure, "health_check_failure", None) for rank, failure in exc.worker_failures.items()}
+    if not died or not all(isinstance(f, ray.exceptions.RayActorError) for f in died.values()):
+        return None
+    rank, failure = min(died.items())
+    detail = " ".join(str(failure).split())
+    why = detail.split("Worker exit detail: ", 1)[1].split(". ")[0] if "Worker exit detail: " in detail else detail[:160]
+    return f"rank {rank}'s process died: {why}"
