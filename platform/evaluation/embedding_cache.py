@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from platform import settings
-from platform.storage import cache_root, encoder_key
-from platform.storage import remove_leftovers, writer_id
+from platform.storage import cache_root, encoder_key, remove_leftovers, writer_id
 
 DIGEST_BYTES = 16
 LIMIT_ENV = settings.EMBEDDING_CACHE_GB

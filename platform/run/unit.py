@@ -23,12 +23,12 @@ from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table
 from platform.data import (STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus, resolve_local_models,
                            uses_random_mlm)
-from platform.storage import sentences_digest
 from platform.data.columns import CorpusData, check_given_columns, generate_missing, missing_generations, prepare_corpus
 from platform.errors import ConfigError, DataError, UserError
 from platform.run import finalize as final_steps
 from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
+from platform.storage import sentences_digest
 from platform.tracking import recorder, store
 from platform.tracking.runs import BEST, Run, checkpoint_exists
 
