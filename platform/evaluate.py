@@ -26,7 +26,7 @@ from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform.run import checkpoint
 from platform.tracking import recorder, store
-from platform.tracking.runs import Run
+from platform.tracking.recorder import Run
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
 TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"],

@@ -22,7 +22,7 @@ from platform.console import command_parser
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.tracking import store
-from platform.tracking.runs import DEV_METRIC, Run, trial_key
+from platform.tracking.recorder import DEV_METRIC, Run, trial_key
 
 REPORTS_EXPERIMENT = "reports"
 TASK_COLUMNS = [SHORT_NAMES[t] for t in STS_TASKS] + ["Avg."]

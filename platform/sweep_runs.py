@@ -22,8 +22,8 @@ from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import SHORT_NAMES, STS_TASKS
-from platform.tracking.runs import (BEST, DEV_METRIC, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable, checkpoint_exists,
-                                    winner_key)
+from platform.tracking.recorder import (BEST, DEV_METRIC, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable, checkpoint_exists,
+                                        winner_key)
 
 SWEEP_STATE = "platform_sweep.json"
 POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow

@@ -16,7 +16,7 @@ from platform.console import as_number, format_frame, short
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.space import SearchSpace
 from platform.tracking import store
-from platform.tracking.runs import BEST, Run
+from platform.tracking.recorder import BEST, Run
 
 
 # A trial's status in the words of its MLflow run and of the console's trial lines.

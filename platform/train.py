@@ -23,7 +23,7 @@ from platform.errors import ConfigError, UserError, cli_main
 from platform.run import unit
 from platform.run.fit import release
 from platform.tracking import hub, store
-from platform.tracking.runs import BEST, DEV_METRIC, STORAGE_TAG, Run
+from platform.tracking.recorder import BEST, DEV_METRIC, STORAGE_TAG, Run
 
 HELP = """Train one configuration of a recipe and track it in MLflow.
 

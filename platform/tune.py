@@ -28,7 +28,7 @@ from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.sweep_runs import Sweep, TrialRuns, finish_sweep, new_sweep, resumable_sweep, sweep_state, trial_runs
 from platform.tracking import hub, store
-from platform.tracking.runs import BEST, DEV_METRIC, Run
+from platform.tracking.recorder import BEST, DEV_METRIC, Run
 
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
 

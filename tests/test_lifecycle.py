@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from platform.tracking.runs import BEST, Run, closing_status
+from platform.tracking.recorder import BEST, Run, closing_status
 from tests.helpers import assert_user_error, sets
 
 
@@ -184,7 +184,7 @@ def test_the_best_checkpoint_is_the_first_to_reach_the_best_score(tmp_path):
 
 def _saved_run(uri: str, output_dir, config: dict, status: str = "KILLED") -> Run:
     from platform.run import unit
-    from platform.tracking.runs import STORAGE_TAG
+    from platform.tracking.recorder import STORAGE_TAG
 
     run = Run.create(uri, "simcse", "simcse-20260101-000000", {STORAGE_TAG: str(output_dir / "simcse-20260101-000000")})
     unit.save_state(str(output_dir / "simcse-20260101-000000"), {"run_id": run.id, "config": config, "seeds": 1})

@@ -43,7 +43,7 @@ def test_a_run_restored_at_its_end_reports_its_last_state_once(tiny_model, small
     last step) evaluates and reports that state once: Tune expects a result from every trial. Its
     MLflow points are not duplicated."""
     from platform.run.loop import RunContext
-    from platform.tracking.runs import Run
+    from platform.tracking.recorder import Run
     from platform.tracking.store import client
 
     cfg = TrainConfig.build("simcse", "local", {"model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8,

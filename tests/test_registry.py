@@ -145,7 +145,7 @@ def test_registration_reaches_the_platforms_default_store(tiny_model, tmp_path, 
 
     from platform.run.finalize import export_sentence_transformers
     from platform.tracking import registry
-    from platform.tracking.runs import Run
+    from platform.tracking.recorder import Run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setattr(tracking_utils, "_tracking_uri", None)  # as in a new process

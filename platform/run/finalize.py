@@ -19,7 +19,7 @@ from platform.storage import cache_root, cached, encoder_key, entry_key
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint
 from platform.tracking import recorder, registry
-from platform.tracking.runs import BEST, DEV_METRIC, Run
+from platform.tracking.recorder import BEST, DEV_METRIC, Run
 from platform.tracking.store import git_commit, ui_route
 
 

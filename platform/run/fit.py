@@ -23,7 +23,7 @@ from platform.errors import ClusterError
 from platform.run import checkpoint
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking import recorder
-from platform.tracking.runs import Run
+from platform.tracking.recorder import Run
 
 
 INTERRUPTED_WAIT_S = 15.0  # an interrupted fit's end: how long it waits for the tracking server

@@ -42,8 +42,7 @@ from platform.data.columns import CorpusData, prepare_corpus
 from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position
-from platform.tracking.recorder import StepLog, load_points
-from platform.tracking.runs import BEST, DEV_METRIC
+from platform.tracking.recorder import BEST, DEV_METRIC, StepLog, load_points
 
 COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
 

@@ -30,7 +30,7 @@ from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.storage import sentences_digest
 from platform.tracking import recorder, store
-from platform.tracking.runs import BEST, Run, checkpoint_exists
+from platform.tracking.recorder import BEST, Run, checkpoint_exists
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
 MAX_SEEDS = 100
