@@ -116,13 +116,18 @@ def test_sigterm_stops_a_train_run_on_ray_as_ctrl_c(repo, tiny_model, small_corp
     assert checkpoint_exists(run.data.tags["best_checkpoint"])
 
 
-def test_a_killed_train_run_resumes_from_its_latest_checkpoint(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):
+@pytest.mark.parametrize("minutes, resumed_at, line", [(0, 6, "resumed at step 6 "), (60, 0, "restarted at step 0: ")],
+                         ids=["state-each-evaluation", "no-state-yet"])
+def test_a_killed_train_run_resumes_from_its_latest_checkpoint(repo, tiny_model, small_corpus, tmp_path, mlflow_uri,
+                                                               minutes, resumed_at, line):
     """SIGKILL to ``train`` in the process runtime while it is held at step 7: its run stays
-    RUNNING (its driver is dead); ``--resume RUN`` (by name) continues it from the checkpoint of
-    step 6 (``latest``), no step missing or twice, and the run ends FINISHED."""
+    RUNNING (its driver is dead); ``--resume RUN`` (by name) continues it from the state of step 6
+    (``latest``), or, with no state written yet (``checkpoint_minutes=60``: models
+    only), from step 0, saying so, the dead attempt's checkpoints gone; either way no step is
+    missing or twice, and the run ends FINISHED."""
     barrier, held = _held(tmp_path, step=7)
     args = ["simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=10, eval_steps=3,
-                            log_steps=1, runtime="process", num_workers=1, final_eval="false",
+                            log_steps=1, runtime="process", num_workers=1, final_eval="false", checkpoint_minutes=minutes,
                             output_dir=tmp_path / "runs", **held)]
     env = {"MLFLOW_TRACKING_URI": mlflow_uri}
     proc = start_cli("train", *args, env=env, cwd=repo)
@@ -130,14 +135,20 @@ def test_a_killed_train_run_resumes_from_its_latest_checkpoint(repo, tiny_model,
     _stop(proc, signal.SIGKILL)
     c, (run,) = runs_of(mlflow_uri)
     assert run.info.status == "RUNNING"
+    dead = {p.name: (p / "train_state.pt").is_file() for p in (tmp_path / "runs").rglob("checkpoint_0*")}
+    assert dead and any(dead.values()) == (minutes == 0), dead
     release_barrier(barrier)
 
     proc = start_cli("train", *args, "--resume", run.info.run_name, env=env, cwd=repo)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    assert "resumed at step 6" in out
+    assert line in out, out
     c, runs = runs_of(mlflow_uri)
     assert [r.info.run_id for r in runs] == [run.info.run_id] and runs[0].info.status == "FINISHED"
     assert steps_of(c, run.info.run_id, "train_loss") == list(range(1, 11))
     assert steps_of(c, run.info.run_id, "stsb_dev_spearman") == [3, 6, 9, 10]
-    assert steps_of(c, run.info.run_id, "resumed_at_step") == [6]
+    assert steps_of(c, run.info.run_id, "resumed_at_step") == [resumed_at]
+    left = {p.name for p in (tmp_path / "runs").rglob("checkpoint_0*")}
+    assert runs[0].data.tags["best_checkpoint"].rsplit("/", 1)[1] in left
+    if minutes:
+        assert not left & set(dead), (left, dead)

@@ -114,7 +114,7 @@ def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConf
     run restored at its end (``--resume`` of a trial cut just after its last step) reports its last
     state once more (its points are the checkpoint's), since Tune expects a result from every trial."""
     pos = rt.restore(model, *optim, log) or Position()
-    if pos.step and rt.is_chief:
+    if (pos.step or rt.started_over) and rt.is_chief:
         announce_resume(pos, log)
     if pos.step >= steps:
         evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, 0.0, optim, log, steps, record=False)
@@ -214,9 +214,13 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
 
 def announce_resume(pos: Position, log: StepLog) -> None:
     """A restart (Ray Train's, after a lost worker, or ``--resume``) on the console and in the
-    run's history (``resumed_at_step``): a worker's console line reaches the driver through Ray's
-    log monitor, which may drop it."""
-    say(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)")
+    run's history (``resumed_at_step``, 0 when no state was written yet): a worker's console line
+    reaches the driver through Ray's log monitor, which may drop it."""
+    if pos.step:
+        say(f"resumed at step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch} of the epoch)")
+    else:  # the steps already shown are trained again
+        say("restarted at step 0: the earlier attempt wrote no state checkpoint to resume from (a state is "
+            "written at a new epoch's first evaluation, every checkpoint_minutes and at the last step)")
     log({"resumed_at_step": pos.step}, pos.step)
 
 
@@ -280,6 +284,7 @@ class Runtime:
     """Rank, world size and device of this worker; its batches, checkpoints and metric log."""
 
     prunes_whole = True  # checkpoints the fit no longer keeps go whole (Ray Train's must stay listed)
+    started_over = False  # a restart with no state to start from: step 0 again
 
     def __init__(self, ctx: RunContext, cfg: TrainConfig):
         self.ctx, self.cfg = ctx, cfg
@@ -375,9 +380,12 @@ class ProcessRuntime(Runtime):
         return model
 
     def restore(self, model, optimizer, schedule, scaler, log):
-        states = sorted(p for p in self.run_dir.glob(checkpoint.PREFIX + "*")
-                        if (p / checkpoint.TRAIN_STATE).is_file() and ".tmp-" not in p.name)
-        if not states:
+        written = [p for p in self.run_dir.glob(checkpoint.PREFIX + "*") if ".tmp-" not in p.name]
+        states = [p for p in written if (p / checkpoint.TRAIN_STATE).is_file()]
+        if not states:  # the models of an attempt cut before its first state, if any, go
+            self.started_over = bool(written)
+            if self.is_chief and written:
+                checkpoint.prune(str(self.run_dir), set(), whole=True)
             return None
         latest = max(states, key=lambda p: checkpoint.step_of(p.name))
         pos = checkpoint.load_train_state(latest, self.rank, model, optimizer, schedule, scaler)
@@ -472,7 +480,10 @@ class RayTrainRuntime(Runtime):
         with found.as_directory() as directory:
             if not (Path(directory) / checkpoint.TRAIN_STATE).is_file():
                 name = json.loads((Path(directory) / checkpoint.STATE).read_text()).get("resume_from")
-                if not name:
+                if not name:  # Ray Train restarted the fit before its first state: weights only so far
+                    self.started_over = True
+                    if self.is_chief and self.ctx.run_dir:
+                        checkpoint.prune(self.ctx.run_dir, {latest}, whole=self.prunes_whole)
                     return None
                 found = ray.train.Checkpoint(path=f"{found.path.rstrip('/').rsplit('/', 1)[0]}/{name}",
                                              filesystem=found.filesystem)
