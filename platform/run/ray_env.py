@@ -31,6 +31,11 @@ EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/
 FORWARDED_ENV = settings.FORWARDED
 
 
+# A stopped fit's group is removed by Ray Train's own cleaner (it polls its controller every
+# second) about a second after the controller ends, seen at a sweep's end.
+CLEANER_GRACE_S = 5.0
+
+
 def worker_env() -> dict[str, str]:
     # Workers run in a copy of the repository, where the default cache would be a new, empty
     # one: they read the driver's, so statistics and generated columns are made once.
@@ -138,11 +143,13 @@ def init_ray(num_cpus: int | None = None) -> None:
           f"{int(ray.cluster_resources().get('CPU', 0))} CPUs{dashboard_of(context)}", flush=True)
 
 
-def release_reservations(settle_s: float = 20.0) -> list[str]:
+def release_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S) -> list[str]:
     """Once a sweep's trials have ended: remove the placement groups its job still holds on the
     cluster; the ids removed. A trial stopped while Ray Train restarts its worker group can leave
     that group reserved after the job ends, holding a node's resources for good. The job's Train
-    controllers are given ``settle_s`` to end first, so that none places a group after this."""
+    controllers are given ``settle_s`` to end first, so that none places a group after this; then
+    Ray Train's own cleaner is given ``grace_s`` (within ``settle_s``) to remove their groups, so
+    that only what outlives it is removed here and reported."""
     import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
     from ray.util.state import list_actors, list_placement_groups
@@ -150,16 +157,24 @@ def release_reservations(settle_s: float = 20.0) -> list[str]:
     if not ray.is_initialized():
         return []
     gcs, job = ray.get_runtime_context().gcs_address, ray.get_runtime_context().get_job_id()
+
+    def held() -> list[str]:
+        return [g.placement_group_id for g in list_placement_groups(
+            address=gcs, filters=[("creator_job_id", "=", job)], detail=True) if g.state != "REMOVED"]
+
     released = []
     try:
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline and list_actors(
                 address=gcs, filters=[("job_id", "=", job), ("state", "=", "ALIVE"), ("class_name", "=", "TrainController")]):
             time.sleep(0.5)
-        for group in list_placement_groups(address=gcs, filters=[("creator_job_id", "=", job)], detail=True):
-            if group.state != "REMOVED":
-                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group.placement_group_id))))
-                released.append(group.placement_group_id)
+        grace, groups = min(deadline, time.monotonic() + grace_s), held()
+        while groups and time.monotonic() < grace:
+            time.sleep(0.5)
+            groups = held()
+        for group_id in groups:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+            released.append(group_id)
     except Exception as exc:  # noqa: BLE001 - the command has ended; its exit is not to be held up or changed
         logging.getLogger(__name__).warning("could not check the cluster for placement groups left by this job: %s", exc)
     return released
