@@ -150,6 +150,24 @@ def check_seed_means(parent, seed_runs) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# Spawned gloo workers
+
+
+def leave_process_group() -> None:
+    """The end of a spawned gloo worker: every rank meets (none leaves while another still uses the
+    store), the group goes, and the process exits at once. At interpreter finalization gloo's
+    threads can abort the process ('terminate called without an active exception', SIGABRT: seen
+    once in a suite run), which spawn reports as a failed worker after its results were saved."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ------------------------------------------------------------------------------------------------
 # Slow references of the losses
 
 

@@ -24,6 +24,7 @@ from methods.ingredients import Draws, InvalidParams
 from methods.encoder import Encoder, pad_cat
 from methods.recipe import Recipe, SharedParams
 from methods.losses import global_mean, info_nce
+from tests.helpers import leave_process_group
 
 
 @pytest.mark.parametrize("multiplier", [-1.0, 0.0, 2.5, -100.0])
@@ -212,8 +213,7 @@ def _gm_worker(rank, world, init_file, out_dir):
         (loss * world).backward()  # the training loop's x W
         results[kind] = {"loss": float(loss.detach()), "grad": head.module.weight.grad.clone()}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()  # no rank leaves while another still uses the store (gloo aborts)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def test_global_mean_gives_the_global_gradient_under_ddp():

@@ -22,7 +22,7 @@ from methods.vascl import (
     virtual_augmentation_loss,
     virtual_perturbation,
 )
-from tests.helpers import slow_neighbourhood_loss, slow_nt_xent
+from tests.helpers import leave_process_group, slow_neighbourhood_loss, slow_nt_xent
 
 
 def brute_neighbours(e, k):
@@ -58,8 +58,7 @@ def _nbr_worker(rank, world, init_file, out_dir):
     local = full[rank * 5 : (rank + 1) * 5].clone()
     nb = neighbours(gather_with_grad(local), 3, cosine=False)
     torch.save(nb, os.path.join(out_dir, f"nb{rank}.pt"))
-    dist.barrier()  # no rank leaves while another still uses the store (gloo aborts)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def test_neighbourhood_over_two_gloo_workers_uses_global_indices():
