@@ -29,8 +29,8 @@ import torch  # noqa: E402
 
 from methods.encoder import Encoder, load_tokenizer  # noqa: E402
 from platform.config import TrainConfig  # noqa: E402
-from platform.data import TINY_BERT, read_corpus, resolve_corpus  # noqa: E402
-from platform.data.columns import prepare_corpus  # noqa: E402
+from platform.data import read_corpus, resolve_corpus  # noqa: E402
+from platform.data.columns import TINY_BERT, prepare_corpus  # noqa: E402
 from platform.run.loop import RunContext, local_batches, make_optimizer, train_loop_per_worker  # noqa: E402
 
 

@@ -28,7 +28,7 @@ if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"
     del sys.modules["platform"]
 
 from platform.settings import TRAIN_POLL as TRAIN_POLL_ENV  # noqa: E402
-from platform.data import build_tiny_bert  # noqa: E402
+from platform.data.columns import build_tiny_bert  # noqa: E402
 
 
 def main() -> None:

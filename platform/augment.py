@@ -15,8 +15,8 @@ from pathlib import Path
 from platform import storage
 from platform.console import command_parser
 from platform.config import METHODS, TrainConfig, available_profiles, parse_sets
-from platform.data import read_corpus, resolve_corpus, resolve_local_models
-from platform.data.columns import check_given_columns
+from platform.data import read_corpus, resolve_corpus
+from platform.data.columns import check_given_columns, resolve_local_models
 from platform.data.pipeline import augment_dataset
 from platform.errors import UserError, cli_main, writable_dir
 from platform.run import unit

@@ -63,7 +63,7 @@ def _module_env():
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer, 32-d BERT with random weights and the packaged MiniLM (uncased) tokenizer."""
-    from platform.data import build_tiny_bert
+    from platform.data.columns import build_tiny_bert
 
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 

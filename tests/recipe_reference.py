@@ -123,7 +123,7 @@ def record(out: Path, cases: list[str], why: str) -> None:
     import subprocess
     import tempfile
 
-    from platform.data import build_tiny_bert
+    from platform.data.columns import build_tiny_bert
 
     data = json.loads(out.read_text()) if out.is_file() else {"cases": {}}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

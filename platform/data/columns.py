@@ -1,7 +1,8 @@
 """The columns a recipe trains on and the corpus statistics it needs, built once per corpus and
 cached by content: ``sentence`` plus every column an ingredient generates once (paraphrases, SAN's
 negatives, AugCSE's ``aug_<name>``; Ray Data actors, a GPU each where the cluster has GPUs), and
-each ingredient's statistics (UNA's TF-IDF table, fitted on the sentences and their paraphrases).
+each ingredient's statistics (UNA's TF-IDF table, fitted on the sentences and their paraphrases);
+and the local stand-ins for what the ingredients name (NLTK's data, a tiny random MLM).
 
 A cache file given by the user (e.g. ``paraphrase_cache``: Parquet with ``sentence`` and the
 column) must hold exactly the corpus' sentences in order, or the run stops with a clear error
@@ -18,10 +19,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from methods.encoder import load_tokenizer
 from methods.ingredients import GeneratedColumn
 from methods.recipe import Recipe
-from platform.storage import building, cache_entry, cache_root, cached, sentences_digest
+from platform import settings
+from platform.data import DATA_ENV
 from platform.data.pipeline import Generation, generated_blocks
+from platform.storage import building, cache_entry, cache_root, cached, sentences_digest
 from platform.errors import DataError
 
 
@@ -207,3 +213,63 @@ def read_generated(path: Path, sentences, column: str):
         a, b = stored[i].as_py() or "", sentences[i].as_py()
         raise DataError(f"{column} cache {path} does not match the corpus: row {i + 1} is {a[:40]!r}, corpus has {b[:40]!r}")
     return pc.fill_null(values, "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stand-ins for weights that do not exist offline. ``tiny-random-mlm``: a 2-layer BERT masked LM
+# with random weights and the packaged MiniLM (uncased BERT) tokenizer, saved once into the cache.
+# The local profile's SAN uses it so that the whole pipeline (tagging, mask-predict, guard, HiNCE)
+# runs offline; its negatives are noise, and every run using it is tagged
+# ``mlm_random_weights=true``. The paper profile names ``bert-base-uncased``, which users download.
+
+TINY_MLM = "tiny-random-mlm"
+# The tests' and benchmarks' encoder: 2 layers, 32-d, random weights (seed 0), the MiniLM tokenizer.
+TINY_BERT = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=512)
+
+
+def build_tiny_bert(path: Path) -> Path:
+    """A randomly initialised 2-layer 32-d BERT (seed 0) with the packaged MiniLM (uncased)
+    tokenizer, saved at ``path``: the encoder of the tests and the benchmarks."""
+    from transformers import BertConfig, BertModel
+
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
+        torch.manual_seed(0)
+        BertModel(BertConfig(**TINY_BERT)).save_pretrained(path)
+    load_tokenizer("minilm").save_pretrained(path)
+    return path
+
+
+def ensure_tiny_mlm() -> Path:
+    def build(tmp: Path) -> None:
+        from transformers import BertConfig, BertForMaskedLM
+        from transformers.utils import logging as hf_logging
+
+        tok = load_tokenizer("minilm")
+        config = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=128, max_position_embeddings=512)
+        hf_logging.disable_progress_bar()
+        # Built once and cached: the run that builds it draws the rest of its numbers as one that finds it.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            BertForMaskedLM(config).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    return cached(TINY_MLM, "v1", {"hidden": 64, "layers": 2, "seed": 0}, build)
+
+
+def resolve_local_models(ingredient_params) -> None:
+    """Replace the ``tiny-random-mlm`` name in the ingredients' params by its saved folder; point
+    an empty ``nltk_data`` at ``$PLATFORM_DATA_DIR/nltk_data`` when that exists and ``$NLTK_DATA``
+    is not set (the data directory is the one variable tests and CI set)."""
+    for params in ingredient_params:
+        if getattr(params, "mlm", None) == TINY_MLM:
+            params.mlm = str(ensure_tiny_mlm())
+        if getattr(params, "nltk_data", None) == "" and not settings.get(settings.NLTK_DATA):
+            folder = Path(settings.get(DATA_ENV) or "nonexistent") / "nltk_data"
+            if folder.is_dir():
+                params.nltk_data = str(folder.resolve())
+
+
+def uses_random_mlm(ingredient_params) -> bool:
+    return any(Path(getattr(p, "mlm", "") or "x").name.startswith(TINY_MLM) for p in ingredient_params)

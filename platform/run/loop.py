@@ -37,8 +37,8 @@ from methods.ingredients import derive_seed, epoch_permutation
 from methods.recipe import Recipe, StepInputs
 from platform import settings
 from platform.config import TrainConfig
-from platform.data import read_corpus, resolve_corpus, resolve_local_models
-from platform.data.columns import CorpusData, prepare_corpus
+from platform.data import read_corpus, resolve_corpus
+from platform.data.columns import CorpusData, prepare_corpus, resolve_local_models
 from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position

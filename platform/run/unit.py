@@ -21,9 +21,9 @@ from methods.encoder import load_tokenizer, max_positions
 from platform import storage
 from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table
-from platform.data import (STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus, resolve_local_models,
-                           uses_random_mlm)
-from platform.data.columns import CorpusData, check_given_columns, generate_missing, missing_generations, prepare_corpus
+from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
+from platform.data.columns import (CorpusData, check_given_columns, generate_missing, missing_generations, prepare_corpus,
+                                  resolve_local_models, uses_random_mlm)
 from platform.errors import ConfigError, DataError, UserError
 from platform.run import finalize as final_steps
 from platform.run.fit import FitResult, fit, release
