@@ -28,7 +28,6 @@ from platform.errors import ConfigError, DataError, UserError
 from platform.run import finalize as final_steps
 from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
-from platform.storage import sentences_digest
 from platform.tracking import recorder, store
 from platform.tracking.recorder import BEST, Run, checkpoint_exists
 
@@ -115,7 +114,7 @@ def generate_all(base: TrainConfig, configs: list[TrainConfig], sentences: list[
     """The generated columns of ``base`` and of every configuration in ``configs`` (a sweep's
     searched generation values, ``what``), for each of ``seeds`` seeds, that the cache lacks, made
     in one pass over the corpus by the cluster's actors, said before and timed."""
-    digest = sentences_digest(sentences)
+    digest = storage.sentences_digest(sentences)
     pending = missing_generations([c.with_values({"seed": s}, source="--seeds").build_recipe()
                                    for c in [base, *configs] for s in seed_values(c, seeds)], digest)
     if not pending:
