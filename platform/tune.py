@@ -125,10 +125,7 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
     try:
         return tuner.fit()
     finally:
-        released = ray_env.release_reservations()
-        if released:
-            print(f"note: released {len(released)} placement group(s) that stopped trials left reserved on the cluster",
-                  flush=True)
+        ray_env.release_leftovers()
 
 
 def saved_trial_states(folder: str) -> dict[str, str]:
