@@ -281,7 +281,7 @@ def comparison_table(scores: dict[str, float], baseline: dict[str, float], backb
 def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, result, baseline, notes: list[str]) -> str:
     """The parent run's description (Markdown in MLflow's UI): the winner and by how much, the
     comparison with the backbone, where the trials and the model are, how to load it."""
-    experiment = parent.experiment_id or best.info().info.experiment_id
+    experiment = parent.experiment_id
     dev = result.dev
     spread = f" ± {dev[BEST + '_std']:.2f} over {len(result.fits)} seeds" if BEST + "_std" in dev else ""
     lines = [f"**Best trial:** [{best.name}]({store.ui_route(f'#/experiments/{experiment}/runs/{best.id}')}) with "

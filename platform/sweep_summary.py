@@ -305,7 +305,7 @@ def closing_block(uri: str, experiment: str | None, parent: Run, best: Run, resu
               f"  model:        {('models:/' + registered) if '/' in registered else 'not registered'}",
               f"  trials:       sweep_summary.csv and plots/ in MLflow run {parent.id} (artifacts)",
               f"  MLflow:       {store.redact(uri)}, experiment {experiment!r}, run {parent.name}",
-              f"  browse it:    {store.ui_command(uri, parent.experiment_id or parent.info().info.experiment_id)}", "=" * 72]
+              f"  browse it:    {store.ui_command(uri, parent.experiment_id)}", "=" * 72]
     print("\n".join(lines), flush=True)
 
 

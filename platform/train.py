@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     else:
         print(f"run {run.id}: best {DEV_METRIC}={dev[BEST]:.2f}, checkpoint {result.checkpoint}")
     print(f"MLflow: {store.redact(uri)} (experiment {experiment!r}, run {run.id}, name {run.name})")
-    print(f"browse it: {store.ui_command(uri, run.experiment_id or run.info().info.experiment_id, run.id)}")
+    print(f"browse it: {store.ui_command(uri, run.experiment_id, run.id)}")
     if args.push_to_hub:
         hub.push(uri, run.id, args.push_to_hub)
     return 0

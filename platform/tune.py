@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     else:
         parent, folder = new_sweep(uri, base, spec, corpus, identity, args.experiment, extra_tags)
         state = {"expected_trials": spec.expected_trials()}
-    experiment = store.client(uri).get_experiment(parent.info().info.experiment_id).name
+    experiment = store.client(uri).get_experiment(parent.experiment_id).name
     sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment)
     if found is not None:
         TrialRuns(sweep).close_open(saved_trial_states(folder))  # left open by a driver that died

@@ -110,9 +110,16 @@ class Run:
     def __init__(self, uri: str, run_id: str, name: str = "", resumed: bool = False, in_trial: bool = False,
                  experiment_id: str = ""):
         self.uri, self.id, self.name, self.resumed = uri, run_id, name, resumed
-        self.in_trial, self.experiment_id = in_trial, experiment_id
+        self.in_trial, self._experiment_id = in_trial, experiment_id
         self.checkpoint: str | None = None
         self._completed, self._needs_checkpoint = False, True
+
+    @property
+    def experiment_id(self) -> str:
+        """Known when the run was created or reopened here; asked of MLflow once otherwise."""
+        if not self._experiment_id:
+            self._experiment_id = self.info().info.experiment_id
+        return self._experiment_id
 
     @classmethod
     def create(cls, uri: str, experiment: str, name: str, tags: dict[str, str], parent: "Run | None" = None,
@@ -120,7 +127,7 @@ class Run:
         tags = {"git_commit": store.git_commit(), store.DRIVER_TAG: store.driver_id(), **tags}
         if parent is not None:
             tags[store.PARENT_TAG] = parent.id
-            experiment_id = parent.experiment_id or parent.info().info.experiment_id
+            experiment_id = parent.experiment_id
         else:
             experiment_id = store.ensure_experiment(experiment, uri, experiment_note(tags))
         run = store.client(uri).create_run(experiment_id, run_name=name, tags=tags)
