@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from platform.config import TrainConfig
 from platform.run.loop import local_batches, train_loop_per_worker
@@ -251,3 +254,24 @@ def test_a_fit_that_lost_its_workers_says_so_in_a_line_and_a_workers_own_error_k
     raised = UserExceptionWithTraceback(ValueError("a bug"), "Traceback ...\nValueError: a bug")
     assert workers_lost(WorkerGroupError("one raised", {0: raised})) is None
     assert workers_lost(WorkerGroupError("mixed", {0: lost[0], 1: raised})) is None
+
+
+@pytest.mark.e2e
+def test_train_in_the_process_runtime_needs_no_ray(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """``runtime=process`` is for a box without Ray: the whole ``train`` command, final evaluation
+    included, runs in an interpreter where ``import ray`` fails."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, sets
+
+    program = ("import sys; sys.modules['ray'] = None; from platform import train; code = train.main(sys.argv[1:]); "
+               "assert not [m for m in sys.modules if m.split('.')[0] == 'ray' and sys.modules[m] is not None]; "
+               "sys.exit(code)")
+    proc = subprocess.run(
+        [sys.executable, "-c", program, "simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=2,
+                                                         eval_steps=2, num_workers=1, runtime="process",
+                                                         output_dir=tmp_path / "runs")],
+        cwd=ROOT, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STS" in proc.stdout and "best stsb_dev_spearman=" in proc.stdout, proc.stdout[-3000:]
