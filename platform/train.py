@@ -20,7 +20,7 @@ from platform import storage
 from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags, print_config
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
-from platform.run import ray_env, unit
+from platform.run import unit
 from platform.run.fit import release
 from platform.tracking import hub, store
 from platform.tracking.recorder import BEST, DEV_METRIC, STORAGE_TAG, Run
@@ -87,16 +87,13 @@ def main(argv=None) -> int:
         raise UserError(f"--run-name {args.run_name}: {storage.join(cfg.output_dir, args.run_name)} exists; resume it "
                         f"(--resume {args.run_name}) or choose another name")
     unit.start(cfg)
-    try:
-        corpus = unit.prepare(cfg, sentences)
-        run = (Run.reopen(uri, resumed) if resumed
-               else new_run(uri, cfg, corpus, seeds, experiment, args.run_name, extra_tags))
-        with run.closing():
-            result = unit.run_configuration(cfg, corpus, run, storage_path=cfg.output_dir, name=run.name, seeds=seeds,
-                                            final="full" if cfg.final_eval else "none")
-            run.complete(result.checkpoint)
-    finally:
-        ray_env.release_leftovers()
+    corpus = unit.prepare(cfg, sentences)
+    run = (Run.reopen(uri, resumed) if resumed
+           else new_run(uri, cfg, corpus, seeds, experiment, args.run_name, extra_tags))
+    with run.closing():
+        result = unit.run_configuration(cfg, corpus, run, storage_path=cfg.output_dir, name=run.name, seeds=seeds,
+                                        final="full" if cfg.final_eval else "none")
+        run.complete(result.checkpoint)
     for f in result.fits:  # the run is FINISHED: no optimizer state or latest checkpoint is needed again
         release(f.result)
     dev = result.dev

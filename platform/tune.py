@@ -125,7 +125,10 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
     try:
         return tuner.fit()
     finally:
-        ray_env.release_leftovers()
+        released = ray_env.release_reservations()
+        if released:
+            print(f"note: released {len(released)} placement group(s) that stopped trials left reserved on the cluster",
+                  flush=True)
 
 
 def saved_trial_states(folder: str) -> dict[str, str]:

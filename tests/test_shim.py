@@ -142,27 +142,6 @@ def test_a_sweeps_end_leaves_to_ray_train_what_its_cleaner_removes(local_ray):
     assert placement_group_table(group)["state"] == "REMOVED"
 
 
-def test_a_train_runs_end_releases_what_its_job_still_holds(local_ray, tiny_model, small_corpus, mlflow_uri, tmp_path,
-                                                            monkeypatch, capsys):
-    """``train`` ends as a sweep does: a placement group its job still holds once the run is closed
-    (what a fit stopped during Ray Train's group restart leaves) is removed, with the note."""
-    from ray.util.placement_group import placement_group, placement_group_table
-
-    from platform import train
-    from tests.helpers import sets
-
-    ray = local_ray
-    group = placement_group([{"CPU": 0.1}])
-    ray.get(group.ready(), timeout=60)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
-    code = train.main(["simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=2, eval_steps=2,
-                                       runtime="process", num_workers=1, final_eval="false", output_dir=tmp_path / "runs")])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert placement_group_table(group)["state"] == "REMOVED"
-    assert "note: released 1 placement group(s) that stopped fits left reserved on the cluster" in out
-
-
 def test_ray_tasks_and_data_import_the_package(small_corpus, local_ray):
     ray = local_ray
 

@@ -145,8 +145,8 @@ def init_ray(num_cpus: int | None = None) -> None:
 
 
 def release_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S) -> list[str]:
-    """Once a command's fits have ended: remove the placement groups its job still holds on the
-    cluster; the ids removed. A fit stopped while Ray Train restarts its worker group can leave
+    """Once a sweep's trials have ended: remove the placement groups its job still holds on the
+    cluster; the ids removed. A trial stopped while Ray Train restarts its worker group can leave
     that group reserved after the job ends, holding a node's resources for good. The job's Train
     controllers are given ``settle_s`` to end first, so that none places a group after this; then
     Ray Train's own cleaner is given ``grace_s`` (within ``settle_s``) to remove their groups, so
@@ -179,15 +179,6 @@ def release_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_
     except Exception as exc:  # noqa: BLE001 - the command has ended; its exit is not to be held up or changed
         logging.getLogger(__name__).warning("could not check the cluster for placement groups left by this job: %s", exc)
     return released
-
-
-def release_leftovers() -> None:
-    """The end of a command that fitted on Ray (``train``, ``tune``): ``release_reservations``,
-    and a note when it released anything."""
-    released = release_reservations()
-    if released:
-        print(f"note: released {len(released)} placement group(s) that stopped fits left reserved on the cluster",
-              flush=True)
 
 
 def describe(address: str | None, found: str, in_job: bool) -> str:
