@@ -14,7 +14,6 @@ import json
 import logging
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -151,12 +150,12 @@ def release_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_
     controllers are given ``settle_s`` to end first, so that none places a group after this; then
     Ray Train's own cleaner is given ``grace_s`` (within ``settle_s``) to remove their groups, so
     that only what outlives it is removed here and reported."""
-    ray = sys.modules.get("ray")  # not imported: this command started no Ray (a box without Ray)
-    if ray is None or not ray.is_initialized():
-        return []
+    import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
     from ray.util.state import list_actors, list_placement_groups
 
+    if not ray.is_initialized():
+        return []
     gcs, job = ray.get_runtime_context().gcs_address, ray.get_runtime_context().get_job_id()
 
     def held() -> list[str]:
