@@ -259,11 +259,12 @@ def test_a_fit_that_lost_its_workers_says_so_in_a_line_and_a_workers_own_error_k
 @pytest.mark.e2e
 def test_train_in_the_process_runtime_needs_no_ray(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """``runtime=process`` is for a box without Ray: the whole ``train`` command, final evaluation
-    included, runs in an interpreter where ``import ray`` fails."""
+    included, runs in an interpreter where ``import ray`` fails; the Ray runtime there is one
+    error line naming the process runtime."""
     import subprocess
     import sys
 
-    from tests.helpers import ROOT, sets
+    from tests.helpers import ROOT, assert_user_error, runs_of, sets
 
     program = ("import sys; sys.modules['ray'] = None; from platform import train; code = train.main(sys.argv[1:]); "
                "assert not [m for m in sys.modules if m.split('.')[0] == 'ray' and sys.modules[m] is not None]; "
@@ -275,3 +276,10 @@ def test_train_in_the_process_runtime_needs_no_ray(tiny_model, small_corpus, tmp
         cwd=ROOT, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STS" in proc.stdout and "best stsb_dev_spearman=" in proc.stdout, proc.stdout[-3000:]
+    # The Ray runtime there: one line that says what to do, before any run is created.
+    proc = subprocess.run(
+        [sys.executable, "-c", program, "simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=2,
+                                                         output_dir=tmp_path / "runs")],
+        cwd=ROOT, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}, capture_output=True, text=True, timeout=600)
+    assert_user_error(proc, "Ray is not installed", "--set runtime=process")
+    assert len(runs_of(mlflow_uri)[1]) == 1  # the process runtime's run alone

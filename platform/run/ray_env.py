@@ -94,8 +94,11 @@ def missing_from(job_env: dict, ours: dict) -> dict:
 
 
 def init_ray(num_cpus: int | None = None) -> None:
-    import ray
-
+    try:
+        import ray
+    except ImportError:  # a GPU box with torch alone: the process runtime is what runs there
+        raise ClusterError("Ray is not installed in this Python (pip install '.' installs it); on a machine without "
+                           "Ray, train with --set runtime=process") from None
     if ray.is_initialized():
         return
     settings.apply_defaults()
