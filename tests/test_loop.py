@@ -269,17 +269,17 @@ def test_train_in_the_process_runtime_needs_no_ray(tiny_model, small_corpus, tmp
     program = ("import sys; sys.modules['ray'] = None; from platform import train; code = train.main(sys.argv[1:]); "
                "assert not [m for m in sys.modules if m.split('.')[0] == 'ray' and sys.modules[m] is not None]; "
                "sys.exit(code)")
-    proc = subprocess.run(
-        [sys.executable, "-c", program, "simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=2,
-                                                         eval_steps=2, num_workers=1, runtime="process",
-                                                         output_dir=tmp_path / "runs")],
-        cwd=ROOT, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}, capture_output=True, text=True, timeout=600)
+
+    def train_without_ray(**values) -> subprocess.CompletedProcess:
+        args = sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=2, output_dir=tmp_path / "runs",
+                    **values)
+        return subprocess.run([sys.executable, "-c", program, "simcse", *args], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}, timeout=600)
+
+    proc = train_without_ray(eval_steps=2, num_workers=1, runtime="process")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STS" in proc.stdout and "best stsb_dev_spearman=" in proc.stdout, proc.stdout[-3000:]
     # The Ray runtime there: one line that says what to do, before any run is created.
-    proc = subprocess.run(
-        [sys.executable, "-c", program, "simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=2,
-                                                         output_dir=tmp_path / "runs")],
-        cwd=ROOT, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}, capture_output=True, text=True, timeout=600)
+    proc = train_without_ray()
     assert_user_error(proc, "Ray is not installed", "--set runtime=process")
     assert len(runs_of(mlflow_uri)[1]) == 1  # the process runtime's run alone
