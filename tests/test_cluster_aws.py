@@ -266,3 +266,40 @@ def test_down_leaves_the_cluster_up_when_the_database_cannot_be_backed_up(accoun
     assert not on_head("postgresql://mlflow@db.internal:5432/mlflow")
     assert_user_error(cli("cluster", "down", "--config", str(config), "--env-file", str(_env_file(tmp_path)),
                           "--backup-to", "/home/me/mlflow.db", env=env), "--backup-to must be an s3:// location")
+
+
+def test_the_head_offers_ray_no_cpus_through_rays_own_fill_out_and_start_environment(account, tmp_path):
+    """``ray up`` fills a node type's resources from its instance type (``AWSNodeProvider.
+    fillout_available_node_types_resources``, inside ``_bootstrap_config``) and its updater exports
+    them as ``RAY_OVERRIDE_RESOURCES`` before each start command, which wins over ``ray start
+    --num-cpus`` (``ResourceAndLabelSpec``). The head's resources as Ray starts it, through those
+    functions on the rendered config: no CPU, no GPU; a GPU worker keeps its instance's CPUs."""
+    import json
+    import re
+    import subprocess
+
+    from ray._private.ray_constants import RESOURCES_ENVIRONMENT_VARIABLE
+    from ray._private.resource_and_label_spec import ResourceAndLabelSpec
+    from ray.autoscaler._private.command_runner import _with_environment_variables
+
+    from platform.cluster_aws import provision
+
+    config = _bootstrapped(tmp_path, provision(_settings(), "contrastive-platform", REGION))
+    nodes = config["available_node_types"]
+    worker = nodes["gpu_worker"]["resources"]
+    assert worker["CPU"] == 8, worker  # the fill-out ran: g6e.2xlarge's vCPUs
+    start = " ".join(config["head_start_ray_commands"])
+    flags = re.search(r"ray start --head(?P<args>.*)$", start, re.S)
+    num_cpus = re.search(r"--num-cpus[= ](\d+)", flags["args"])
+    # The updater's export, as its command runner writes it, read back by a shell.
+    export = _with_environment_variables("printenv " + RESOURCES_ENVIRONMENT_VARIABLE,
+                                         {RESOURCES_ENVIRONMENT_VARIABLE: nodes["head"]["resources"]})
+    seen = subprocess.run(["bash", "-c", export], capture_output=True, text=True, check=True).stdout.strip()
+    saved = os.environ.get(RESOURCES_ENVIRONMENT_VARIABLE)
+    os.environ[RESOURCES_ENVIRONMENT_VARIABLE] = seen
+    try:
+        spec = ResourceAndLabelSpec(num_cpus=int(num_cpus[1]) if num_cpus else None).resolve(is_head=True)
+    finally:
+        os.environ.pop(RESOURCES_ENVIRONMENT_VARIABLE) if saved is None else os.environ.__setitem__(
+            RESOURCES_ENVIRONMENT_VARIABLE, saved)
+    assert spec.num_cpus == 0 and spec.num_gpus == 0, (json.loads(seen), spec.num_cpus)
