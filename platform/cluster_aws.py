@@ -59,7 +59,11 @@ def bucket_policy(locations: dict[str, str]) -> list[dict]:
         statements.append({"Effect": "Allow", "Action": OBJECT_ACTIONS, "Resource": keys})
         listing = {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}"}
         if prefix:
-            listing["Condition"] = {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}
+            # IfExists: HeadBucket is authorised by s3:ListBucket and carries no s3:prefix, so a
+            # plain StringLike refuses it, and pyarrow's create_dir (Ray Train's and Tune's
+            # storage, the output_dir check) asks it first (apache/arrow#49949). A listing with a
+            # prefix stays confined; one without a prefix shows the bucket's key names, not contents.
+            listing["Condition"] = {"StringLikeIfExists": {"s3:prefix": [prefix, f"{prefix}/*"]}}
         statements.append(listing)
         statements.append({"Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": f"arn:aws:s3:::{bucket}"})
     return statements

@@ -41,7 +41,8 @@ def aws(tmp_path_factory):
     base = tmp_path_factory.mktemp("moto")
     log = open(base / "moto.log", "w")
     proc = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            env={**os.environ, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true"}, stdout=log,
+                            env={**os.environ, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true", "MOTO_ENABLE_RECORDING": "true",
+                                 "MOTO_RECORDER_FILEPATH": str(base / "recording.jsonl")}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -173,7 +174,7 @@ def test_workers_may_use_the_run_prefix_and_nothing_else(account):
     assert resources == {f"arn:aws:s3:::{BUCKET}", f"arn:aws:s3:::{BUCKET}/runs", f"arn:aws:s3:::{BUCKET}/runs/*"}
     assert all(a.startswith("s3:") and "*" not in a for s in worker for a in s["Action"])
     listing = [s for s in worker if s["Action"] == ["s3:ListBucket"]]
-    assert listing[0]["Condition"] == {"StringLike": {"s3:prefix": ["runs", "runs/*"]}}
+    assert listing[0]["Condition"] == {"StringLikeIfExists": {"s3:prefix": ["runs", "runs/*"]}}
     head = _statements("contrastive-platform-head")
     passes = [s for s in head if s["Action"] == ["iam:PassRole"]]
     assert passes[0]["Resource"] == access.worker_profile_arn.replace(":instance-profile/", ":role/")
@@ -303,3 +304,89 @@ def test_the_head_offers_ray_no_cpus_through_rays_own_fill_out_and_start_environ
         os.environ.pop(RESOURCES_ENVIRONMENT_VARIABLE) if saved is None else os.environ.__setitem__(
             RESOURCES_ENVIRONMENT_VARIABLE, saved)
     assert spec.num_cpus == 0 and spec.num_gpus == 0, (json.loads(seen), spec.num_cpus)
+
+
+def _recorded_s3(endpoint: str, during) -> list:
+    """The S3 requests moto received while ``during()`` ran, as AWS authorises them."""
+    from tests.aws_policy import is_s3, recorded, s3_requests
+
+    post = lambda path: urllib.request.urlopen(urllib.request.Request(endpoint + path, method="POST"), timeout=30)  # noqa: E731
+    post("/moto-api/recorder/reset-recording")
+    post("/moto-api/recorder/start-recording")
+    try:
+        during()
+    finally:
+        post("/moto-api/recorder/stop-recording")
+    text = urllib.request.urlopen(endpoint + "/moto-api/recorder/download-recording", timeout=30).read().decode()
+    return [r for entry in recorded(text) if is_s3(entry) for r in s3_requests(entry)]
+
+
+def test_what_the_platform_ray_and_mlflow_ask_of_s3_aws_allows_and_nothing_beyond(account, tmp_path):
+    """The S3 requests of the real code on the cluster's locations, recorded by the emulator and
+    judged by AWS's rules (tests/aws_policy.py) against the roles ``provision`` wrote: the
+    platform's storage preflight and files (pyarrow's ``create_dir`` asks HeadBucket first), Ray
+    Train's storage (validation file, checkpoint upload, listing, download, pruning) on RUNS_URI
+    for the workers; MLflow's artifact store (what its proxy on the head does) and the database
+    backup for the head. Requests outside those locations are refused."""
+    from ray.train.v2._internal.execution.storage import (StorageContext, _download_from_fs_path, _list_at_fs_path,
+                                                          delete_fs_path)
+
+    from mlflow.store.artifact.s3_artifact_repo import S3ArtifactRepository
+
+    from platform import storage
+    from platform.cluster_aws import db_backup_uri, provision
+    from platform.mlflow_backup import backup, restore
+    from tests.aws_policy import Request, allowed
+
+    values = _settings()
+    provision(values, "contrastive-platform", REGION)
+    worker, head = _statements("contrastive-platform-worker"), _statements("contrastive-platform-head")
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"0" * 1024)
+
+    def on_runs():
+        sweep = values["RUNS_URI"] + "/una-sweep"
+        storage.check_writable(sweep)
+        storage.write_text(sweep + "/trial-0/state.json", "{}")
+        assert storage.read_text(sweep + "/trial-0/state.json") == "{}" and storage.list_dirs(sweep) == ["trial-0"]
+        context = StorageContext(sweep, "trial-0")
+        from ray.train import Checkpoint
+
+        saved = context.persist_current_checkpoint(Checkpoint(str(checkpoint)), "checkpoint_000000")
+        assert _list_at_fs_path(context.storage_filesystem, saved.path) == ["model.safetensors"]
+        _download_from_fs_path(context.storage_filesystem, saved.path, str(tmp_path / "down"))
+        delete_fs_path(context.storage_filesystem, saved.path)
+        storage.remove(sweep + "/trial-0")
+
+    def on_mlflow():
+        repo = S3ArtifactRepository(values["MLFLOW_ARTIFACTS_DESTINATION"] + "/1/run-id/artifacts")
+        repo.log_artifacts(str(checkpoint), "model")
+        assert [f.path for f in repo.list_artifacts("model")] == ["model/model.safetensors"]
+        (tmp_path / "mlflow-down").mkdir()
+        repo.download_artifacts("model", str(tmp_path / "mlflow-down"))
+        repo.delete_artifacts("model")
+        db = _mlflow_db(tmp_path / "db" / "mlflow.db", runs=1)
+        backup(db, db_backup_uri(values), REGION)
+        restore(tmp_path / "new" / "mlflow.db", db_backup_uri(values), REGION)
+
+    # Arrow's S3 client first asks HeadBucket of a name S3 forbids ("$extremelyunlikelytoexist$"),
+    # a probe whose answer it ignores: no policy can grant or refuse a bucket that cannot exist.
+    probe = lambda r: "$" in r.resource  # noqa: E731
+    runs_requests = [r for r in _recorded_s3(account, on_runs) if not probe(r)]
+    head_requests = [r for r in _recorded_s3(account, on_mlflow) if not probe(r)]
+    assert any(r.operation == "HeadBucket" for r in runs_requests), runs_requests  # what the prefix condition refused
+    assert {r.operation for r in head_requests} >= {"PutObject", "GetObject", "ListObjectsV2", "DeleteObjects"}, head_requests
+    refused = [f"worker: {r}" for r in runs_requests if not allowed(worker, r)]
+    refused += [f"head: {r}" for r in runs_requests + head_requests if not allowed(head, r)]
+    assert not refused, "\n".join(refused)
+    # Nothing beyond: other keys, other prefixes' listings, other buckets, the bucket's own settings.
+    outside = [Request("GetObject", "s3:GetObject", f"arn:aws:s3:::{BUCKET}/private/key"),
+               Request("PutObject", "s3:PutObject", f"arn:aws:s3:::{BUCKET}/runsx/key"),
+               Request("ListObjectsV2", "s3:ListBucket", f"arn:aws:s3:::{BUCKET}", {"s3:prefix": "private/"}),
+               Request("HeadBucket", "s3:ListBucket", "arn:aws:s3:::another-bucket"),
+               Request("PutBucketPolicy", "s3:PutBucketPolicy", f"arn:aws:s3:::{BUCKET}"),
+               Request("DeleteBucket", "s3:DeleteBucket", f"arn:aws:s3:::{BUCKET}")]
+    assert not [str(r) for r in outside if allowed(worker, r) or allowed(head, r)]
+    mlflow_only = Request("PutObject", "s3:PutObject", f"arn:aws:s3:::{BUCKET}/mlflow-artifacts/1/x")
+    assert allowed(head, mlflow_only) and not allowed(worker, mlflow_only)

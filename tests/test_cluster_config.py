@@ -166,3 +166,30 @@ def test_aws_that_does_not_answer_is_one_line(tmp_path, cli):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "AWS refused making the cluster's security group and instance profiles" in proc.stderr
     assert not (tmp_path / ".cluster").exists() and "correct-horse" not in proc.stderr
+
+
+def test_the_policy_judge_follows_awss_rules():
+    """tests/aws_policy.py, which judges the roles against recorded requests: a condition on a key
+    the request lacks does not hold (unless ...IfExists); Deny wins; no Allow is a deny; the S3
+    operations map to the actions AWS documents (HeadBucket is s3:ListBucket)."""
+    from tests.aws_policy import Request, allowed, s3_requests
+
+    head_bucket = Request("HeadBucket", "s3:ListBucket", "arn:aws:s3:::b")
+    listing = Request("ListObjectsV2", "s3:ListBucket", "arn:aws:s3:::b", {"s3:prefix": "runs/x/"})
+    elsewhere = Request("ListObjectsV2", "s3:ListBucket", "arn:aws:s3:::b", {"s3:prefix": "home/"})
+    plain = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b",
+             "Condition": {"StringLike": {"s3:prefix": ["runs", "runs/*"]}}}
+    if_exists = {**plain, "Condition": {"StringLikeIfExists": {"s3:prefix": ["runs", "runs/*"]}}}
+    assert not allowed([plain], head_bucket) and allowed([plain], listing) and not allowed([plain], elsewhere)
+    assert allowed([if_exists], head_bucket) and allowed([if_exists], listing) and not allowed([if_exists], elsewhere)
+    deny = {"Effect": "Deny", "Action": "s3:*", "Resource": "*"}
+    assert not allowed([if_exists, deny], listing) and not allowed([], listing)
+    assert allowed([{"Effect": "Allow", "Action": "S3:Get*", "Resource": "arn:aws:s3:::b/runs/*"}],
+                   Request("GetObject", "s3:GetObject", "arn:aws:s3:::b/runs/a/b"))
+    entry = lambda method, url, **h: {"method": method, "url": url, "headers": h}  # noqa: E731
+    assert [r.action for r in s3_requests(entry("HEAD", "http://h/b"))] == ["s3:ListBucket"]
+    assert s3_requests(entry("GET", "http://h/b?list-type=2&prefix=runs%2F&delimiter=%2F"))[0].context == {
+        "s3:prefix": "runs/", "s3:delimiter": "/"}
+    assert [(r.action, r.resource) for r in s3_requests(entry("PUT", "http://h/b/k2", **{"x-amz-copy-source": "/b/k1"}))] == [
+        ("s3:PutObject", "arn:aws:s3:::b/k2"), ("s3:GetObject", "arn:aws:s3:::b/k1")]
+    assert s3_requests(entry("DELETE", "http://h/b/k?uploadId=1"))[0].action == "s3:AbortMultipartUpload"
