@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,12 +36,14 @@ from pathlib import Path
 
 import yaml
 
-from platform.cluster_aws import Access, db_backup_uri, provision, s3_location, settle
+from platform.cluster_aws import Access, cost_tags, db_backup_uri, provision, s3_location, settle
 from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {
+    "CLUSTER_NAME": "this cluster's name, unique in the AWS account (e.g. platform-alice): it names Ray's cluster, "
+                    "its security group and roles",
     "SSH_ALLOWED_CIDR": "the address range allowed to SSH to the head (your network, e.g. 198.51.100.0/24)",
     "MLFLOW_TRACKING_USERNAME": "the MLflow server's admin account",
     "MLFLOW_TRACKING_PASSWORD": "the MLflow server's admin password",
@@ -52,6 +55,8 @@ PLACEHOLDERS = {"${SECURITY_GROUP_ID}": "security_group_id", "${HEAD_INSTANCE_PR
                 "${WORKER_INSTANCE_PROFILE_ARN}": "worker_profile_arn"}
 HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its SQLite database
 MIN_PASSWORD = 12
+# IAM role names take 64 characters; "-worker" and "-head" are added to the name.
+CLUSTER_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -82,6 +87,9 @@ def check_settings(values: dict[str, str], source: str) -> None:
     if network.prefixlen == 0 and values.get("SSH_ALLOW_ANYWHERE") != "yes":
         raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={network} opens SSH to the whole internet; give your network's "
                           "range, or set SSH_ALLOW_ANYWHERE=yes if that is meant")
+    if not CLUSTER_NAME.fullmatch(values["CLUSTER_NAME"]):
+        raise ConfigError(f"{source}: CLUSTER_NAME={values['CLUSTER_NAME']!r} must be 1-40 lowercase letters, digits and "
+                          "hyphens, starting with a letter (it names IAM roles and the security group)")
     check_account(values, source)
     for key in ("MLFLOW_ARTIFACTS_DESTINATION", "RUNS_URI", "MLFLOW_DB_BACKUP"):
         if values.get(key) and not values[key].startswith("s3://"):
@@ -99,8 +107,9 @@ def check_account(values: dict[str, str], source: str) -> None:
 def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
     """``config`` with the security group and instance profiles of ``access`` and the
     repository's absolute path, at ``out``."""
-    read_settings(env_file)
+    values = read_settings(env_file)
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    cfg["cluster_name"] = values["CLUSTER_NAME"]
 
     def put_in(node):
         if isinstance(node, dict):
@@ -110,6 +119,9 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
         return getattr(access, PLACEHOLDERS[node]) if node in PLACEHOLDERS else node
 
     cfg["available_node_types"] = put_in(cfg["available_node_types"])
+    for node in cfg["available_node_types"].values():  # cost allocation: every instance and disk names its cluster
+        node["node_config"]["TagSpecifications"] = [{"ResourceType": kind, "Tags": cost_tags(values["CLUSTER_NAME"])}
+                                                    for kind in ("instance", "volume")]
     cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# Rendered by python -m platform.cluster from cluster.yaml and cluster.env; do not edit.\n"
@@ -140,7 +152,7 @@ def provision_for(config: Path, values: dict[str, str]) -> Access:
     """The AWS resources of ``config``'s cluster, in its region, with the caller's credentials."""
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
     access = aws_call("making the cluster's security group and instance profiles", provision, values,
-                      cfg["cluster_name"], cfg["provider"]["region"])
+                      values["CLUSTER_NAME"], cfg["provider"]["region"])
     settle(access)
     return access
 

@@ -32,6 +32,11 @@ TRUST_EC2 = {"Version": "2012-10-17", "Statement": [
 OBJECT_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
                   "s3:ListMultipartUploadParts"]
 INTERNET = ("0.0.0.0/0", "::/0")
+COST_TAG = "platform-cluster"  # on everything up makes: activate it as a cost-allocation tag in Billing
+
+
+def cost_tags(cluster_name: str) -> list[dict]:
+    return [{"Key": COST_TAG, "Value": cluster_name}]
 
 
 @dataclass
@@ -109,7 +114,7 @@ def open_to_internet(permissions: list[dict]) -> list[str]:
             if k[3] in ("v4", "v6") and k[4] in INTERNET]
 
 
-def security_group(ec2, name: str, cidr: str) -> str:
+def security_group(ec2, name: str, cidr: str, cluster_name: str) -> str:
     """The nodes' group in the region's default VPC, its ingress exactly ``wanted_ingress``."""
     vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
     if not vpcs:
@@ -122,7 +127,8 @@ def security_group(ec2, name: str, cidr: str) -> str:
         group_id, current = found[0]["GroupId"], found[0].get("IpPermissions", [])
     else:
         group_id = ec2.create_security_group(GroupName=name, VpcId=vpc, Description=(
-            "contrastive-platform nodes: SSH from SSH_ALLOWED_CIDR, all traffic within the group"))["GroupId"]
+            f"{cluster_name} nodes: SSH from SSH_ALLOWED_CIDR, all traffic within the group"), TagSpecifications=[
+                {"ResourceType": "security-group", "Tags": cost_tags(cluster_name)}])["GroupId"]
         current = []
     have, want = _rule_keys(current), _rule_keys(wanted_ingress(group_id, cidr))
     if have - want:
@@ -145,14 +151,15 @@ def named_security_group(ec2, group_id: str) -> str:
     return group_id
 
 
-def instance_profile(iam, name: str, policy: list[dict], managed: tuple[str, ...] = ()) -> tuple[str, bool]:
+def instance_profile(iam, name: str, policy: list[dict], managed: tuple[str, ...] = (),
+                     tags: list[dict] = ()) -> tuple[str, bool]:
     """An instance profile ``name`` with a role of the same name whose permissions are exactly the
     inline ``policy`` and the ``managed`` policies; ``(its ARN, whether anything was created)``."""
     created = False
     try:
         iam.get_role(RoleName=name)
     except iam.exceptions.NoSuchEntityException:
-        iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(TRUST_EC2),
+        iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(TRUST_EC2), Tags=list(tags),
                         Description="contrastive-platform cluster nodes (python -m platform.cluster up)")
         created = True
     iam.put_role_policy(RoleName=name, PolicyName=name, PolicyDocument=json.dumps(
@@ -168,7 +175,7 @@ def instance_profile(iam, name: str, policy: list[dict], managed: tuple[str, ...
     try:
         profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
     except iam.exceptions.NoSuchEntityException:
-        profile = iam.create_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+        profile = iam.create_instance_profile(InstanceProfileName=name, Tags=list(tags))["InstanceProfile"]
         created = True
     if name not in [r["RoleName"] for r in profile.get("Roles", [])]:
         iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
@@ -185,19 +192,21 @@ def provision(values: dict[str, str], cluster_name: str, region: str, session=No
     if values.get("SECURITY_GROUP_ID"):
         group_id = named_security_group(ec2, values["SECURITY_GROUP_ID"])
     else:
-        group_id = security_group(ec2, f"{cluster_name}-nodes", values["SSH_ALLOWED_CIDR"])
+        group_id = security_group(ec2, f"{cluster_name}-nodes", values["SSH_ALLOWED_CIDR"], cluster_name)
     runs = {"RUNS_URI": values["RUNS_URI"]}
     created = False
     worker_arn = values.get("WORKER_INSTANCE_PROFILE_ARN")
     if not worker_arn:
-        worker_arn, created = instance_profile(iam, f"{cluster_name}-worker", bucket_policy(runs))
+        worker_arn, created = instance_profile(iam, f"{cluster_name}-worker", bucket_policy(runs),
+                                               tags=cost_tags(cluster_name))
     head_arn = values.get("HEAD_INSTANCE_PROFILE_ARN")
     if not head_arn:
         worker_role = worker_arn.replace(":instance-profile/", ":role/")
         head_policy = bucket_policy({**runs, "MLFLOW_ARTIFACTS_DESTINATION": values["MLFLOW_ARTIFACTS_DESTINATION"],
                                      "MLFLOW_DB_BACKUP": db_backup_uri(values)})
         head_policy.append({"Effect": "Allow", "Action": ["iam:PassRole"], "Resource": worker_role})
-        head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, managed=(EC2_MANAGED_POLICY,))
+        head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, managed=(EC2_MANAGED_POLICY,),
+                                           tags=cost_tags(cluster_name))
         created = created or made
     return Access(group_id, head_arn, worker_arn, created)
 

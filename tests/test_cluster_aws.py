@@ -78,7 +78,7 @@ def account(aws):
 
 
 def _settings(**extra) -> dict[str, str]:
-    return {"SSH_ALLOWED_CIDR": CIDR, "MLFLOW_TRACKING_USERNAME": "platform",
+    return {"CLUSTER_NAME": "contrastive-platform", "SSH_ALLOWED_CIDR": CIDR, "MLFLOW_TRACKING_USERNAME": "platform",
             "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "RUNS_URI": f"s3://{BUCKET}/runs",
             "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{BUCKET}/mlflow-artifacts", **extra}
 
@@ -390,3 +390,43 @@ def test_what_the_platform_ray_and_mlflow_ask_of_s3_aws_allows_and_nothing_beyon
     assert not [str(r) for r in outside if allowed(worker, r) or allowed(head, r)]
     mlflow_only = Request("PutObject", "s3:PutObject", f"arn:aws:s3:::{BUCKET}/mlflow-artifacts/1/x")
     assert allowed(head, mlflow_only) and not allowed(worker, mlflow_only)
+
+
+def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_path):
+    """Alice's and Bob's clusters (their own CLUSTER_NAME, SSH range and run prefix) in one
+    account: each up makes its own group and roles, tagged with its name; Bob's up changes none of
+    Alice's rules or permissions, and Ray's bootstrap of each rendered config names its own cluster."""
+    from platform.cluster import provision_for
+    from platform.cluster_aws import COST_TAG
+
+    config = tmp_path / "cluster.yaml"
+    shutil.copy(ROOT / "cluster.yaml", config)
+    alice = _settings(CLUSTER_NAME="platform-alice", SSH_ALLOWED_CIDR="198.51.100.0/24", RUNS_URI=f"s3://{BUCKET}/alice")
+    bob = _settings(CLUSTER_NAME="platform-bob", SSH_ALLOWED_CIDR="203.0.113.0/24", RUNS_URI=f"s3://{BUCKET}/bob")
+    first = provision_for(config, alice)
+    before = (_ingress(first.security_group_id), _statements("platform-alice-worker"), _statements("platform-alice-head"))
+    second = provision_for(config, bob)
+    assert second.security_group_id != first.security_group_id
+    assert {second.head_profile_arn, second.worker_profile_arn}.isdisjoint({first.head_profile_arn, first.worker_profile_arn})
+    assert (_ingress(first.security_group_id), _statements("platform-alice-worker"),
+            _statements("platform-alice-head")) == before
+    assert [r["CidrIp"] for p in _ingress(second.security_group_id) for r in p.get("IpRanges", [])] == ["203.0.113.0/24"]
+    for name, access in (("platform-alice", first), ("platform-bob", second)):
+        (group,) = _ec2().describe_security_groups(GroupIds=[access.security_group_id])["SecurityGroups"]
+        assert {"Key": COST_TAG, "Value": name} in group.get("Tags", [])
+        for role in (f"{name}-head", f"{name}-worker"):
+            assert {"Key": COST_TAG, "Value": name} in _iam().list_role_tags(RoleName=role)["Tags"]
+    from ray.autoscaler._private.commands import _bootstrap_config
+
+    from platform.cluster import render
+
+    home = os.environ.get("HOME")
+    os.environ["HOME"] = str(tmp_path)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    try:
+        names = {_bootstrap_config(yaml.safe_load(render(config, _env_file(tmp_path / n, **s), tmp_path / n / "r.yaml",
+                                                         a).read_text()), no_config_cache=True)["cluster_name"]
+                 for n, s, a in (("a", alice, first), ("b", bob, second))}
+    finally:
+        os.environ["HOME"] = home or ""
+    assert names == {"platform-alice", "platform-bob"}

@@ -71,7 +71,7 @@ def test_mlflow_runs_with_basic_auth_from_cluster_env(tmp_path):
 
 
 def _env_file(tmp_path, **values):
-    settings = {"SSH_ALLOWED_CIDR": "198.51.100.0/24", "MLFLOW_TRACKING_USERNAME": "platform",
+    settings = {"CLUSTER_NAME": "platform-test", "SSH_ALLOWED_CIDR": "198.51.100.0/24", "MLFLOW_TRACKING_USERNAME": "platform",
                 "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "MLFLOW_ARTIFACTS_DESTINATION": "s3://b/mlflow",
                 "RUNS_URI": "s3://b/runs", **values}
     path = tmp_path / "cluster.env"
@@ -110,6 +110,8 @@ def test_render_puts_the_platforms_group_and_profiles_in_and_validates(tmp_path)
     ({"RUNS_URI": None}, "set RUNS_URI"),
     ({"RUNS_URI": "gs://b/runs"}, "RUNS_URI must be an s3:// location"),
     ({"MLFLOW_DB_BACKUP": "/home/me/mlflow.db"}, "MLFLOW_DB_BACKUP must be an s3:// location"),
+    ({"CLUSTER_NAME": None}, "set CLUSTER_NAME"),
+    ({"CLUSTER_NAME": "Alice's cluster"}, "must be 1-40 lowercase letters"),
 ])
 def test_cluster_env_mistakes_are_one_line(values, needle, tmp_path, cli):
     proc = cli("cluster", "render", "--env-file", str(_env_file(tmp_path, **values)))
@@ -193,3 +195,21 @@ def test_the_policy_judge_follows_awss_rules():
     assert [(r.action, r.resource) for r in s3_requests(entry("PUT", "http://h/b/k2", **{"x-amz-copy-source": "/b/k1"}))] == [
         ("s3:PutObject", "arn:aws:s3:::b/k2"), ("s3:GetObject", "arn:aws:s3:::b/k1")]
     assert s3_requests(entry("DELETE", "http://h/b/k?uploadId=1"))[0].action == "s3:AbortMultipartUpload"
+
+
+def test_the_cluster_is_named_by_cluster_env_and_tags_what_it_launches(tmp_path):
+    """cluster.yaml names no cluster (a fixed name made a second user's up take over the first
+    one's head and rules): render puts in CLUSTER_NAME, and every instance and volume Ray's
+    launcher makes carries the cost-allocation tag."""
+    from platform.cluster import render
+    from platform.cluster_aws import COST_TAG, Access
+
+    assert _config()["cluster_name"] == "${CLUSTER_NAME}"
+    access = Access("sg-0123456789abcdef0", "arn:aws:iam::1:instance-profile/h", "arn:aws:iam::1:instance-profile/w")
+    out = render(ROOT / "cluster.yaml", _env_file(tmp_path, CLUSTER_NAME="platform-alice"), tmp_path / "r.yaml", access)
+    rendered = yaml.safe_load(out.read_text())
+    assert rendered["cluster_name"] == "platform-alice"
+    for node in rendered["available_node_types"].values():
+        specs = node["node_config"]["TagSpecifications"]
+        assert {s["ResourceType"] for s in specs} == {"instance", "volume"}
+        assert all(s["Tags"] == [{"Key": COST_TAG, "Value": "platform-alice"}] for s in specs)
