@@ -32,13 +32,16 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
+from platform import settings
 from platform.cluster_aws import Access, cost_tags, db_backup_uri, provision, s3_location, settle
 from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
+from platform.tracking.store import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {
@@ -55,6 +58,8 @@ PLACEHOLDERS = {"${SECURITY_GROUP_ID}": "security_group_id", "${HEAD_INSTANCE_PR
                 "${WORKER_INSTANCE_PROFILE_ARN}": "worker_profile_arn"}
 HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its SQLite database
 MIN_PASSWORD = 12
+NODE_ENV = "~/platform-env.sh"  # every shell and Ray process on a node reads it (cluster.yaml)
+COMMIT_FILE = "~/platform-commit"  # the commit that `up` synced (.git is not synced)
 # IAM role names take 64 characters; "-worker" and "-head" are added to the name.
 CLUSTER_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 
@@ -123,6 +128,9 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
         node["node_config"]["TagSpecifications"] = [{"ResourceType": kind, "Tags": cost_tags(values["CLUSTER_NAME"])}
                                                     for kind in ("instance", "volume")]
     cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
+    # The commit the nodes run, recorded now (the repository travels without .git); node-env reads it.
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        cfg[key] = [f"echo {shlex.quote(git_commit())} > {COMMIT_FILE}", *cfg[key]]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# Rendered by python -m platform.cluster from cluster.yaml and cluster.env; do not edit.\n"
                    + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
@@ -184,6 +192,35 @@ def down(rendered: Path, values: dict[str, str], ray_args: list[str], backup_to:
     return subprocess.call(["ray", "down", str(rendered), *ray_args])
 
 
+def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str:
+    """The environment of a cluster node as shell ``export`` lines: cluster.env's settings, then
+    what every command on the node needs. The head's start commands write it to ``NODE_ENV`` and
+    source it before MLflow and Ray start (so ``ray job submit`` drivers inherit it); ``~/.bashrc``
+    sources it first, above its interactive-only guard (so ``ray attach``, ``ray attach --tmux``
+    and ``ray exec`` see the same)."""
+    commit_file = Path(COMMIT_FILE.replace("~", str(home), 1))
+    commit = commit_file.read_text(encoding="utf-8").strip() if commit_file.is_file() else ""
+    env = dict(values)
+    env.update({
+        "PATH": f"{home}/venv/bin:$PATH", "RAY_AUTH_MODE": "token",
+        settings.CACHE_DIR: values.get(settings.CACHE_DIR) or f"{home}/platform-cache",
+        settings.CLUSTER: values["CLUSTER_NAME"],
+    })
+    if commit:
+        env[settings.GIT_COMMIT] = commit
+    if role == "head":
+        env.update({
+            settings.TRACKING_URI: f"http://{head_ip}:5000",
+            settings.DATA_DIR: values.get(settings.DATA_DIR) or f"{home}/data",
+            settings.OUTPUT_DIR: values["RUNS_URI"],
+        })
+    lines = ["# Written by python -m platform.cluster node-env at ray start (cluster.yaml); do not edit."]
+    for key, value in env.items():
+        quoted = f'"{value}"' if key == "PATH" else shlex.quote(value)  # PATH keeps the node's own
+        lines.append(f"export {key}={quoted}")
+    return "\n".join(lines) + "\n"
+
+
 def write_mlflow_auth(path: Path, username: str, password: str) -> Path:
     """MLflow's basic-auth configuration: ``username`` is the admin, other accounts have no
     permission until granted, the permissions database is beside ``path``."""
@@ -204,13 +241,15 @@ def write_mlflow_auth(path: Path, username: str, password: str) -> Path:
 @cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m platform.cluster", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["up", "down", "render", "mlflow-auth", "backup-db", "restore-db"])
+    p.add_argument("command", choices=["up", "down", "render", "mlflow-auth", "backup-db", "restore-db", "node-env"])
     p.add_argument("path", nargs="?", help="mlflow-auth: the configuration to write; backup-db: the database")
     p.add_argument("uri", nargs="?", help="backup-db: the s3:// location to write")
     p.add_argument("--config", type=Path, default=ROOT / "cluster.yaml")
     p.add_argument("--env-file", type=Path, default=ROOT / "cluster.env")
     p.add_argument("--backup-to", help="down: where the head's MLflow database goes (default MLFLOW_DB_BACKUP)")
     p.add_argument("--discard-mlflow-db", action="store_true", help="down: terminate the head with its database")
+    p.add_argument("--role", choices=["head", "worker"], default="head", help="node-env: which node's environment")
+    p.add_argument("--head-ip", default="127.0.0.1", help="node-env: the head's private address")
     args, ray_args = p.parse_known_args(argv)
     if args.command == "mlflow-auth":
         check_account(dict(os.environ), "environment (cluster.env)")
@@ -224,6 +263,9 @@ def main(argv=None) -> int:
         print(aws_call("backing up the MLflow database", backup, Path(args.path), args.uri, region_of(args.config)))
         return 0
     values = read_settings(args.env_file)
+    if args.command == "node-env":
+        sys.stdout.write(node_env(values, args.role, args.head_ip, Path.home()))
+        return 0
     if args.command == "restore-db":
         if on_head(values.get("MLFLOW_BACKEND_STORE_URI")):
             print(aws_call("restoring the MLflow database", restore, Path(args.path or HEAD_DB), db_backup_uri(values),

@@ -26,6 +26,7 @@ import yaml
 
 from methods.ingredients import KINDS, InvalidParams, Params, cited, sources_of
 from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams
+from platform import settings
 from platform.errors import ConfigError, check_uri
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -112,7 +113,8 @@ class TrainConfig:
         "'ray': Ray Train workers (DDP over num_workers), Ray Data, Ray Tune. 'process': this process alone, no Ray at "
         "all (a GPU box without Ray, a debugger); train only, num_workers 1."))
     output_dir: str = cited("runs", (
-        "Where runs write checkpoints (Ray's storage_path); relative paths are under the repo root."))
+        "Where runs write checkpoints (Ray's storage_path); relative paths are under the repo root. On a cluster's "
+        "head the default is its RUNS_URI (PLATFORM_OUTPUT_DIR)."))
     recipe: RecipeSpec = dataclasses.field(default_factory=RecipeSpec)
     shared: SharedParams = dataclasses.field(default_factory=SharedParams)
     # Each ingredient's parameters, by ingredient name.
@@ -142,6 +144,8 @@ class TrainConfig:
                        if k in (*KINDS, "fidelity")}
         cfg = cls.for_recipe(method, recipe_keys)
         cfg.profile = profile
+        if settings.get(settings.OUTPUT_DIR):  # the cluster's RUNS_URI: below every file and flag
+            cfg.update({"output_dir": settings.get(settings.OUTPUT_DIR)}, source=f"environment {settings.OUTPUT_DIR}")
         cfg.update({k: v for k, v in data.items() if k not in KINDS}, source=f"profile {profile!r}")
         cfg.layer_ingredients({c.name: sections["ingredients"].get(c.name) or {} for c in cfg.recipe.classes()},
                               f"profile {profile!r} (ingredients.%s)")

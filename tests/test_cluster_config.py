@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -37,7 +38,9 @@ def test_cluster_layout_and_security_defaults():
     assert nodes["gpu_worker"]["node_config"]["IamInstanceProfile"] == {"Arn": "${WORKER_INSTANCE_PROFILE_ARN}"}
     head = " ".join(cfg["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head and "mlflow server" in head and "MLFLOW_TRACKING_URI" in head
-    assert "cu128" in " ".join(cfg["worker_setup_commands"]) and "cpu" in " ".join(cfg["head_setup_commands"])
+    # torch's builds, locked: CUDA on the workers, CPU on the head (was: unlocked cu128/cpu installs).
+    assert "requirements/cuda.txt" in " ".join(cfg["worker_setup_commands"])
+    assert "requirements/cpu.txt" in " ".join(cfg["head_setup_commands"])
     text = (ROOT / "cluster.yaml").read_text().lower()
     assert "aws_secret_access_key" not in text and not re.search(r"password(\s*=|:\s)\s*\S", text)  # no value set here
 
@@ -147,11 +150,12 @@ def test_cluster_sized_to_the_paper_sweeps_and_head_runs_no_training():
 
 
 def test_fresh_ubuntu_gets_a_venv_that_jobs_use():
-    """Ubuntu 22.04 cloud images lack python3-venv; every node installs it, makes ~/venv, and puts
-    it first on PATH for the Ray processes that start jobs (whose entrypoint says `python`)."""
+    """Ubuntu 22.04 cloud images lack python3-venv (and their python3 is 3.10): every node installs
+    it for uv's bootstrap, makes ~/venv with the stated Python through uv, and puts it first on PATH
+    for the Ray processes that start jobs (whose entrypoint says `python`)."""
     cfg = _config()
     setup = " ".join(cfg["setup_commands"])
-    assert "apt-get install" in setup and "python3-venv" in setup and "python3 -m venv ~/venv" in setup
+    assert "apt-get install" in setup and "python3-venv" in setup and "uv venv --seed --clear --python 3.11" in setup
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = " ".join(cfg[key])
         assert start.index('export PATH="$HOME/venv/bin:$PATH"') < start.index("ray start")
@@ -213,3 +217,104 @@ def test_the_cluster_is_named_by_cluster_env_and_tags_what_it_launches(tmp_path)
         specs = node["node_config"]["TagSpecifications"]
         assert {s["ResourceType"] for s in specs} == {"instance", "volume"}
         assert all(s["Tags"] == [{"Key": COST_TAG, "Value": "platform-alice"}] for s in specs)
+
+
+def _throwaway_head(tmp_path, rendered: dict) -> tuple[Path, dict]:
+    """A HOME laid out as the head's after setup: the image's skeleton ``.bashrc`` and
+    ``.profile`` (Debian's, as Ubuntu's: an interactive-only guard near the top), the synced
+    repository with its cluster.env, and ``~/venv/bin/python`` (this interpreter). Then the
+    rendered setup commands that touch ``~/.bashrc`` and the start commands that write the node's
+    environment, run by bash as the launcher runs them (no network, nothing else started)."""
+    import shutil
+    import sys
+
+    home = tmp_path / "home"
+    (home / "platform").mkdir(parents=True)
+    for name in (".bashrc", ".profile"):
+        shutil.copy(Path("/etc/skel") / name, home / name)
+    for package in ("platform", "methods"):
+        (home / "platform" / package).symlink_to(ROOT / package)
+    shutil.copy(tmp_path / "cluster.env", home / "platform" / "cluster.env")
+    (home / "venv" / "bin").mkdir(parents=True)
+    python = home / "venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "TERM": "dumb"}
+    steps = [c for c in rendered["setup_commands"] if ".bashrc" in c]
+    steps += [c for c in rendered["head_start_ray_commands"] if "platform-commit" in c or "node-env" in c]
+    assert len(steps) >= 4, steps
+    for command in steps:
+        proc = subprocess.run(["bash", "-c", command], cwd=home, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+    return home, env
+
+
+WANTED = ("PLATFORM_DATA_DIR", "PLATFORM_CACHE_DIR", "PLATFORM_OUTPUT_DIR", "PLATFORM_GIT_COMMIT", "PLATFORM_CLUSTER",
+          "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "RAY_AUTH_MODE", "PATH")
+
+
+def _seen(argv: list[str], env: dict, home: Path) -> dict:
+    """What a shell started as ``argv`` (its last word's ``{}`` the commands to run) sees of ``WANTED``."""
+    script = "; ".join(f'echo "{k}=${k}"' for k in WANTED)
+    proc = subprocess.run([*argv[:-1], argv[-1].replace("{}", script)], cwd=home, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line and line.split("=")[0] in WANTED)
+
+
+def test_every_way_into_the_head_sees_one_environment(tmp_path):
+    """``ray attach`` (an interactive login shell, also under ``--tmux``), ``ray exec`` (Ray's own
+    command wrapper) and the processes the head's start command launches (MLflow, ``ray start``,
+    so every ``ray job submit`` driver) see the data folder, the MLflow server and account,
+    RUNS_URI as output_dir's default, the cache folder, the commit ``up`` recorded, Ray's token
+    mode and the venv first on PATH. (Before: only PATH and RAY_AUTH_MODE reached a shell.)"""
+    from ray.autoscaler._private.command_runner import _with_interactive
+
+    from platform.cluster import render
+    from platform.cluster_aws import Access
+
+    access = Access("sg-0123456789abcdef0", "arn:aws:iam::1:instance-profile/h", "arn:aws:iam::1:instance-profile/w")
+    out = render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "rendered.yaml", access)
+    home, env = _throwaway_head(tmp_path, yaml.safe_load(out.read_text()))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    ip = subprocess.run(["bash", "-c", "hostname -I | awk '{print $1}'"], capture_output=True, text=True).stdout.strip()
+    wanted = {"PLATFORM_DATA_DIR": f"{home}/data", "PLATFORM_CACHE_DIR": f"{home}/platform-cache",
+              "PLATFORM_OUTPUT_DIR": "s3://b/runs", "PLATFORM_GIT_COMMIT": commit, "PLATFORM_CLUSTER": "platform-test",
+              "MLFLOW_TRACKING_URI": f"http://{ip}:5000", "MLFLOW_TRACKING_USERNAME": "platform",
+              "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "RAY_AUTH_MODE": "token"}
+    start = next(c for c in yaml.safe_load(out.read_text())["head_start_ray_commands"] if "ray start --head" in c)
+    ways = {
+        "ray attach (bash -lic)": ["bash", "-lic", "{}"],
+        "ray exec": ["bash", "-c", "exec " + " ".join(_with_interactive("{}"))],
+        "ray start and its jobs": ["bash", "-c", start.split("HEAD_IP=")[0] + "{}"],
+    }
+    for way, argv in ways.items():
+        seen = _seen(argv, env, home)
+        assert {k: seen.get(k) for k in wanted} == wanted, way
+        assert seen["PATH"].split(":")[0] == f"{home}/venv/bin", (way, seen["PATH"])
+    assert oct((home / "platform-env.sh").stat().st_mode & 0o777) == "0o600"  # it holds the MLflow password
+    # What a sweep started there would use: output_dir from RUNS_URI, named as such.
+    proc = subprocess.run(["bash", "-lic", f"cd {ROOT} && python -m platform.train una --print-config"], cwd=home,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert 'output_dir: "s3://b/runs"  # environment PLATFORM_OUTPUT_DIR' in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_cluster_node_refuses_a_local_mlflow_store(monkeypatch):
+    """A shell on a node without the node's environment would write runs to a SQLite file there
+    (not the server users browse, not backed up): one line instead."""
+    from platform.errors import UserError
+    from platform.tracking.store import tracking_uri
+
+    monkeypatch.setenv("PLATFORM_CLUSTER", "platform-test")
+    for uri in (None, "sqlite:////home/ubuntu/platform/mlruns/mlflow.db"):
+        if uri is None:
+            monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        else:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(UserError, match="this is a node of cluster platform-test, whose runs go to its MLflow server"):
+            tracking_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.5:5000")
+    assert tracking_uri() == "http://10.0.0.5:5000"
+    monkeypatch.delenv("PLATFORM_CLUSTER")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/x.db")
+    assert tracking_uri() == "sqlite:////tmp/x.db"

@@ -35,6 +35,13 @@ def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else the repository's SQLite store. A password inside the URI is
     refused: it would reach every worker's environment and every message that names the store."""
     uri = settings.get(settings.TRACKING_URI)
+    cluster = settings.get(settings.CLUSTER)
+    if cluster and (not uri or not uri.startswith(("http://", "https://"))):
+        # A shell on a node that missed ~/platform-env.sh (or a user's override) would write the
+        # runs to a file on that node: not the server users browse, not backed up, lost with it.
+        raise UserError(f"this is a node of cluster {cluster}, whose runs go to its MLflow server, but "
+                        f"MLFLOW_TRACKING_URI is {errors.redact(uri) if uri else 'unset'}: run `. ~/platform-env.sh` "
+                        "(a login shell does), or unset PLATFORM_CLUSTER if a local store is meant")
     if not uri and in_ray_job_copy(REPO_ROOT):
         raise UserError("MLFLOW_TRACKING_URI is unset, and the default store (mlruns/ in the repository) would be "
                         "inside the job's temporary copy, which Ray deletes: set it where the cluster's Ray starts "
