@@ -38,7 +38,8 @@ from pathlib import Path
 import yaml
 
 from platform import settings
-from platform.cluster_aws import Access, cost_tags, db_backup_uri, provision, s3_location, settle
+from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifier, mlflow_db, provision, read_password,
+                                  s3_location, settle)
 from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
 from platform.tracking.store import git_commit
@@ -59,7 +60,11 @@ PLACEHOLDERS = {"${SECURITY_GROUP_ID}": "security_group_id", "${HEAD_INSTANCE_PR
 HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its SQLite database
 MIN_PASSWORD = 12
 NODE_ENV = "~/platform-env.sh"  # every shell and Ray process on a node reads it (cluster.yaml)
-COMMIT_FILE = "~/platform-commit"  # the commit that `up` synced (.git is not synced)
+# What `up` learnt for the nodes, put in by the rendered commands: the commit it synced (.git is
+# not synced) and MLflow's database when it made it. Node commands read it beside cluster.env.
+UP_FILE = "~/platform-up.env"
+DB_PASSWORD = "MLFLOW_DB_PASSWORD_PARAMETER"
+MLFLOW_DBS = ("rds", "head")
 # IAM role names take 64 characters; "-worker" and "-head" are added to the name.
 CLUSTER_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 
@@ -95,6 +100,9 @@ def check_settings(values: dict[str, str], source: str) -> None:
     if not CLUSTER_NAME.fullmatch(values["CLUSTER_NAME"]):
         raise ConfigError(f"{source}: CLUSTER_NAME={values['CLUSTER_NAME']!r} must be 1-40 lowercase letters, digits and "
                           "hyphens, starting with a letter (it names IAM roles and the security group)")
+    if values.get("MLFLOW_DB") and values["MLFLOW_DB"] not in MLFLOW_DBS:
+        raise ConfigError(f"{source}: MLFLOW_DB={values['MLFLOW_DB']!r} must be one of {', '.join(MLFLOW_DBS)} (rds: a "
+                          "managed PostgreSQL that outlives the head, the default; head: SQLite on the head's disk)")
     check_account(values, source)
     for key in ("MLFLOW_ARTIFACTS_DESTINATION", "RUNS_URI", "MLFLOW_DB_BACKUP"):
         if values.get(key) and not values[key].startswith("s3://"):
@@ -128,9 +136,13 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
         node["node_config"]["TagSpecifications"] = [{"ResourceType": kind, "Tags": cost_tags(values["CLUSTER_NAME"])}
                                                     for kind in ("instance", "volume")]
     cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
-    # The commit the nodes run, recorded now (the repository travels without .git); node-env reads it.
-    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
-        cfg[key] = [f"echo {shlex.quote(git_commit())} > {COMMIT_FILE}", *cfg[key]]
+    learnt = {settings.GIT_COMMIT: git_commit()}
+    if access.database_uri:
+        learnt.update({"MLFLOW_BACKEND_STORE_URI": access.database_uri, DB_PASSWORD: access.password_parameter})
+    text = "".join(f"{k}={v}\n" for k, v in learnt.items())
+    # Before setup (restore-db reads it) and before each start (ray up --restart-only runs no setup).
+    for key in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
+        cfg[key] = [f"printf %s {shlex.quote(text)} > {UP_FILE}", *cfg[key]]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# Rendered by python -m platform.cluster from cluster.yaml and cluster.env; do not edit.\n"
                    + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
@@ -178,7 +190,10 @@ def aws_call(what: str, fn, *args):
 
 def down(rendered: Path, values: dict[str, str], ray_args: list[str], backup_to: str | None, discard: bool) -> int:
     """``ray down``, after the head's MLflow database is safe (or its loss was asked for)."""
-    if on_head(values.get("MLFLOW_BACKEND_STORE_URI")) and not discard:
+    if mlflow_db(values) == "rds":
+        print(f"MLflow's database {db_identifier(values['CLUSTER_NAME'])} (RDS) is kept: runs, models and accounts "
+              "stay for the next up")
+    elif on_head(values.get("MLFLOW_BACKEND_STORE_URI")) and not discard:
         uri = backup_to or db_backup_uri(values)
         s3_location(uri, "--backup-to")
         command = f"cd ~/platform && ~/venv/bin/python -m platform.cluster backup-db {HEAD_DB} {shlex.quote(uri)}"
@@ -198,9 +213,8 @@ def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str
     source it before MLflow and Ray start (so ``ray job submit`` drivers inherit it); ``~/.bashrc``
     sources it first, above its interactive-only guard (so ``ray attach``, ``ray attach --tmux``
     and ``ray exec`` see the same)."""
-    commit_file = Path(COMMIT_FILE.replace("~", str(home), 1))
-    commit = commit_file.read_text(encoding="utf-8").strip() if commit_file.is_file() else ""
     env = dict(values)
+    commit = env.pop(settings.GIT_COMMIT, "")
     env.update({
         "PATH": f"{home}/venv/bin:$PATH", "RAY_AUTH_MODE": "token",
         settings.CACHE_DIR: values.get(settings.CACHE_DIR) or f"{home}/platform-cache",
@@ -221,14 +235,45 @@ def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str
     return "\n".join(lines) + "\n"
 
 
-def write_mlflow_auth(path: Path, username: str, password: str) -> Path:
+def node_settings(env_file: Path, home: Path | None = None) -> dict[str, str]:
+    """cluster.env with what ``up`` learnt (``UP_FILE``), as a node's commands see them."""
+    values = read_settings(env_file)
+    learnt = Path(UP_FILE.replace("~", str(home or Path.home()), 1))
+    if learnt.is_file():
+        values.update(read_env(learnt))
+    return values
+
+
+def write_pgpass(values: dict[str, str], region: str | None, home: Path) -> str:
+    """``~/.pgpass`` (owner-only) with the password of the database ``up`` made, from its SSM
+    parameter: libpq (MLflow's SQLAlchemy) reads it, so no URI or environment carries it."""
+    from urllib.parse import urlsplit
+
+    uri, parameter = values.get("MLFLOW_BACKEND_STORE_URI", ""), values.get(DB_PASSWORD, "")
+    if not parameter:
+        return "no database password to fetch (MLflow's database is not one up made)"
+    password = aws_call("reading MLflow's database password", read_password, parameter, region)
+    parts = urlsplit(uri)
+    line = f"{parts.hostname}:{parts.port or 5432}:{parts.path.lstrip('/')}:{parts.username}:{password}\n"
+    path = home / ".pgpass"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(line)
+    return f"{path}: the password of {parts.hostname}"
+
+
+def write_mlflow_auth(path: Path, username: str, password: str, database_uri: str | None = None) -> Path:
     """MLflow's basic-auth configuration: ``username`` is the admin, other accounts have no
-    permission until granted, the permissions database is beside ``path``."""
+    permission until granted. The accounts live in ``database_uri`` when it is a server database
+    (MLflow's tracking database: its auth tables and migrations are its own), else in SQLite
+    beside ``path``, which goes with the disk it is on."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not (database_uri and database_uri.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "mysql", "mssql")):
+        database_uri = f"sqlite:///{path.parent.resolve() / 'basic_auth.db'}"
     text = ("[mlflow]\n"
             "default_permission = NO_PERMISSIONS\n"
-            f"database_uri = sqlite:///{path.parent.resolve() / 'basic_auth.db'}\n"
+            f"database_uri = {database_uri}\n"
             f"admin_username = {username}\n"
             f"admin_password = {password}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
@@ -241,7 +286,8 @@ def write_mlflow_auth(path: Path, username: str, password: str) -> Path:
 @cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m platform.cluster", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["up", "down", "render", "mlflow-auth", "backup-db", "restore-db", "node-env"])
+    p.add_argument("command", choices=["up", "down", "render", "mlflow-auth", "backup-db", "restore-db", "node-env",
+                                            "pgpass"])
     p.add_argument("path", nargs="?", help="mlflow-auth: the configuration to write; backup-db: the database")
     p.add_argument("uri", nargs="?", help="backup-db: the s3:// location to write")
     p.add_argument("--config", type=Path, default=ROOT / "cluster.yaml")
@@ -255,16 +301,23 @@ def main(argv=None) -> int:
         check_account(dict(os.environ), "environment (cluster.env)")
         if not args.path:
             raise ConfigError("mlflow-auth needs the path of the configuration to write")
-        write_mlflow_auth(Path(args.path), os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"])
+        write_mlflow_auth(Path(args.path), os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"],
+                          os.environ.get("MLFLOW_BACKEND_STORE_URI"))
         return 0
     if args.command == "backup-db":
         if not (args.path and args.uri):
             raise ConfigError("backup-db needs the database and the s3:// location: backup-db PATH s3://bucket/key")
         print(aws_call("backing up the MLflow database", backup, Path(args.path), args.uri, region_of(args.config)))
         return 0
-    values = read_settings(args.env_file)
+    if args.command in ("node-env", "restore-db", "pgpass"):  # on a node: with what up learnt
+        values = node_settings(args.env_file)
+    else:
+        values = read_settings(args.env_file)
     if args.command == "node-env":
         sys.stdout.write(node_env(values, args.role, args.head_ip, Path.home()))
+        return 0
+    if args.command == "pgpass":
+        print(write_pgpass(values, region_of(args.config), Path.home()))
         return 0
     if args.command == "restore-db":
         if on_head(values.get("MLFLOW_BACKEND_STORE_URI")):

@@ -5,6 +5,8 @@ bootstrap would make them open or too wide (``python -m platform.cluster up`` ca
   cluster's own nodes, nothing else. Ray's bootstrap adds SSH from 0.0.0.0/0 to every group it
   creates and never corrects a group that already has rules; it creates none when every node
   type names its groups (``SecurityGroupIds``), which the rendered config does.
+- MLflow's PostgreSQL on RDS (unless ``MLFLOW_DB=head`` or ``MLFLOW_BACKEND_STORE_URI``), in
+  that group, its password in an SSM SecureString only the head may read.
 - two instance profiles. Workers get S3 on the run prefix (``RUNS_URI``: checkpoints, Tune state)
   and nothing else. The head also gets the MLflow artifact location and the database backup
   (its MLflow server writes them; clients go through the server), EC2 (Ray's autoscaler starts
@@ -45,6 +47,56 @@ class Access:
     head_profile_arn: str
     worker_profile_arn: str
     created: bool = False  # something new in IAM: EC2 sees it only after a few seconds
+    database_uri: str = ""  # MLflow's backend store when up made it (RDS), without its password
+    password_parameter: str = ""  # the SSM parameter that holds that password
+
+
+# MLflow's record lives in a managed PostgreSQL outside the head (MLFLOW_DB=rds, the default):
+# a plain `ray down`, a failed head or `ray up` replacing the head lose no run, metric, model
+# version or account. Small and cheap: MLflow's tracking load is a few writes a second.
+DB_ENGINE_VERSION = "16"
+DB_INSTANCE_CLASS = "db.t4g.micro"
+DB_STORAGE_GB = 20
+DB_BACKUP_DAYS = 7
+DB_USER = "mlflow"
+DB_NAME = "mlflow"
+
+
+def db_identifier(cluster_name: str) -> str:
+    return f"{cluster_name}-mlflow"
+
+
+def password_parameter(cluster_name: str) -> str:
+    return f"/{cluster_name}/mlflow-db-password"
+
+
+def mlflow_database(rds, ssm, cluster_name: str, group_id: str, wait: bool = True) -> tuple[str, str]:
+    """MLflow's PostgreSQL on RDS for ``cluster_name``, made once and found after: inside the
+    cluster's security group (only its nodes reach it), not public, encrypted, deletion-protected,
+    with automated backups; its password made here and kept only in an SSM SecureString that the
+    head's role may read. ``(database URI without the password, the password's parameter)``."""
+    import secrets
+
+    identifier, parameter = db_identifier(cluster_name), password_parameter(cluster_name)
+    try:
+        (instance,) = rds.describe_db_instances(DBInstanceIdentifier=identifier)["DBInstances"]
+    except rds.exceptions.DBInstanceNotFoundFault:
+        password = secrets.token_urlsafe(24)
+        ssm.put_parameter(Name=parameter, Value=password, Type="SecureString", Overwrite=True,
+                          Description=f"{cluster_name}: MLflow's database password (python -m platform.cluster up)")
+        instance = rds.create_db_instance(
+            DBInstanceIdentifier=identifier, Engine="postgres", EngineVersion=DB_ENGINE_VERSION,
+            DBInstanceClass=DB_INSTANCE_CLASS, AllocatedStorage=DB_STORAGE_GB, StorageType="gp3",
+            DBName=DB_NAME, MasterUsername=DB_USER, MasterUserPassword=password,
+            VpcSecurityGroupIds=[group_id], PubliclyAccessible=False, StorageEncrypted=True,
+            DeletionProtection=True, BackupRetentionPeriod=DB_BACKUP_DAYS, CopyTagsToSnapshot=True,
+            Tags=cost_tags(cluster_name))["DBInstance"]
+    if wait and instance.get("DBInstanceStatus") != "available":
+        rds.get_waiter("db_instance_available").wait(DBInstanceIdentifier=identifier,
+                                                     WaiterConfig={"Delay": 30, "MaxAttempts": 60})
+        (instance,) = rds.describe_db_instances(DBInstanceIdentifier=identifier)["DBInstances"]
+    endpoint = instance["Endpoint"]
+    return f"postgresql://{DB_USER}@{endpoint['Address']}:{endpoint['Port']}/{DB_NAME}", parameter
 
 
 def s3_location(uri: str, what: str) -> tuple[str, str]:
@@ -189,12 +241,16 @@ def provision(values: dict[str, str], cluster_name: str, region: str, session=No
 
     session = session or boto3.session.Session(region_name=region)
     ec2, iam = session.client("ec2", region_name=region), session.client("iam", region_name=region)
+    rds, ssm = session.client("rds", region_name=region), session.client("ssm", region_name=region)
     if values.get("SECURITY_GROUP_ID"):
         group_id = named_security_group(ec2, values["SECURITY_GROUP_ID"])
     else:
         group_id = security_group(ec2, f"{cluster_name}-nodes", values["SSH_ALLOWED_CIDR"], cluster_name)
     runs = {"RUNS_URI": values["RUNS_URI"]}
     created = False
+    database_uri = parameter = ""
+    if mlflow_db(values) == "rds":
+        database_uri, parameter = mlflow_database(rds, ssm, cluster_name, group_id)
     worker_arn = values.get("WORKER_INSTANCE_PROFILE_ARN")
     if not worker_arn:
         worker_arn, created = instance_profile(iam, f"{cluster_name}-worker", bucket_policy(runs),
@@ -205,10 +261,30 @@ def provision(values: dict[str, str], cluster_name: str, region: str, session=No
         head_policy = bucket_policy({**runs, "MLFLOW_ARTIFACTS_DESTINATION": values["MLFLOW_ARTIFACTS_DESTINATION"],
                                      "MLFLOW_DB_BACKUP": db_backup_uri(values)})
         head_policy.append({"Effect": "Allow", "Action": ["iam:PassRole"], "Resource": worker_role})
+        if parameter:  # the database password, for the head's MLflow server alone
+            account = session.client("sts", region_name=region).get_caller_identity()["Account"]
+            head_policy.append({"Effect": "Allow", "Action": ["ssm:GetParameter"],
+                                "Resource": f"arn:aws:ssm:{region}:{account}:parameter{parameter}"})
         head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, managed=(EC2_MANAGED_POLICY,),
                                            tags=cost_tags(cluster_name))
         created = created or made
-    return Access(group_id, head_arn, worker_arn, created)
+    return Access(group_id, head_arn, worker_arn, created, database_uri, parameter)
+
+
+def mlflow_db(values: dict[str, str]) -> str:
+    """Where MLflow's record lives: ``rds`` (default: a managed PostgreSQL that up makes),
+    ``own`` (MLFLOW_BACKEND_STORE_URI names yours) or ``head`` (SQLite on the head's disk, backed
+    up by platform.cluster down only)."""
+    if values.get("MLFLOW_BACKEND_STORE_URI"):
+        return "own"
+    return values.get("MLFLOW_DB") or "rds"
+
+
+def read_password(parameter: str, region: str | None) -> str:
+    import boto3
+
+    ssm = boto3.client("ssm", region_name=region)
+    return ssm.get_parameter(Name=parameter, WithDecryption=True)["Parameter"]["Value"]
 
 
 def db_backup_uri(values: dict[str, str]) -> str:

@@ -302,8 +302,9 @@ class MlflowServer:
         if self.account:
             from platform.cluster import write_mlflow_auth
 
+            # As cluster.yaml's head: the accounts in the tracking database when it is a server's.
             auth = write_mlflow_auth(self.base / "basic_auth.ini", self.account["MLFLOW_TRACKING_USERNAME"],
-                                     self.account["MLFLOW_TRACKING_PASSWORD"])
+                                     self.account["MLFLOW_TRACKING_PASSWORD"], self.backend)
             args = ["--app-name", "basic-auth"]
             env.update({"MLFLOW_AUTH_CONFIG_PATH": str(auth), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)})
         log = open(self.base / "server.log", "a")

@@ -259,13 +259,14 @@ def test_down_leaves_the_cluster_up_when_the_database_cannot_be_backed_up(accoun
     config = tmp_path / "cluster.yaml"
     shutil.copy(ROOT / "cluster.yaml", config)
     env = {"HOME": str(tmp_path)}
-    proc = cli("cluster", "down", "--config", str(config), "--env-file", str(_env_file(tmp_path)), "-y", env=env)
+    proc = cli("cluster", "down", "--config", str(config), "--env-file", str(_env_file(tmp_path, MLFLOW_DB="head")), "-y",
+               env=env)
     assert_user_error(proc, "could not be backed up to s3://platform-runs/mlflow-db/mlflow.db", "still up",
                       "--discard-mlflow-db")
     assert (tmp_path / ".cluster" / "cluster.yaml").is_file()
     assert on_head(None) and on_head("sqlite:////home/ubuntu/mlflow/mlflow.db")
     assert not on_head("postgresql://mlflow@db.internal:5432/mlflow")
-    assert_user_error(cli("cluster", "down", "--config", str(config), "--env-file", str(_env_file(tmp_path)),
+    assert_user_error(cli("cluster", "down", "--config", str(config), "--env-file", str(_env_file(tmp_path, MLFLOW_DB="head")),
                           "--backup-to", "/home/me/mlflow.db", env=env), "--backup-to must be an s3:// location")
 
 
@@ -430,3 +431,54 @@ def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_p
     finally:
         os.environ["HOME"] = home or ""
     assert names == {"platform-alice", "platform-bob"}
+
+
+def test_mlflows_database_is_a_managed_postgresql_that_outlives_the_head(account, tmp_path, cli):
+    """``up`` makes MLflow's PostgreSQL on RDS once (a second up finds it): in the cluster's group,
+    not public, encrypted, deletion-protected, backed up daily for a week, tagged; its password only
+    in an SSM SecureString that the head's role may read and the workers' may not. The rendered
+    commands give the head its URI (never the password); the head's ``pgpass`` writes the password
+    to an owner-only ~/.pgpass from SSM. No MLFLOW_DB=head: down backs nothing up and keeps it."""
+    import boto3
+
+    from platform.cluster import UP_FILE, render
+    from platform.cluster_aws import COST_TAG, provision
+    from tests.aws_policy import Request, allowed
+
+    access = provision(_settings(), "contrastive-platform", REGION)
+    rds = boto3.client("rds", region_name=REGION)
+    (db,) = rds.describe_db_instances()["DBInstances"]
+    assert db["DBInstanceIdentifier"] == "contrastive-platform-mlflow" and db["Engine"] == "postgres"
+    assert db["DeletionProtection"] and db["StorageEncrypted"] and not db["PubliclyAccessible"]
+    assert db["BackupRetentionPeriod"] >= 7
+    assert [g["VpcSecurityGroupId"] for g in db["VpcSecurityGroups"]] == [access.security_group_id]
+    assert {"Key": COST_TAG, "Value": "contrastive-platform"} in db["TagList"]
+    host = db["Endpoint"]["Address"]
+    assert access.database_uri == f"postgresql://mlflow@{host}:{db['Endpoint']['Port']}/mlflow"
+    ssm = boto3.client("ssm", region_name=REGION)
+    stored = ssm.get_parameter(Name=access.password_parameter, WithDecryption=True)["Parameter"]
+    assert stored["Type"] == "SecureString" and len(stored["Value"]) >= 24
+    again = provision(_settings(), "contrastive-platform", REGION)
+    assert again.database_uri == access.database_uri and len(rds.describe_db_instances()["DBInstances"]) == 1
+    assert ssm.get_parameter(Name=access.password_parameter, WithDecryption=True)["Parameter"]["Value"] == stored["Value"]
+    account_id = boto3.client("sts", region_name=REGION).get_caller_identity()["Account"]
+    read = Request("GetParameter", "ssm:GetParameter",
+                   f"arn:aws:ssm:{REGION}:{account_id}:parameter{access.password_parameter}")
+    assert allowed(_statements("contrastive-platform-head"), read)
+    assert not allowed(_statements("contrastive-platform-worker"), read)
+    # What the head is given: the URI in the rendered commands, never the password.
+    rendered = render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "rendered.yaml", access).read_text()
+    assert access.database_uri in rendered and stored["Value"] not in rendered and UP_FILE in rendered
+    home = tmp_path / "head-home"
+    home.mkdir()
+    config = yaml.safe_load(rendered)
+    learnt = next(c for c in config["setup_commands"] if UP_FILE in c)
+    subprocess.run(["bash", "-c", learnt], env={"HOME": str(home), "PATH": os.environ["PATH"]}, check=True)
+    proc = cli("cluster", "pgpass", "--env-file", str(_env_file(tmp_path)), env={"HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    pgpass = home / ".pgpass"
+    assert pgpass.read_text() == f"{host}:{db['Endpoint']['Port']}:mlflow:mlflow:{stored['Value']}\n"
+    assert oct(pgpass.stat().st_mode & 0o777) == "0o600"
+    proc = cli("cluster", "restore-db", str(home / "mlflow" / "mlflow.db"), "--env-file", str(_env_file(tmp_path)),
+               env={"HOME": str(home)})
+    assert proc.returncode == 0 and not (home / "mlflow" / "mlflow.db").exists(), proc.stderr  # nothing on the head

@@ -88,3 +88,48 @@ def test_the_database_store_directly(postgres_mlflow, cli, monkeypatch):
     assert db.password not in proc.stderr
     proc = cli("train", "simcse", env={"MLFLOW_TRACKING_URI": db.uri, "PGPASSWORD": "wrong-password"})
     assert_user_error(proc, "is unreachable", "password authentication failed")
+
+
+def test_a_replaced_head_finds_every_run_model_and_account(postgres_mlflow, tmp_path):
+    """The cluster's MLflow on its managed PostgreSQL: the head's disk goes (a plain ``ray down``, a
+    failed head, ``ray up`` replacing it) and a new head's server on the same database finds every
+    run, metric, model version and account, the admin's and one it created (the accounts live in
+    that database too, not in a file beside the server)."""
+    import base64
+    import json
+    import shutil
+    import urllib.request
+
+    db, _ = postgres_mlflow
+    old = MlflowServer(tmp_path / "old-head", db.uri, account=ACCOUNT, env={"PGPASSWORD": db.password}).start()
+
+    def call(server, method, path, body=None, user=ACCOUNT["MLFLOW_TRACKING_USERNAME"],
+             password=ACCOUNT["MLFLOW_TRACKING_PASSWORD"]):
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request = urllib.request.Request(server.uri + path, method=method, data=json.dumps(body).encode() if body else None,
+                                         headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+
+    experiment = call(old, "POST", "/api/2.0/mlflow/experiments/create", {"name": "replaced-head"})["experiment_id"]
+    run = call(old, "POST", "/api/2.0/mlflow/runs/create", {"experiment_id": experiment})["run"]["info"]["run_id"]
+    call(old, "POST", "/api/2.0/mlflow/runs/log-metric", {"run_id": run, "key": "stsb_dev_spearman", "value": 81.5,
+                                                          "timestamp": 0, "step": 125})
+    call(old, "POST", "/api/2.0/mlflow/registered-models/create", {"name": "replaced-head-encoder"})
+    call(old, "POST", "/api/2.0/mlflow/model-versions/create", {"name": "replaced-head-encoder", "source": "s3://b/m",
+                                                                "run_id": run})
+    call(old, "POST", "/api/2.0/mlflow/users/create", {"username": "alice", "password": "alice-password-123"})
+    old.stop()
+    shutil.rmtree(tmp_path / "old-head")  # the head's disk, gone with it
+    new = MlflowServer(tmp_path / "new-head", db.uri, account=ACCOUNT, env={"PGPASSWORD": db.password}).start()
+    try:
+        history = call(new, "GET", f"/api/2.0/mlflow/metrics/get-history?run_id={run}&metric_key=stsb_dev_spearman")
+        assert [(m["step"], m["value"]) for m in history["metrics"]] == [(125, 81.5)]
+        versions = call(new, "GET", "/api/2.0/mlflow/model-versions/search?filter=name%3D%27replaced-head-encoder%27")
+        assert [v["run_id"] for v in versions["model_versions"]] == [run]
+        assert call(new, "GET", "/api/2.0/mlflow/users/get?username=alice")["user"]["username"] == "alice"
+        # alice signs in on the new head with the password she was given on the old one.
+        assert call(new, "GET", "/api/2.0/mlflow/users/get?username=alice", user="alice",
+                    password="alice-password-123")["user"]["username"] == "alice"
+    finally:
+        new.stop()
