@@ -14,6 +14,7 @@ import json
 import logging
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -144,6 +145,72 @@ def init_ray(num_cpus: int | None = None) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
     print(f"Ray: {describe(address, found, job_env is not None)}, "
           f"{int(ray.cluster_resources().get('CPU', 0))} CPUs{dashboard_of(context)}", flush=True)
+    watch_cluster(ray.get_runtime_context().gcs_address)
+
+
+# Ray's core worker aborts the whole process once its GCS has not answered for 60 s
+# (gcs_rpc_server_reconnect_timeout_s): no Python runs then, and the command's runs would stay
+# RUNNING. A GCS that refuses connections this long is gone (a head that died, `ray stop`).
+LOST_AFTER_S = 10.0
+
+
+def watch_cluster(gcs_address: str, interval: float = 1.0, lost_after: float = LOST_AFTER_S) -> threading.Thread:
+    """Watch the GCS at ``gcs_address`` from a daemon thread; once it has refused connections for
+    ``lost_after`` seconds: the runs this process works in end FAILED (MLflow alone: Ray cannot
+    be asked anything), one error line says to ``--resume``, and the process exits 2."""
+    import atexit
+
+    import ray
+
+    host, _, port = gcs_address.rpartition(":")
+    done = threading.Event()
+    atexit.register(done.set)  # after this, Ray's own shutdown may take its GCS down (a local instance)
+
+    def answers() -> bool:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def watch() -> None:
+        last_seen = time.monotonic()
+        while not done.wait(interval):
+            try:  # this process left that Ray (ray.shutdown, another ray.init): nothing to watch
+                if not ray.is_initialized() or ray.get_runtime_context().gcs_address != gcs_address:
+                    return
+            except Exception:
+                return
+            if answers():
+                last_seen = time.monotonic()
+            elif time.monotonic() - last_seen >= lost_after:
+                cluster_lost(gcs_address, time.monotonic() - last_seen)
+
+    thread = threading.Thread(target=watch, name="ray-cluster-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def cluster_lost(gcs_address: str, silent_s: float) -> None:
+    """The end of a command whose Ray cluster went away (see ``watch_cluster``)."""
+    import os
+    import sys
+
+    from platform.tracking.recorder import abandon_open_runs
+
+    reason = f"the Ray cluster at {gcs_address} went away (its GCS silent for {silent_s:.0f} s)"
+    ended: list[str] = []
+    try:
+        ended = abandon_open_runs(reason)
+        runs = f"; run {', '.join(ended)} ended FAILED" if ended else ""
+    except Exception as exc:  # the tracking server went with it (it runs on the head)
+        runs = f"; its runs stay RUNNING in MLflow, which did not answer ({' '.join(str(exc).split())[:100]})"
+    command = Path(sys.argv[0]).stem if sys.argv else "train"
+    again = f"--resume {ended[0]}" if command == "train" and ended else "--resume and the same arguments"
+    print(f"error: {reason}{runs}; once a cluster is up, continue with: python -m platform.{command} {again}",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(2)
 
 
 def release_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S) -> list[str]:

@@ -214,22 +214,53 @@ class Run:
 
     @contextlib.contextmanager
     def closing(self) -> Iterator["Run"]:
+        if not self.in_trial:
+            OPEN[self.id] = self
         try:
             yield self
         except BaseException as exc:
             if not self.in_trial:
                 try:
-                    self.end(outcome_of(exc))
+                    if self.end(outcome_of(exc)) == "FAILED":
+                        FAILED_HERE[self.id] = self
                 except Exception as lost:  # the tracking server away: the error that ended the work is the one to tell
                     print(f"note: run {self.id} stays RUNNING in MLflow, which could not be told it ended "
                           f"({' '.join(str(lost).split())[:120]}); --resume of the run closes it", file=sys.stderr)
             raise
+        finally:
+            OPEN.pop(self.id, None)
         if self.in_trial:
             if self._completed:
                 self.set_tags({WORK_DONE_TAG: "true"})
             return
         self.end("completed" if self._completed else "failed", self.checkpoint,
                  needs_checkpoint=self._needs_checkpoint)
+
+
+# The runs this process is working in (inside ``Run.closing``), for an end that cannot go through
+# the work's own stack: the Ray cluster gone (platform.run.ray_env.watch_cluster).
+OPEN: dict[str, Run] = {}
+FAILED_HERE: dict[str, Run] = {}  # ended FAILED by an error, maybe the cluster's loss seen first as one
+
+
+def abandon_open_runs(reason: str) -> list[str]:
+    """End every run this process works in, and each of their runs still RUNNING (a sweep's
+    trials, a configuration's seeds), FAILED with ``reason``, which the runs an error already
+    ended FAILED here get too; the names of them all."""
+    ended = []
+    for run in list(FAILED_HERE.values()):
+        run.set_tags({END_REASON_TAG: reason})
+        ended.append(run.info().info.run_name)
+    for run in list(OPEN.values()):
+        for child in store.child_runs(run.uri, run.id, "attributes.status = 'RUNNING'"):
+            Run(run.uri, child.info.run_id).set_tags({END_REASON_TAG: reason})
+            store.client(run.uri).set_terminated(child.info.run_id, status="FAILED")
+            ended.append(child.info.run_name)
+        run.set_tags({END_REASON_TAG: reason})
+        store.client(run.uri).set_terminated(run.id, status="FAILED")
+        ended.append(run.info().info.run_name)
+        OPEN.pop(run.id, None)
+    return ended
 
 
 # ------------------------------------------------------------------------------------------------
