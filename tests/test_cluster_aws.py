@@ -140,7 +140,8 @@ def test_rays_bootstrap_of_the_rendered_config_opens_nothing_and_gives_workers_t
     assert len(rules) == 2
     nodes = config["available_node_types"]
     assert {k: n["node_config"]["SecurityGroupIds"] for k, n in nodes.items()} == {
-        "head": [access.security_group_id], "gpu_worker": [access.security_group_id]}
+        "head": [access.security_group_id], "gpu_worker": [access.security_group_id],
+        "cpu_worker": [access.security_group_id]}
     assert nodes["head"]["node_config"]["IamInstanceProfile"] == {"Arn": access.head_profile_arn}
     assert nodes["gpu_worker"]["node_config"]["IamInstanceProfile"] == {"Arn": access.worker_profile_arn}
     profiles = {p["InstanceProfileName"] for p in _iam().list_instance_profiles()["InstanceProfiles"]}
@@ -148,7 +149,8 @@ def test_rays_bootstrap_of_the_rendered_config_opens_nothing_and_gives_workers_t
     # A worker as the head's autoscaler launches it: with the workers' profile, in the group.
     provider = AWSNodeProvider(config["provider"], config["cluster_name"])
     provider.create_node(nodes["gpu_worker"]["node_config"],
-                         {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-name": "w"}, 1)
+                         {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-name": "w",
+                          "ray-launch-config": "hash"}, 1)  # the launcher always tags it (stopped nodes are reused by it)
     (instance,) = [i for r in _ec2().describe_instances()["Reservations"] for i in r["Instances"]]
     assert instance["IamInstanceProfile"]["Arn"] == access.worker_profile_arn
     assert [g["GroupId"] for g in instance["SecurityGroups"]] == [access.security_group_id]
@@ -482,3 +484,28 @@ def test_mlflows_database_is_a_managed_postgresql_that_outlives_the_head(account
     proc = cli("cluster", "restore-db", str(home / "mlflow" / "mlflow.db"), "--env-file", str(_env_file(tmp_path)),
                env={"HOME": str(home)})
     assert proc.returncode == 0 and not (home / "mlflow" / "mlflow.db").exists(), proc.stderr  # nothing on the head
+
+
+def test_rays_autoscaler_puts_gpu_trials_on_gpu_nodes_and_cpu_work_on_cpu_nodes(account, tmp_path):
+    """The node types as ``ray up`` fills them from AWS's instance types, given to Ray's own
+    demand scheduler (v1's ``get_nodes_for``; v2 has the same rule, AUTOSCALER_CONSERVE_GPU_NODES):
+    a trial's GPU workers launch GPU nodes of one GPU each, CPU-only generation tasks launch the
+    CPU worker type, never a GPU node; the head takes nothing."""
+    import functools
+
+    from ray.autoscaler._private.node_provider_availability_tracker import NodeAvailabilitySummary
+    from ray.autoscaler._private.resource_demand_scheduler import _default_utilization_scorer, get_nodes_for
+
+    from platform.cluster_aws import provision
+
+    config = _bootstrapped(tmp_path, provision(_settings(), "contrastive-platform", REGION))
+    nodes = config["available_node_types"]
+    assert nodes["gpu_worker"]["resources"]["GPU"] == 1 and "GPU" not in nodes["cpu_worker"]["resources"]
+    scorer = functools.partial(_default_utilization_scorer,
+                               node_availability_summary=NodeAvailabilitySummary(node_availabilities={}))
+    add = lambda demands: get_nodes_for(nodes, {}, "head", config["max_workers"], demands, scorer)[0]  # noqa: E731
+    assert add([{"CPU": 1, "GPU": 1}] * 4) == {"gpu_worker": 4}  # the paper profile's 4 concurrent trials
+    assert add([{"CPU": 1}] * 12) == {"cpu_worker": 1}
+    assert add([{"CPU": 1}] * 32) == {"cpu_worker": 2}
+    # Past the CPU nodes' 32 CPUs Ray does launch a GPU node for CPU work: that is its max_workers' price.
+    assert add([{"CPU": 1}] * 40) == {"cpu_worker": 2, "gpu_worker": 1}

@@ -33,7 +33,7 @@ def test_cluster_layout_and_security_defaults():
     # the platform's group and its own instance profile, placeholders AWS refuses unrendered.
     assert "security_group" not in cfg["provider"]
     assert {k: n["node_config"]["SecurityGroupIds"] for k, n in nodes.items()} == {
-        "head": ["${SECURITY_GROUP_ID}"], "gpu_worker": ["${SECURITY_GROUP_ID}"]}
+        "head": ["${SECURITY_GROUP_ID}"], "gpu_worker": ["${SECURITY_GROUP_ID}"], "cpu_worker": ["${SECURITY_GROUP_ID}"]}
     assert nodes["head"]["node_config"]["IamInstanceProfile"] == {"Arn": "${HEAD_INSTANCE_PROFILE_ARN}"}
     assert nodes["gpu_worker"]["node_config"]["IamInstanceProfile"] == {"Arn": "${WORKER_INSTANCE_PROFILE_ARN}"}
     head = " ".join(cfg["head_start_ray_commands"])
@@ -140,7 +140,7 @@ def test_cluster_sized_to_the_paper_sweeps_and_head_runs_no_training():
 
     cfg = _config()
     gpu_nodes = cfg["available_node_types"]["gpu_worker"]["max_workers"]
-    assert cfg["max_workers"] == gpu_nodes
+    assert cfg["max_workers"] == gpu_nodes + cfg["available_node_types"]["cpu_worker"]["max_workers"]
     for method in ("simcse", "una", "san", "augcse", "vascl"):
         base = TrainConfig.build(method, "paper")
         spec = load_space(base, None)
@@ -240,8 +240,8 @@ def _throwaway_head(tmp_path, rendered: dict) -> tuple[Path, dict]:
     python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "TERM": "dumb"}
-    steps = [c for c in rendered["setup_commands"] if ".bashrc" in c]
-    steps += [c for c in rendered["head_start_ray_commands"] if "platform-commit" in c or "node-env" in c]
+    steps = [c for c in rendered["setup_commands"] if ".bashrc" in c or "platform-up.env" in c]
+    steps += [c for c in rendered["head_start_ray_commands"] if "platform-up.env" in c or "node-env" in c]
     assert len(steps) >= 4, steps
     for command in steps:
         proc = subprocess.run(["bash", "-c", command], cwd=home, env=env, capture_output=True, text=True, timeout=120)
