@@ -152,6 +152,11 @@ def row_of(uri: str, run) -> dict:
             row[key] = m[key]
     row["wall time (min)"] = _seconds(run) / 60
     row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in leaf_runs(uri, run))
+    # A sweep's nodes (Ray's node table): what the cluster ran for it, and how much of the GPU time
+    # it offered no training used (boot, idle timeout, evaluation, trials starting and stopping).
+    row["node-hours"] = m.get("node_hours")
+    offered = m.get("gpu_hours_offered") or 0
+    row["GPU idle share"] = max(0.0, 1 - row["GPU-hours"] / offered) if offered else None
     row["run_id"] = run.info.run_id
     row["experiment_id"] = run.info.experiment_id
     return row
@@ -210,7 +215,8 @@ def markdown(frame, references: list[dict], experiments: list[str]) -> str:
     extra = [c for c in frame.columns if c.startswith(("transfer_", "cluster_"))]
     maxima = "Avg. max" in frame.columns and frame["Avg. max"].notna().any()
     columns = ["recipe", "backbone", "seeds", *TASK_COLUMNS, *(["Avg. max"] if maxima else []), "STS-B dev", *extra,
-               "wall time (min)", "GPU-hours"]
+               "wall time (min)", "GPU-hours", *(["node-hours", "GPU idle share"] if frame.get("node-hours") is not None
+                                                  and frame["node-hours"].notna().any() else [])]
     lines = [f"# Side by side: {', '.join(experiments)}", "",
              "Spearman x100 of cosine similarities, SentEval 'all' setting; each recipe's best result by STS-B dev "
              "(mean ± std over seeds where it has several). Transfer: accuracy; clustering: K-means accuracy.", "",
@@ -232,6 +238,11 @@ def markdown(frame, references: list[dict], experiments: list[str]) -> str:
                           f"{r['recipe']}: the best of {int(r['max of seeds'])} seed(s), the paper's of "
                           f"{BEST_OF[(r['recipe'], r['backbone'])]}." for r in frame.to_dict("records")
                           if r.get("Avg. max") == r.get("Avg. max") and r.get("Avg. max") is not None)]
+    if "node-hours" in columns:
+        lines += ["", "GPU-hours: the trials' training (run time x GPU workers). node-hours: every node of the cluster "
+                      "while the sweep ran, the head included, from Ray's node table (raylet start to end; the "
+                      "instances bill their boot minutes too). GPU idle share: the GPU time the nodes offered that "
+                      "no training used."]
     lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from platform.config import TrainConfig
 from platform.console import short
 from platform.errors import ConfigError, UserError
 from platform.run import finalize as final_steps
-from platform.run import unit
+from platform.run import ray_env, unit
 from platform.run.fit import FitResult, release
 from platform.run.loop import total_steps
 from platform.space import SearchSpace
@@ -257,6 +257,8 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         parent.log_text(comparison_table(result.scores, baseline, best_backbone(result.checkpoint)),
                         "sts_vs_backbone.md")
     recorder.log_results(parent, numbers, step)
+    # What the sweep's nodes cost (the report sets it beside the trials' training GPU-hours).
+    recorder.log_results(parent, ray_env.node_hours(parent.info().info.start_time / 1000))
     registered = best.info().data.tags.get("registered_model", "")
     parent.set_tags({"registered_model": registered,
                      store.NOTE_TAG: _note(sweep, parent, best, won, registered, result, baseline, notes)})

@@ -168,3 +168,16 @@ def test_generation_grows_with_the_cluster(head, sweep, data_root, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     generators = _actors(head, "Generators")
     assert len(generators) > 1, [(a["class_name"], a["state"], a.get("node_id")) for a in generators]
+
+
+def test_the_sweep_records_what_its_nodes_ran(head, sweep):
+    """The sweep's parent run holds its nodes' hours from Ray's node table (the head and the nodes
+    the autoscaler added), which the report sets beside the trials' GPU-hours."""
+    assert sweep.returncode == 0, sweep.stderr[-4000:]
+    _, runs = runs_of(head.uri, "una")
+    (parent,) = [r for r in runs if r.data.tags.get("sweep") == "true"]
+    m = parent.data.metrics
+    assert m["nodes_seen"] >= 2  # the head and at least one added node
+    wall = (parent.info.end_time - parent.info.start_time) / 3.6e6
+    assert 0.5 * wall < m["node_hours"] <= m["nodes_seen"] * wall, (m, wall)
+    assert m["gpu_hours_offered"] == 0  # the fake cluster's nodes have no GPUs

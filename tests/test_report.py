@@ -177,3 +177,28 @@ def test_progress_line():
     line = progress_line("trial ab12", pos, 24, 1.23456, 77.5, improved=False)
     assert line == "[trial ab12] step 8/24  loss 1.2346  stsb_dev_spearman 77.50 (best 78.12)  ETA 0m40s"
     assert progress_line(None, pos, 8, 1.0, 78.123, improved=True).endswith("(best 78.12, new)  ETA 0m00s")
+
+
+def test_a_sweeps_row_sets_its_nodes_hours_beside_its_training(mlflow_uri):
+    """The sweep's node-hours (recorded from Ray's node table at its end) and the share of the GPU
+    time its nodes offered that no trial trained in, against a direct computation."""
+    from mlflow.tracking import MlflowClient
+
+    from platform.report import markdown, row_of
+
+    c = MlflowClient(mlflow_uri)
+    exp = c.create_experiment("una")
+    t0 = 1_700_000_000_000  # ms
+    parent = c.create_run(exp, start_time=t0, tags={"sweep": "true", "mlflow.runName": "sweep"}).info.run_id
+    for key, value in {"node_hours": 5.0, "gpu_node_hours": 4.0, "gpu_hours_offered": 4.0, "nodes_seen": 5}.items():
+        c.log_metric(parent, key, value)
+    for i, hours in enumerate((1.5, 0.5)):  # two trials of one GPU worker each
+        trial = c.create_run(exp, start_time=t0, tags={"mlflow.parentRunId": parent, "run.use_gpu": "true",
+                                                      "run.num_workers": "1", "mlflow.runName": f"t{i}"}).info.run_id
+        c.set_terminated(trial, end_time=t0 + int(hours * 3.6e6))
+    c.set_terminated(parent, end_time=t0 + int(2 * 3.6e6))
+    row = row_of(mlflow_uri, c.get_run(parent))
+    assert row["GPU-hours"] == pytest.approx(2.0) and row["node-hours"] == 5.0
+    assert row["GPU idle share"] == pytest.approx(1 - 2.0 / 4.0)
+    md = markdown(pd.DataFrame([{**row, "recipe": "una", "backbone": "minilm"}]), [], ["una"])
+    assert "| GPU-hours | node-hours | GPU idle share |" in md and "| 2.00 | 5.00 | 0.50 |" in md

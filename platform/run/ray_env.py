@@ -305,6 +305,31 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
                            "unset RAY_ADDRESS for a local Ray") from None
 
 
+def node_hours(since_s: float, until_s: float | None = None) -> dict[str, float]:
+    """What the cluster's nodes cost while a sweep ran, from Ray's node table (each node's raylet
+    start and end, as the GCS records them, clipped to ``[since_s, until_s]``): nodes seen,
+    node-hours (the head included), hours of nodes with GPUs and GPU-hours they offered. A node's
+    instance is billed from its launch, minutes of boot and setup earlier (README, costs)."""
+    from ray.util.state import list_nodes
+
+    until_s = until_s or time.time()
+    totals = {"nodes_seen": 0.0, "node_hours": 0.0, "gpu_node_hours": 0.0,
+              "gpu_hours_offered": 0.0}
+    for node in list_nodes(detail=True, limit=10_000, raise_on_missing_output=False):
+        start = (node.start_time_ms or 0) / 1000
+        end = (node.end_time_ms or 0) / 1000 or until_s
+        hours = max(0.0, min(end, until_s) - max(start, since_s)) / 3600
+        if hours <= 0:
+            continue
+        gpus = float((node.resources_total or {}).get("GPU", 0))
+        totals["nodes_seen"] += 1
+        totals["node_hours"] += hours
+        if gpus:
+            totals["gpu_node_hours"] += hours
+            totals["gpu_hours_offered"] += hours * gpus
+    return totals
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (on any interface)."""
     with socket.socket() as s:
