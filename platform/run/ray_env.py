@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from platform import settings
 from platform.console import drop_notes
 from platform.errors import ClusterError
 from platform.storage import REPO_ROOT, cache_root
+from platform.tracking.recorder import abandon_open_runs
 from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
 
@@ -193,11 +196,6 @@ def watch_cluster(gcs_address: str, interval: float = 1.0, lost_after: float = L
 
 def cluster_lost(gcs_address: str, silent_s: float) -> None:
     """The end of a command whose Ray cluster went away (see ``watch_cluster``)."""
-    import os
-    import sys
-
-    from platform.tracking.recorder import abandon_open_runs
-
     reason = f"the Ray cluster at {gcs_address} went away (its GCS silent for {silent_s:.0f} s)"
     ended: list[str] = []
     try:
