@@ -509,3 +509,30 @@ def test_rays_autoscaler_puts_gpu_trials_on_gpu_nodes_and_cpu_work_on_cpu_nodes(
     assert add([{"CPU": 1}] * 32) == {"cpu_worker": 2}
     # Past the CPU nodes' 32 CPUs Ray does launch a GPU node for CPU work: that is its max_workers' price.
     assert add([{"CPU": 1}] * 40) == {"cpu_worker": 2, "gpu_worker": 1}
+
+
+def test_an_idle_node_is_stopped_and_started_again_with_its_disk(account, tmp_path):
+    """Ray's AWS node provider on the rendered config (cache_stopped_nodes): scaling a worker down
+    stops its instance instead of terminating it, and the next scale-up of that type starts the
+    same instance again (its venv and caches on its disk, the setup's installs no-ops), not a new
+    one that would download the lock's wheels again (benchmarks/boot_bytes.py)."""
+    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
+
+    from platform.cluster_aws import provision
+
+    config = _bootstrapped(tmp_path, provision(_settings(), "contrastive-platform", REGION))
+    assert config["provider"]["cache_stopped_nodes"] is True
+    provider = AWSNodeProvider(config["provider"], config["cluster_name"])
+    node = config["available_node_types"]["gpu_worker"]["node_config"]
+    tags = {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-name": "w",
+            "ray-launch-config": "same-config"}
+    (first,) = provider.create_node(node, dict(tags), 1)
+    provider.terminate_node(first)  # what the autoscaler calls once the node was idle for idle_timeout_minutes
+    (state,) = [i["State"]["Name"] for r in _ec2().describe_instances(InstanceIds=[first])["Reservations"]
+                for i in r["Instances"]]
+    assert state in ("stopping", "stopped")
+    _ec2().get_waiter("instance_stopped").wait(InstanceIds=[first])
+    again = provider.create_node(node, dict(tags), 1)
+    assert list(again) == [first]
+    instances = [i for r in _ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    assert len(instances) == 1 and instances[0]["State"]["Name"] in ("pending", "running")
