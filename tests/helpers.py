@@ -474,3 +474,31 @@ def code_map() -> dict[str, str]:
     section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Code map", 1)[1].split("\n## ", 1)[0]
     items = re.findall(r"^\d+\. `([\w/]+\.py)` — (.+(?:\n   .+)*)", section, flags=re.M)
     return {path: " ".join(job.split()) for path, job in items}
+
+
+def throwaway_head(tmp_path: Path, rendered: dict, extra_env: dict | None = None) -> tuple[Path, dict]:
+    """A HOME laid out as the head's after setup: the image's skeleton ``.bashrc`` and
+    ``.profile`` (Debian's, as Ubuntu's: an interactive-only guard near the top), the synced
+    repository with its cluster.env, and ``~/venv/bin/python`` (this interpreter). Then the
+    rendered setup commands that touch ``~/.bashrc`` and the start commands that write the node's
+    environment, run by bash as the launcher runs them (no network, nothing else started).
+    ``extra_env``: what the instance itself would give (its role's credentials: an emulator's here)."""
+    home = tmp_path / "home"
+    (home / "platform").mkdir(parents=True)
+    for name in (".bashrc", ".profile"):
+        shutil.copy(Path("/etc/skel") / name, home / name)
+    for package in ("platform", "methods"):
+        (home / "platform" / package).symlink_to(ROOT / package)
+    shutil.copy(tmp_path / "cluster.env", home / "platform" / "cluster.env")  # the synced repository's
+    (home / "venv" / "bin").mkdir(parents=True)
+    python = home / "venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "TERM": "dumb", **(extra_env or {})}
+    steps = [c for c in rendered["setup_commands"] if ".bashrc" in c or "platform-up.env" in c]
+    steps += [c for c in rendered["head_start_ray_commands"] if "platform-up.env" in c or "node-env" in c]
+    assert len(steps) >= 4, steps
+    for command in steps:
+        proc = subprocess.run(["bash", "-c", command], cwd=home, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+    return home, env

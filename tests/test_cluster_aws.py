@@ -536,3 +536,57 @@ def test_an_idle_node_is_stopped_and_started_again_with_its_disk(account, tmp_pa
     assert list(again) == [first]
     instances = [i for r in _ec2().describe_instances()["Reservations"] for i in r["Instances"]]
     assert len(instances) == 1 and instances[0]["State"]["Name"] in ("pending", "running")
+
+
+def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_commit(account, tmp_path, tiny_model,
+                                                                                      small_corpus, _empty_mlflow_db):
+    """The README's cluster path from a shell as ``ray attach`` opens it: up's AWS resources
+    (emulated), the rendered commands run in a throwaway head HOME, then a command typed in a
+    login shell there, from the synced repository, naming no store, output folder or commit. Its
+    run is on the head's MLflow server (basic auth, the account from cluster.env), tagged with the
+    commit up recorded, its checkpoints under RUNS_URI in S3. (What is emulated: the head's address,
+    which the rendered node environment names and this test points at its own server; the sweep on
+    a cluster is tests/test_cluster_join.py's, ray job submit tests/test_cluster_job.py's.)"""
+    from mlflow.tracking import MlflowClient
+
+    from platform.cluster import render
+    from platform.cluster_aws import provision
+    from tests.helpers import MlflowServer, new_mlflow_db, sets, throwaway_head
+
+    account_env = {"MLFLOW_TRACKING_USERNAME": "platform", "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery"}
+    import tempfile
+
+    ray_tmp = tempfile.mkdtemp(prefix="rayh-")  # this head's Ray (short: Ray's socket paths live under it)
+    server = MlflowServer(tmp_path / "mlflow", new_mlflow_db(_empty_mlflow_db, tmp_path / "mlflow.db"),
+                          account=account_env).start()
+    try:
+        access = provision(_settings(), "contrastive-platform", REGION)
+        rendered = render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "rendered.yaml", access)
+        aws_env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                              "AWS_DEFAULT_REGION")}  # the instance role's, emulated
+        home, env = throwaway_head(tmp_path, yaml.safe_load(rendered.read_text()), aws_env)
+        node_env = home / "platform-env.sh"
+        lines = node_env.read_text().splitlines()
+        node_env.write_text("\n".join(f"export MLFLOW_TRACKING_URI={server.uri}" if line.startswith(
+            "export MLFLOW_TRACKING_URI=") else line for line in lines) + "\n")  # the head's address, emulated
+        (home / "data").symlink_to(Path(os.environ["PLATFORM_DATA_DIR"]).resolve())  # `platform.data fetch` did this
+        env["RAY_TMPDIR"] = ray_tmp
+        typed = " ".join(["cd", str(ROOT), "&&", "python -m platform.train simcse", *sets(
+            model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4, eval_steps=2, num_workers=1,
+            use_gpu="false", final_eval="false")])
+        proc = subprocess.run(["bash", "-lic", typed], cwd=home, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        saved = {k: os.environ.get(k) for k in account_env}
+        os.environ.update(account_env)
+        try:
+            client = MlflowClient(server.uri)
+            (run,) = client.search_runs([client.get_experiment_by_name("simcse").experiment_id])
+        finally:
+            for key, value in saved.items():
+                os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+        assert run.info.status == "FINISHED" and run.data.tags["git_commit"] == commit
+        assert run.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/runs/"), run.data.tags["best_checkpoint"]
+    finally:
+        server.stop()
+        shutil.rmtree(ray_tmp, ignore_errors=True)

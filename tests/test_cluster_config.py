@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, throwaway_head
 
 
 def _config():
@@ -219,36 +219,6 @@ def test_the_cluster_is_named_by_cluster_env_and_tags_what_it_launches(tmp_path)
         assert all(s["Tags"] == [{"Key": COST_TAG, "Value": "platform-alice"}] for s in specs)
 
 
-def _throwaway_head(tmp_path, rendered: dict) -> tuple[Path, dict]:
-    """A HOME laid out as the head's after setup: the image's skeleton ``.bashrc`` and
-    ``.profile`` (Debian's, as Ubuntu's: an interactive-only guard near the top), the synced
-    repository with its cluster.env, and ``~/venv/bin/python`` (this interpreter). Then the
-    rendered setup commands that touch ``~/.bashrc`` and the start commands that write the node's
-    environment, run by bash as the launcher runs them (no network, nothing else started)."""
-    import shutil
-    import sys
-
-    home = tmp_path / "home"
-    (home / "platform").mkdir(parents=True)
-    for name in (".bashrc", ".profile"):
-        shutil.copy(Path("/etc/skel") / name, home / name)
-    for package in ("platform", "methods"):
-        (home / "platform" / package).symlink_to(ROOT / package)
-    shutil.copy(tmp_path / "cluster.env", home / "platform" / "cluster.env")
-    (home / "venv" / "bin").mkdir(parents=True)
-    python = home / "venv" / "bin" / "python"
-    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "TERM": "dumb"}
-    steps = [c for c in rendered["setup_commands"] if ".bashrc" in c or "platform-up.env" in c]
-    steps += [c for c in rendered["head_start_ray_commands"] if "platform-up.env" in c or "node-env" in c]
-    assert len(steps) >= 4, steps
-    for command in steps:
-        proc = subprocess.run(["bash", "-c", command], cwd=home, env=env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, (command, proc.stderr[-2000:])
-    return home, env
-
-
 WANTED = ("PLATFORM_DATA_DIR", "PLATFORM_CACHE_DIR", "PLATFORM_OUTPUT_DIR", "PLATFORM_GIT_COMMIT", "PLATFORM_CLUSTER",
           "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "RAY_AUTH_MODE", "PATH")
 
@@ -275,7 +245,7 @@ def test_every_way_into_the_head_sees_one_environment(tmp_path):
 
     access = Access("sg-0123456789abcdef0", "arn:aws:iam::1:instance-profile/h", "arn:aws:iam::1:instance-profile/w")
     out = render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "rendered.yaml", access)
-    home, env = _throwaway_head(tmp_path, yaml.safe_load(out.read_text()))
+    home, env = throwaway_head(tmp_path, yaml.safe_load(out.read_text()))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     ip = subprocess.run(["bash", "-c", "hostname -I | awk '{print $1}'"], capture_output=True, text=True).stdout.strip()
     wanted = {"PLATFORM_DATA_DIR": f"{home}/data", "PLATFORM_CACHE_DIR": f"{home}/platform-cache",
