@@ -152,3 +152,25 @@ def test_a_killed_train_run_resumes_from_its_latest_checkpoint(repo, tiny_model,
     assert runs[0].data.tags["best_checkpoint"].rsplit("/", 1)[1] in left
     if minutes:
         assert not left & set(dead), (left, dead)
+
+
+def test_an_evaluation_is_in_mlflow_before_the_next_one_whatever_the_checkpoint_interval(tiny_model, small_corpus,
+                                                                                        tmp_path, mlflow_uri):
+    """The paper profile's 15 minutes between resumable states: a run's first STS-B dev point is in
+    MLflow, alone, while the run trains towards its next evaluation (before: nothing until the
+    first state, 15 minutes in, or the fit's end)."""
+    args = ["simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=100000, eval_steps=40,
+                            log_steps=5, runtime="process", num_workers=1, checkpoint_minutes=15, final_eval="false",
+                            output_dir=tmp_path / "runs")]
+    proc = start_cli("train", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri})
+    try:
+        def first_point():
+            c, runs = runs_of(mlflow_uri)
+            return runs and steps_of(c, runs[0].info.run_id, "stsb_dev_spearman")
+
+        seen = wait_for("the first evaluation's point", first_point, timeout=240, proc=proc)
+        assert seen == [40] and proc.poll() is None
+        c, (run,) = runs_of(mlflow_uri)
+        assert steps_of(c, run.info.run_id, "train_loss")[:2] == [5, 10]  # the steps' points too
+    finally:
+        _stop(proc, signal.SIGTERM)

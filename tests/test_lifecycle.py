@@ -135,11 +135,12 @@ def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_i
     assert [(m.step, m.value) for m in client(mlflow_uri).get_metric_history(trial.id, "stsb_dev_spearman")] == [(16, 83.53)]
 
 
-def test_points_go_out_with_their_checkpoint_and_a_restart_keeps_each_step_once(mlflow_uri, tmp_path):
-    """A point is sent once the checkpoint holding it is persisted; a worker restarted from the
-    checkpoint of step 2 takes back that checkpoint's points (not the abandoned attempt's later
-    ones, never sent), and the fit's end replays its latest checkpoint's points: the history is
-    the re-run's, each step once, whatever was sent twice."""
+def test_points_go_out_as_they_are_logged_and_a_restart_keeps_each_step_once(mlflow_uri, tmp_path):
+    """Each logged step reaches MLflow at once, from the background sender (issue 47; before, a
+    point waited for the next persisted checkpoint: a scheduler-stopped trial showed none). A
+    worker restarted from the checkpoint of step 2 re-runs step 3, whose point the dead attempt
+    had sent: the restart adopts that point from MLflow and drops the re-run's copy, and the fit's
+    end replays its latest checkpoint's points: each step once, whatever was sent twice."""
     from platform.tracking import recorder
     from platform.tracking.store import client
 
@@ -150,14 +151,14 @@ def test_points_go_out_with_their_checkpoint_and_a_restart_keeps_each_step_once(
         log({"train_loss": float(step)}, step)
     at_step_2 = log.points()  # what the checkpoint of step 2 keeps
     log.persisted()
-    log({"train_loss": 3.0}, 3)  # the attempt dies before its next checkpoint: step 3 is never sent
+    log({"train_loss": 3.0}, 3)  # the attempt dies before its next checkpoint
     log._sender.shutdown(wait=True)
-    assert history() == [(1, 1.0), (2, 2.0)]
+    assert history() == [(1, 1.0), (2, 2.0), (3, 3.0)]  # live: no checkpoint needed
 
     restarted = recorder.StepLog(mlflow_uri, run.id)
     restarted.restore(at_step_2 + [("train_loss", 3.0, 1, 3)], step=2)  # points after the checkpoint's step are not its
     for step in (3, 4):
-        restarted({"train_loss": 10.0 + step}, step)
+        restarted({"train_loss": 10.0 + step}, step)  # (seeded, a real re-run repeats 3.0; the copy is told apart here)
     latest = tmp_path / "fit" / "checkpoint_000004"
     _checkpoint(latest, 50.0, 4)
     (latest / "metrics.json").write_text(json.dumps(restarted.points()))
@@ -165,8 +166,31 @@ def test_points_go_out_with_their_checkpoint_and_a_restart_keeps_each_step_once(
     restarted._sender.shutdown(wait=True)
     # The fit's end: every point of its latest checkpoint again, the best named from storage.
     assert recorder.finish_fit(mlflow_uri, run.id, str(tmp_path / "fit"), 30) == (str(latest), 50.0)
-    assert history() == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
+    assert history() == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0)]
     assert run.info().data.tags["best_checkpoint"] == str(latest)
+
+
+def test_a_step_waits_on_no_tracking_server(tmp_path):
+    """A server that takes seconds to answer (or none) costs the step nothing: logging returns at
+    once, the points wait in the sender."""
+    import socket
+    import time
+
+    from platform.tracking import recorder
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts, never answers
+    try:
+        log = recorder.StepLog(f"http://127.0.0.1:{silent.getsockname()[1]}", "0" * 32)
+        started = time.perf_counter()
+        for step in range(1, 51):
+            log({"train_loss": 1.0, "lr": 1e-5}, step)
+        assert time.perf_counter() - started < 0.5
+        assert len(log.points()) == 100 and not log.sent
+    finally:
+        log._sender.shutdown(wait=False, cancel_futures=True)
+        silent.close()
 
 
 def test_the_best_checkpoint_is_the_first_to_reach_the_best_score(tmp_path):

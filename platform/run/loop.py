@@ -113,7 +113,11 @@ def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConf
     """Where training starts: a restart's position (Ray Train's, or ``--resume``), else step 0. A
     run restored at its end (``--resume`` of a trial cut just after its last step) reports its last
     state once more (its points are the checkpoint's), since Tune expects a result from every trial."""
-    pos = rt.restore(model, *optim, log) or Position()
+    pos = rt.restore(model, *optim, log)
+    if pos is None:  # from step 0: a restart before the first state re-runs steps the run already shows
+        pos = Position()
+        if rt.is_chief:
+            log.restore([], 0)
     if (pos.step or rt.started_over) and rt.is_chief:
         announce_resume(pos, log)
     if pos.step >= steps:

@@ -13,11 +13,13 @@ driver's Tune callback ends every trial's runs from Tune's own trial events
 dead driver left open.
 
 What a fit sends:
-- During a fit, rank 0 keeps each step's metrics as points (``StepLog``) and saves them with every
-  resumable checkpoint. Once a checkpoint is one a restart would start from (in storage and, under
-  Ray, committed by Train's controller) its new points are sent in the background, one attempt
-  each: training never waits on the tracking server, and a restart from a checkpoint never shows
-  points of the attempt it abandoned (no such checkpoint held them, so they were never sent).
+- During a fit, rank 0 sends each logged step's metrics (``StepLog``) at once from a background
+  sender: a point is in MLflow seconds after its step, whatever the checkpoint interval, and
+  training never waits on the tracking server. The points are also saved with every resumable
+  checkpoint; once one is persisted, whatever of its points MLflow has not taken goes again.
+- A restart from a checkpoint re-runs the steps after it, which the dead attempt had already sent
+  (seeded: the same values, at other times): the restarted attempt adopts those points from
+  MLflow and drops its own copies, so each step appears once.
 - At a fit's end (its own, the sweep's Tune callback for a trial Tune ended, or ``--resume``),
   ``finish_fit`` replays the points of the fit's latest checkpoint, waiting for a server that is
   away: this replay is what a tracking outage costs nothing but time. MLflow stores a point once
@@ -294,42 +296,107 @@ Point = tuple  # (key, value, timestamp in ms, step): one measurement, as MLflow
 POINTS_FILE = "metrics.json"  # in a resumable checkpoint: every point of the run up to its step
 ATTEMPT_TIMEOUT_S = 10.0  # one request to an HTTP server; the replay tries again until its wait ends
 BATCH = 1000  # metrics per log-batch request (MLflow's limit)
+QUIET_S = 30.0  # after a failed live send, how long the sender rests before it tries again
 
 
 class StepLog:
-    """Rank 0's step metrics of a run (``log(metrics, step)``), kept with its checkpoints:
-    ``points()`` goes into each resumable checkpoint, ``restore`` takes a restarted attempt back
-    to its checkpoint's points, and ``persisted()`` sends what a persisted checkpoint added. With
-    a run, MLflow's monitor also logs this node's CPU, memory and GPU as ``system/*``."""
+    """Rank 0's step metrics of a run (``log(metrics, step)``): each logged step goes to MLflow at
+    once, from a background sender (the step never waits on it), and every point is also kept
+    with the checkpoints: ``points()`` goes into each resumable checkpoint, ``restore`` takes a
+    restarted attempt back to its checkpoint, ``persisted()`` sends again what did not arrive, and
+    the fit's end replays the latest checkpoint's points (MLflow keeps an identical point once).
+
+    A restart from an earlier checkpoint re-runs steps whose points the dead attempt had already
+    sent (seeded: the same values, at other times): ``restore`` adopts those points from MLflow
+    and the re-run's copies of them are dropped, so each step appears once. With a run, MLflow's
+    monitor also logs this node's CPU, memory and GPU as ``system/*``."""
 
     def __init__(self, uri: str | None = None, run_id: str | None = None, system_metrics: bool = False):
         self.uri, self.run_id = uri, run_id
         self.recorded: list[Point] = []
-        self.sent: set[Point] = set()
-        # One background sender, in order; what it fails to deliver, the fit's replay delivers.
+        self.sent: set[Point] = set()  # what MLflow took (updated by the sender)
+        self.adopted: set[tuple[str, int]] = set()  # (key, step) MLflow holds from a restart's earlier attempt
+        self._lock = threading.Lock()
+        # One background sender draining what is pending, in order, a batch a request. After a
+        # failed request it rests QUIET_S (an outage costs one attempt per rest, not one per
+        # step), then catches up on everything MLflow has not taken; the fit's replay is the backstop.
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="mlflow-steps") if run_id else None
+        self._pending: list[Point] = []
+        self._draining = False
+        self._behind = False
+        self._quiet_until = 0.0
         self.monitor = _system_metrics(uri, run_id) if run_id and system_metrics else None
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         ts = int(time.time() * 1000)
-        self.recorded.extend((k, float(v), ts, int(step)) for k, v in metrics.items())
+        # A key the earlier attempt already sent at this step keeps that point (a re-run's copy).
+        new = [(k, float(v), ts, int(step)) for k, v in metrics.items() if (k, int(step)) not in self.adopted]
+        self.recorded.extend(new)
+        self._submit(new)
 
     def points(self) -> list[Point]:
         return list(self.recorded)
 
     def restore(self, points: list[Point], step: int) -> None:
-        """The points of the checkpoint of ``step`` this attempt restarts from (none after it)."""
-        self.recorded = [tuple(p) for p in points if p[3] <= step]
-        self.sent.update(self.recorded)  # the earlier attempt (or the replay) sent them
+        """The points of the checkpoint of ``step`` this attempt restarts from, and those MLflow
+        already holds of the steps after it (the earlier attempt sent them live; this one re-runs
+        them and keeps theirs). MLflow away: none adopted (its outage already cost the live points)."""
+        restored = [tuple(p) for p in points if p[3] <= step]
+        later = self._sent_after(step, {p[0] for p in points}) if self.run_id else []
+        with self._lock:
+            self.recorded = restored + later
+            self.sent.update(self.recorded)
+        self.adopted = {(p[0], p[3]) for p in later}
+
+    def _sent_after(self, step: int, keys: set[str]) -> list[Point]:
+        try:
+            client = store.client(self.uri)
+            keys |= {k for k in client.get_run(self.run_id).data.metrics if not k.startswith("system/")}
+            return sorted(((m.key, float(m.value), int(m.timestamp), int(m.step)) for key in keys
+                           for m in client.get_metric_history(self.run_id, key) if m.step > step), key=lambda p: p[3])
+        except Exception:
+            return []
 
     def persisted(self, points: list[Point] | None = None) -> None:
         """The state holding ``points`` (default: every point so far) is one a restart starts from:
-        its new points go out."""
-        new = [p for p in (self.recorded if points is None else points) if p not in self.sent]
-        if self._sender is None or not new:
+        whatever of them MLflow has not taken yet goes again."""
+        with self._lock:
+            new = [p for p in (self.recorded if points is None else points) if p not in self.sent]
+        self._submit(new)
+
+    def _submit(self, points: list[Point]) -> None:
+        if self._sender is None or not points:
             return
-        self.sent.update(new)
-        self._sender.submit(_try_send, self.uri, self.run_id, new)
+        with self._lock:
+            if time.monotonic() < self._quiet_until:
+                return  # resting after a failure: caught up later, or replayed
+            self._pending.extend(points)
+            if self._draining:
+                return
+            self._draining = True
+        self._sender.submit(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if self._behind:  # the first request after an outage: whatever MLflow has not taken
+                    batch = [p for p in self.recorded if p not in self.sent][:BATCH]
+                else:
+                    batch = self._pending[:BATCH]
+                if not batch:
+                    self._pending, self._behind, self._draining = [], False, False
+                    return
+            try:
+                _send(self.uri, self.run_id, batch)
+            except Exception:  # the server away: rest, then catch up (persisted() and the replay too)
+                with self._lock:
+                    self._quiet_until = time.monotonic() + QUIET_S
+                    self._pending, self._behind, self._draining = [], True, False
+                return
+            with self._lock:
+                self.sent.update(batch)
+                if not self._behind:
+                    del self._pending[:len(batch)]
 
     def close(self) -> None:
         """The loop's end: the sends under way finish (one attempt each; a hand call of the loop,
@@ -421,13 +488,6 @@ def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = N
                         "run with --resume once the server is back") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 10.0)
-
-
-def _try_send(uri: str, run_id: str, points: list[Point]) -> None:
-    try:
-        _send(uri, run_id, points)
-    except Exception:  # the replay at the fit's end delivers what this attempt could not
-        pass
 
 
 def _send(uri: str, run_id: str, points: list[Point]) -> None:
