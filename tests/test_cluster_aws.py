@@ -395,13 +395,14 @@ def test_what_the_platform_ray_and_mlflow_ask_of_s3_aws_allows_and_nothing_beyon
     assert allowed(head, mlflow_only) and not allowed(worker, mlflow_only)
 
 
-def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_path):
+def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_path, monkeypatch):
     """Alice's and Bob's clusters (their own CLUSTER_NAME, SSH range and run prefix) in one
     account: each up makes its own group and roles, tagged with its name; Bob's up changes none of
     Alice's rules or permissions, and Ray's bootstrap of each rendered config names its own cluster."""
     from platform.cluster import provision_for
     from platform.cluster_aws import COST_TAG
 
+    monkeypatch.setattr("platform.cluster.settle", lambda access: None)  # EC2's wait for new IAM: not the emulator's
     config = tmp_path / "cluster.yaml"
     shutil.copy(ROOT / "cluster.yaml", config)
     alice = _settings(CLUSTER_NAME="platform-alice", SSH_ALLOWED_CIDR="198.51.100.0/24", RUNS_URI=f"s3://{BUCKET}/alice")

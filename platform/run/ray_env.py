@@ -308,12 +308,14 @@ def node_hours(since_s: float, until_s: float | None = None) -> dict[str, float]
     start and end, as the GCS records them, clipped to ``[since_s, until_s]``): nodes seen,
     node-hours (the head included), hours of nodes with GPUs and GPU-hours they offered. A node's
     instance is billed from its launch, minutes of boot and setup earlier (README, costs)."""
+    import ray
     from ray.util.state import list_nodes
 
     until_s = until_s or time.time()
+    gcs = ray.get_runtime_context().gcs_address  # not Ray's guess: several Rays may run on this machine
     totals = {"nodes_seen": 0.0, "node_hours": 0.0, "gpu_node_hours": 0.0,
               "gpu_hours_offered": 0.0}
-    for node in list_nodes(detail=True, limit=10_000, raise_on_missing_output=False):
+    for node in list_nodes(address=gcs, detail=True, limit=10_000, raise_on_missing_output=False):
         start = (node.start_time_ms or 0) / 1000
         end = (node.end_time_ms or 0) / 1000 or until_s
         hours = max(0.0, min(end, until_s) - max(start, since_s)) / 3600
