@@ -136,7 +136,8 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
         node["node_config"]["TagSpecifications"] = [{"ResourceType": kind, "Tags": cost_tags(values["CLUSTER_NAME"])}
                                                     for kind in ("instance", "volume")]
     cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
-    learnt = {settings.GIT_COMMIT: git_commit()}
+    # boto3 on the nodes (the database password, the backup, the bill) reads the region from here.
+    learnt = {settings.GIT_COMMIT: git_commit(), "AWS_DEFAULT_REGION": cfg["provider"]["region"]}
     if access.database_uri:
         learnt.update({"MLFLOW_BACKEND_STORE_URI": access.database_uri, DB_PASSWORD: access.password_parameter})
     text = "".join(f"{k}={v}\n" for k, v in learnt.items())

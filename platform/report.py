@@ -154,7 +154,7 @@ def row_of(uri: str, run) -> dict:
     row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in leaf_runs(uri, run))
     # A sweep's nodes (Ray's node table): what the cluster ran for it, and how much of the GPU time
     # it offered no training used (boot, idle timeout, evaluation, trials starting and stopping).
-    row["node-hours"] = m.get("node_hours")
+    row["node-hours"] = m.get("billed_node_hours", m.get("node_hours"))  # AWS's bill where recorded
     offered = m.get("gpu_hours_offered") or 0
     row["GPU idle share"] = max(0.0, 1 - row["GPU-hours"] / offered) if offered else None
     row["run_id"] = run.info.run_id
@@ -240,9 +240,9 @@ def markdown(frame, references: list[dict], experiments: list[str]) -> str:
                           if r.get("Avg. max") == r.get("Avg. max") and r.get("Avg. max") is not None)]
     if "node-hours" in columns:
         lines += ["", "GPU-hours: the trials' training (run time x GPU workers). node-hours: every node of the cluster "
-                      "while the sweep ran, the head included, from Ray's node table (raylet start to end; the "
-                      "instances bill their boot minutes too). GPU idle share: the GPU time the nodes offered that "
-                      "no training used."]
+                      "while the sweep ran, the head included: on a cluster `platform.cluster up` made, each "
+                      "instance from its launch to its stop (what AWS bills, boot included), else Ray's node table "
+                      "(raylet start to end). GPU idle share: the GPU time the nodes offered that no training used."]
     lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
     return "\n".join(lines)
 

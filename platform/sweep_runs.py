@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from platform import storage, sweep_summary
+from platform import settings, storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
 from platform.errors import ConfigError, UserError
@@ -259,7 +259,10 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     recorder.log_results(parent, numbers, step)
     # What the sweep's nodes cost (the report sets it beside the trials' training GPU-hours).
     try:
-        recorder.log_results(parent, ray_env.node_hours(parent.info().info.start_time / 1000))
+        since = parent.info().info.start_time / 1000
+        recorder.log_results(parent, ray_env.node_hours(since))
+        if settings.get(settings.CLUSTER):  # on a cluster up made: what AWS bills its instances
+            recorder.log_results(parent, ray_env.billed_hours(settings.get(settings.CLUSTER), since))
     except Exception as exc:  # noqa: BLE001 - an account of costs never fails the sweep that it accounts
         print(f"note: the sweep's node-hours were not recorded ({' '.join(str(exc).split())[:160]})", flush=True)
     registered = best.info().data.tags.get("registered_model", "")

@@ -591,3 +591,37 @@ def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_c
     finally:
         server.stop()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_a_sweeps_bill_is_each_instance_from_its_launch_to_its_stop(account, tmp_path):
+    """What the sweep's end records on a cluster ``up`` made: the hours AWS bills each instance Ray's
+    launcher tagged with the cluster's name (launch to stop, or to the end of the accounted span),
+    by node type; another cluster's instances are not counted."""
+    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
+
+    from platform.cluster_aws import provision
+    from platform.run.ray_env import billed_hours
+
+    config = _bootstrapped(tmp_path, provision(_settings(), "contrastive-platform", REGION))
+    nodes = config["available_node_types"]
+
+    def launch(cluster: str, kind: str) -> str:
+        provider = AWSNodeProvider(config["provider"], cluster)
+        (made,) = provider.create_node(nodes[kind]["node_config"], {
+            "ray-node-type": "worker", "ray-user-node-type": kind, "ray-node-name": kind,
+            "ray-launch-config": kind}, 1)
+        return made, provider
+
+    gpu, _ = launch("contrastive-platform", "gpu_worker")
+    cpu, provider = launch("contrastive-platform", "cpu_worker")
+    launch("someone-else", "gpu_worker")
+    provider.terminate_node(cpu)  # idle: stopped (cache_stopped_nodes)
+    _ec2().get_waiter("instance_stopped").wait(InstanceIds=[cpu])
+    launched = {i["InstanceId"]: i["LaunchTime"].timestamp() for r in _ec2().describe_instances()["Reservations"]
+                for i in r["Instances"]}
+    until = time.time() + 3600  # an hour on: the running one keeps billing, the stopped one does not
+    bill = billed_hours("contrastive-platform", since_s=0, until_s=until)
+    assert bill["billed_node_hours/gpu_worker"] == pytest.approx((until - launched[gpu]) / 3600, abs=1e-3)
+    assert bill["billed_node_hours/cpu_worker"] < 0.02
+    assert bill["billed_node_hours"] == pytest.approx(bill["billed_node_hours/gpu_worker"]
+                                                      + bill["billed_node_hours/cpu_worker"])

@@ -202,3 +202,5 @@ def test_a_sweeps_row_sets_its_nodes_hours_beside_its_training(mlflow_uri):
     assert row["GPU idle share"] == pytest.approx(1 - 2.0 / 4.0)
     md = markdown(pd.DataFrame([{**row, "recipe": "una", "backbone": "minilm"}]), [], ["una"])
     assert "| GPU-hours | node-hours | GPU idle share |" in md and "| 2.00 | 5.00 | 0.50 |" in md
+    c.log_metric(parent, "billed_node_hours", 5.5)  # on a cluster up made: what AWS bills, boot included
+    assert row_of(mlflow_uri, c.get_run(parent))["node-hours"] == 5.5

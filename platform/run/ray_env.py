@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import os
 import signal
 import socket
@@ -327,6 +328,38 @@ def node_hours(since_s: float, until_s: float | None = None) -> dict[str, float]
         if gpus:
             totals["gpu_node_hours"] += hours
             totals["gpu_hours_offered"] += hours * gpus
+    return totals
+
+
+def billed_hours(cluster_name: str, since_s: float, until_s: float | None = None) -> dict[str, float]:
+    """What AWS bills for the cluster's instances over ``[since_s, until_s]``: each instance Ray's
+    launcher tagged with the cluster's name, from its launch (``LaunchTime``, reset when a stopped
+    instance starts again) to its stop or termination (the time in ``StateTransitionReason``) or
+    now; by node type (``ray-user-node-type``). Terminated instances stay listed for about an hour."""
+    import datetime
+
+    import boto3
+
+    until_s = until_s or time.time()
+    totals: dict[str, float] = {"billed_node_hours": 0.0}
+    ec2 = boto3.client("ec2")
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "tag:ray-cluster-name", "Values": [cluster_name]}])
+    for reservation in (r for page in pages for r in page["Reservations"]):
+        for instance in reservation["Instances"]:
+            start = instance["LaunchTime"].timestamp()
+            end = until_s
+            if instance["State"]["Name"] in ("stopping", "stopped", "shutting-down", "terminated"):
+                # "User initiated (2026-11-26 15:00:00 GMT)" (AWS's documented form; the emulator says UTC)
+                when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)",
+                                 instance.get("StateTransitionReason", ""))
+                if when:
+                    end = datetime.datetime.strptime(when[1], "%Y-%m-%d %H:%M:%S").replace(
+                        tzinfo=datetime.timezone.utc).timestamp()
+            hours = max(0.0, min(end, until_s) - max(start, since_s)) / 3600
+            kind = next((tag["Value"] for tag in instance.get("Tags", []) if tag["Key"] == "ray-user-node-type"), "other")
+            totals["billed_node_hours"] += hours
+            totals[f"billed_node_hours/{kind}"] = totals.get(f"billed_node_hours/{kind}", 0.0) + hours
     return totals
 
 
