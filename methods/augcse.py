@@ -52,7 +52,7 @@ from methods.ingredients import AuxTerm, Draws, GeneratedColumn, InvalidParams, 
 from methods.losses import global_mean, world_size
 
 # Bump when an augmentation's output changes, so cached generations are not reused.
-AUGMENTATION_VERSION = 1
+AUGMENTATION_VERSION = 2  # 2: RandomSwap as Tang et al. build it (10% of the words, at most 30)
 
 
 @dataclasses.dataclass
@@ -213,6 +213,8 @@ class AugCSE(AuxTerm):
     default_pooler = "cls_before_pooler"
     brings_projection = True
     augments_per_epoch = True
+    config_defaults = {"precision": ("fp32", "Tang et al.'s STS-B script (run_train_exp.py) passes no --fp16 to the "
+                                             "HF Trainer: fp32")}
 
     @property
     def names(self) -> list[str]:

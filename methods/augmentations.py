@@ -152,16 +152,17 @@ class NlpaugAugmentation(Augmentation):
 
 
 class RandomSwap(NlpaugAugmentation):
-    """Swap adjacent words (nlpaug ``RandomWordAug(action="swap")``, its defaults: 30% of words,
-    1 to 10)."""
+    """Swap adjacent words (nlpaug ``RandomWordAug(action="swap")``) as Tang et al. build it
+    (``random_word_augmentation/transformation.py``: ``prob=0.1, aug_max=30``): 10% of the words,
+    at most 30, not nlpaug's defaults (30%, 1 to 10)."""
 
     name = "random_swap"
-    example = ("The quick brown fox jumps over the lazy dog.", "Quick brown the fox jumps over the dog lazy.")
+    example = ("The quick brown fox jumps over the lazy dog.", "Quick the brown fox jumps over the lazy dog.")
 
     def make(self):
         import nlpaug.augmenter.word as naw
 
-        return naw.RandomWordAug(action="swap", **self.treebank())
+        return naw.RandomWordAug(action="swap", aug_p=0.1, aug_max=30, **self.treebank())
 
 
 class RandomDelete(NlpaugAugmentation):

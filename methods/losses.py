@@ -126,6 +126,19 @@ def hince(
         return F.cross_entropy(torch.cat([pos, neg], dim=1), labels)
 
 
+def symmetric_info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """AugCSE's contrastive term, symmetric "similar to CLIP" (Tang et al., 2022, App. A.14 and
+    Table 14; the authors' code with ``diff_cse_mode``): ``S = [sim(z1_i, z2_j)/tau]_{ij}`` over the
+    N x N in-batch matrix, loss ``(CE(S, I) + CE(S^T, I)) / 2``: each anchor classified among the
+    positives and each positive among the anchors. In float32 under any autocast."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logits = cosine_matrix(z1, z2) / temperature
+    labels = torch.arange(z1.shape[0], device=z1.device)
+    with full_precision(z1.device):
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
 def nt_xent(pairs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float) -> torch.Tensor:
     """Symmetric NT-Xent (SimCLR, Chen et al., 2020, Eq. 1) over all rows of the given positive
     pairs, as the UNA authors' code trains: every row's positive is its partner, every other row is
@@ -176,6 +189,7 @@ class Loss(Ingredient, nn.Module):
 
     kind = "loss"
     needs_negatives: ClassVar[bool] = False  # refused in a recipe without a source of negatives
+    takes_negatives: ClassVar[bool] = True  # False: refused in a recipe with a source of negatives
     # NT-Xent treats each negative as a pair of dropout views: the step encodes it twice.
     pairs_negatives: ClassVar[bool] = False
 
@@ -198,6 +212,20 @@ class InfoNCE(Loss):
     def forward(self, v: Views) -> torch.Tensor:
         columns = torch.cat([n.z[n.valid] for n in v.negatives]) if v.negatives else None
         return info_nce(v.anchor, v.positive, self.shared.temperature, negatives=columns)
+
+
+class SymmetricInfoNCE(Loss):
+    """AugCSE's symmetric InfoNCE (Tang et al., 2022, App. A.14; the authors' code with
+    ``diff_cse_mode``): CLIP's two directions over the in-batch matrix of anchors and positives
+    (N x N, all-gathered), ``(CE(S) + CE(S^T)) / 2`` with ``S_ij = sim(h_i, h_j+)/tau``, sim =
+    cosine, tau = ``temperature``. It has no place for negatives: a recipe with them is refused."""
+
+    name = "symmetric"
+    cites = "Tang et al. (2022), AugCSE, App. A.14 (CLIP's symmetric loss) and the authors' code"
+    takes_negatives = False
+
+    def forward(self, v: Views) -> torch.Tensor:
+        return symmetric_info_nce(v.anchor, v.positive, self.shared.temperature)
 
 
 @dataclasses.dataclass

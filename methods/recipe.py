@@ -90,6 +90,9 @@ class RecipeSpec:
             (not INGREDIENTS["loss"][self.loss].needs_negatives or bool(self.negatives),
              f"invalid recipe: loss={self.loss} needs negatives (negatives={' or '.join(INGREDIENTS['negatives'])} "
              "or both); use loss=infonce or ntxent without them"),
+            (INGREDIENTS["loss"][self.loss].takes_negatives or not self.negatives,
+             f"invalid recipe: loss={self.loss} has no place for negatives (negatives={','.join(self.negatives)}); "
+             "use loss=infonce, hince or ntxent with them"),
             (len(projections) <= 1,
              f"invalid recipe: aux={','.join(projections)} each bring their own projection head; choose one of them"),
         ])
@@ -134,7 +137,8 @@ NAMED: dict[str, NamedRecipe] = {
     "una": NamedRecipe(RecipeSpec(negatives=("una",)), "Shu et al., UNA",
                        loss_by_fidelity={"authors_code": "ntxent"}),  # the authors' 4N x 4N loss
     "san": NamedRecipe(RecipeSpec(negatives=("san",), loss="hince"), "Cai et al., SAN + HiNCE"),
-    "augcse": NamedRecipe(RecipeSpec(aux=("augcse",)), "Tang et al. (2022), AugCSE"),
+    # App. A.14: the contrastive term is symmetric, "similar to CLIP" (the authors' code too).
+    "augcse": NamedRecipe(RecipeSpec(loss="symmetric", aux=("augcse",)), "Tang et al. (2022), AugCSE"),
     # Eq. 1: each of the 2M views classified among the 2M-1 others, i.e. NT-Xent.
     "vascl": NamedRecipe(RecipeSpec(loss="ntxent", aux=("vascl",)), "Zhang et al. (2021), VaSCL"),
 }

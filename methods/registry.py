@@ -19,6 +19,7 @@ REGISTERED = (
     "methods.losses:InfoNCE",
     "methods.losses:HiNCE",
     "methods.losses:NTXent",
+    "methods.losses:SymmetricInfoNCE",
     "methods.vascl:VaSCL",
     "methods.augcse:AugCSE",
 )

@@ -48,12 +48,12 @@ from methods.losses import full_precision, gather_with_grad, rank
 
 @dataclasses.dataclass
 class VaSCLParams(Params):
-    k: int = cited(16, "neighbourhood size (Zhang et al., Sec. 4 / Appendix A)")
+    k: int = cited(16, "neighbourhood size: the authors' --topk (amazon-research/sentence-representations, VaSCL)")
     delta: float = cited(15.0, "radius of the virtual augmentation (15 for base models, 30 for large)")
     power_iterations: int = cited(1, "VAT's power iterations; the authors' code takes one step")
     xi: float = cited(0.0, (
         "Norm of the initial random perturbation; 0: delta, as the authors' vat_utils.py (the paper gives none)."))
-    head_dim: int = cited(128, "the head's output size, 128 (Zhang et al., Sec. 3)")
+    head_dim: int = cited(128, "the head's output size, 128 (Zhang et al., App. A)")
     head_lr_scale: float = cited(100.0, "head learning rate = 100 x backbone (Appendix A)")
 
     def validate(self) -> None:

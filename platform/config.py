@@ -79,7 +79,7 @@ class TrainConfig:
         "with (their papers are silent); 0: no clipping. UNA's and VaSCL's code do not clip."))
     epochs: int = cited(1, "SimCSE: one epoch over wiki1m")
     max_steps: int = cited(0, "0: the full epochs")
-    seed: int = cited(42, "SimCSE's run script's seed")
+    seed: int = cited(42, "the HF Trainer's default seed, which SimCSE's run script keeps")
     corpus: str = cited("wiki1m_for_simcse.txt", (
         "SimCSE's 10^6 Wikipedia sentences: a corpus path, or a file name under $PLATFORM_DATA_DIR/corpus"))
     max_sentences: int = cited(0, "0: the whole corpus")

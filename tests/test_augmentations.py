@@ -177,3 +177,10 @@ def test_a_named_set_says_which_augmentations_it_substitutes():
     assert AugCSE(AugCSEParams(augmentations="8-aug")).run_tags() == {
         "augcse_substitutes": "DiverseParaphrase->synonym_substitution, Casual2Formal->number_to_word"}
     assert AugCSE(AugCSEParams(augmentations="random_swap,synonym_substitution")).run_tags() == {}
+
+
+def test_random_swap_is_built_as_the_authors_build_it():
+    """Tang et al.'s RandomSwap (random_word_augmentation/transformation.py): prob=0.1, aug_max=30,
+    not nlpaug's defaults (30% of the words, 1 to 10)."""
+    aug = AUGMENTATIONS["random_swap"](0).make()
+    assert (aug.aug_p, aug.aug_max) == (0.1, 30)

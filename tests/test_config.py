@@ -173,9 +173,10 @@ def test_max_grad_norm_is_on_every_card_with_its_source():
 
 
 def test_paper_roberta_applies_each_papers_roberta_values_on_the_paper_profile():
-    """SimCSE's (and SAN's) RoBERTa-base batch 512 / lr 1e-5, UNA's constant 5e-6; AugCSE, which
-    reports BERT-base only, and VaSCL, RoBERTa already, keep the paper profile's; the rest is the
-    paper profile's, each value saying where it comes from."""
+    """SimCSE's (and SAN's) RoBERTa-base batch 512 / lr 1e-5, UNA's batch 64 at a constant 5e-6
+    (Shu et al., Sec. 4), AugCSE's lambda 1e-4 (Table 10) with BERT-base's batch and lr; VaSCL,
+    RoBERTa already, keeps the paper profile's; the rest is the paper profile's, each value saying
+    where it comes from."""
     from platform.config import load_profile
 
     got = {m: TrainConfig.build(m, "paper-roberta") for m in ("simcse", "una", "san", "augcse", "vascl")}
@@ -183,6 +184,9 @@ def test_paper_roberta_applies_each_papers_roberta_values_on_the_paper_profile()
     assert (got["simcse"].batch_size, got["simcse"].lr, got["simcse"].schedule) == (512, 1e-5, "linear")
     assert (got["san"].batch_size, got["san"].lr, got["san"].dropout) == (512, 1e-5, 0.15)
     assert (got["una"].lr, got["una"].schedule, got["una"].eval_steps) == (5e-6, "constant", 100)
+    assert got["una"].batch_size == 64 and got["una"].sources["batch_size"] == "profile 'paper-roberta' (ingredients.una)"
+    assert got["augcse"].params["augcse"].lambda_disc == 1e-4
+    assert TrainConfig.build("augcse", "paper").params["augcse"].lambda_disc == 5e-3
     paper = {m: TrainConfig.build(m, "paper") for m in ("augcse", "vascl")}
     for m, c in paper.items():
         assert (got[m].batch_size, got[m].lr, got[m].epochs) == (c.batch_size, c.lr, c.epochs)

@@ -179,11 +179,13 @@ def test_a_step_reads_from_the_device_only_when_it_logs_or_evaluates(tiny_model,
 
 
 def test_each_paper_trains_in_its_authors_precision():
-    """SimCSE, SAN and AugCSE: the HF Trainer's --fp16 (autocast and a loss scaler) in their authors'
-    scripts; UNA and VaSCL: fp32 (no autocast in their code). The local profile's CPU steps: fp32."""
-    want = {"simcse": "fp16", "san": "fp16", "augcse": "fp16", "una": "fp32", "vascl": "fp32"}
+    """SimCSE and SAN: the HF Trainer's --fp16 (autocast and a loss scaler) in their authors'
+    scripts; UNA and VaSCL: fp32 (no autocast in their code); AugCSE: fp32 (its STS-B script,
+    run_train_exp.py, passes no --fp16). The local profile's CPU steps: fp32."""
+    want = {"simcse": "fp16", "san": "fp16", "augcse": "fp32", "una": "fp32", "vascl": "fp32"}
     assert {m: TrainConfig.build(m, "paper").precision for m in want} == want
     assert "una" in TrainConfig.build("una", "paper").sources["precision"]
+    assert "run_train_exp.py" in TrainConfig.build("augcse", "paper").sources["precision"]
     assert {TrainConfig.build(m, "local").precision for m in want} == {"fp32"}
 
 

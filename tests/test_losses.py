@@ -26,6 +26,37 @@ def test_info_nce_with_extra_negatives_matches_reference():
     assert float(info_nce(z1, z2, 0.05, neg)) == pytest.approx(slow_info_nce(z1, z2, 0.05, neg), rel=1e-5)
 
 
+@pytest.mark.parametrize("tau", [0.05, 0.5])
+def test_augcses_symmetric_term_matches_a_direct_computation(tau):
+    """Tang et al., App. A.14 (the authors' code): (CE(S) + CE(S^T)) / 2, each direction computed
+    term by term with explicit cosines: the anchors against the positives, and the positives
+    against the anchors; it differs from SimCSE's one direction on the same views."""
+    import math
+
+    from methods.losses import symmetric_info_nce
+
+    g = torch.Generator().manual_seed(2)
+    z1, z2 = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
+
+    def direction(a, b):
+        cos = lambda x, y: float(x @ y) / (math.sqrt(float(x @ x)) * math.sqrt(float(y @ y)))  # noqa: E731
+        return sum(-math.log(math.exp(cos(a[i], b[i]) / tau) / sum(math.exp(cos(a[i], b[j]) / tau) for j in range(6)))
+                   for i in range(6)) / 6
+
+    want = (direction(z1, z2) + direction(z2, z1)) / 2
+    assert float(symmetric_info_nce(z1, z2, tau)) == pytest.approx(want, rel=1e-5)
+    assert abs(want - slow_info_nce(z1, z2, tau)) > 1e-3
+
+
+def test_the_symmetric_loss_takes_no_negatives_and_augcse_uses_it():
+    from methods.ingredients import InvalidParams
+    from methods.recipe import NAMED, RecipeSpec
+
+    assert NAMED["augcse"].resolve("paper").loss == NAMED["augcse"].resolve("authors_code").loss == "symmetric"
+    with pytest.raises(InvalidParams, match="loss=symmetric has no place for negatives"):
+        RecipeSpec(negatives=("una",), loss="symmetric").validate()
+
+
 def test_info_nce_rejects_bad_temperature():
     with pytest.raises(ValueError, match="temperature"):
         info_nce(torch.randn(2, 3), torch.randn(2, 3), 0.0)

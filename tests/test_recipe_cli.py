@@ -18,14 +18,17 @@ from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
 from tests.helpers import ROOT, assert_user_error, repo_with_ingredient, run_cli, run_main, runs_of, sets, steps_of
 
 # Each row: positives, negatives, loss, aux. Together they hold every combinable pair (checked below).
-# Six is the fewest: each (positives, loss) pair needs a recipe of its own.
+# Eight is the fewest: each (positives, loss) pair needs a recipe of its own (AugCSE's symmetric
+# loss takes no negatives).
 COVERING = [
     ("paraphrase", "una", "infonce", "vascl"),
     ("paraphrase", "san", "hince", "augcse"),
     ("paraphrase", "una,san", "ntxent", "augcse"),
+    ("paraphrase", "", "symmetric", "vascl"),
     ("dropout", "san", "infonce", "augcse"),
     ("dropout", "una", "hince", "vascl"),
     ("dropout", "san", "ntxent", "vascl"),
+    ("dropout", "", "symmetric", "augcse"),
 ]
 
 
@@ -78,7 +81,7 @@ def corpus_and_paraphrases(tmp_path_factory, small_corpus):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("row", COVERING, ids=["+".join(r) for r in COVERING])
+@pytest.mark.parametrize("row", COVERING, ids=["+".join(x or "none" for x in r) for r in COVERING])
 def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_paraphrases, tmp_path, mlflow_uri):
     pos, negs, loss, aux = row
     # One cache for the module, as for a user: a recipe finds the columns (AugCSE's 4-aug set,
@@ -102,11 +105,11 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     c, runs = runs_of(mlflow_uri, "recipe")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     run = runs[0]
-    want = f"positives={pos} negatives={negs} loss={loss} aux={aux}"
+    want = f"positives={pos} negatives={negs or 'none'} loss={loss} aux={aux}"
     assert run.data.tags["recipe"] == want and run.data.tags["method"] == "recipe"
     assert run.data.params["recipe"] == want and not {"positives", "negatives", "loss", "aux"} & set(run.data.params)
     assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
-    for name in negs.split(","):  # SAN's negatives at every step, UNA's at the second
+    for name in filter(None, negs.split(",")):  # SAN's negatives at every step, UNA's at the second
         used = [m.value for m in sorted(c.get_metric_history(run.info.run_id, f"{name}_negatives"), key=lambda m: m.step)]
         assert used == ([0.0, 1.0] if name == "una" else [1.0, 1.0])
     if aux == "vascl":  # K against the global batch, and the share of it that K is
