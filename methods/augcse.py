@@ -127,7 +127,11 @@ class BatchNormProjector(nn.Module):
 def batch_norm_from(bn: nn.BatchNorm1d, x: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """``bn`` in training mode with the mean and (biased) variance of the rows ``reference``
     marks applied to every row of ``x``; the running statistics move with those rows alone, as
-    ``nn.BatchNorm1d`` moves them (momentum, unbiased variance)."""
+    ``nn.BatchNorm1d`` moves them (momentum, unbiased variance). The statistics and the
+    normalisation in float32 whatever the autocast, the output in ``x``'s dtype, as
+    ``nn.BatchNorm1d``'s kernels do: fp16 sums of squared rows overflow, and bf16's would make two
+    workers' statistics differ from one process's."""
+    dtype, x = x.dtype, x.float()
     ref = x[reference]
     if world_size() > 1:  # the whole batch's moments across DDP workers, as one process computes them
         mean, var, n = GlobalMoments.apply(ref)
@@ -138,7 +142,7 @@ def batch_norm_from(bn: nn.BatchNorm1d, x: torch.Tensor, reference: torch.Tensor
         bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * var * n / max(n - 1, 1))
         bn.num_batches_tracked += 1
     y = (x - mean) / torch.sqrt(var + bn.eps)
-    return y * bn.weight + bn.bias if bn.affine else y
+    return (y * bn.weight + bn.bias if bn.affine else y).to(dtype)
 
 
 class GlobalMoments(torch.autograd.Function):
@@ -152,6 +156,7 @@ class GlobalMoments(torch.autograd.Function):
     def forward(ctx, rows: torch.Tensor):
         import torch.distributed as dist
 
+        rows = rows.float()  # the moments in float32 (batch_norm_from passes float32 already)
         sums = torch.cat([rows.sum(0), rows.new_tensor([rows.shape[0]])])
         dist.all_reduce(sums)
         n = int(sums[-1])

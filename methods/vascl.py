@@ -117,7 +117,10 @@ def virtual_perturbation(
         noise = torch.randn(e.shape, generator=generator, device="cpu").to(e.device)
     xi = params.xi or params.delta
     d = xi * F.normalize(noise, dim=-1)
-    with torch.enable_grad():  # a gradient w.r.t. delta only, also when called under no_grad
+    # A gradient w.r.t. delta only, also when called under no_grad; in float32 whatever the caller's
+    # autocast: fp16's unscaled gradient of a loss over 2K+1 cosines underflows to zero, and the
+    # normalised zero vector would silently take the perturbation away.
+    with torch.enable_grad(), full_precision(e.device):
         z = head(e).detach()
         for _ in range(params.power_iterations):
             d.requires_grad_(True)

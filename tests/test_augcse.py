@@ -249,3 +249,25 @@ def test_the_projector_normalises_every_row_with_the_reference_rows_statistics()
     moved.load_state_dict(g.state_dict())
     assert not torch.allclose(moved(x)[:8], alone)  # as they would as part of the batch
     torch.testing.assert_close(g.net[1].running_mean, plain.net[1].running_mean)  # updated by the reference rows
+
+
+def test_the_projectors_statistics_are_float32_under_low_precision_autocast():
+    """Issue 48: under bf16 autocast (CPU) the hand-written BN of the projector (the DDP path, or a
+    recipe with negatives) computes its statistics in float32, as nn.BatchNorm1d's kernel does: the
+    same running statistics and output as nn.BatchNorm1d, and the fp32 run's within bf16's rounding."""
+    from methods.augcse import batch_norm_from
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 32) * 30 + 100  # large, offset rows: where low-precision sums of squares fail
+    every = torch.ones(64, dtype=torch.bool)
+    ours, reference = torch.nn.BatchNorm1d(32).train(), torch.nn.BatchNorm1d(32).train()
+    fp32 = batch_norm_from(torch.nn.BatchNorm1d(32).train(), x, every)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = x.to(torch.bfloat16)  # what a bf16 Linear hands the BN
+        got = batch_norm_from(ours, low, every)
+        want = reference(low)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.running_mean, reference.running_mean, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(ours.running_var, reference.running_var, atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)  # bf16 output rounding
+    torch.testing.assert_close(got.float(), fp32, atol=0.05, rtol=0.05)  # bf16's input rounding alone

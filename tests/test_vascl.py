@@ -230,3 +230,20 @@ def test_bad_params(kw, message):
         VaSCL(VaSCLParams(**kw))
     with pytest.raises(InvalidParams, match="smaller than the batch size"):
         VaSCLParams(k=16).validate_batch(16)
+
+
+def test_the_perturbation_keeps_its_radius_and_direction_under_low_precision_autocast():
+    """Issue 48: the gradient that finds delta is taken in float32 whatever the caller's autocast
+    (under fp16 an unscaled gradient can underflow to zero, and the perturbation would vanish):
+    under bf16 autocast (CPU) delta has norm Delta on every row and the fp32 run's direction."""
+    torch.manual_seed(0)
+    head = Head(16, 8)
+    e = torch.randn(10, 16)
+    nb = neighbours(e, 3)
+    params = VaSCLParams(k=3, delta=2.0)
+    fp32 = virtual_perturbation(head, e, nb, params, 0.05, torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = virtual_perturbation(head, e, nb, params, 0.05, torch.Generator().manual_seed(0))
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low.norm(dim=-1), torch.full((10,), 2.0))
+    torch.testing.assert_close(low, fp32)
