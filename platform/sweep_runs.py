@@ -307,7 +307,7 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
                  "artifacts.")
     if "/" in registered:
         name, version = registered.split("/", 1)
-        lines.append(f"**Registered:** [{name} version {version}]({store.ui_route(f'#/models/{name}/versions/{version}')}); load it with "
-                     f"`mlflow.sentence_transformers.load_model(\"models:/{name}/{version}\")`.")
+        lines.append(f"**Registered:** [{name} version {version}]({store.ui_route(f'#/models/{name}/versions/{version}')}); load it in "
+                     f"a new Python session with `{store.load_code(sweep.uri, f'models:/{name}/{version}')}`.")
     lines += [f"*{note}*" for note in notes]
     return "\n\n".join(lines)

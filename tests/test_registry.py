@@ -43,6 +43,24 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     assert champion.tags["recipe"].startswith("positives=dropout")
     assert {f"sts_{t}" for t in ("STS12", "STSBenchmark", "SICKRelatedness", "avg")} <= set(champion.tags)
 
+    # The load line the console prints loads the model in a new Python session from the repository
+    # root, whose MLflow would look in ./mlflow.db: the line names the store (issue 47).
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    (code,) = re.findall(r'load it: python -c "(.+?)"', proc.stdout)
+    fresh = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    loaded = subprocess.run([sys.executable, "-c", code + "; print(model.encode(['a cat']).shape)"], cwd=ROOT,
+                            env=fresh, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0 and "(1, 32)" in loaded.stdout, loaded.stderr[-2000:]
+    assert not (ROOT / "mlflow.db").exists()  # nothing looked in MLflow's default store
+    description = c.get_model_version("simcse-encoder", "1").description
+    assert f"mlflow.set_tracking_uri({mlflow_server!r})" in description
+
     # The champion embeds as the project's encoder does (the evaluator's embeddings).
     mlflow.set_tracking_uri(mlflow_server)
     model = mlflow.sentence_transformers.load_model("models:/simcse-encoder@champion")

@@ -20,7 +20,7 @@ from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint
 from platform.tracking import recorder, registry
 from platform.tracking.recorder import BEST, DEV_METRIC, Run
-from platform.tracking.store import git_commit, ui_route
+from platform.tracking.store import git_commit, load_code, redact, ui_route
 
 
 # ------------------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str,
     run.set_tags({"logged_model": model_uri})
     verdict = "now the champion" if champion is True else f"the champion stays: {champion}"
     print(f"registered {name} version {version} ({DEV_METRIC} {dev:.2f}), {verdict}", flush=True)
-    print(f"  load it: mlflow.sentence_transformers.load_model('models:/{name}/{version}')"
+    print(f"  load it: python -c \"{load_code(run.uri, f'models:/{name}/{version}')}\""
           + (f"  (also models:/{name}@{registry.CHAMPION})" if champion is True else ""), flush=True)
 
 
@@ -287,7 +287,8 @@ def version_description(run: Run, name: str, version: str, state: dict, scores: 
     why = smoke_reason(config.get("profile", ""), backbone)
     if why:
         lines.append(f"> **Smoke test, not a result:** {why}.")
-    lines.append(f"Load it:\n\n```python\nimport mlflow\n\nmodel = mlflow.sentence_transformers.load_model(\"{load}\")\n```")
+    lines.append(f"Load it (in a new Python session):\n\n```python\nimport mlflow\n\nmlflow.set_tracking_uri({redact(run.uri)!r})\n"
+                 f"model = mlflow.sentence_transformers.load_model(\"{load}\")\n```")
     return "\n\n".join(lines)
 
 

@@ -56,6 +56,14 @@ def tracking_uri() -> str:
     return uri
 
 
+def load_code(uri: str, model_uri: str) -> str:
+    """The Python that loads ``model_uri`` in a new session: it names the store, since a new
+    session's MLflow looks in ``./mlflow.db`` (not the platform's ``mlruns/mlflow.db``) or wherever
+    its own ``MLFLOW_TRACKING_URI`` points."""
+    return (f"import mlflow; mlflow.set_tracking_uri({redact(uri)!r}); "
+            f"model = mlflow.sentence_transformers.load_model({model_uri!r})")
+
+
 def ui_route(route: str) -> str:
     """A link into MLflow's UI (``#/experiments/...``) that opens it in its model-training mode:
     MLflow 3.17's sidebar switch (GenAI | Model training) defaults to GenAI and takes the mode from
