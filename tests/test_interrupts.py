@@ -169,7 +169,7 @@ def test_an_evaluation_is_in_mlflow_before_the_next_one_whatever_the_checkpoint_
             return runs and steps_of(c, runs[0].info.run_id, "stsb_dev_spearman")
 
         seen = wait_for("the first evaluation's point", first_point, timeout=240, proc=proc)
-        assert seen == [40] and proc.poll() is None
+        assert len(seen) == 1 and proc.poll() is None, seen  # (the first: at eval_steps, or an epoch's end)
         c, (run,) = runs_of(mlflow_uri)
         assert steps_of(c, run.info.run_id, "train_loss")[:2] == [5, 10]  # the steps' points too
     finally:
