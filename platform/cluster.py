@@ -42,7 +42,7 @@ from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifie
                                   s3_location, settle)
 from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
-from platform.tracking.store import git_commit
+from platform.tracking.store import DATABASE_SCHEMES, git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {
@@ -256,11 +256,16 @@ def write_pgpass(values: dict[str, str], region: str | None, home: Path) -> str:
     password = aws_call("reading MLflow's database password", read_password, parameter, region)
     parts = urlsplit(uri)
     line = f"{parts.hostname}:{parts.port or 5432}:{parts.path.lstrip('/')}:{parts.username}:{password}\n"
-    path = home / ".pgpass"
+    path = write_private(home / ".pgpass", line)
+    return f"{path}: the password of {parts.hostname}"
+
+
+def write_private(path: Path, text: str) -> Path:
+    """``text`` at ``path``, readable by its owner only from the start (it holds a password)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(line)
-    return f"{path}: the password of {parts.hostname}"
+        f.write(text)
+    return path
 
 
 def write_mlflow_auth(path: Path, username: str, password: str, database_uri: str | None = None) -> Path:
@@ -270,7 +275,7 @@ def write_mlflow_auth(path: Path, username: str, password: str, database_uri: st
     beside ``path``, which goes with the disk it is on."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not (database_uri and database_uri.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "mysql", "mssql")):
+    if not (database_uri and database_uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES):
         database_uri = f"sqlite:///{path.parent.resolve() / 'basic_auth.db'}"
     text = ("[mlflow]\n"
             "default_permission = NO_PERMISSIONS\n"
@@ -278,10 +283,7 @@ def write_mlflow_auth(path: Path, username: str, password: str, database_uri: st
             f"admin_username = {username}\n"
             f"admin_password = {password}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    return path
+    return write_private(path, text)
 
 
 @cli_main
