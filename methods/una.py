@@ -475,5 +475,7 @@ class UNA(NegativesSource):
         return {**batch, self.column: np.asarray(negatives, dtype=object)}
 
     def active(self, step: int) -> bool:
-        """Every alpha-th batch (steps are 0-based: batches alpha, 2 alpha, ...); alpha = 0: never."""
-        return self.params.alpha > 0 and (step + 1) % self.params.alpha == 0
+        """Every alpha-th batch, from the first: steps 0, alpha, 2 alpha, ... (0-based); alpha = 0:
+        never. The paper says "once every 5 batches" and not which; the authors' code
+        (``una.py``: ``step % 5 == 0``) starts with the first batch."""
+        return self.params.alpha > 0 and step % self.params.alpha == 0

@@ -241,7 +241,9 @@ def test_each_ablation_changes_only_its_step(corpus, which):
 
 
 def test_alpha_schedule():
-    assert [UNA(UNAParams(alpha=3)).active(s) for s in range(6)] == [False, False, True, False, False, True]
+    """The authors' phase (``step % 5 == 0``): the first batch carries negatives, then every alpha-th."""
+    assert [UNA(UNAParams(alpha=3)).active(s) for s in range(6)] == [True, False, False, True, False, False]
+    assert [s for s in range(12) if UNA(UNAParams(alpha=5)).active(s)] == [0, 5, 10]
     assert all(UNA(UNAParams(alpha=1)).active(s) for s in range(4))
     assert not any(UNA(UNAParams(alpha=0)).active(s) for s in range(10))
 
