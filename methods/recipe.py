@@ -17,8 +17,9 @@ Ingredients (``methods.positives``, ``methods.una``, ``methods.san``, ``methods.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -348,6 +349,69 @@ class Recipe:
         ``batch``: the tokenised text columns and the tensor columns of this worker's rows.
         ``metrics`` are numbers or detached 0-d tensors: the loop reads them back to the host
         only when it logs, so a step never waits for the device to report them."""
+        passes = self._passes(batch, step)
+        e: dict[str, torch.Tensor] = {}
+        for p in passes:
+            with _dropout(model, p.dropout):
+                e.update(_split(model(p.inputs), p.roles, p.size))
+        return self._objective(model, batch, step, passes, e)
+
+    def cached_step(self, model: nn.Module, batch: dict[str, Any], step: int, mini_batch_size: int,
+                    backward: Callable[[torch.Tensor], None],
+                    autocast: Any = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``loss``'s step and its gradients, the encoder run on at most ``mini_batch_size`` rows at
+        a time: the cached contrastive step of Gao, Zhang, Han and Callan (2021), "Scaling Deep
+        Contrastive Learning Batch Size under Memory Limited Setup" (GradCache), Sec. 3.2-3.3:
+
+        1. each chunk of rows is encoded without a graph, its RNG state recorded first;
+        2. the objective runs on the whole batch's embeddings, made leaves, and ``backward(loss)``
+           gives their gradients (the representation gradient cache, Eq. 5-6) and the heads' own;
+        3. each chunk is encoded again from its recorded RNG state (the same dropout masks) and
+           backpropagated from its rows' cached gradients (Eq. 7); the encoder's gradients sum
+           over the chunks to the whole batch's.
+
+        Every recipe's objective is a function of the pooled embeddings, the projection and the
+        heads, so every recipe admits it. ``autocast`` (a context manager, entered for each
+        forward) is the step's mixed precision; ``backward`` runs outside it. Under DDP the
+        caller runs this in ``no_sync`` and averages the gradients after it: the objective's
+        backward, which gives the heads' gradients, follows no graph-building DDP forward.
+        Returns ``loss``'s pair, the loss detached."""
+        autocast = autocast if autocast is not None else contextlib.nullcontext()
+        with autocast:
+            passes = self._passes(batch, step)
+        device = passes[0].inputs["input_ids"].device
+        cached: list[list[tuple[dict[str, torch.Tensor], Any]]] = []
+        leaves: list[torch.Tensor] = []
+        e: dict[str, torch.Tensor] = {}
+        for p in passes:
+            chunks, outs = _chunks(p.inputs, mini_batch_size), []
+            cached.append([])
+            for chunk in chunks:
+                cached[-1].append((chunk, _rng_state(device)))
+                with torch.no_grad(), autocast, _dropout(model, p.dropout):
+                    outs.append(model(chunk))
+            leaves.append(torch.cat(outs).requires_grad_(True))
+            e.update(_split(leaves[-1], p.roles, p.size))
+        with autocast:
+            loss, metrics = self._objective(model, batch, step, passes, e)
+        backward(loss)
+        after = _rng_state(device)
+        for p, leaf, chunks in zip(passes, leaves, cached):
+            start = 0
+            for chunk, state in chunks:
+                n = chunk["input_ids"].shape[0]
+                if leaf.grad is not None:  # a pass the objective did not use (none today) has none
+                    _set_rng_state(state)
+                    with autocast, _dropout(model, p.dropout):
+                        out = model(chunk)
+                    out.backward(leaf.grad[start : start + n])
+                start += n
+        _set_rng_state(after)  # the stream goes on from where the first encoding left it
+        return loss.detach(), metrics
+
+    def _passes(self, batch: dict[str, Any], step: int) -> list["EncoderPass"]:
+        """The step's encoder passes: [anchors; positives; negatives that share the anchors'
+        dropout; the aux terms' rows], then one pass per negative with a dropout of its own."""
         twice = 2 if self.loss_fn.pairs_negatives else 1
         active = [n for n in self.negatives if n.active(step)]
         roles = ["anchor", "positive"]
@@ -361,12 +425,19 @@ class Recipe:
             roles += [a.name] * len(extra)
             rows += extra
         size = batch["sentence"]["input_ids"].shape[0]
-        e = _split(model(pad_cat(rows)), roles, size)
+        passes = [EncoderPass(pad_cat(rows), roles, size, None)]
         for n in active:
             if n.dropout is not None:
-                with dropout_override(model, n.dropout):
-                    e.update(_split(model(pad_cat([batch[n.column]] * twice)),
-                                    [f"{n.name}:{i}" for i in range(twice)], size))
+                passes.append(EncoderPass(pad_cat([batch[n.column]] * twice), [f"{n.name}:{i}" for i in range(twice)],
+                                          size, n.dropout))
+        return passes
+
+    def _objective(self, model: nn.Module, batch: dict[str, Any], step: int, passes: list["EncoderPass"],
+                   e: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The contrastive loss and the aux terms over the step's pooled embeddings ``e``."""
+        twice = 2 if self.loss_fn.pairs_negatives else 1
+        active = [n for n in self.negatives if n.active(step)]
+        roles = [r for p in passes for r in p.roles]
         negative_roles = {f"{n.name}:{i}" for n in active for i in range(twice)}
         z = unwrap(model).project(e, reference=[r for r in dict.fromkeys(roles) if r not in negative_roles])
 
@@ -445,6 +516,39 @@ def _split(x: torch.Tensor, roles: list[str], n: int) -> dict[str, torch.Tensor]
     for i, role in enumerate(roles):
         out.setdefault(role, []).append(x[i * n : (i + 1) * n])
     return {role: parts[0] if len(parts) == 1 else torch.cat(parts) for role, parts in out.items()}
+
+
+@dataclasses.dataclass
+class EncoderPass:
+    """One forward pass of the encoder in a step: its padded rows, the role of each block of
+    ``size`` rows, and its dropout (None: the model's own)."""
+
+    inputs: dict[str, torch.Tensor]
+    roles: list[str]
+    size: int
+    dropout: float | None
+
+
+def _dropout(model: nn.Module, p: float | None):
+    return dropout_override(model, p) if p is not None else contextlib.nullcontext()
+
+
+def _chunks(inputs: dict[str, torch.Tensor], size: int) -> list[dict[str, torch.Tensor]]:
+    """Row chunks of at most ``size`` rows at the pass's width (static shapes; no host read)."""
+    total = inputs["input_ids"].shape[0]
+    return [{k: v[start : start + size] for k, v in inputs.items()} for start in range(0, total, size)]
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.device]:
+    """The generator states dropout draws from on ``device``: CPU's, and the GPU's when on one."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None, device
+
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None, torch.device]) -> None:
+    cpu, cuda, device = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
 
 
 __all__ = ["INGREDIENTS", "KINDS", "NAMED", "CUSTOM", "Recipe", "RecipeSpec", "SharedParams", "RecipeModel"]

@@ -74,6 +74,10 @@ class TrainConfig:
     optimizer: str = cited("adamw", "adamw | adam: SimCSE's HF Trainer uses AdamW (VaSCL: Adam, Sec. 4)")
     schedule: str = cited("linear", "linear | constant: SimCSE's HF Trainer decays linearly to 0 (VaSCL: constant)")
     warmup_steps: int = cited(0, "no warm-up (SimCSE's HF Trainer default)")
+    mini_batch_size: int = cited(0, (
+        "0: each worker encodes its rows in one pass. Else at most this many rows per encoder pass, with the "
+        "gradients of the whole batch (GradCache: Gao, Zhang, Han and Callan, 2021, Sec. 3.2-3.3): a paper batch "
+        "on a GPU that cannot hold its activations. Same loss and gradients; each chunk draws its own dropout masks."))
     max_grad_norm: float = cited(1.0, (
         "Gradient norm clipped at 1.0: the Hugging Face Trainer's max_grad_norm, which SimCSE, SAN and AugCSE train "
         "with (their papers are silent); 0: no clipping. UNA's and VaSCL's code do not clip."))
@@ -317,6 +321,7 @@ class TrainConfig:
             ),
             (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
             (self.max_len >= 2, f"max_len must be >= 2, got {self.max_len}"),
+            (self.mini_batch_size >= 0, f"mini_batch_size must be >= 0 (0: one pass), got {self.mini_batch_size}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.max_steps >= 0, f"max_steps must be >= 0, got {self.max_steps}"),
             (self.eval_steps >= 1, f"eval_steps must be >= 1, got {self.eval_steps}"),

@@ -97,29 +97,37 @@ def _batch(method, model_dir, rows: slice):
     return inputs.nest(inputs.collate(inputs.arrays(columns)))
 
 
-def _worker(rank, world, model_dir, init_file, out_dir, recipe):
+def _worker(rank, world, model_dir, init_file, out_dir, recipe, mini_batch_size=0):
+    import contextlib
+
     import torch.distributed as dist
 
+    from platform.run.loop import forward_backward
     from tests.recipe_reference import SENTENCES
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     method, encoder, model = _build(model_dir, recipe)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     local = len(SENTENCES) // world
-    loss, _ = method.loss(ddp, _batch(method, model_dir, slice(rank * local, (rank + 1) * local)), 0)
-    (loss * world).backward()  # exactly what train_loop_per_worker does
+    batch = _batch(method, model_dir, slice(rank * local, (rank + 1) * local))
+    # Exactly what train_loop_per_worker does: (loss * world).backward(), or GradCache's chunks.
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    loss, _ = forward_backward(method, ddp, batch, 0, mini_batch_size, contextlib.nullcontext(), scaler, world)
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
     leave_process_group()
 
 
-@pytest.mark.parametrize("recipe", ["simcse", "vascl", "una", "san", "augcse"])
-def test_ddp_two_workers_equal_one_process(tiny_model, recipe):
+@pytest.mark.parametrize("recipe,mini_batch_size", [("simcse", 0), ("vascl", 0), ("una", 0), ("san", 0), ("augcse", 0),
+                                                     ("vascl", 2), ("una", 2), ("augcse", 2)])
+def test_ddp_two_workers_equal_one_process(tiny_model, recipe, mini_batch_size):
     """Two gloo workers with half the batch each give the loss and the gradient of one process on
     the whole batch, for every named recipe: VaSCL's head sees the all-gathered batch (applied to
     local rows and gathered, its gradient counts every row once), UNA's and SAN's negatives join
     the gathered candidates, AugCSE's projector normalises with the whole batch's statistics and
-    its discriminator's loss is the whole batch's mean."""
+    its discriminator's loss is the whole batch's mean. With ``mini_batch_size`` 2 each worker runs
+    GradCache's chunks outside DDP's reducer and averages the gradients itself: the heads', which
+    no DDP forward prepared, too."""
     loss, ref = _one_process_grads(tiny_model, recipe, torch.get_num_threads())
     # The float32 rounding of this very computation: the same process with another thread count
     # sums in another order. DDP sums in yet another (half batches, then the all-reduce), so it may
@@ -130,7 +138,7 @@ def test_ddp_two_workers_equal_one_process(tiny_model, recipe):
 
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
-            _worker, args=(2, str(tiny_model), os.path.join(tmp, "init"), tmp, recipe), nprocs=2, join=True,
+            _worker, args=(2, str(tiny_model), os.path.join(tmp, "init"), tmp, recipe, mini_batch_size), nprocs=2, join=True,
             start_method="spawn"
         )
         outs = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]

@@ -78,11 +78,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
             if pos.step >= steps:
                 break
             t0 = time.perf_counter()
-            with autocast:
-                loss, extra = recipe.loss(model, batch, pos.step)
-            # Every worker holds the same global loss; DDP averages gradients over workers, so
-            # scaling by W makes the applied gradient that of the global loss (see gather_with_grad).
-            scaler.scale(loss * rt.world).backward()
+            loss, extra = forward_backward(recipe, model, batch, pos.step, cfg.mini_batch_size, autocast, scaler, rt.world)
             scaler.unscale_(optimizer)  # fp16: clipping and the logged norm see the true gradient
             extra["grad_norm"] = clip_gradients(model, cfg.max_grad_norm)
             apply_step(optimizer, schedule, scaler)
@@ -123,6 +119,32 @@ def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConf
     if pos.step >= steps:
         evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, 0.0, optim, log, steps, record=False)
     return pos
+
+
+def forward_backward(recipe: Recipe, model: torch.nn.Module, batch: dict[str, Any], step: int, mini_batch_size: int,
+                     autocast, scaler, world: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The step's loss and its gradients: in one encoder pass, or in chunks of ``mini_batch_size``
+    rows (``Recipe.cached_step``, GradCache). Every worker holds the same global loss and DDP
+    averages gradients over workers, so scaling by W makes the applied gradient that of the global
+    loss (see gather_with_grad)."""
+    def backward(loss: torch.Tensor) -> None:
+        scaler.scale(loss * world).backward()
+
+    if not mini_batch_size:
+        with autocast:
+            loss, extra = recipe.loss(model, batch, step)
+        backward(loss)
+        return loss, extra
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return recipe.cached_step(model, batch, step, mini_batch_size, backward, autocast)
+    with model.no_sync():  # the heads' gradients come from a backward that no DDP forward prepared
+        loss, extra = recipe.cached_step(model, batch, step, mini_batch_size, backward, autocast)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat / world, grads)):
+        g.copy_(synced)
+    return loss, extra
 
 
 def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
