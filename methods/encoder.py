@@ -84,11 +84,15 @@ def token_arrays(tokenizer, sentences: list[str], max_len: int) -> tuple[np.ndar
     return enc["input_ids"].astype(np.int32), enc["attention_mask"].sum(1).astype(np.int32)
 
 
-def batch_tokens(ids: np.ndarray, lengths: np.ndarray, token_type_ids: bool) -> dict[str, torch.Tensor]:
+def batch_tokens(ids: np.ndarray, lengths: np.ndarray, token_type_ids: bool, width: int | None = None) -> dict[str, torch.Tensor]:
     """A batch of ``token_arrays`` rows cut to its longest row: the tensors ``tokenizer(...,
     padding=True, truncation=True)`` returns for the same sentences (right padding, as ``pad_cat``
-    assumes), made on the host."""
-    width = int(lengths.max()) if len(lengths) else 0
+    assumes), made on the host. ``width``: pad to this many tokens instead (static shapes for a
+    compiled step; the padding is masked, so no embedding changes)."""
+    if width is None:
+        width = int(lengths.max()) if len(lengths) else 0
+    if ids.shape[1] < width:
+        ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
     input_ids = torch.from_numpy(np.ascontiguousarray(ids[:, :width], dtype=np.int64))
     mask = torch.from_numpy(np.arange(width)[None, :] < np.asarray(lengths)[:, None]).long()
     out = {"input_ids": input_ids}

@@ -293,8 +293,8 @@ class Recipe:
             out.update(ingredient.tensor_columns(batch, device))
         return out
 
-    def step_inputs(self, tokenizer: str, max_len: int) -> "StepInputs":
-        return StepInputs(self, tokenizer, max_len)
+    def step_inputs(self, tokenizer: str, max_len: int, static: bool = False) -> "StepInputs":
+        return StepInputs(self, tokenizer, max_len, static)
 
     # -- model ----------------------------------------------------------------------------------
 
@@ -466,15 +466,16 @@ class StepInputs:
     - ``arrays`` (in the data pipeline, per epoch): each text column tokenised to fixed-width ids
       and lengths, the recipe's other step columns as numbers;
     - ``collate`` (per batch, in a prefetching thread): flat CPU tensors, each text column cut to
-      its longest row, which is exactly what ``Encoder.tokenize`` (``padding=True``) gives;
+      its longest row, which is exactly what ``Encoder.tokenize`` (``padding=True``) gives, or
+      padded to ``max_len`` when ``static`` (every step the same shapes, for a compiled step);
 
     then ``nest`` on the step's device. Only names travel: each process loads the tokenizer once.
     """
 
     SEP = "/"  # a text column's arrays and tensors are ``<column>/<key>``
 
-    def __init__(self, recipe: Recipe, tokenizer: str, max_len: int):
-        self.recipe, self.tokenizer, self.max_len = recipe, tokenizer, max_len
+    def __init__(self, recipe: Recipe, tokenizer: str, max_len: int, static: bool = False):
+        self.recipe, self.tokenizer, self.max_len, self.static = recipe, tokenizer, max_len, static
 
     def arrays(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
         tokenizer = shared_tokenizer(self.tokenizer)
@@ -489,7 +490,8 @@ class StepInputs:
         types = "token_type_ids" in shared_tokenizer(self.tokenizer).model_input_names
         out: dict[str, torch.Tensor] = {}
         for column in self.recipe.text_columns:
-            made = batch_tokens(arrays[f"{column}{self.SEP}input_ids"], arrays[f"{column}{self.SEP}length"], types)
+            made = batch_tokens(arrays[f"{column}{self.SEP}input_ids"], arrays[f"{column}{self.SEP}length"], types,
+                                width=self.max_len if self.static else None)
             out.update({f"{column}{self.SEP}{key}": t for key, t in made.items()})
         tokenised = {f"{c}{self.SEP}{k}" for c in self.recipe.text_columns for k in ("input_ids", "length")}
         out.update({k: torch.as_tensor(v) for k, v in arrays.items() if k not in tokenised})

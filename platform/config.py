@@ -50,7 +50,7 @@ def smoke_reason(profile: str, model: str) -> str | None:
 
 
 # Where and how a run ran, not what it trained: in the run's config.json, not among its params.
-RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_workers", "use_gpu", "cpus_per_worker",
+RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_workers", "use_gpu", "cpus_per_worker", "static_shapes", "compile",
                           "augment_cpus", "max_failures", "data_pipeline", "eval_batch_size", "log_steps",
                           "checkpoint_minutes", "final_eval"})
 RUN_TAGS = ("runtime", "num_workers", "use_gpu", "output_dir")  # what finds a run, or accounts its GPU-hours
@@ -78,6 +78,12 @@ class TrainConfig:
         "0: each worker encodes its rows in one pass. Else at most this many rows per encoder pass, with the "
         "gradients of the whole batch (GradCache: Gao, Zhang, Han and Callan, 2021, Sec. 3.2-3.3): a paper batch "
         "on a GPU that cannot hold its activations. Same loss and gradients; each chunk draws its own dropout masks."))
+    static_shapes: bool = cited(False, (
+        "our choice, speed only: pad every training batch to max_len (masked: no embedding changes), so each step has "
+        "the same shapes and a compiled step is captured once"))
+    compile: str = cited("none", (
+        "our choice, speed only: torch.compile the backbone with this mode (none | default | reduce-overhead | "
+        "max-autotune); with static_shapes for one graph a run. Same loss and gradients within float round-off."))
     max_grad_norm: float = cited(1.0, (
         "Gradient norm clipped at 1.0: the Hugging Face Trainer's max_grad_norm, which SimCSE, SAN and AugCSE train "
         "with (their papers are silent); 0: no clipping. UNA's and VaSCL's code do not clip."))
@@ -322,6 +328,8 @@ class TrainConfig:
             (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
             (self.max_len >= 2, f"max_len must be >= 2, got {self.max_len}"),
             (self.mini_batch_size >= 0, f"mini_batch_size must be >= 0 (0: one pass), got {self.mini_batch_size}"),
+            (self.compile in ("none", "default", "reduce-overhead", "max-autotune"),
+             f"compile must be none, default, reduce-overhead or max-autotune, got {self.compile!r}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.max_steps >= 0, f"max_steps must be >= 0, got {self.max_steps}"),
             (self.eval_steps >= 1, f"eval_steps must be >= 1, got {self.eval_steps}"),

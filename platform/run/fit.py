@@ -118,7 +118,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     if cfg.data_pipeline == "ray":
         recipe = cfg.build_recipe()
         datasets = epoch_datasets(recipe, corpus.columns, corpus.states, cfg.epochs, cfg.seed, num_cpus=cfg.augment_cpus,
-                                  inputs=recipe.step_inputs(cfg.model, cfg.max_len))
+                                  inputs=recipe.step_inputs(cfg.model, cfg.max_len, static=cfg.static_shapes))
     else:  # every worker slices the same global batches: the corpus reaches it through the object store
         ctx.corpus_ref = ray.put((corpus.columns, corpus.states))
     trainer = TorchTrainer(

@@ -58,7 +58,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     recipe = cfg.build_recipe()
     encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
-    model = rt.wrap(recipe.build(encoder))
+    model = rt.wrap(compile_backbone(recipe.build(encoder), cfg.compile))
     torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))  # each rank its own masks, from the seed
     steps = total_steps(cfg, rt.num_sentences(recipe))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
@@ -67,7 +67,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
 
     log = rt.metric_log()
     pos = start_position(rt, recipe, model, evaluator, cfg, (optimizer, schedule, scaler), log, steps)
-    inputs = recipe.step_inputs(cfg.model, cfg.max_len)
+    inputs = recipe.step_inputs(cfg.model, cfg.max_len, static=cfg.static_shapes)
     window: list[torch.Tensor] = []  # the losses since the last evaluation, on the device
     model.train()
     for epoch in range(pos.epoch, cfg.epochs):
@@ -119,6 +119,19 @@ def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConf
     if pos.step >= steps:
         evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, 0.0, optim, log, steps, record=False)
     return pos
+
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+
+
+def compile_backbone(model: torch.nn.Module, mode: str, backend: str = "inductor") -> torch.nn.Module:
+    """The backbone compiled in place (``nn.Module.compile``: parameter names, and so checkpoints,
+    unchanged) with ``torch.compile``'s ``mode``; "none" leaves it eager. With ``static_shapes``
+    every step has the same shapes, so one graph serves the whole run (and CUDA graphs apply
+    under "reduce-overhead")."""
+    if mode != "none":
+        model.encoder.backbone.compile(mode=None if mode == "default" else mode, backend=backend)
+    return model
 
 
 def forward_backward(recipe: Recipe, model: torch.nn.Module, batch: dict[str, Any], step: int, mini_batch_size: int,
