@@ -20,6 +20,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 echo "torch==$torch+cpu" > "$tmp/cpu.in"
+# The lock's pins are uv's preferences: a new dependency is added without moving the others
+# (UPGRADE=1 resolves everything afresh).
+[ -n "${UPGRADE:-}" ] || { grep -v '^#' requirements/cpu.txt > "$tmp/cpu.txt"; grep -v '^#' requirements/cuda.txt > "$tmp/cuda.txt"; }
 uv pip compile pyproject.toml "$tmp/cpu.in" --extra dev "${common[@]}" --find-links "${TORCH_WHEELS:-$cpu_links}" \
   -o "$tmp/cpu.txt"
 # The same pins for everything torch's CUDA build does not bring in.
