@@ -175,7 +175,7 @@ class Ingredient:
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = Params
-    # The paper and section the ingredient implements, shown by ``--print-config`` and the README.
+    # The paper and section the ingredient implements, shown by ``--print-config`` and the docs.
     cites: ClassVar[str] = ""
     # The search space its parameters come from: ``tune_spaces/<space>.yaml`` ("" for none).
     space: ClassVar[str] = ""

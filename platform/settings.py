@@ -1,5 +1,5 @@
 """Every environment variable the platform reads or sets, each with its reason in a line: the one
-place they are named (README, "Environment variables"). Importing this module sets nothing;
+place they are named (docs/development.md, "Environment variables"). Importing this module sets nothing;
 ``apply_defaults()`` does, when a command starts (``platform.errors.cli_main``) and before Ray starts
 (``platform.run.ray_env.init_ray``). A user's own value is always kept. (``cluster.env``'s keys are
 the cluster launcher's, read by ``platform.cluster``.)
@@ -13,7 +13,7 @@ from typing import Iterator
 
 # -- read: what a user (or the cluster's setup) sets --------------------------------------------
 DATA_DIR = "PLATFORM_DATA_DIR"  # evaluation data (SentEval layout), corpora, nltk_data
-CACHE_DIR = "PLATFORM_CACHE_DIR"  # generated columns, statistics, embeddings, local models (default ~/.cache/...)
+CACHE_DIR = "PLATFORM_CACHE_DIR"  # generated columns, statistics, embeddings, local models (default <repo>/.cache/platform)
 DATA_MIRROR = "PLATFORM_DATA_MIRROR"  # `platform.data fetch` from a mirror folder or URL instead of the sources
 EMBEDDING_CACHE_GB = "PLATFORM_EMBEDDING_CACHE_GB"  # the embedding store's size bound (default 4)
 TRACKING_WAIT = "PLATFORM_TRACKING_WAIT"  # seconds a fit's end waits for an absent tracking server (default 600)
@@ -21,7 +21,7 @@ STORAGE_TIMEOUT = "PLATFORM_STORAGE_TIMEOUT"  # seconds the output_dir check wai
 GIT_COMMIT = "PLATFORM_GIT_COMMIT"  # the driver's commit, for workers running in a copy without .git
 OUTPUT_DIR = "PLATFORM_OUTPUT_DIR"  # output_dir's default (the cluster's RUNS_URI on its head)
 CLUSTER = "PLATFORM_CLUSTER"  # set on a cluster's nodes (their name): local MLflow stores are refused there
-TRACKING_URI = "MLFLOW_TRACKING_URI"  # MLflow's store (default ./mlruns.db)
+TRACKING_URI = "MLFLOW_TRACKING_URI"  # MLflow's store (default sqlite:///<repo>/mlruns/mlflow.db)
 TRACKING_CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")  # MLflow's own
 SYSTEM_METRICS_INTERVAL = "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"  # MLflow's: seconds between system/* samples (10)
 RAY_ADDRESS = "RAY_ADDRESS"  # Ray's: the cluster to join (`local`: a private instance)
@@ -33,6 +33,16 @@ AWS_REGIONS = ("AWS_REGION", "AWS_DEFAULT_REGION")  # boto3's and pyarrow's regi
 AWS = ("AWS_ENDPOINT_URL", *AWS_REGIONS)  # and S3's endpoint: forwarded to workers
 AUTOSCALING_CONFIG = "PLATFORM_AUTOSCALING_CONFIG"  # the launcher config the head runs: how far generation pools grow
 LOCAL_RANK = "LOCAL_RANK"  # torchrun's: the GPU of this process, for the loop run without Ray
+
+# The values the platform uses when a variable it reads is unset (docs/development.md names each;
+# tests/test_docs.py compares them).
+READ_DEFAULTS = {
+    EMBEDDING_CACHE_GB: 4.0,
+    TRACKING_WAIT: 600.0,
+    STORAGE_TIMEOUT: 30.0,
+    SYSTEM_METRICS_INTERVAL: 10.0,
+    AUTOSCALING_CONFIG: "~/ray_bootstrap_config.yaml",  # where `ray up` leaves the launcher config on the head
+}
 
 # -- set: defaults in the platform's own processes (a user's own value kept) ---------------------
 GCS_PORT = "RAY_GCS_SERVER_PORT"  # a local Ray's GCS on a free port (set while ray.init starts it; ray_env)
@@ -98,5 +108,10 @@ def get(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name) or default
 
 
-def number(name: str, default: float) -> float:
-    return float(get(name) or default)
+def number(name: str, default: float | None = None) -> float:
+    """The variable as a number; unset (or not a number): ``default``, else its ``READ_DEFAULTS``."""
+    fallback = READ_DEFAULTS[name] if default is None else default
+    try:
+        return float(get(name) or fallback)
+    except ValueError:
+        return float(fallback)

@@ -138,7 +138,7 @@ def check_writable(location: str, what: str = "output_dir") -> str:
                             "Ray deletes: give an s3:// URI (or a folder outside it) with --set output_dir=...")
         return str(writable_dir(location, what))
     check_uri(location, what)
-    timeout = settings.number(TIMEOUT_ENV, 30)
+    timeout = settings.number(TIMEOUT_ENV)
     outcome: list[BaseException | None] = []
 
     def probe() -> None:

@@ -468,10 +468,10 @@ def tiny_run_args(tiny_model, small_corpus, output: Path) -> list[str]:
 
 
 def code_map() -> dict[str, str]:
-    """The README's Code map: ``{file: its job}``, from its numbered lines ``N. `file` — job``."""
+    """The the Code map (docs/development.md): ``{file: its job}``, from its numbered lines ``N. `file` — job``."""
     import re
 
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Code map", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "development.md").read_text(encoding="utf-8").split("## Code map", 1)[1].split("\n## ", 1)[0]
     items = re.findall(r"^\d+\. `([\w/]+\.py)` — (.+(?:\n   .+)*)", section, flags=re.M)
     return {path: " ".join(job.split()) for path, job in items}
 

@@ -174,7 +174,7 @@ def test_tests_and_benchmarks_do_not_import_each_other_nor_tests_other_tests():
 
 
 def test_every_file_of_the_readme_code_map_is_imported_on_the_sweeps_path():
-    """README's "Code map" lists the modules ``python -m platform.tune una`` runs (checked against
+    """the "Code map" of docs/development.md lists the modules ``python -m platform.tune una`` runs (checked against
     a traced sweep in ``tests/test_cluster_join.py``); each exists and is imported along that path."""
     path = list(code_map())
     assert len(path) >= 3, path
@@ -196,7 +196,7 @@ def test_every_file_of_the_readme_code_map_is_imported_on_the_sweeps_path():
 
 def test_every_environment_variable_is_named_in_settings_and_the_readme():
     """The platform reads and sets the environment only through ``platform/settings.py`` (the
-    cluster launcher's ``cluster.env`` keys aside), and the README's table lists every name there."""
+    cluster launcher's ``cluster.env`` keys aside), and docs/development.md's table lists every name there."""
     allowed = {"settings.py", "cluster.py", "cluster_aws.py"}
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "platform").rglob("*.py") if p.name not in allowed
                  for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
@@ -207,7 +207,7 @@ def test_every_environment_variable_is_named_in_settings_and_the_readme():
     names = {v for k, v in vars(settings).items() if k.isupper() and isinstance(v, str)}
     names |= {n for k, v in vars(settings).items() if k.isupper() and isinstance(v, tuple) for n in v}
     names |= set(settings.DEFAULTS)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    readme = (ROOT / "docs" / "development.md").read_text(encoding="utf-8").split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     assert {n for n in names if f"`{n}`" not in readme} == set()
 
 

@@ -1,4 +1,4 @@
-"""Every row of the README's bad-input table, run as written: exit code 2, one error line that
+"""Every row of the bad-input table (docs/failures.md), run as written: exit code 2, one error line that
 says what the table says, no traceback, no MLflow run left RUNNING, no half-written cache entry.
 
 The rows run in this process (``main(argv)`` of each CLI, as ``python -m`` would call it) so
@@ -23,7 +23,7 @@ TABLE = re.compile(r"<!-- bad-input-table -->(.*?)<!-- /bad-input-table -->", re
 
 
 def table_rows() -> list[tuple[str, str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "failures.md").read_text(encoding="utf-8")
     rows = []
     for line in TABLE.search(text).group(1).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

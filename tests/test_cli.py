@@ -93,7 +93,7 @@ def test_unreachable_tracking_uri_fails_before_ray(tiny_model, small_corpus, tmp
 
 
 def test_a_cluster_address_that_is_not_one_is_one_line_before_ray(tiny_model, small_corpus, tmp_path, mlflow_uri, cli):
-    """(One that nothing answers at is a row of the README's bad-input table.)"""
+    """(One that nothing answers at is a row of the bad-input table (docs/failures.md).)"""
     env = {"MLFLOW_TRACKING_URI": mlflow_uri, "RAY_ADDRESS": "headnode"}
     proc = cli("tune", "simcse", *_train_args(tiny_model, small_corpus, tmp_path), env=env)
     assert_user_error(proc, "RAY_ADDRESS='headnode' is not host:port")

@@ -7,7 +7,7 @@ started and stopped by the real autoscaler). On it, as on the head of ``cluster.
   autoscaler has added nodes;
 - every process of that cluster and the driver runs with ``tests/tracer`` on ``PYTHONPATH``: the
   project modules whose functions the sweep ran (driver, trials, Train workers, Ray Data) are the
-  README's Code map;
+  the Code map (docs/development.md);
 - (``tests/test_cluster_job.py``: the README's ``ray job submit`` line on a real head.)
 """
 
@@ -115,7 +115,7 @@ MOST_MODULES_ON_THE_PATH = 28
 
 def test_the_code_map_is_what_the_sweep_ran(head, sweep):
     """Every project module with a function the sweep ran, in the driver, its trials, the Train
-    workers or Ray Data's tasks, is in the README's Code map with its job in a line, and the map
+    workers or Ray Data's tasks, is in the Code map (docs/development.md) with its job in a line, and the map
     lists nothing else."""
     assert sweep.returncode == 0, sweep.stderr[-4000:]
     calls = sweep.calls

@@ -123,7 +123,7 @@ def _one_operator_context() -> None:
 
 BLOCK_SENTENCES = 512
 MAX_BLOCKS = 4096  # a corpus of millions of sentences stays at thousands of tasks, not tens of thousands
-BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the launcher config on the head
+BOOTSTRAP_CONFIG = settings.READ_DEFAULTS[settings.AUTOSCALING_CONFIG]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,6 @@ from platform.storage import cache_root, encoder_key, remove_leftovers, writer_i
 
 DIGEST_BYTES = 16
 LIMIT_ENV = settings.EMBEDDING_CACHE_GB
-DEFAULT_LIMIT_GB = 4.0
 
 
 def _digest(text: str) -> bytes:
@@ -87,12 +86,7 @@ class EmbeddingStore:
 
 
 def limit_bytes() -> int:
-    value = settings.get(LIMIT_ENV)
-    try:
-        gb = float(value) if value else DEFAULT_LIMIT_GB
-    except ValueError:
-        gb = DEFAULT_LIMIT_GB
-    return int(max(gb, 0.0) * 2**30)
+    return int(max(settings.number(LIMIT_ENV), 0.0) * 2**30)
 
 
 def prune(root: Path, keep: Path, limit: int | None = None) -> list[Path]:

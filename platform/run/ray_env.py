@@ -308,7 +308,7 @@ def node_hours(since_s: float, until_s: float | None = None) -> dict[str, float]
     """What the cluster's nodes cost while a sweep ran, from Ray's node table (each node's raylet
     start and end, as the GCS records them, clipped to ``[since_s, until_s]``): nodes seen,
     node-hours (the head included), hours of nodes with GPUs and GPU-hours they offered. A node's
-    instance is billed from its launch, minutes of boot and setup earlier (README, costs)."""
+    instance is billed from its launch, minutes of boot and setup earlier (docs/cluster.md, costs)."""
     import ray
     from ray.util.state import list_nodes
 

@@ -473,7 +473,7 @@ def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: floa
 def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = None, where: str = "") -> None:
     """Send ``points`` (all of a run's, again: MLflow keeps each once), trying until they arrive or
     ``seconds`` have passed."""
-    seconds = settings.number(settings.TRACKING_WAIT, 600) if seconds is None else seconds
+    seconds = settings.number(settings.TRACKING_WAIT) if seconds is None else seconds
     deadline, pause = time.monotonic() + seconds, 0.5
     for i in range(0, len(points), BATCH):
         while True:
@@ -548,7 +548,7 @@ def _system_metrics(uri: str | None, run_id: str):
     except ImportError:
         return None
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter per run
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=settings.number(settings.SYSTEM_METRICS_INTERVAL, 10),
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=settings.number(settings.SYSTEM_METRICS_INTERVAL),
                                    samples_before_logging=1, resume_logging=True, tracking_uri=uri)
     monitor.start()
     return monitor

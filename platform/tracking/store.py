@@ -228,7 +228,7 @@ def save_runs_view(uri: str, experiment_id: str, key: str, name: str, search: st
 def git_commit() -> str:
     """The repository's commit. Ray ships the repository to workers (and ``ray job submit`` to
     the driver) without ``.git``: there the commit comes from ``$PLATFORM_GIT_COMMIT``, which the
-    driver forwards to its workers and ``ray job submit`` is given (README, "On a cluster")."""
+    driver forwards to its workers and ``ray job submit`` is given (docs/cluster.md)."""
     if settings.get(GIT_COMMIT_ENV):
         return settings.get(GIT_COMMIT_ENV)
     try:

@@ -1,0 +1,190 @@
+"""The README and the documentation site (issue 49): the site builds with no warning (every internal
+link and anchor checked by MkDocs), the README stays short and its links land, the commands' flags
+and the docs agree, the defaults the docs name are the code's, and every section of the old README
+has a home."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run_main
+
+DOCS = ROOT / "docs"
+COMMANDS = ("train", "tune", "evaluate", "report", "augment", "data", "cluster")
+# Subcommands whose flags live in their own parsers (``python -m platform.data fetch --help``).
+SUBCOMMANDS = {"data": [("fetch",)], "cluster": [("up",), ("down",), ("node-env",)]}
+
+
+def _pages() -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(DOCS.glob("*.md"))}
+
+
+def _all_text() -> str:
+    return (ROOT / "README.md").read_text(encoding="utf-8") + "\n".join(_pages().values())
+
+
+def _slug(heading: str) -> str:
+    """The anchor MkDocs' toc (and GitHub) gives a heading: lowercased, punctuation dropped, spaces as -."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return re.sub(r"\s+", "-", text).strip("-")
+
+
+def test_the_site_builds_with_no_warning(tmp_path):
+    """``mkdocs build --strict``: a broken link, a missing anchor or a page outside the nav fails it."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WARNING" not in proc.stderr, proc.stderr
+    assert (tmp_path / "site" / "mlflow" / "index.html").is_file()
+
+
+def test_the_readme_is_short_and_its_links_land():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    assert links, "the README links to no page"
+    for target, anchor in links:
+        if target.startswith("http"):
+            continue
+        path = ROOT / target
+        assert path.is_file(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{target}#{anchor}"
+    # Every page of the site is one the README's table names.
+    assert {p.name for p in DOCS.glob("*.md")} - {"index.md"} <= {Path(t).name for t, _ in links}
+
+
+def _help_flags(command: str, *sub: str) -> set[str]:
+    out = run_main(command, *sub, "--help")
+    assert out.returncode == 0, out.stderr
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", out.stdout)) - {"--help"}
+
+
+def test_every_flag_the_docs_name_exists_and_every_flag_is_documented():
+    """A flag written on a line with ``platform.<command>`` is one of that command's (or its
+    subcommands'); each command's flags are all named somewhere in the README or the docs."""
+    text = _all_text()
+    for command in COMMANDS:
+        flags = _help_flags(command)
+        for sub in SUBCOMMANDS.get(command, []):
+            flags |= _help_flags(command, *sub)
+        named = set()
+        for line in text.splitlines():
+            for match in re.finditer(rf"platform\.{command}\b", line):
+                # the command's own words: up to the end of its code span, shell list or comment
+                words = re.split(r"`|&&|;|\|| #", line[match.end():], maxsplit=1)[0]
+                named |= set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", words))
+        unknown = named - flags
+        assert not unknown, f"platform.{command}: the docs name {sorted(unknown)}, its --help does not"
+        undocumented = {f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", text)}
+        assert not undocumented, f"platform.{command}: {sorted(undocumented)} are in --help but in no doc"
+
+
+def _documented_defaults() -> dict[str, str]:
+    """``{variable: default}`` from the environment-variable table of docs/development.md."""
+    section = _pages()["development.md"].split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`"):
+            continue
+        match = re.search(r"\(default `?([^`;)]+)`?", cells[1])
+        if match:
+            for name in re.findall(r"`([A-Z_]+)`", cells[0]):
+                out[name] = match.group(1).strip()
+    return out
+
+
+def test_the_defaults_the_docs_name_are_the_codes(monkeypatch):
+    from platform import settings, storage
+    from platform.tracking import store
+
+    documented = _documented_defaults()
+    for name, value in settings.READ_DEFAULTS.items():
+        assert name in documented, f"{name}'s default is not documented"
+        want = float(documented[name]) if isinstance(value, float) else documented[name]
+        assert want == value, (name, documented[name], value)
+    for name in (settings.CACHE_DIR, settings.TRACKING_URI, settings.NLTK_DATA, settings.DATA_DIR):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(settings.DATA_DIR, "/data")
+    assert str(storage.cache_root()) == documented[settings.CACHE_DIR].replace("<repo>", str(ROOT))
+    assert store.tracking_uri() == documented[settings.TRACKING_URI].replace("<repo>", str(ROOT))
+    assert documented[settings.NLTK_DATA] == "$PLATFORM_DATA_DIR/nltk_data"
+    # The values set when a command starts.
+    section = _pages()["development.md"].split("Set when a command starts", 1)[1].split("\n## ", 1)[0]
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[1].startswith("`"):
+            name, value = cells[0].strip("`"), cells[1].strip("`")
+            assert settings.DEFAULTS[name] == value.replace("\\\\", "\\"), name
+
+
+def test_every_config_key_the_docs_name_exists():
+    """``key=value`` and the papers' tables' config keys are keys of the typed config or of an
+    ingredient (what ``--set`` takes)."""
+    from platform.config import TrainConfig
+    from methods.registry import INGREDIENTS
+
+    import dataclasses
+
+    keys = set(TrainConfig().fields())
+    keys |= {f.name for f in dataclasses.fields(TrainConfig().shared)}
+    for kind in INGREDIENTS.values():
+        for cls in kind.values():
+            keys |= {f.name for f in dataclasses.fields(cls.Params)}
+    keys |= {"method", "positives", "negatives", "loss", "aux"}
+    text = _pages()["papers.md"] + _pages()["commands.md"]
+    named = set()
+    for row in re.findall(r"^\|.*\|\s*([^|]*`[^|]*)\|\s*$", text, re.M):  # the last column of a table row
+        named |= {m.split("=")[0] for m in re.findall(r"`([a-z_0-9]+(?:=[^`]*)?)`", row)}
+    named |= set(re.findall(r"--set ([a-z_0-9]+)=", text)) - {"key"}  # "--set key=value", the syntax
+    assert named, "no config key found in the docs"
+    assert named - keys == set()
+
+
+# Where each section of the README before issue 49 went (README.md at 2e5ec27): its page, and a
+# passage of it that is there.
+OLD_SECTIONS = {
+    "Set up and run (a fresh machine, offline, Python 3.11)": ("README.md", "7 min 59 s for the sweep"),
+    "Commands": ("docs/commands.md", "python -m platform.augment METHOD --corpus PATH"),
+    "Paper recipes (`--profile paper`)": ("docs/papers.md", "prints every resolved value with"),
+    "UNA (Shu et al.)": ("docs/papers.md", "## UNA (Shu et al.)"),
+    "SAN + HiNCE (Cai et al.)": ("docs/papers.md", "## SAN + HiNCE (Cai et al.)"),
+    "VaSCL (Zhang et al.)": ("docs/papers.md", "## VaSCL (Zhang et al.)"),
+    "AugCSE (Tang et al.)": ("docs/papers.md", "## AugCSE (Tang et al.)"),
+    "Data": ("docs/data.md", "points at a folder with SentEval's layout"),
+    "MLflow": ("docs/mlflow.md", "A tracking outage costs a run nothing."),
+    "On a cluster": ("docs/cluster.md", "describes an AWS cluster for the Ray launcher"),
+    "The cluster on one machine (contributors)": ("docs/development.md", "reproduces this topology on one machine"),
+    "Failures and resuming": ("docs/failures.md", "Checkpoints come in two kinds"),
+    "Environment variables": ("docs/development.md", "## Environment variables"),
+    "Code map": ("docs/development.md", "## Code map"),
+    "Layout": ("docs/development.md", "## Layout"),
+    "Troubleshooting": ("docs/failures.md", "## Troubleshooting"),
+}
+
+
+def test_every_old_section_has_a_home():
+    old = subprocess.run(["git", "show", "2e5ec27:README.md"], cwd=ROOT, capture_output=True, text=True)
+    if old.returncode != 0:
+        pytest.skip("a clone without the README's history")
+    assert set(re.findall(r"^##+ (.+)$", old.stdout, re.M)) == set(OLD_SECTIONS)
+    for heading, (home, passage) in OLD_SECTIONS.items():
+        assert passage in (ROOT / home).read_text(encoding="utf-8"), (heading, home)
+        if not passage.startswith("#"):
+            assert passage in old.stdout, (heading, passage)
+
+
+def test_the_report_folder_is_ignored():
+    """``platform.report`` writes ``report/`` in the repository by default: git ignores it."""
+    proc = subprocess.run(["git", "check-ignore", "-q", "report/report.md"], cwd=ROOT)
+    assert proc.returncode == 0
