@@ -132,6 +132,7 @@ def main(argv=None) -> int:
         scores.update(with_mean(evaluator.score(torch.from_numpy(embeddings.embed(evaluator.sentences, progress="STS")))))
         print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
         print(format_table(scores))
+        print_beside_backbone(args.model, pooler, scores)
     for task in transfer_tasks:
         acc = evaluate_transfer(task, embeddings.embed, limit=args.transfer_limit, classifier=args.transfer_classifier,
                                 jobs=args.transfer_jobs)
@@ -149,6 +150,23 @@ def main(argv=None) -> int:
     if args.log_to:
         log_scores(args.log_to, scores)
     return 0
+
+
+def print_beside_backbone(model: str, pooler: str, scores: dict[str, float]) -> None:
+    """A training checkpoint's scores beside its untouched backbone's (same pooler), when a run
+    cached those on this machine; the 7 tasks all scored, else nothing."""
+    from platform.run.finalize import beside_table, cached_baseline
+
+    if not checkpoint.is_checkpoint(Path(model)) or set(STS_TASKS) - set(scores):
+        return
+    backbone = checkpoint.read_state(Path(model)).get("config", {}).get("model", "")
+    baseline = cached_baseline(backbone, pooler)
+    if baseline is None:
+        print(f"(no cached scores of the untouched backbone {backbone} with pooler {pooler} on this machine: "
+              "a run's final evaluation caches them)")
+        return
+    print(f"against the untouched backbone (pooler {pooler}, from the cache):")
+    print("\n".join(beside_table(backbone, baseline, scores)))
 
 
 def log_scores(run_id: str, scores: dict[str, float]) -> None:

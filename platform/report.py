@@ -18,6 +18,7 @@ from pathlib import Path
 
 from methods.recipe import NAMED
 from platform import storage
+from platform.config import smoke_reason
 from platform.console import command_parser
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
@@ -144,6 +145,11 @@ def row_of(uri: str, run) -> dict:
     if (row["recipe"], row["backbone"]) in BEST_OF:  # the paper's number is a maximum: so is this one
         per_seed = seed_averages(uri, run)
         row["Avg. max"], row["max of seeds"] = (max(per_seed), len(per_seed)) if per_seed else (None, 0)
+    row["smoke"] = smoke_reason(run.data.tags.get("profile") or run.data.params.get("profile", ""),
+                                run.data.tags.get("model") or run.data.params.get("model", ""))
+    # The untouched backbone with the same pooler, as the run's final evaluation scored it.
+    row["baseline"] = {column: m[f"vs_backbone/baseline_sts_{task}"] for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS)
+                       if f"vs_backbone/baseline_sts_{task}" in m} or None
     row["STS-B dev"] = m.get("best_" + DEV_METRIC)
     if "best_" + DEV_METRIC + "_std" in m:
         row["STS-B dev std"] = m["best_" + DEV_METRIC + "_std"]
@@ -221,8 +227,18 @@ def markdown(frame, references: list[dict], experiments: list[str]) -> str:
              "Spearman x100 of cosine similarities, SentEval 'all' setting; each recipe's best result by STS-B dev "
              "(mean ± std over seeds where it has several). Transfer: accuracy; clustering: K-means accuracy.", "",
              "| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    shown = set()
     for row in frame.to_dict("records"):
         lines.append("| " + " | ".join(_cell(row, c) for c in columns) + " |")
+    for row in frame.to_dict("records"):  # each backbone untouched, once, under the rows trained from it
+        if isinstance(row.get("baseline"), dict) and row["backbone"] not in shown:
+            shown.add(row["backbone"])
+            untouched = {"recipe": "untouched backbone", "backbone": row["backbone"], **row["baseline"]}
+            lines.append("| " + " | ".join(_cell(untouched, c) for c in columns) + " |")
+    smoke = sorted({f"{r['recipe']} ({r['backbone']}): {r['smoke']}" for r in frame.to_dict("records") if isinstance(r.get("smoke"), str)})
+    if smoke:
+        lines += ["", "**Smoke tests, not results**: " + "; ".join(smoke) + ". Their scores say the pipeline runs, "
+                      "not what the method does: compare them with nothing published."]
     if references:
         lines += ["", "Published (reference; same backbone, the papers' full training):", "",
                   "| " + " | ".join(["paper", "backbone", *TASK_COLUMNS]) + " |",
@@ -330,7 +346,7 @@ def main(argv=None) -> int:
     tmp = storage.staging(out)
     try:
         (tmp / "report.md").write_text(markdown(frame, references, names), encoding="utf-8")
-        frame.to_csv(tmp / "report.csv", index=False)
+        frame.drop(columns=["baseline"]).to_csv(tmp / "report.csv", index=False)
         plot(frame, tmp / "report.png")
         if args.latex:
             (tmp / "report.tex").write_text(latex(frame, references), encoding="utf-8")

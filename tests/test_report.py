@@ -45,9 +45,19 @@ def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
     c = MlflowClient(mlflow_server)
     parent = _top_run(c, "simcse", seeds="2")
     best = parent.data.tags["best_checkpoint"]
-    evaluated = run_main("evaluate", best, "--tasks", "clustering", "--log-to", parent.info.run_id, env=env)
+    evaluated = run_main("evaluate", best, "--tasks", "clustering", "sts", "--log-to", parent.info.run_id, env=env)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    return {"simcse": simcse, "una": una, "client": c, "out": out, "uri": mlflow_server}
+    return {"simcse": simcse, "una": una, "client": c, "out": out, "uri": mlflow_server, "evaluated": evaluated}
+
+
+def test_evaluate_prints_the_backbone_beside_a_checkpoint(seeded_runs):
+    """(Issue 47, item 9.) The run cached its backbone's scores at its end: ``evaluate`` on its
+    checkpoint prints them beside its own, the same numbers the run logged as its baseline."""
+    out = seeded_runs["evaluated"].stdout
+    assert "against the untouched backbone (pooler cls_before_pooler, from the cache):" in out, out
+    parent = _top_run(seeded_runs["client"], "simcse", seeds="2")
+    baseline_line = out.split("from the cache):", 1)[1].strip().splitlines()[2]
+    assert f"{parent.data.metrics['vs_backbone/baseline_sts_avg']:.2f}" in baseline_line
 
 
 def test_train_with_seeds_nests_a_run_per_seed_and_logs_mean_and_std(seeded_runs, small_corpus):
@@ -115,6 +125,11 @@ def test_report_puts_two_recipes_with_seeds_side_by_side(seeded_runs, mlflow_ser
     assert "\\begin{tabular}{lcccccccc}" in tex and "\\toprule" in tex and "\\bottomrule" in tex
     assert f"{parent.data.metrics['sts_avg']:.2f} $\\pm$ {parent.data.metrics['sts_avg_std']:.2f}" in tex
     assert "No published reference rows" in md  # a tiny random BERT is not the papers' backbone
+    untouched = rows["untouched backbone"].split(" | ")
+    simcse = _top_run(c, "simcse", seeds="2")
+    assert untouched[1] == frame.loc[frame["recipe"] == "simcse", "backbone"].iloc[0]
+    assert f"{simcse.data.metrics['vs_backbone/baseline_sts_avg']:.2f}" in rows["untouched backbone"]
+    assert "**Smoke tests, not results**" in md  # the local profile
     with Image.open(tmp_path / "rep" / "report.png") as image:
         assert image.format == "PNG" and image.size[0] >= 600 and len(set(image.convert("L").getdata())) > 10
     report = _top_run(c, "reports")
@@ -204,3 +219,31 @@ def test_a_sweeps_row_sets_its_nodes_hours_beside_its_training(mlflow_uri):
     assert "| GPU-hours | node-hours | GPU idle share |" in md and "| 2.00 | 5.00 | 0.50 |" in md
     c.log_metric(parent, "billed_node_hours", 5.5)  # on a cluster up made: what AWS bills, boot included
     assert row_of(mlflow_uri, c.get_run(parent))["node-hours"] == 5.5
+
+
+def test_the_report_shows_the_untouched_backbone_and_says_smoke(mlflow_uri):
+    """(Issue 47, item 9.) The backbone's row (its 7 tasks with the run's pooler, as the final
+    evaluation scored it) sits under the rows trained from it, once per backbone; a smoke run (the
+    local profile, a sentence-tuned backbone) is named as one, a paper-profile run is not."""
+    from mlflow.tracking import MlflowClient
+
+    from platform.data import STS_TASKS
+    from platform.report import markdown, row_of
+
+    c = MlflowClient(mlflow_uri)
+    exp = c.create_experiment("simcse")
+    rows = []
+    for profile, model, base in (("local", "minilm", 70.0), ("paper", "bert-base-uncased@86b5e09", 50.0)):
+        run = c.create_run(exp, tags={"profile": profile, "model": model, "mlflow.runName": profile}).info.run_id
+        for i, task in enumerate([*STS_TASKS, "avg"]):
+            c.log_metric(run, f"sts_{task}", base + 10 + i)
+            c.log_metric(run, f"vs_backbone/baseline_sts_{task}", base + i)
+        c.set_terminated(run)
+        rows.append({**row_of(mlflow_uri, c.get_run(run)), "recipe": "simcse"})
+    md = markdown(pd.DataFrame(rows), [], ["simcse"])
+    table = [line for line in md.splitlines() if line.startswith("| untouched backbone")]
+    assert len(table) == 2
+    assert table[0].startswith("| untouched backbone | minilm |  | 70.00 | 71.00 |")
+    assert "| bert-base-uncased |" in table[1] and f"| {50 + 7:.2f} |" in table[1]
+    smoke = next(line for line in md.splitlines() if line.startswith("**Smoke tests, not results**"))
+    assert "simcse (minilm): the local profile's short schedule" in smoke and "bert-base-uncased" not in smoke

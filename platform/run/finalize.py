@@ -150,15 +150,7 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
     baseline = baseline_sts(backbone, pooler, device_of(state))
     tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
-    names = [SHORT_NAMES.get(t, t) for t in tasks]
-    width = max(14, len(backbone.split("/")[-1]) + 2)
-    rows = [("", names), (backbone.split("/")[-1][: width], [f"{baseline[t]:.2f}" for t in tasks]),
-            ("trained", [f"{scores[t]:.2f}" + (f" +- {scores[t + '_std']:.2f}" if t + "_std" in scores else "")
-                         for t in tasks]),
-            ("difference", [f"{scores[t] - baseline[t]:+.2f}" for t in tasks])]
-    cols = [max(len(r[1][i]) for r in rows) for i in range(len(tasks))]
-    lines = [f"{label:<{width}}| " + " | ".join(v.rjust(w) for v, w in zip(values, cols)) for label, values in rows]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = beside_table(backbone, baseline, scores)
     why = smoke_reason(config.get("profile", ""), backbone)
     if not quiet:
         print(f"STS (Spearman x100, pooler {pooler}), against the untouched backbone:", flush=True)
@@ -169,6 +161,36 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
                                **{f"vs_backbone/delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
     run.set_tags({"baseline": f"{backbone} (pooler {pooler}) STS avg {baseline['avg']:.2f}"} if "avg" in baseline else {})
     return baseline
+
+
+def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, float]) -> list[str]:
+    """The lines of a model's 7-task table under its untouched backbone's, and the difference."""
+    tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
+    names = [SHORT_NAMES.get(t, t) for t in tasks]
+    width = max(14, len(backbone.split("/")[-1]) + 2)
+    rows = [("", names), (backbone.split("/")[-1][: width], [f"{baseline[t]:.2f}" for t in tasks]),
+            ("trained", [f"{scores[t]:.2f}" + (f" +- {scores[t + '_std']:.2f}" if t + "_std" in scores else "")
+                         for t in tasks]),
+            ("difference", [f"{scores[t] - baseline[t]:+.2f}" for t in tasks])]
+    cols = [max(len(r[1][i]) for r in rows) for i in range(len(tasks))]
+    lines = [f"{label:<{width}}| " + " | ".join(v.rjust(w) for v, w in zip(values, cols)) for label, values in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
+def cached_baseline(backbone: str, pooler: str) -> dict[str, float] | None:
+    """The untouched backbone's 7-task scores with ``pooler`` when a run has cached them on this
+    machine (this device), else None: nothing is evaluated, and a backbone that cannot be loaded
+    here (a hub model offline) has none."""
+    known = {p.name: json.loads((p / "scores.json").read_text())
+             for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
+    if not known or not backbone:
+        return None
+    try:
+        encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler))
+    except Exception:  # noqa: BLE001  (not here, not loadable offline: no baseline to show)
+        return None
+    return known.get(entry_key(BASELINE, encoder_key(encoder, pooler), {"pooler": pooler}))
 
 
 def read_state_at(location: str) -> dict:

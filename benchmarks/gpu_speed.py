@@ -1,0 +1,229 @@
+"""SimCSE at the speed of the hardware (issue 50, item 4): three measurements side by side in one run.
+
+    python benchmarks/gpu_speed.py                    # GPU: bert-base (random weights), batch 64, length 32, bf16
+    python benchmarks/gpu_speed.py --model minilm --precision fp32 --steps 30 --warmup 5 --eager-only   # this CPU
+
+(a) ``platform``: ``train_loop_per_worker`` in the process runtime (no Ray, no MLflow), STS-B dev every
+    ``--eval-steps`` steps as a run does, wall-clock per step with the start-up taken out (a short run
+    subtracted from a long one); once eager, once with ``static_shapes`` + ``compile``; each also
+    without evaluations (what (b) does).
+(b) ``sentence-transformers``: the same objective in its own trainer (``MultipleNegativesRankingLoss`` on
+    (s, s) pairs: in-batch negatives, scale 20 = 1/0.05, dropout views), its defaults, bf16 on a GPU,
+    same backbone, batch and length, no evaluation. Needs ``datasets`` and ``accelerate`` (not in the lock:
+    ``pip install datasets accelerate``); skipped with one line without them.
+(c) ``device``: the platform's step on pre-made batches of fixed shape, nothing read back (the ceiling).
+
+Reports ms/step, sentences/s, minutes per 1M sentences, MFU (dense bf16 peak, ``--peak-tflops``) and the
+ratios. Without ``$PLATFORM_DATA_DIR`` (the GPU machine has no data) the corpus is made of random words of
+the tokenizer's vocabulary and STS-B dev of 1,500 random pairs: an evaluation costs what STS-B dev costs;
+its score means nothing. MFU counts 3 x (2 x non-embedding parameters + 4 x layers x length x hidden)
+FLOPs per token, two dropout views per sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
+
+import torch  # noqa: E402
+
+from methods.encoder import load_tokenizer  # noqa: E402
+from platform.config import TrainConfig  # noqa: E402
+from platform.data.columns import TINY_BERT, prepare_corpus  # noqa: E402
+from platform.run.loop import RunContext, compile_backbone, make_optimizer, train_loop_per_worker  # noqa: E402
+
+
+def random_backbone(kind: str, folder: Path) -> str:
+    """bert-base (BertConfig()'s 12 x 768) or the tests' tiny BERT, random weights, with the packaged
+    uncased BERT tokenizer; or the packaged MiniLM itself (``minilm``)."""
+    from transformers import BertConfig, BertModel
+
+    if kind == "minilm":
+        from methods.encoder import pretrained_source
+
+        return str(pretrained_source("minilm")[0])
+    torch.manual_seed(0)
+    BertModel(BertConfig(**TINY_BERT) if kind == "tiny" else BertConfig()).save_pretrained(folder)
+    load_tokenizer("minilm").save_pretrained(folder)
+    return str(folder)
+
+
+def sentences(n: int, tokenizer, seed: int = 0) -> list[str]:
+    """The corpus's first ``n`` sentences, or random words of the vocabulary (8 to 40 of them)."""
+    data = os.environ.get("PLATFORM_DATA_DIR")
+    if data:
+        from platform.data import read_corpus, resolve_corpus
+
+        return read_corpus(resolve_corpus("wiki1m_for_simcse.first11914.txt.gz"), limit=n)
+    words = [w for w in tokenizer.get_vocab() if w.isalpha() and len(w) > 2]
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(words, k=rng.randint(8, 40))) for _ in range(n)]
+
+
+def dev_pairs(tokenizer) -> dict[str, list] | None:
+    """STS-B dev when the data is here (the evaluator reads it), else 1,500 random pairs like it."""
+    if os.environ.get("PLATFORM_DATA_DIR"):
+        return None
+    s = sentences(3000, tokenizer, seed=1)
+    return {"sent1": s[:1500], "sent2": s[1500:], "scores": [random.Random(i).uniform(0, 5) for i in range(1500)]}
+
+
+def loop_wall(cfg: TrainConfig, corpus, dev, steps: int) -> float:
+    cfg = TrainConfig.from_flat({**cfg.flat(), "max_steps": steps})
+    t0 = time.perf_counter()
+    train_loop_per_worker(RunContext(cfg=cfg, corpus=corpus, run_dir=tempfile.mkdtemp(), dev=dev))
+    return time.perf_counter() - t0
+
+
+def platform_step(cfg: TrainConfig, corpus, dev, steps: int, warmup: int) -> float:
+    """Seconds per step of a run's loop, evaluations included, start-up (and compilation) taken out."""
+    loop_wall(cfg, corpus, dev, warmup)  # the process's one-time costs (CUDA context, kernels)
+    short = loop_wall(cfg, corpus, dev, warmup)
+    return (loop_wall(cfg, corpus, dev, warmup + steps) - short) / steps
+
+
+def device_step(cfg: TrainConfig, steps: int, warmup: int) -> float:
+    from methods.encoder import Encoder
+
+    torch.manual_seed(0)
+    recipe = cfg.build_recipe()
+    encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = compile_backbone(recipe.build(encoder), cfg.compile).to(device)
+    optimizer, schedule = make_optimizer(cfg, recipe, model, steps + warmup)
+    autocast = precision_context(cfg.precision, device)
+    ids = torch.randint(1000, encoder.tokenizer.vocab_size, (cfg.batch_size, cfg.max_len), device=device)
+    batch = {"sentence": {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}}
+    model.train()
+
+    def step(i):
+        with autocast:
+            loss, _ = recipe.loss(model, batch, i)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for i in range(warmup):
+        step(i)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    sync()
+    return (time.perf_counter() - t0) / steps
+
+
+def st_step(model_path: str, corpus: list[str], batch: int, max_len: int, steps: int, warmup: int, bf16: bool) -> float | None:
+    """sentence-transformers' trainer on (s, s) pairs, MultipleNegativesRankingLoss: seconds per step
+    (its train_runtime over steps, the warm-up run subtracted)."""
+    try:
+        import accelerate  # noqa: F401
+        import datasets
+        from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, losses, models
+    except ImportError as exc:
+        print(f"(b) skipped: sentence-transformers' trainer needs {exc.name} (pip install datasets accelerate)")
+        return None
+
+    def run(n: int) -> float:
+        word = models.Transformer(model_path, max_seq_length=max_len)
+        model = SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), "cls")])
+        data = datasets.Dataset.from_dict({"anchor": corpus[: n * batch], "positive": corpus[: n * batch]})
+        args = SentenceTransformerTrainingArguments(
+            output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch, max_steps=n, bf16=bf16,
+            learning_rate=3e-5, save_strategy="no", report_to=[], logging_steps=10**6, disable_tqdm=True)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+                                             loss=losses.MultipleNegativesRankingLoss(model, scale=20.0))
+        return trainer.train().metrics["train_runtime"]
+
+    run(warmup)
+    return (run(warmup + steps) - run(warmup)) / steps
+
+
+def precision_context(precision: str, device: torch.device):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype and device.type == "cuda" else contextlib.nullcontext()
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="bert-base", help="bert-base | tiny (random weights) | minilm (packaged)")
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=32)
+    p.add_argument("--eval-steps", type=int, default=125)
+    p.add_argument("--precision", default="bf16", help="fp32 | fp16 | bf16 (GPU only)")
+    p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of the static variant")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
+    p.add_argument("--eager-only", action="store_true", help="skip the static+compile variant (minutes of compiling on a CPU)")
+    args = p.parse_args()
+    gpu = torch.cuda.is_available()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    out = Path(tempfile.mkdtemp())
+    model = random_backbone(args.model, out / "model")
+    tokenizer = load_tokenizer(model)
+    n = (args.warmup * 3 + args.steps) * args.batch_size
+    text = sentences(n, tokenizer)
+    corpus_file = out / "corpus.txt"
+    corpus_file.write_text("\n".join(text) + "\n")
+    base = {"model": model, "corpus": str(corpus_file), "batch_size": args.batch_size, "max_len": args.max_len,
+            "eval_steps": args.eval_steps, "output_dir": str(out / "runs"), "final_eval": False, "use_gpu": gpu,
+            "precision": args.precision, "runtime": "process", "checkpoint_minutes": 10**6}
+    variants = {"eager": {}, "static+compile": {"static_shapes": True, "compile": args.compile_mode}}
+    if args.eager_only:
+        variants.pop("static+compile")
+    dev = dev_pairs(tokenizer)
+    rows = {}
+    for name, extra in variants.items():
+        cfg = TrainConfig.build("simcse", "paper", {**base, **extra})
+        corpus = prepare_corpus(cfg.build_recipe(), text, use_ray=False)
+        rows[f"(a) platform, {name}"] = platform_step(cfg, corpus, dev, args.steps, args.warmup)
+        # The same loop evaluating only at its end, which the subtraction takes out: (b)'s work.
+        quiet = TrainConfig.from_flat({**cfg.flat(), "eval_steps": 10**9})
+        rows[f"(a) platform, {name}, no evaluation"] = platform_step(quiet, corpus, dev, args.steps, args.warmup)
+        rows[f"(c) device step, {name}"] = device_step(cfg, args.steps, args.warmup)
+    st = st_step(model, text, args.batch_size, args.max_len, args.steps, args.warmup, gpu and args.precision == "bf16")
+    if st is not None:
+        rows["(b) sentence-transformers trainer"] = st
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    from transformers import AutoModel
+
+    non_embedding = sum(q.numel() for k, q in AutoModel.from_config(config).named_parameters() if "embeddings" not in k)
+    per_token = 3 * (2 * non_embedding + 4 * config.num_hidden_layers * args.max_len * config.hidden_size)
+    step_flops = per_token * 2 * args.batch_size * args.max_len
+    device = torch.cuda.get_device_name() if gpu else f"cpu ({torch.get_num_threads()} threads)"
+    print(f"device={device} model={args.model} batch={args.batch_size} max_len={args.max_len} precision="
+          f"{args.precision if gpu else 'fp32'} steps={args.steps} eval every {args.eval_steps} (in (a) only)")
+    print("| path | ms/step | sentences/s | min per 1M sentences | MFU |")
+    print("|---|---|---|---|---|")
+    for name, seconds in rows.items():
+        mfu = step_flops / seconds / (args.peak_tflops * 1e12)
+        print(f"| {name} | {seconds * 1e3:.1f} | {args.batch_size / seconds:,.0f} | "
+              f"{1e6 / args.batch_size * seconds / 60:.2f} | {100 * mfu:.1f}% |")
+    if st is not None:
+        for name in variants:
+            print(f"throughput (a) {name} / (b): {st / rows[f'(a) platform, {name}']:.2f} with evaluations, "
+                  f"{st / rows[f'(a) platform, {name}, no evaluation']:.2f} without (targets: >= 2 on the GPU, >= 1 on CPU)")
+
+
+if __name__ == "__main__":
+    main()
