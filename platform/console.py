@@ -3,8 +3,13 @@ and which of the libraries' log notes they leave out."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+import threading
+import time
 from platform.data import SHORT_NAMES
+from typing import Iterator, TextIO
 
 
 class _Drop(logging.Filter):
@@ -85,3 +90,28 @@ def short(value) -> str:
     from a run's params is text)."""
     value = as_number(value) if isinstance(value, str) else value
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+@contextlib.contextmanager
+def still_working(what: str, every: float = 30.0, stream: TextIO | None = None) -> Iterator[None]:
+    """On a terminal, ``<what>: still working (1 min 30 s)`` every ``every`` seconds until the block
+    ends: the end of a sweep (the 7 tasks, the baseline, the export, the registry) says what it is
+    doing at least that often. Off a terminal (a log file, CI) it prints nothing."""
+    out = stream or sys.stdout
+    if not getattr(out, "isatty", lambda: False)():
+        yield
+        return
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            elapsed = int(time.monotonic() - start)
+            print(f"{what}: still working ({elapsed // 60} min {elapsed % 60} s)", file=out, flush=True)
+
+    thread = threading.Thread(target=beat, name="still-working", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -128,6 +128,14 @@ class TrialRuns:
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
+        # Each trial's evaluations as Tune received them ({trial_id: [(step, metrics)]}): what the
+        # recorder completes its run with when the trial ends before its next state (issue 47).
+        self.evaluations: dict[str, list[tuple[int, dict[str, float]]]] = {}
+
+    def received(self, trial_id: str, result: dict[str, Any]) -> None:
+        if DEV_METRIC in result and "step" in result:
+            numbers = {k: float(result[k]) for k in (DEV_METRIC, BEST, "train_loss_avg") if k in result}
+            self.evaluations.setdefault(trial_id, []).append((int(result["step"]), numbers))
 
     def open(self, trial_id: str, config: dict[str, Any]) -> None:
         sweep = self.sweep
@@ -152,8 +160,11 @@ class TrialRuns:
                 fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
                 if done or (r is found and sweep.seeds > 1):  # named by the fit's end (a configuration's: its seeds' best)
                     best = r.data.tags.get("best_checkpoint")
-                else:  # Tune ended the fit: the recorder completes it from storage
+                else:  # Tune ended the fit: the recorder completes it from storage and Tune's reports
                     try:
+                        if r is found and sweep.seeds == 1:
+                            recorder.complete_evaluations(sweep.uri, r.info.run_id, self.evaluations.get(trial_id, []),
+                                                          POINTS_WAIT_S)
                         best = recorder.finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
                     except TrackingUnavailable as exc:  # the run's end is told; its points stay in its checkpoints
                         print(f"note: {exc}", file=sys.stderr, flush=True)
@@ -184,6 +195,9 @@ class TrialRuns:
                 runs.open(trial.trial_id, trial.config or {})
                 values = ", ".join(f"{k}={short(v)}" for k, v in (trial.config or {}).items())
                 print(f"[trial {trial.trial_id}] started: {values}", flush=True)
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                runs.received(trial.trial_id, result)
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 runs.close(trial.trial_id, "stopped")

@@ -145,3 +145,25 @@ def test_credentials_in_the_tracking_uri_are_masked(tiny_model, small_corpus, tm
                    env={"MLFLOW_TRACKING_URI": "http://alice:s3cr3t@127.0.0.1:9"})
     assert_user_error(proc, "carries a password", "MLFLOW_TRACKING_PASSWORD", "http://***@127.0.0.1:9")
     assert "s3cr3t" not in proc.stderr + proc.stdout
+
+
+def test_the_end_of_a_sweep_says_what_it_does_every_30_seconds_on_a_terminal():
+    """(Issue 47, item 8.) ``still_working`` beats on a terminal while its block runs, stops with
+    it, and prints nothing off a terminal (a log file keeps only the lines that say something)."""
+    import io
+    import time
+
+    from platform.console import still_working
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, log = Terminal(), io.StringIO()
+    for stream in (tty, log):
+        with still_working("final evaluation", every=0.2, stream=stream):
+            time.sleep(0.7)
+    time.sleep(0.3)  # nothing after the block
+    beats = tty.getvalue().splitlines()
+    assert len(beats) == 3 and all(b.startswith("final evaluation: still working (0 min ") for b in beats), beats
+    assert log.getvalue() == ""

@@ -263,3 +263,35 @@ def test_tune_resume_refuses_a_changed_configuration_and_a_live_driver(tiny_mode
     assert_user_error(cli("tune", "simcse", *base, "--num-samples", "7", "--resume", env=env), "num_samples (4 -> 7)")
     # The parent run is RUNNING and names this (live) process as its driver.
     assert_user_error(cli("tune", "simcse", *base, "--resume", env=env), "is still running", "stop it first")
+
+
+def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation(mlflow_uri, tmp_path):
+    """(Issue 47, item 2.) The paper profile's 15 minutes between resumable states: ASHA stops the
+    trial after its evaluations of steps 8, 16 and 24, its last state is step 8's, and its worker
+    was killed while step 24's points were queued. Tune's reports (the sweep callback's
+    ``on_trial_result``) complete the run: every evaluation once, the values the worker sent kept."""
+    from platform.tracking import recorder
+    from platform.tracking.recorder import DEV_METRIC
+    from platform.tracking.store import client
+
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    trial = Run.create(mlflow_uri, "una", "trial-t1", {"trial_id": "t1"}, parent=parent, in_trial=True)
+    fit = tmp_path / "sweep" / "trials" / "t1"
+    state = fit / "checkpoint_step8"
+    _checkpoint(state, 80.0, 8)
+    kept = [[DEV_METRIC, 80.0, 1000, 8], [BEST, 80.0, 1000, 8]]  # the state holds what the worker sent
+    (state / "metrics.json").write_text(json.dumps(kept))
+    live = [tuple(p) for p in kept] + [(DEV_METRIC, 82.0, 2000, 16), (BEST, 82.0, 2000, 16)]
+    recorder.replay(mlflow_uri, trial.id, live)  # sent live by the worker, step 24's never
+    runs = _sweep(mlflow_uri, parent, tmp_path / "sweep")
+    for step, dev, best in ((8, 80.0, 80.0), (16, 82.0, 82.0), (24, 81.0, 82.0)):
+        runs.received("t1", {"step": step, DEV_METRIC: dev, BEST: best, "train_loss_avg": 1.0 / step, "epoch": 0})
+    runs.received("t1", {"step": 30, "done": True})  # a report without an evaluation adds nothing
+    runs.close("t1", "stopped")
+    c = client(mlflow_uri)
+    history = {k: [(m.step, m.value) for m in sorted(c.get_metric_history(trial.id, k), key=lambda m: m.step)]
+               for k in (DEV_METRIC, BEST, "train_loss_avg")}
+    assert history[DEV_METRIC] == [(8, 80.0), (16, 82.0), (24, 81.0)]
+    assert history[BEST] == [(8, 80.0), (16, 82.0), (24, 82.0)]
+    assert [s for s, _ in history["train_loss_avg"]] == [8, 16, 24]
+    assert trial.info().info.status == "FINISHED"

@@ -61,6 +61,9 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     description = c.get_model_version("simcse-encoder", "1").description
     assert f"mlflow.set_tracking_uri({mlflow_server!r})" in description
 
+    # The serve line of the README, in a fresh process: the model answers /invocations.
+    _serve_as_the_readme_writes_it(mlflow_server, fresh)
+
     # The champion embeds as the project's encoder does (the evaluator's embeddings).
     mlflow.set_tracking_uri(mlflow_server)
     model = mlflow.sentence_transformers.load_model("models:/simcse-encoder@champion")
@@ -184,3 +187,39 @@ def test_registered_names():
     assert registered_name("una", "positives=dropout negatives=una loss=infonce aux=none") == "una-encoder"
     assert registered_name("recipe", "positives=dropout negatives=una,san loss=hince aux=vascl") == \
         "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
+
+
+def _serve_as_the_readme_writes_it(uri: str, env: dict) -> None:
+    """The README's ``mlflow models serve`` line with its store named, from the repository root:
+    ``/invocations`` embeds a sentence at the model's width."""
+    import json
+    import re
+    import subprocess
+    import time
+    import urllib.request
+
+    from platform.run.ray_env import free_port
+    from tests.helpers import ROOT
+
+    line = next(l for l in (ROOT / "README.md").read_text().splitlines() if "mlflow models serve" in l)
+    command = re.sub(r"#.*", "", line).strip().replace("sqlite:///$PWD/mlruns/mlflow.db", uri)
+    command = command.replace("una-encoder", "simcse-encoder").replace("--port 5001", f"--port {free_port()}")
+    port = int(re.search(r"--port (\d+)", command).group(1))
+    proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:] if proc.poll() else "no answer"
+                time.sleep(1)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=json.dumps({"inputs": ["a cat"]}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        assert len(answer["predictions"]) == 1 and len(answer["predictions"][0]) == 32, answer
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

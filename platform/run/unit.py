@@ -20,7 +20,7 @@ import time
 from methods.encoder import load_tokenizer, max_positions
 from platform import storage
 from platform.config import TrainConfig, smoke_reason
-from platform.console import seed_table
+from platform.console import seed_table, still_working
 from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
 from platform.data.columns import (CorpusData, check_given_columns, generate_missing, missing_generations, prepare_corpus,
                                   resolve_local_models, uses_random_mlm)
@@ -272,15 +272,18 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
         if final == "full":  # what the user waits on at the end: said before it starts
             of = f"each of the {len(result.fits)} seeds' best checkpoints" if len(result.fits) > 1 else "the best checkpoint"
             print(f"final evaluation: the {len(STS_TASKS)} STS tasks on {of} ...", flush=True)
-        result.scores = evaluate_fits(run, result.fits)
-    baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
+        with still_working("final evaluation, the 7 STS tasks"):
+            result.scores = evaluate_fits(run, result.fits)
+    with still_working("the untouched backbone's 7 STS tasks (once per backbone and pooler)"):
+        baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
     if final == "full":
         n = len(result.fits)
         dev = result.dev
         tags = {} if n == 1 else {"seeds": str(n), "best_seed": str(result.best.seed),
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
         print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
-        final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
+        with still_working("export and registration"):
+            final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
     return baseline
 
 

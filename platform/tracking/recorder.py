@@ -470,6 +470,26 @@ def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: floa
     return best
 
 
+def complete_evaluations(uri: str, run_id: str, evaluations: list[tuple[int, dict[str, float]]],
+                         seconds: float | None = None) -> None:
+    """A fit's evaluations as its runtime reported them (a sweep: Tune's results), sent where the
+    run lacks their step: a trial the scheduler stops between its resumable states, whose worker
+    is killed with points still queued, keeps every evaluation it made. A (metric, step) the run
+    holds already is not sent again (its value there is the one the worker sent)."""
+    if not evaluations:
+        return
+    client = store.client(uri)
+    keys = sorted({k for _, numbers in evaluations for k in numbers})
+    try:
+        held = {k: {m.step for m in client.get_metric_history(run_id, k)} for k in keys}
+    except Exception as exc:  # the server away: the run's checkpoints keep what they hold
+        raise TrackingUnavailable(f"MLflow at {store.redact(uri)} did not answer for run {run_id}'s metrics "
+                                  f"({' '.join(str(exc).split())[:200]})") from None
+    now = int(time.time() * 1000)
+    points = [(k, v, now, step) for step, numbers in evaluations for k, v in numbers.items() if step not in held[k]]
+    replay(uri, run_id, points, seconds, where=" (Tune's reports)")
+
+
 def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = None, where: str = "") -> None:
     """Send ``points`` (all of a run's, again: MLflow keeps each once), trying until they arrive or
     ``seconds`` have passed."""
