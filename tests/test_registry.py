@@ -201,7 +201,7 @@ def _serve_as_the_readme_writes_it(uri: str, env: dict) -> None:
     from platform.run.ray_env import free_port
     from tests.helpers import ROOT
 
-    line = next(l for l in (ROOT / "README.md").read_text().splitlines() if "mlflow models serve" in l)
+    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if "mlflow models serve" in x)
     command = re.sub(r"#.*", "", line).strip().replace("sqlite:///$PWD/mlruns/mlflow.db", uri)
     command = command.replace("una-encoder", "simcse-encoder").replace("--port 5001", f"--port {free_port()}")
     port = int(re.search(r"--port (\d+)", command).group(1))
