@@ -216,9 +216,9 @@ def main() -> None:
     print("| path | ms/step | sentences/s | min per 1M sentences | MFU |")
     print("|---|---|---|---|---|")
     for name, seconds in rows.items():
-        mfu = step_flops / seconds / (args.peak_tflops * 1e12)
+        mfu = f"{100 * step_flops / seconds / (args.peak_tflops * 1e12):.1f}%" if gpu else "n/a (CPU)"
         print(f"| {name} | {seconds * 1e3:.1f} | {args.batch_size / seconds:,.0f} | "
-              f"{1e6 / args.batch_size * seconds / 60:.2f} | {100 * mfu:.1f}% |")
+              f"{1e6 / args.batch_size * seconds / 60:.2f} | {mfu} |")
     if st is not None:
         for name in variants:
             print(f"throughput (a) {name} / (b): {st / rows[f'(a) platform, {name}']:.2f} with evaluations, "
