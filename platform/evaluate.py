@@ -25,6 +25,7 @@ from platform.evaluation.embedding_cache import EmbeddingStore
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform.run import checkpoint
+from platform.run.finalize import beside_table, cached_baseline
 from platform.tracking import recorder, store
 from platform.tracking.recorder import Run
 
@@ -155,8 +156,6 @@ def main(argv=None) -> int:
 def print_beside_backbone(model: str, pooler: str, scores: dict[str, float]) -> None:
     """A training checkpoint's scores beside its untouched backbone's (same pooler), when a run
     cached those on this machine; the 7 tasks all scored, else nothing."""
-    from platform.run.finalize import beside_table, cached_baseline
-
     if not checkpoint.is_checkpoint(Path(model)) or set(STS_TASKS) - set(scores):
         return
     backbone = checkpoint.read_state(Path(model)).get("config", {}).get("model", "")
