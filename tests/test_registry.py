@@ -199,14 +199,14 @@ def _serve_as_the_readme_writes_it(uri: str, env: dict) -> None:
     import urllib.request
 
     from platform.run.ray_env import free_port
-    from tests.helpers import ROOT
+    from tests.helpers import ROOT, kill_group
 
     line = next(x for x in (ROOT / "README.md").read_text().splitlines() if "mlflow models serve" in x)
     command = re.sub(r"#.*", "", line).strip().replace("sqlite:///$PWD/mlruns/mlflow.db", uri)
     command = command.replace("una-encoder", "simcse-encoder").replace("--port 5001", f"--port {free_port()}")
     port = int(re.search(r"--port (\d+)", command).group(1))
-    proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -221,5 +221,5 @@ def _serve_as_the_readme_writes_it(uri: str, env: dict) -> None:
         answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
         assert len(answer["predictions"]) == 1 and len(answer["predictions"][0]) == 32, answer
     finally:
-        proc.terminate()
+        kill_group(proc)  # the server's workers with it
         proc.wait(timeout=30)
