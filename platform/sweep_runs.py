@@ -173,8 +173,20 @@ class TrialRuns:
                 reason = "completed" if done else outcome
                 extra = {"stopped_by_scheduler": "true"} if reason == "stopped" else None
                 status = Run(sweep.uri, r.info.run_id).end(reason, best, only_if_running=True, tags=extra)
+                if r is found:
+                    self.describe(r.info.run_id)
                 if status == "FINISHED" and best and not (r is found and sweep.seeds > 1):  # a fit: never trained again
                     release_fit(fit_folder, best)
+
+    def describe(self, run_id: str) -> None:
+        """The trial's description, from what its run holds now (a tracking outage: left without)."""
+        sweep = self.sweep
+        try:
+            searched = (store.client(sweep.uri).get_run(sweep.parent).data.tags.get("searched") or "").split(",")
+            run = store.client(sweep.uri).get_run(run_id)
+            Run(sweep.uri, run_id).set_tags({store.NOTE_TAG: trial_note(sweep.uri, run, [k for k in searched if k])})
+        except Exception as exc:  # noqa: BLE001 - a description never fails the sweep it describes
+            print(f"note: trial run {run_id} was not described ({' '.join(str(exc).split())[:160]})", flush=True)
 
     def close_open(self, states: dict[str, str]) -> None:
         """After the driver stopped (Ctrl-C, SIGTERM) or died (closed by ``--resume``): each trial
@@ -282,6 +294,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     registered = best.info().data.tags.get("registered_model", "")
     parent.set_tags({"registered_model": registered,
                      store.NOTE_TAG: _note(sweep, parent, best, won, registered, result, baseline, notes)})
+    best.set_tags({store.NOTE_TAG: _winner_note(sweep, parent, best, registered, result, baseline, list(spec.space))})
     sweep_summary.closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)
     return result.checkpoint
 
@@ -300,6 +313,43 @@ def comparison_table(scores: dict[str, float], baseline: dict[str, float], backb
     return "\n".join(rows) + "\n"
 
 
+def trial_note(uri: str, run, searched: list[str]) -> str:
+    """A trial run's description (Markdown in MLflow's UI): its searched values, its best STS-B dev
+    and at which step, the steps it trained, and how it ended."""
+    params = run.data.params
+    values = ", ".join(f"`{k}={short(params[key])}`" for k in searched
+                       for key in (k, *[p for p in params if p.endswith(f".{k}")]) if key in params)
+    c = store.client(uri)
+    dev = c.get_metric_history(run.info.run_id, DEV_METRIC)
+    trained = max((m.step for m in c.get_metric_history(run.info.run_id, "train_loss")), default=0)
+    ended = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "interrupted (resumable with --resume)"}.get(
+        run.info.status, run.info.status.lower())
+    if run.data.tags.get("stopped_by_scheduler") == "true":
+        ended = "stopped early by the scheduler (ASHA); its best checkpoint is kept"
+    lines = [f"**Trial {run.data.tags.get('trial_id', '')}** of a sweep: {values or 'no searched value'}."]
+    if dev:
+        top = max(dev, key=lambda m: (m.value, -m.step))
+        lines.append(f"**Best STS-B dev** (Spearman x100): {top.value:.2f} at step {top.step}, "
+                     f"{len(dev)} evaluation(s).")
+    lines.append(f"**Trained:** {trained} steps. **Ended:** {ended}.")
+    return "\n\n".join(lines)
+
+
+def _winner_note(sweep: Sweep, parent: Run, best: Run, registered: str, result, baseline, searched: list[str]) -> str:
+    """The winning trial's description: its own note, then the 7 tasks against the backbone, the
+    sweep it won and the line that loads it."""
+    info = best.info()
+    lines = [trial_note(sweep.uri, info, searched),
+             f"**Won the sweep** [{parent.name or parent.id}]({store.ui_route(f'#/experiments/{parent.experiment_id}/runs/{parent.id}')})."]
+    if baseline and result.scores:
+        lines.append("**STS, 7 tasks** against the untouched backbone:\n\n"
+                     + comparison_table(result.scores, baseline, best_backbone(result.checkpoint)))
+    if "/" in registered:
+        name, version = registered.split("/", 1)
+        lines.append(f"**Load it** in a new Python session: `{store.load_code(sweep.uri, f'models:/{name}/{version}')}`")
+    return "\n\n".join(lines)
+
+
 def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, result, baseline, notes: list[str]) -> str:
     """The parent run's description (Markdown in MLflow's UI): the winner and by how much, the
     comparison with the backbone, where the trials and the model are, how to load it."""
@@ -307,7 +357,7 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
     dev = result.dev
     spread = f" ± {dev[BEST + '_std']:.2f} over {len(result.fits)} seeds" if BEST + "_std" in dev else ""
     lines = [f"**Best trial:** [{best.name}]({store.ui_route(f'#/experiments/{experiment}/runs/{best.id}')}) with "
-             + (", ".join(f"`{k}={v}`" for k, v in won.items()) or "no searched value") + ".",
+             + (", ".join(f"`{k}={short(v)}`" for k, v in won.items()) or "no searched value") + ".",
              f"**STS-B dev** (Spearman x100): {dev[BEST]:.2f}{spread}."]
     if baseline and result.scores:
         backbone = best_backbone(result.checkpoint)

@@ -294,4 +294,9 @@ def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation(mlflo
     assert history[DEV_METRIC] == [(8, 80.0), (16, 82.0), (24, 81.0)]
     assert history[BEST] == [(8, 80.0), (16, 82.0), (24, 82.0)]
     assert [s for s, _ in history["train_loss_avg"]] == [8, 16, 24]
-    assert trial.info().info.status == "FINISHED"
+    info = trial.info()
+    assert info.info.status == "FINISHED"
+    # (Item 7.) The run describes itself in MLflow's UI: its values, best score and step, its end.
+    note = info.data.tags["mlflow.note.content"]
+    assert "**Best STS-B dev** (Spearman x100): 82.00 at step 16, 3 evaluation(s)." in note
+    assert "stopped early by the scheduler (ASHA)" in note

@@ -165,6 +165,15 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert not set(parent.data.params) & searched
     assert not {k for k in parent.data.metrics if not k.startswith(comparison)} & set(best.data.metrics)
     assert parent.data.tags["searched"].split(",") == sorted(searched, key=parent.data.tags["searched"].split(",").index)
+    # (Issue 47, item 7.) Every trial describes itself in MLflow's UI, values rounded as the console
+    # shows them; the winner adds the 7 tasks against its backbone and its load line.
+    from platform.console import short
+
+    for child in children:
+        note = child.data.tags["mlflow.note.content"]
+        assert f"`lr={short(child.data.params['lr'])}`" in note and "**Ended:** finished." in note, note
+    winner = c.get_run(best.info.run_id).data.tags["mlflow.note.content"]
+    assert "**Won the sweep**" in winner and "against the untouched backbone" in winner and "load_model" in winner
     step = int(best.data.tags["best_step"])
     for key in ("best.sts_avg", "best.stsb_dev_spearman", "vs_backbone/baseline_sts_avg", "vs_backbone/delta_sts_avg"):
         assert [m.step for m in c.get_metric_history(parent.info.run_id, key)] == [step] and step > 0, key

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from methods.encoder import Encoder
 from platform import storage
+from platform.console import short
 from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
@@ -296,7 +297,7 @@ def version_description(run: Run, name: str, version: str, state: dict, scores: 
              f"from `{backbone}` on `{about.corpus}`."]
     if about.searched:
         lines.append("**Searched values (the sweep's winner):** "
-                      + ", ".join(f"`{k}={v}`" for k, v in about.searched.items()) + ".")
+                      + ", ".join(f"`{k}={short(v)}`" for k, v in about.searched.items()) + ".")
     lines.append(f"**STS-B dev** (Spearman x100): {dev:.2f}{spread}.")
     if about.baseline and "avg" in scores and "avg" in about.baseline:
         tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in about.baseline]
