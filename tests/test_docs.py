@@ -188,3 +188,59 @@ def test_the_report_folder_is_ignored():
     """``platform.report`` writes ``report/`` in the repository by default: git ignores it."""
     proc = subprocess.run(["git", "check-ignore", "-q", "report/report.md"], cwd=ROOT)
     assert proc.returncode == 0
+
+
+# The papers' tables (docs/papers.md): a table's first header cell names its recipe.
+TABLE_METHODS = {"SimCSE": "simcse", "UNA": "una", "SAN": "san", "AugCSE": "augcse", "VaSCL": "vascl"}
+OPTIONS = {"positives=paraphrase"}  # a row naming an option of the recipe, not its default
+
+
+def _paper_tables() -> list[tuple[str, list[list[str]]]]:
+    tables, method = [], None
+    for line in _pages()["papers.md"].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells is None:
+            method = None
+            continue
+        if method is None:
+            method = next((m for name, m in TABLE_METHODS.items() if cells[0].startswith(name)), "")
+            tables.append((method, []))
+        elif method and not set(cells[0]) <= {"-", ""}:
+            tables[-1][1].append(cells)
+    return [(m, rows) for m, rows in tables if m]
+
+
+def _first_number(text: str):
+    for token in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", text):
+        return float(token)
+    return None
+
+
+def test_the_papers_tables_are_the_paper_profiles_values():
+    """Each row of the papers' tables: a ``key=value`` it names is the value ``--profile paper``
+    resolves for that recipe, and where a row gives as many numbers as keys (``64, 3e-5`` for
+    ``batch_size``, ``lr``), each number is its key's value."""
+    from platform.config import TrainConfig
+
+    tables = _paper_tables()
+    assert {m for m, _ in tables} == set(TABLE_METHODS.values())
+    checked = 0
+    for method, rows in tables:
+        flat = TrainConfig.build(method, "paper").flat()
+        for cells in rows:
+            keys = re.findall(r"`([a-z_0-9]+(?:=[^`]*)?)`", cells[-1])
+            if set(keys) & OPTIONS:
+                continue
+            for pair in (k for k in keys if "=" in k and k not in OPTIONS):
+                key, value = pair.split("=", 1)
+                got = flat[key]
+                assert str(got).lower() == value.lower() or _first_number(value) == got, (method, pair, got)
+                checked += 1
+            plain = [k for k in keys if "=" not in k]
+            parts = [p for p in re.split(r",(?![^(]*\))", re.sub(r"\(.*?\)", "", cells[1]))]
+            numbers = [_first_number(p) if re.match(r"\s*-?\d", p) else None for p in parts]
+            if plain and len(plain) == len(parts) and all(n is not None for n in numbers):
+                for key, number in zip(plain, numbers):
+                    assert float(flat[key]) == number, (method, key, flat[key], number)
+                    checked += 1
+    assert checked >= 25, checked
