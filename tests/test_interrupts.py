@@ -6,7 +6,9 @@ step while a file says so: the signal always lands mid-fit, with checkpoints bef
 
 from __future__ import annotations
 
+import json
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -27,12 +29,18 @@ def _held(tmp_path, step: int) -> tuple:
     return folder, {"aux": "barrier", "barrier_dir": folder, "barrier_step": step}
 
 
-def _registered(uri: str, step: int, trial: bool = False, count: int = 1) -> bool:
-    """Whether Ray Train's controller has committed the checkpoint of ``step`` of ``count`` runs (its
-    points, the best score at that step among them, are sent then): a fit resumes from those only."""
-    c, runs = runs_of(uri)
-    runs = [r for r in runs if r.info.status == "RUNNING" and bool(r.data.tags.get("trial_id")) == trial]
-    return sum(step in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in runs) >= count
+def _committed(root: Path, step: int, count: int = 1) -> bool:
+    """Whether Ray Train's controller has committed the checkpoint of ``step`` of ``count`` fits under
+    ``root`` (its ``checkpoint_manager_snapshot.json``): a fit resumes from those only. (Its points
+    reach MLflow live, before the commit: they say nothing of it.)"""
+    found = 0
+    for snapshot in Path(root).rglob("checkpoint_manager_snapshot.json"):
+        try:
+            results = json.loads(snapshot.read_text())["checkpoint_results"]
+        except (OSError, ValueError, KeyError):  # being written
+            continue
+        found += any(r.get("metrics", {}).get("step") == step for r in results)
+    return found >= count
 
 
 def _stop(proc, sig) -> tuple[str, str]:
@@ -64,7 +72,7 @@ def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, sma
     proc = start_cli("tune", *args, env=env, cwd=repo)
     wait_for("both trials to reach step 5", lambda: len((barrier / "blocked").read_text().split()) == 2
              if (barrier / "blocked").exists() else False, proc=proc)
-    wait_for("their states of step 4", lambda: _registered(mlflow_uri, 4, trial=True, count=2), proc=proc)
+    wait_for("their states of step 4", lambda: _committed(tmp_path / "runs", 4, count=2), proc=proc)
     _stop(proc, signal.SIGKILL)
     for fit in (tmp_path / "runs").glob("*/trials/*"):  # a state at 4; the model of step 2 at most besides
         kept = {int(p.name.split("_")[1]): p for p in fit.glob("checkpoint_0*") if (p / "state.json").is_file()}
@@ -105,7 +113,7 @@ def test_sigterm_stops_a_train_run_on_ray_as_ctrl_c(repo, tiny_model, small_corp
                             output_dir=tmp_path / "runs", **held)]
     proc = start_cli("train", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri}, cwd=repo)
     wait_for("the run to reach step 5", (barrier / "blocked").exists, proc=proc)
-    wait_for("its checkpoint of step 4", lambda: _registered(mlflow_uri, 4), proc=proc)
+    wait_for("its checkpoint of step 4", lambda: _committed(tmp_path / "runs", 4), proc=proc)
     out, err = _stop(proc, signal.SIGTERM)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "interrupted" in err

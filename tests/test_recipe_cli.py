@@ -109,9 +109,9 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     assert run.data.tags["recipe"] == want and run.data.tags["method"] == "recipe"
     assert run.data.params["recipe"] == want and not {"positives", "negatives", "loss", "aux"} & set(run.data.params)
     assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
-    for name in filter(None, negs.split(",")):  # SAN's negatives at every step, UNA's at the second
+    for name in filter(None, negs.split(",")):  # SAN's negatives at every step, UNA's at the first (step % 2 == 0)
         used = [m.value for m in sorted(c.get_metric_history(run.info.run_id, f"{name}_negatives"), key=lambda m: m.step)]
-        assert used == ([0.0, 1.0] if name == "una" else [1.0, 1.0])
+        assert used == ([1.0, 0.0] if name == "una" else [1.0, 1.0])
     if aux == "vascl":  # K against the global batch, and the share of it that K is
         assert "note: aux=vascl: each instance's neighbourhood is its 4 nearest of the 15 others in the global batch (26.7%" in proc.stdout
     extra = {"vascl": "vascl_neighbourhood", "augcse": "disc_loss"}[aux]
@@ -171,7 +171,12 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
 
     for child in children:
         note = child.data.tags["mlflow.note.content"]
-        assert f"`lr={short(child.data.params['lr'])}`" in note and "**Ended:** finished." in note, note
+        assert f"`lr={short(child.data.params['lr'])}`" in note, note
+        evaluations = len(c.get_metric_history(child.info.run_id, "stsb_dev_spearman"))
+        assert f", {evaluations} evaluation(s)." in note, note  # what the run holds, whatever ended it
+        ended = ("stopped early by the scheduler (ASHA)" if child.data.tags.get("stopped_by_scheduler") == "true"
+                 else "**Ended:** finished.")
+        assert ended in note, note
     winner = c.get_run(best.info.run_id).data.tags["mlflow.note.content"]
     assert "**Won the sweep**" in winner and "against the untouched backbone" in winner and "load_model" in winner
     step = int(best.data.tags["best_step"])
