@@ -87,9 +87,8 @@ def sweep(topology, tiny_model, small_corpus, tmp_path_factory):
     def trials(status: str) -> list:
         return [r for r in runs_of(topo.tracking_uri, "una")[1] if r.data.tags.get("trial_id") and r.info.status == status]
 
-    def registered():  # a fit resumes from the checkpoints the controller committed, whose points are then sent
-        c, runs = runs_of(topo.tracking_uri, "una")
-        return any(3 in steps_of(c, r.info.run_id, "best_stsb_dev_spearman") for r in trials("RUNNING"))
+    def registered():  # a fit resumes from the checkpoints the controller committed (its points come live, before)
+        return _committed_in_s3(topo, "una-sweep", 3, besides=out["first"].data.tags["trial_id"])
 
     out = {"first": wait_for("the first trial to finish", lambda: trials("FINISHED"), proc=proc)[0], "output": output}
     (barrier / "armed").touch()
@@ -200,10 +199,28 @@ def test_resuming_a_finished_sweep_is_refused(sweep):
 
 
 def _checkpointed(topo, step: int) -> bool:
-    """Whether Ray Train's controller committed the run's checkpoint of ``step`` (its points are then sent)."""
-    c, runs = runs_of(topo.tracking_uri, "simcse")
-    runs = [r for r in runs if r.data.tags.get("run.output_dir", "").endswith("killed-node")]
-    return bool(runs) and step in steps_of(c, runs[0].info.run_id, "best_stsb_dev_spearman")
+    """Whether Ray Train's controller committed the run's checkpoint of ``step``."""
+    return _committed_in_s3(topo, "killed-node", step)
+
+
+def _committed_in_s3(topo, prefix: str, step: int, besides: str | None = None) -> bool:
+    """Whether Ray Train's controller has committed the checkpoint of ``step`` of a fit under
+    ``prefix`` in the topology's bucket, other than trial ``besides`` (its
+    ``checkpoint_manager_snapshot.json``: what a restart starts from). The points of an evaluation
+    reach MLflow live, before the commit."""
+    import json
+
+    s3 = topo.s3_client()
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="platform", Prefix=prefix + "/")
+    for key in [o["Key"] for page in pages for o in page.get("Contents", [])]:
+        if key.endswith("/checkpoint_manager_snapshot.json") and not (besides and f"/{besides}/" in key):
+            try:
+                results = json.loads(s3.get_object(Bucket="platform", Key=key)["Body"].read())["checkpoint_results"]
+            except (ValueError, KeyError):
+                continue
+            if any(r.get("metrics", {}).get("step") == step for r in results):
+                return True
+    return False
 
 
 def _train_workers() -> list[int]:
