@@ -377,8 +377,7 @@ class Recipe:
         backward, which gives the heads' gradients, follows no graph-building DDP forward.
         Returns ``loss``'s pair, the loss detached."""
         autocast = autocast if autocast is not None else contextlib.nullcontext()
-        with autocast:
-            passes = self._passes(batch, step)
+        passes = self._passes(batch, step)
         device = passes[0].inputs["input_ids"].device
         cached: list[list[tuple[dict[str, torch.Tensor], Any]]] = []
         leaves: list[torch.Tensor] = []

@@ -50,9 +50,10 @@ def smoke_reason(profile: str, model: str) -> str | None:
 
 
 # Where and how a run ran, not what it trained: in the run's config.json, not among its params.
-RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_workers", "use_gpu", "cpus_per_worker", "static_shapes", "compile",
-                          "augment_cpus", "max_failures", "data_pipeline", "eval_batch_size", "log_steps",
+RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_workers", "use_gpu", "cpus_per_worker",
+                          "static_shapes", "compile", "augment_cpus", "max_failures", "data_pipeline", "eval_batch_size", "log_steps",
                           "checkpoint_minutes", "final_eval"})
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")  # torch.compile's, and none
 RUN_TAGS = ("runtime", "num_workers", "use_gpu", "output_dir")  # what finds a run, or accounts its GPU-hours
 RECIPE_KEYS = frozenset({"method", "positives", "negatives", "loss", "aux"})  # the param ``recipe`` (and tags)
 
@@ -328,8 +329,8 @@ class TrainConfig:
             (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
             (self.max_len >= 2, f"max_len must be >= 2, got {self.max_len}"),
             (self.mini_batch_size >= 0, f"mini_batch_size must be >= 0 (0: one pass), got {self.mini_batch_size}"),
-            (self.compile in ("none", "default", "reduce-overhead", "max-autotune"),
-             f"compile must be none, default, reduce-overhead or max-autotune, got {self.compile!r}"),
+            (self.compile in COMPILE_MODES,
+             f"compile must be {', '.join(COMPILE_MODES[:-1])} or {COMPILE_MODES[-1]}, got {self.compile!r}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.max_steps >= 0, f"max_steps must be >= 0, got {self.max_steps}"),
             (self.eval_steps >= 1, f"eval_steps must be >= 1, got {self.eval_steps}"),

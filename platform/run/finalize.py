@@ -129,13 +129,18 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, floa
 BASELINE = "baseline_sts"
 
 
+def cached_baselines() -> dict[str, dict[str, float]]:
+    """Every untouched backbone's scores cached on this machine, by cache entry name."""
+    return {p.name: json.loads((p / "scores.json").read_text())
+            for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
+
+
 def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = None) -> dict[str, float]:
     """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
     model is measured against. A cache entry keyed by the backbone's weights, tokenizer and the
     pooler (``platform.storage``), so each backbone is evaluated once; on ``device`` (the
     run's), where the weights are loaded."""
-    known = {p.name: json.loads((p / "scores.json").read_text())
-             for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
+    known = cached_baselines()
     digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, device=device or {})
     if entry_key(BASELINE, digest, {"pooler": pooler}) not in known:
         print(f"evaluated the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
@@ -183,8 +188,7 @@ def cached_baseline(backbone: str, pooler: str) -> dict[str, float] | None:
     """The untouched backbone's 7-task scores with ``pooler`` when a run has cached them on this
     machine (this device), else None: nothing is evaluated, and a backbone that cannot be loaded
     here (a hub model offline) has none."""
-    known = {p.name: json.loads((p / "scores.json").read_text())
-             for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
+    known = cached_baselines()
     if not known or not backbone:
         return None
     try:

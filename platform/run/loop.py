@@ -121,9 +121,6 @@ def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConf
     return pos
 
 
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-
-
 def compile_backbone(model: torch.nn.Module, mode: str, backend: str = "inductor") -> torch.nn.Module:
     """The backbone compiled in place (``nn.Module.compile``: parameter names, and so checkpoints,
     unchanged) with ``torch.compile``'s ``mode``; "none" leaves it eager. With ``static_shapes``
