@@ -101,7 +101,7 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
     parent.log_dict(base.flat(), "sweep_config.json")
     parent.set_tags({"searched": ",".join(spec.space)})
     parent.log_corpus(base.corpus, corpus.digest, corpus.num_sentences)
-    store.save_runs_view(uri, parent.experiment_id, f"sweep-{parent.id}", f"{name}: trials by {DEV_METRIC}",
+    store.save_runs_view(uri, parent.experiment_id, sweep_summary.view_key(parent.id), f"{name}: trials by {DEV_METRIC}",
                          f"tags.`{store.PARENT_TAG}` = '{parent.id}'", [base.param_key(k) for k in spec.space], BEST)
     state = {"parent_run_id": parent.id, "method": base.method, "expected_trials": spec.expected_trials(), **identity}
     storage.write_text(storage.join(folder, SWEEP_STATE), json.dumps(state, default=str))
@@ -365,7 +365,7 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
         lines.append(f"**STS, 7 tasks (avg):** {result.scores['avg']:.2f}, {delta:+.2f} against the untouched "
                      f"backbone `{backbone}` ({baseline['avg']:.2f}):")
         lines.append(comparison_table(result.scores, baseline, backbone))
-    view = store.ui_route(f"#/experiments/{experiment}/runs?viewStateShareKey=sweep-{parent.id}")
+    view = store.ui_route(store.view_route(experiment, sweep_summary.view_key(parent.id)))
     lines.append(f"**Trials:** [the view of this sweep's trials]({view}) (searched values and {DEV_METRIC}); "
                  "`sweep_summary.csv` and `plots/` in the "
                  "artifacts.")

@@ -288,6 +288,11 @@ def _markdown(frame) -> str:
     return "\n".join([head, rule, *rows]) + "\n"
 
 
+def view_key(parent_id: str) -> str:
+    """The name of a sweep's saved view of its trials (``store.save_runs_view``)."""
+    return f"sweep-{parent_id}"
+
+
 def closing_block(uri: str, experiment: str | None, parent: Run, best: Run, result, won: dict, registered: str,
                   metric: str) -> None:
     """What the user needs after a sweep, in one place."""
@@ -305,7 +310,10 @@ def closing_block(uri: str, experiment: str | None, parent: Run, best: Run, resu
               f"  model:        {('models:/' + registered) if '/' in registered else 'not registered'}",
               f"  trials:       sweep_summary.csv and plots/ in MLflow run {parent.id} (artifacts)",
               f"  MLflow:       {store.redact(uri)}, experiment {experiment!r}, run {parent.name}",
-              f"  browse it:    {store.ui_command(uri, parent.experiment_id)}", "=" * 72]
+              # The trials' view (searched values and dev score, best first), not the experiment's
+              # default table, which shows the parent's one collapsed row.
+              f"  browse it:    {store.ui_command(uri, route=store.view_route(parent.experiment_id, view_key(parent.id)))}",
+              "=" * 72]
     print("\n".join(lines), flush=True)
 
 

@@ -191,7 +191,9 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     closing = proc.stdout[proc.stdout.index("sweep finished"):]
     for needle in (f"best trial:   trial-{best.data.tags['trial_id']}", "checkpoint:", "models:/recipe-negatives-",
                    f"sweep_summary.csv and plots/ in MLflow run {parent.info.run_id}", "mlflow ui --backend-store-uri",
-                   f"http://127.0.0.1:5000/#/experiments/{parent.info.experiment_id}?workflowType=machine_learning"):
+                   # (Issue 47, item 7.) The link opens the sweep's trials: searched values and dev score, best first.
+                   f"http://127.0.0.1:5000/#/experiments/{parent.info.experiment_id}/runs?viewStateShareKey="
+                   f"sweep-{parent.info.run_id}&workflowType=machine_learning"):
         assert needle in closing, needle
     assert "against the untouched backbone" in proc.stdout
     # One line per trial start and end in the runs' own words, no Tune status boxes; short overall.

@@ -244,6 +244,10 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
                 checkpoint.save_train_state(folder, model, *optim[:2], pos, scaler=optim[2])
                 checkpoint.save_points(folder, log.points())
 
+        if record:
+            # Sent before the report (a few ms; at most FLUSH_S): ASHA stopping the trial on this
+            # report kills its workers with no shutdown hook, and whatever was still queued.
+            log.flush()
         say(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved))
     rt.report(metrics, write, kind, improved, log)
 

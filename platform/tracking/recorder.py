@@ -297,6 +297,9 @@ POINTS_FILE = "metrics.json"  # in a resumable checkpoint: every point of the ru
 ATTEMPT_TIMEOUT_S = 10.0  # one request to an HTTP server; the replay tries again until its wait ends
 BATCH = 1000  # metrics per log-batch request (MLflow's limit)
 QUIET_S = 30.0  # after a failed live send, how long the sender rests before it tries again
+# How long an evaluation waits for its points to reach MLflow before the fit reports it: a scheduler
+# that stops the trial on that report kills its workers at once, and the points still queued with them.
+FLUSH_S = 5.0
 
 
 class StepLog:
@@ -397,6 +400,18 @@ class StepLog:
                 self.sent.update(batch)
                 if not self._behind:
                     del self._pending[:len(batch)]
+
+    def flush(self, timeout: float = FLUSH_S) -> bool:
+        """Wait, at most ``timeout`` seconds, until the sender has sent what is pending (at once
+        while it rests after a failure: nothing is pending then). Whether it has."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if not self._draining:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def close(self) -> None:
         """The loop's end: the sends under way finish (one attempt each; a hand call of the loop,

@@ -71,10 +71,16 @@ def ui_route(route: str) -> str:
     return route + ("&" if "?" in route else "?") + "workflowType=machine_learning"
 
 
-def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
-    """How to open this store's MLflow UI on an experiment's runs (or one run), in its model-training mode."""
+def view_route(experiment_id: str, key: str) -> str:
+    """The route that opens an experiment's runs table on the view ``save_runs_view`` saved as ``key``."""
+    return f"#/experiments/{experiment_id}/runs?{VIEW_PARAM}={key}"
+
+
+def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = None, route: str | None = None) -> str:
+    """How to open this store's MLflow UI on an experiment's runs (or one run, or ``route``), in its
+    model-training mode."""
     page = f"/#/experiments/{experiment_id}" if experiment_id else "/#/experiments"
-    page = ui_route(page + (f"/runs/{run_id}" if experiment_id and run_id else ""))
+    page = ui_route("/" + route if route else page + (f"/runs/{run_id}" if experiment_id and run_id else ""))
     if uri.startswith(("http://", "https://")):
         return f"open {redact(uri).rstrip('/')}{page} in a browser"
     return f"mlflow ui --backend-store-uri {redact(uri)} (then http://127.0.0.1:5000{page})"
@@ -207,12 +213,13 @@ def ensure_experiment(name: str, uri: str, note: str = "") -> str:
 
 
 VIEW_TAG = "mlflow.sharedViewState."  # MLflow's UI keeps a saved view of an experiment's runs table here
+VIEW_PARAM = "viewStateShareKey"  # ... and opens it from a link with this parameter
 
 
 def save_runs_view(uri: str, experiment_id: str, key: str, name: str, search: str, params: list[str],
                    metric: str) -> None:
     """A saved view of the experiment's runs table, as MLflow's UI saves one ("Views"; opened by
-    ``#/experiments/<id>/runs?viewStateShareKey=<key>``): the runs ``search`` finds, their ``params``
+    ``view_route``): the runs ``search`` finds, their ``params``
     and ``metric`` as columns, best ``metric`` first."""
     import json
     import time
