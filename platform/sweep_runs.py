@@ -356,8 +356,12 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
     experiment = parent.experiment_id
     dev = result.dev
     spread = f" ± {dev[BEST + '_std']:.2f} over {len(result.fits)} seeds" if BEST + "_std" in dev else ""
+    view = store.ui_route(store.view_route(experiment, sweep_summary.view_key(parent.id)))
     lines = [f"**Best trial:** [{best.name}]({store.ui_route(f'#/experiments/{experiment}/runs/{best.id}')}) with "
              + (", ".join(f"`{k}={short(v)}`" for k, v in won.items()) or "no searched value") + ".",
+             # Second: MLflow's UI folds a description after its first few lines.
+             f"**Trials:** [the view of this sweep's trials]({view}) (searched values and {DEV_METRIC}, best first); "
+             "`sweep_summary.csv` and `plots/` in the artifacts.",
              f"**STS-B dev** (Spearman x100): {dev[BEST]:.2f}{spread}."]
     if baseline and result.scores:
         backbone = best_backbone(result.checkpoint)
@@ -365,10 +369,6 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
         lines.append(f"**STS, 7 tasks (avg):** {result.scores['avg']:.2f}, {delta:+.2f} against the untouched "
                      f"backbone `{backbone}` ({baseline['avg']:.2f}):")
         lines.append(comparison_table(result.scores, baseline, backbone))
-    view = store.ui_route(store.view_route(experiment, sweep_summary.view_key(parent.id)))
-    lines.append(f"**Trials:** [the view of this sweep's trials]({view}) (searched values and {DEV_METRIC}); "
-                 "`sweep_summary.csv` and `plots/` in the "
-                 "artifacts.")
     if "/" in registered:
         name, version = registered.split("/", 1)
         lines.append(f"**Registered:** [{name} version {version}]({store.ui_route(f'#/models/{name}/versions/{version}')}); load it in "

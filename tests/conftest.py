@@ -120,7 +120,7 @@ def cli():
 # that order; the suite runs modules in parallel processes (pytest-xdist, one module to a process),
 # and handing these out first lets the processes finish together.
 SLOWEST_FIRST = ["test_multinode", "test_grid", "test_cluster_join", "test_cluster_aws", "test_recipe_cli",
-                 "test_interrupts", "test_tracking_outage", "test_cluster_job", "test_reliability", "test_seeds",
+                 "test_interrupts", "test_sweep_in_mlflow", "test_tracking_outage", "test_cluster_job", "test_reliability", "test_seeds",
                  "test_postgres", "test_cluster_lost", "test_una_cli", "test_san_cli", "test_paraphrase", "test_losses",
                  "test_report"]
 

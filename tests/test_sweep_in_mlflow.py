@@ -128,3 +128,14 @@ def test_mlflows_ui_opens_on_the_trials_and_each_trial_says_how_it_ended(sweep):
     run_page = _render(f"{sweep['uri']}/#/experiments/{stopped.info.experiment_id}/runs/{stopped.info.run_id}"
                        "?workflowType=machine_learning", sweep["tmp"] / "chromium-3")
     assert "stopped early by the scheduler (ASHA)" in run_page
+
+
+def test_the_sweeps_description_links_its_trials_before_mlflow_folds_it(sweep):
+    """MLflow's UI shows a run's description folded after its first lines: the parent's second
+    paragraph is the link to the trials' view, which the closing block's link opens too."""
+    parent = sweep["parent"]
+    paragraphs = parent.data.tags["mlflow.note.content"].split("\n\n")
+    assert paragraphs[0].startswith("**Best trial:**") and sweep["finished"].info.run_id in paragraphs[0]
+    link = f"#/experiments/{parent.info.experiment_id}/runs?viewStateShareKey=sweep-{parent.info.run_id}"
+    assert paragraphs[1].startswith("**Trials:**") and link in paragraphs[1], paragraphs[:3]
+    assert link in sweep["proc"].stdout.split("sweep finished", 1)[1]
