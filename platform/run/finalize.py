@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from methods.encoder import Encoder
 from platform import storage
-from platform.console import format_frame, short
+from platform.console import short
 from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
@@ -304,19 +304,11 @@ def version_description(run: Run, name: str, version: str, state: dict, scores: 
                       + ", ".join(f"`{k}={short(v)}`" for k, v in about.searched.items()) + ".")
     lines.append(f"**STS-B dev** (Spearman x100): {dev:.2f}{spread}.")
     if about.baseline and "avg" in scores and "avg" in about.baseline:
-        tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in about.baseline]
         lines.append(f"**STS, 7 tasks (avg):** {scores['avg']:.2f}, {scores['avg'] - about.baseline['avg']:+.2f} "
                      f"against the untouched backbone ({about.baseline['avg']:.2f}):")
         # Aligned text in a code block: the registry page's Markdown renders tables with no cell
         # spacing (headers run together, seen in headless Chromium); a code block is aligned anywhere.
-        import pandas as pd
-
-        names = [SHORT_NAMES.get(t, t) for t in tasks]
-        frame = pd.DataFrame([["this version", *(f"{scores[t]:.2f}" for t in tasks)],
-                              ["backbone", *(f"{about.baseline[t]:.2f}" for t in tasks)],
-                              ["difference", *(f"{scores[t] - about.baseline[t]:+.2f}" for t in tasks)]],
-                             columns=["", *names])
-        lines.append(f"```text\n{format_frame(frame)}\n```")
+        lines.append("```text\n" + "\n".join(beside_table(backbone, about.baseline, scores)) + "\n```")
     why = smoke_reason(config.get("profile", ""), backbone)
     if why:
         lines.append(f"> **Smoke test, not a result:** {why}.")
