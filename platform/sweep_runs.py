@@ -22,11 +22,13 @@ from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import SHORT_NAMES, STS_TASKS
-from platform.tracking.recorder import (BEST, DEV_METRIC, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable, checkpoint_exists,
-                                        winner_key)
+from platform.tracking.recorder import (BEST, DEV_METRIC, SENDER_TAG, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable,
+                                        checkpoint_exists, winner_key)
 
 SWEEP_STATE = "platform_sweep.json"
 POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow
+SENDER_WAIT_S = 60.0  # how long a trial Tune ended waits for the process sending its points to end
+SENDER_CHECK_S = 0.5  # how often the sweep's driver asks Ray about those processes
 
 
 @dataclasses.dataclass
@@ -124,13 +126,23 @@ class TrialRuns:
     its best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted.
     Before a run ends, the recorder completes its step metrics and names its best checkpoint from
     storage (``recorder.finish_fit``); a FINISHED trial keeps its best checkpoint, without
-    optimizer state, and nothing else."""
+    optimizer state, and nothing else.
+
+    A trial Tune ended is closed once the process that sends its points has ended (``ended``,
+    then ``settle``): Tune calls its callbacks before it stops the trial's actor, and the
+    scheduler's decision reaches a trial while it trains on, so its rank 0 may still evaluate,
+    print and send points, and write a state, until Ray has stopped its workers. Its run's
+    description, best checkpoint and kept checkpoints are decided after the last of them."""
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
         # Each trial's evaluations as Tune received them ({trial_id: [(step, metrics)]}): what the
         # recorder completes its run with when the trial ends before its next state (issue 47).
         self.evaluations: dict[str, list[tuple[int, dict[str, float]]]] = {}
+        # The trials Tune ended whose runs are not closed yet, each with when it stops waiting for
+        # its points' sender (a monotonic time: a restored sweep's entries close at its first check).
+        self.ending: dict[str, float] = {}
+        self._checked = 0.0
 
     def received(self, trial_id: str, result: dict[str, Any]) -> None:
         if DEV_METRIC in result and "step" in result:
@@ -149,12 +161,47 @@ class TrialRuns:
         Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), "trial_id": trial_id},
                    parent=Run(sweep.uri, sweep.parent), in_trial=True)
 
-    def close(self, trial_id: str, outcome: str) -> None:
+    def ended(self, trial_id: str) -> None:
+        """Tune ended the trial (its work done, or the scheduler stopped it): its run is closed by
+        ``settle`` once the process sending its points has ended."""
+        self.ending[trial_id] = time.monotonic() + SENDER_WAIT_S
+
+    def settle(self, wait: bool = False) -> None:
+        """Close (and print) each trial Tune ended whose points' sender has ended, or has had
+        ``SENDER_WAIT_S``; at most every ``SENDER_CHECK_S`` (Tune calls this between its steps).
+        With ``wait``: every such trial, waiting for each (the sweep's end, its actors stopped)."""
+        if not self.ending or (not wait and time.monotonic() < self._checked + SENDER_CHECK_S):
+            return
+        for trial_id, until in list(self.ending.items()):
+            quiet = self.senders_ended(trial_id) or time.monotonic() >= until
+            while wait and not quiet:
+                time.sleep(SENDER_CHECK_S)
+                quiet = self.senders_ended(trial_id) or time.monotonic() >= until
+            if quiet:
+                del self.ending[trial_id]
+                if self.close(trial_id, "stopped"):
+                    print(trial_line(self.sweep.uri, self.sweep.parent, trial_id), flush=True)
+        self._checked = time.monotonic()
+
+    def senders_ended(self, trial_id: str) -> bool:
+        """Whether every Ray actor that sends points to the trial's open runs (its seeds' too) has
+        ended; True when the runs cannot be read (closing then does what it can, as it would)."""
+        sweep = self.sweep
+        try:
+            found = trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'")
+            runs = [r for f in found for r in (f, *store.child_runs(sweep.uri, f.info.run_id, "attributes.status = 'RUNNING'"))]
+        except Exception:  # noqa: BLE001 - the tracking server away
+            return True
+        return ray_env.actors_ended([r.data.tags[SENDER_TAG] for r in runs if r.data.tags.get(SENDER_TAG)])
+
+    def close(self, trial_id: str, outcome: str) -> bool:
         """End the still-open runs of a trial (and of its seeds): ``completed`` where the work
         marked itself done, else ``outcome`` (``stopped`` by the scheduler, ``failed``,
-        ``interrupted``)."""
+        ``interrupted``). Whether it had an open run."""
         sweep = self.sweep
+        found_any = False
         for found in trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'"):
+            found_any = True
             for r in [*store.child_runs(sweep.uri, found.info.run_id, "attributes.status = 'RUNNING'"), found]:
                 done = r.data.tags.get(WORK_DONE_TAG) == "true"
                 fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
@@ -177,6 +224,7 @@ class TrialRuns:
                     self.describe(r.info.run_id)
                 if status == "FINISHED" and best and not (r is found and sweep.seeds > 1):  # a fit: never trained again
                     release_fit(fit_folder, best)
+        return found_any
 
     def describe(self, run_id: str) -> None:
         """The trial's description, from what its run holds now (a tracking outage: left without)."""
@@ -212,8 +260,13 @@ class TrialRuns:
                 runs.received(trial.trial_id, result)
 
             def on_trial_complete(self, iteration, trials, trial, **info):
-                runs.close(trial.trial_id, "stopped")
-                print(trial_line(runs.sweep.uri, runs.sweep.parent, trial.trial_id), flush=True)
+                runs.ended(trial.trial_id)
+
+            def on_step_begin(self, iteration, trials, **info):
+                runs.settle()
+
+            def on_experiment_end(self, trials, **info):  # after Tune has stopped every trial's actor
+                runs.settle(wait=True)
 
             def on_trial_error(self, iteration, trials, trial, **info):
                 runs.close(trial.trial_id, "failed")

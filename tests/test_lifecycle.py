@@ -300,3 +300,63 @@ def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation(mlflo
     note = info.data.tags["mlflow.note.content"]
     assert "**Best STS-B dev** (Spearman x100): 82.00 at step 16, 3 evaluation(s)." in note
     assert "stopped early by the scheduler (ASHA)" in note
+
+
+@pytest.mark.e2e
+def test_a_trial_tune_ended_closes_once_the_process_sending_its_points_has_ended(mlflow_uri, tmp_path, monkeypatch):
+    """Tune calls ``on_trial_complete`` before it stops the trial's actor, and ASHA's decision
+    reaches the trial while it trains on: its rank 0 may evaluate and send once more (seen on CI:
+    the description counted 2 evaluations, MLflow held 3). A Ray actor sends the run's points as
+    rank 0 does, naming itself with its first points; the run stays open while the actor lives,
+    and is closed, described with every evaluation, once Ray says it has ended. A sender that
+    outlives ``SENDER_WAIT_S`` does not hold its run open."""
+    import ray
+
+    from platform import sweep_runs
+    from platform.run.ray_env import init_ray
+    from platform.tracking.recorder import DEV_METRIC, SENDER_TAG
+
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    trials = {t: Run.create(mlflow_uri, "una", f"trial-{t}", {"trial_id": t}, parent=parent, in_trial=True)
+              for t in ("t1", "t2")}
+    for t in trials:
+        _checkpoint(tmp_path / "sweep" / "trials" / t / "checkpoint_000001", 80.0, 2)
+
+    init_ray(num_cpus=1)
+    try:
+        @ray.remote(num_cpus=0)
+        class Rank0:
+            def __init__(self, uri, run_id):
+                import ray as ray_here
+
+                from platform.tracking.recorder import SENDER_TAG as TAG, StepLog
+
+                self.log = StepLog(uri, run_id, tags={TAG: ray_here.get_runtime_context().get_actor_id()})
+
+            def evaluate(self, step, dev):
+                self.log({"stsb_dev_spearman": dev}, step)
+                return self.log.flush()
+
+        senders = {t: Rank0.remote(mlflow_uri, run.id) for t, run in trials.items()}
+        assert ray.get([senders[t].evaluate.remote(s, v) for t in trials for s, v in ((2, 80.0), (4, 82.0))]) == [True] * 4
+        assert trials["t1"].info().data.tags[SENDER_TAG] == senders["t1"]._actor_id.hex()
+
+        runs = _sweep(mlflow_uri, parent, tmp_path / "sweep")
+        for t in trials:
+            runs.ended(t)
+        runs.settle()
+        assert {t: _status(r) for t, r in trials.items()} == {"t1": "RUNNING", "t2": "RUNNING"}
+        assert ray.get(senders["t1"].evaluate.remote(6, 83.0))  # after the scheduler's decision
+        ray.kill(senders["t1"])
+        monkeypatch.setattr(sweep_runs, "SENDER_WAIT_S", 3.0)
+        runs.ended("t2")  # its sender never ends: closed after the wait
+        runs.settle(wait=True)
+        assert runs.ending == {}
+        assert {t: _status(r) for t, r in trials.items()} == {"t1": "FINISHED", "t2": "FINISHED"}
+        note = trials["t1"].info().data.tags["mlflow.note.content"]
+        assert "83.00 at step 6, 3 evaluation(s)." in note and "stopped early by the scheduler" in note, note
+        from platform.tracking.store import client
+
+        assert [m.step for m in client(mlflow_uri).get_metric_history(trials["t1"].id, DEV_METRIC)] == [2, 4, 6]
+    finally:
+        ray.shutdown()

@@ -42,7 +42,7 @@ from platform.data.columns import CorpusData, prepare_corpus, resolve_local_mode
 from platform.evaluation.sts import STSEvaluator
 from platform.run import checkpoint
 from platform.run.checkpoint import Position
-from platform.tracking.recorder import BEST, DEV_METRIC, StepLog, load_points
+from platform.tracking.recorder import BEST, DEV_METRIC, SENDER_TAG, StepLog, load_points
 
 COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
 
@@ -475,6 +475,17 @@ class RayTrainRuntime(Runtime):
             logging.getLogger(spec.origin).setLevel(logging.WARNING)
         self.device = ray.train.torch.get_device()
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
+
+    def metric_log(self) -> StepLog:
+        """Rank 0's points, naming the Ray actor that sends them: a sweep ends a trial's run once
+        this actor has ended, so that no point arrives after the run's description is written."""
+        if not (self.is_chief and self.ctx.run_id):
+            return StepLog()
+        import ray
+
+        actor = ray.get_runtime_context().get_actor_id()
+        return StepLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True,
+                       tags={SENDER_TAG: actor} if actor else None)
 
     def wrap(self, model):
         import ray.train.torch

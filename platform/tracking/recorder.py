@@ -49,6 +49,9 @@ BEST = "best_" + DEV_METRIC
 END_REASON_TAG = "platform.end_reason"
 STORAGE_TAG = "platform.storage"  # where the run's checkpoints and resumable state live
 WORK_DONE_TAG = "platform.work_done"  # a trial's run whose work completed, for the sweep's callback to end
+# The Ray actor whose process sends the run's step metrics (a Ray Train fit's rank 0, the latest
+# attempt's): a sweep ends a trial's run once that process has ended (sweep_runs.TrialRuns).
+SENDER_TAG = "platform.points_from"
 
 
 WINNER = "best."  # a sweep's parent holds its best trial's numbers under these keys, never the trials' own
@@ -312,10 +315,13 @@ class StepLog:
     A restart from an earlier checkpoint re-runs steps whose points the dead attempt had already
     sent (seeded: the same values, at other times): ``restore`` adopts those points from MLflow
     and the re-run's copies of them are dropped, so each step appears once. With a run, MLflow's
-    monitor also logs this node's CPU, memory and GPU as ``system/*``."""
+    monitor also logs this node's CPU, memory and GPU as ``system/*``. ``tags`` go with the first
+    request MLflow takes (who sends the points: ``SENDER_TAG``)."""
 
-    def __init__(self, uri: str | None = None, run_id: str | None = None, system_metrics: bool = False):
+    def __init__(self, uri: str | None = None, run_id: str | None = None, system_metrics: bool = False,
+                 tags: dict[str, str] | None = None):
         self.uri, self.run_id = uri, run_id
+        self._tags = dict(tags or {})  # sent with the first request MLflow takes
         self.recorded: list[Point] = []
         self.sent: set[Point] = set()  # what MLflow took (updated by the sender)
         self.adopted: set[tuple[str, int]] = set()  # (key, step) MLflow holds from a restart's earlier attempt
@@ -390,7 +396,8 @@ class StepLog:
                     self._pending, self._behind, self._draining = [], False, False
                     return
             try:
-                _send(self.uri, self.run_id, batch)
+                _send(self.uri, self.run_id, batch, self._tags)
+                self._tags = {}
             except Exception:  # the server away: rest, then catch up (persisted() and the replay too)
                 with self._lock:
                     self._quiet_until = time.monotonic() + QUIET_S
@@ -525,24 +532,28 @@ def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = N
                 pause = min(pause * 2, 10.0)
 
 
-def _send(uri: str, run_id: str, points: list[Point]) -> None:
-    """One ``log-batch`` of metrics: over HTTP one attempt with a short timeout (MLflow's client
-    would retry for minutes inside the call), else through the client (a database store)."""
+def _send(uri: str, run_id: str, points: list[Point], tags: dict[str, str] | None = None) -> None:
+    """One ``log-batch`` of metrics (and ``tags``): over HTTP one attempt with a short timeout
+    (MLflow's client would retry for minutes inside the call), else through the client (a database
+    store)."""
     if not points:
         return
+    tags = tags or {}
     if uri.startswith(("http://", "https://")):
         from mlflow.utils.credentials import get_default_host_creds
         from mlflow.utils.rest_utils import http_request, verify_rest_response
 
         body = {"run_id": run_id, "metrics": [{"key": k, "value": float(v), "timestamp": int(ts), "step": int(s)}
-                                              for k, v, ts, s in points]}
+                                              for k, v, ts, s in points],
+                "tags": [{"key": k, "value": str(v)} for k, v in tags.items()]}
         response = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/runs/log-batch", "POST",
                                 max_retries=0, timeout=ATTEMPT_TIMEOUT_S, json=body)
         verify_rest_response(response, "/api/2.0/mlflow/runs/log-batch")
         return
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, RunTag
 
-    store.client(uri).log_batch(run_id, metrics=[Metric(k, float(v), int(ts), int(s)) for k, v, ts, s in points])
+    store.client(uri).log_batch(run_id, metrics=[Metric(k, float(v), int(ts), int(s)) for k, v, ts, s in points],
+                                tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
 # ------------------------------------------------------------------------------------------------
