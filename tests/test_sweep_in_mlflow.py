@@ -82,6 +82,10 @@ def test_a_trial_asha_stops_between_states_holds_every_evaluation(sweep):
 
     note = stopped.data.tags["mlflow.note.content"]
     assert "stopped early by the scheduler (ASHA)" in note and f", {len(evaluated)} evaluation(s)." in note, note
+    # Described once its rank 0 had ended (it names itself with its first points): what the run
+    # holds now is what its description counts (on CI it once counted 2 of 3 evaluations).
+    assert f"**Trained:** {len(trained)} steps." in note, (note, trained)
+    assert re.fullmatch(r"[0-9a-f]{32}", stopped.data.tags.get("platform.points_from", "")), stopped.data.tags
     assert "**Ended:** finished." in finished.data.tags["mlflow.note.content"]
 
 
