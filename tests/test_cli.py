@@ -92,6 +92,48 @@ def test_unreachable_tracking_uri_fails_before_ray(tiny_model, small_corpus, tmp
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_the_preflight_tells_a_slow_server_from_one_that_is_down():
+    """A server that answers ``/health`` is up: its search may take longer than the preflight's
+    connection wait (CI: a loaded head's MLflow took 6 s, and a resume was refused as "unreachable").
+    One that does not answer ``/health`` within the wait is unreachable, in one line."""
+    import http.server
+    import threading
+    import time
+
+    from platform.errors import UserError
+    from platform.tracking.store import check_reachable
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if not self.path.startswith("/health"):
+                time.sleep(2.0)  # the search: a busy database
+            elif self.server.down:
+                time.sleep(3.0)
+            body = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.down = False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        started = time.monotonic()
+        check_reachable(uri, timeout=1.0)
+        assert time.monotonic() - started >= 2.0
+        server.down = True
+        with pytest.raises(UserError, match="is unreachable .*timed out"):
+            check_reachable(uri, timeout=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_cluster_address_that_is_not_one_is_one_line_before_ray(tiny_model, small_corpus, tmp_path, mlflow_uri, cli):
     """(One that nothing answers at is a row of the bad-input table (docs/failures.md).)"""
     env = {"MLFLOW_TRACKING_URI": mlflow_uri, "RAY_ADDRESS": "headnode"}

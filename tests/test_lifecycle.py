@@ -189,8 +189,11 @@ def test_a_step_waits_on_no_tracking_server(tmp_path):
         assert time.perf_counter() - started < 0.5
         assert len(log.points()) == 100 and not log.sent
     finally:
-        log._sender.shutdown(wait=False, cancel_futures=True)
+        # The listener closed, its waiting request is reset; the sender is waited for, so that no
+        # import of its error path runs while the next test starts (pytest's warnings capture
+        # iterates sys.modules: "dictionary changed size during iteration", seen on CI).
         silent.close()
+        log._sender.shutdown(wait=True, cancel_futures=True)
 
 
 def test_the_best_checkpoint_is_the_first_to_reach_the_best_score(tmp_path):

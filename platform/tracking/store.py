@@ -98,6 +98,9 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
+SEARCH_WAIT_S = 30.0  # how long the preflight waits for a server that answered /health to answer a search
+
+
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """Fail fast (before Ray starts) if the tracking store cannot be used."""
     if uri.startswith(("http://", "https://")):
@@ -135,9 +138,12 @@ def _check_server(uri: str, timeout: float) -> None:
     elif user:
         pair = f"{user}:{password or ''}"
         headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+    # A server that is down or a wrong host fails /health within ``timeout``; one that answered it
+    # is up, and its search (a database query, after the account's check) may take longer on a
+    # busy head (seen: 6 s on a loaded 2-core machine; MLflow's own client waits 120 s).
+    for path, wait in (("/health", timeout), ("/api/2.0/mlflow/experiments/search?max_results=1", max(timeout, SEARCH_WAIT_S))):
         try:
-            with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=timeout):
+            with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=wait):
                 pass
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
