@@ -186,23 +186,26 @@ class TrialRuns:
     def senders_ended(self, trial_id: str) -> bool:
         """Whether every Ray actor that sends points to the trial's open runs (its seeds' too) has
         ended; True when the runs cannot be read (closing then does what it can, as it would)."""
-        sweep = self.sweep
         try:
-            found = trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'")
-            runs = [r for f in found for r in (f, *store.child_runs(sweep.uri, f.info.run_id, "attributes.status = 'RUNNING'"))]
+            runs = [r for found, seeds in self.open_runs(trial_id) for r in (found, *seeds)]
         except Exception:  # noqa: BLE001 - the tracking server away
             return True
         return ray_env.actors_ended([r.data.tags[SENDER_TAG] for r in runs if r.data.tags.get(SENDER_TAG)])
+
+    def open_runs(self, trial_id: str) -> list[tuple[Any, list]]:
+        """The trial's runs still RUNNING, each with its seeds' runs still RUNNING."""
+        uri, parent = self.sweep.uri, self.sweep.parent
+        return [(found, store.child_runs(uri, found.info.run_id, "attributes.status = 'RUNNING'"))
+                for found in trial_runs(uri, parent, trial_id, " and attributes.status = 'RUNNING'")]
 
     def close(self, trial_id: str, outcome: str) -> bool:
         """End the still-open runs of a trial (and of its seeds): ``completed`` where the work
         marked itself done, else ``outcome`` (``stopped`` by the scheduler, ``failed``,
         ``interrupted``). Whether it had an open run."""
         sweep = self.sweep
-        found_any = False
-        for found in trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'"):
-            found_any = True
-            for r in [*store.child_runs(sweep.uri, found.info.run_id, "attributes.status = 'RUNNING'"), found]:
+        runs = self.open_runs(trial_id)
+        for found, seeds in runs:
+            for r in [*seeds, found]:
                 done = r.data.tags.get(WORK_DONE_TAG) == "true"
                 fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
                 if done or (r is found and sweep.seeds > 1):  # named by the fit's end (a configuration's: its seeds' best)
@@ -224,7 +227,7 @@ class TrialRuns:
                     self.describe(r.info.run_id)
                 if status == "FINISHED" and best and not (r is found and sweep.seeds > 1):  # a fit: never trained again
                     release_fit(fit_folder, best)
-        return found_any
+        return bool(runs)
 
     def describe(self, run_id: str) -> None:
         """The trial's description, from what its run holds now (a tracking outage: left without)."""

@@ -396,7 +396,11 @@ class Runtime:
         """Rank 0's step metrics, and MLflow's system metrics of its node for the run."""
         if not (self.is_chief and self.ctx.run_id):
             return StepLog()
-        return StepLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True)
+        return StepLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True, tags=self.sender_tags())
+
+    def sender_tags(self) -> dict[str, str]:
+        """Tags naming the process that sends the run's points (none outside Ray)."""
+        return {}
 
 
 class ProcessRuntime(Runtime):
@@ -476,16 +480,13 @@ class RayTrainRuntime(Runtime):
         self.device = ray.train.torch.get_device()
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
 
-    def metric_log(self) -> StepLog:
-        """Rank 0's points, naming the Ray actor that sends them: a sweep ends a trial's run once
-        this actor has ended, so that no point arrives after the run's description is written."""
-        if not (self.is_chief and self.ctx.run_id):
-            return StepLog()
+    def sender_tags(self) -> dict[str, str]:
+        """The Ray actor that sends rank 0's points: a sweep ends a trial's run once this actor
+        has ended, so that no point arrives after the run's description is written."""
         import ray
 
         actor = ray.get_runtime_context().get_actor_id()
-        return StepLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True,
-                       tags={SENDER_TAG: actor} if actor else None)
+        return {SENDER_TAG: actor} if actor else {}
 
     def wrap(self, model):
         import ray.train.torch
