@@ -338,7 +338,9 @@ def test_a_trial_tune_ended_closes_once_the_process_sending_its_points_has_ended
 
             def evaluate(self, step, dev):
                 self.log({"stsb_dev_spearman": dev}, step)
-                return self.log.flush()
+                # The test's own synchronisation: a fresh actor's first send opens the SQLite store
+                # (its schema check), which took over FLUSH_S on a loaded CI machine.
+                return self.log.flush(timeout=60.0)
 
         senders = {t: Rank0.remote(mlflow_uri, run.id) for t, run in trials.items()}
         assert ray.get([senders[t].evaluate.remote(s, v) for t in trials for s, v in ((2, 80.0), (4, 82.0))]) == [True] * 4
