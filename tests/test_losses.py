@@ -97,8 +97,14 @@ def _batch(method, model_dir, rows: slice):
     return inputs.nest(inputs.collate(inputs.arrays(columns)))
 
 
-def _worker(rank, world, model_dir, init_file, out_dir, recipe, mini_batch_size=0):
+DDP_CASES = [("simcse", 0), ("vascl", 0), ("una", 0), ("san", 0), ("augcse", 0), ("vascl", 2), ("una", 2), ("augcse", 2)]
+
+
+def _worker(rank, world, model_dir, init_file, out_dir):
+    """Every case in one process group: a spawned worker's interpreter (torch, transformers, the
+    platform) costs more than its cases. A case that raises saves its traceback for its test."""
     import contextlib
+    import traceback
 
     import torch.distributed as dist
 
@@ -106,21 +112,47 @@ def _worker(rank, world, model_dir, init_file, out_dir, recipe, mini_batch_size=
     from tests.recipe_reference import SENTENCES
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    method, encoder, model = _build(model_dir, recipe)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    local = len(SENTENCES) // world
-    batch = _batch(method, model_dir, slice(rank * local, (rank + 1) * local))
-    # Exactly what train_loop_per_worker does: (loss * world).backward(), or GradCache's chunks.
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    loss, _ = forward_backward(method, ddp, batch, 0, mini_batch_size, contextlib.nullcontext(), scaler, world)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
+    for recipe, mini_batch_size in DDP_CASES:
+        path = os.path.join(out_dir, f"{recipe}-{mini_batch_size}-rank{rank}.pt")
+        try:
+            method, encoder, model = _build(model_dir, recipe)
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            local = len(SENTENCES) // world
+            batch = _batch(method, model_dir, slice(rank * local, (rank + 1) * local))
+            # Exactly what train_loop_per_worker does: (loss * world).backward(), or GradCache's chunks.
+            scaler = torch.amp.GradScaler("cpu", enabled=False)
+            loss, _ = forward_backward(method, ddp, batch, 0, mini_batch_size, contextlib.nullcontext(), scaler, world)
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            torch.save({"loss": loss.detach(), "grads": grads}, path)
+        except Exception:
+            torch.save({"error": traceback.format_exc()}, path)
+            os._exit(1)  # the other rank may wait in this case's collectives: spawn's join ends it
     leave_process_group()
 
 
-@pytest.mark.parametrize("recipe,mini_batch_size", [("simcse", 0), ("vascl", 0), ("una", 0), ("san", 0), ("augcse", 0),
-                                                     ("vascl", 2), ("una", 2), ("augcse", 2)])
-def test_ddp_two_workers_equal_one_process(tiny_model, recipe, mini_batch_size):
+@pytest.fixture(scope="module")
+def ddp_runs(tiny_model):
+    """Two gloo workers, half the batch each, through every case; their saved loss and gradients."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            mp.start_processes(_worker, args=(2, str(tiny_model), os.path.join(tmp, "init"), tmp), nprocs=2,
+                               join=True, start_method="spawn")
+            failed = None
+        except Exception as exc:  # the cases before the failing one still have their results
+            failed = f"{type(exc).__name__}: {exc}"
+        runs = {"failed": failed}
+        for case in DDP_CASES:
+            outs = [torch.load(f) for r in range(2) if os.path.exists(f := os.path.join(tmp, f"{case[0]}-{case[1]}-rank{r}.pt"))]
+            errors = [o["error"] for o in outs if "error" in o]
+            if errors:
+                runs["failed"] = f"{case} raised in a worker:\n{errors[0]}"
+            elif len(outs) == 2:
+                runs[case] = outs
+        yield runs
+
+
+@pytest.mark.parametrize("recipe,mini_batch_size", DDP_CASES)
+def test_ddp_two_workers_equal_one_process(tiny_model, ddp_runs, recipe, mini_batch_size):
     """Two gloo workers with half the batch each give the loss and the gradient of one process on
     the whole batch, for every named recipe: VaSCL's head sees the all-gathered batch (applied to
     local rows and gathered, its gradient counts every row once), UNA's and SAN's negatives join
@@ -136,12 +168,8 @@ def test_ddp_two_workers_equal_one_process(tiny_model, recipe, mini_batch_size):
     _, other = _one_process_grads(tiny_model, recipe, 1 if torch.get_num_threads() > 1 else 2)
     spread = {n: (g - other[n]).abs().max().item() for n, g in ref.items()}
 
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(
-            _worker, args=(2, str(tiny_model), os.path.join(tmp, "init"), tmp, recipe, mini_batch_size), nprocs=2, join=True,
-            start_method="spawn"
-        )
-        outs = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
+    assert (recipe, mini_batch_size) in ddp_runs, f"the workers stopped before this case: {ddp_runs['failed']}"
+    outs = ddp_runs[(recipe, mini_batch_size)]
     for out in outs:
         assert float(out["loss"]) == pytest.approx(float(loss.detach()), rel=1e-5)
     # DDP has averaged the gradients: every rank holds the same, equal to the single-process one.
