@@ -209,6 +209,10 @@ class Ingredient:
     def statistics(self) -> CorpusStatistics | None:
         return None
 
+    def check_corpus(self, sentences: list[str]) -> None:
+        """Raise ``InvalidParams`` if no statistics or columns can be made from this corpus at all
+        (checked on the driver before Ray starts; what depends on the statistics: ``check_statistics``)."""
+
     def check_statistics(self, state: Any) -> None:
         """Raise ``InvalidParams`` if these parameters cannot work with this corpus' statistics."""
 

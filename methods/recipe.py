@@ -257,6 +257,10 @@ class Recipe:
         """The ingredients that fit corpus statistics (their state is keyed by ingredient name)."""
         return [i for i in self.ingredients if i.statistics() is not None]
 
+    def check_corpus(self, sentences: list[str]) -> None:
+        for ingredient in self.ingredients:
+            ingredient.check_corpus(sentences)
+
     def check_statistics(self, states: dict[str, Any]) -> None:
         for ingredient in self.with_statistics():
             ingredient.check_statistics(states[ingredient.name])

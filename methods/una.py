@@ -133,6 +133,12 @@ def term_frequencies(counts: sp.csr_matrix) -> sp.csr_matrix:
     return tf
 
 
+def check_documents(sentences) -> None:
+    """IDF (Eq. 2) over fewer than two documents is log 1 = 0 for every term: no ordering at all."""
+    if len(sentences) < 2:
+        raise InvalidParams(f"UNA needs a corpus of at least 2 sentences for TF-IDF, got {len(sentences)}")
+
+
 def fit_tfidf(sentences: Iterable[str], tokenizer: str = "words", chunk: int = 100_000) -> TfIdfTable:
     """Step 1 over the corpus: scikit-learn counts, the paper's formula with scipy.sparse.
     ``tokenizer``: ``words`` (letters-bearing words) or ``nltk`` (the authors'; see the module).
@@ -143,8 +149,7 @@ def fit_tfidf(sentences: Iterable[str], tokenizer: str = "words", chunk: int = 1
     from sklearn.feature_extraction.text import CountVectorizer
     from tqdm.auto import tqdm
 
-    if len(sentences) < 2:
-        raise InvalidParams(f"UNA needs a corpus of at least 2 sentences for TF-IDF, got {len(sentences)}")
+    check_documents(sentences)
     if tokenizer == "nltk":
         vectorizer = CountVectorizer(lowercase=False, tokenizer=nltk_tokens, token_pattern=None, dtype=np.int64)
     else:
@@ -461,6 +466,9 @@ class UNA(NegativesSource):
         tokenizer = TOKENIZERS[self.shared.fidelity]
         return CorpusStatistics(f"una-tfidf-{tokenizer}", TFIDF_VERSION,
                                 lambda sentences: fit_tfidf(sentences, tokenizer), save_table, load_table)
+
+    def check_corpus(self, sentences: list[str]) -> None:
+        check_documents(sentences)
 
     def check_statistics(self, state: TfIdfTable) -> None:
         check_window(state, self.params)

@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     writable_dir(out.parent)
     sentences = read_corpus(corpus_path, limit=cfg.max_sentences or None)
     check_given_columns(recipe, sentences)
+    recipe.check_corpus(sentences)
 
     unit.start(cfg, num_cpus=args.num_cpus)
 

@@ -59,6 +59,7 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     recipe = cfg.build_recipe()
     recipe.preflight()
     check_given_columns(recipe, sentences)
+    recipe.check_corpus(sentences)
     for line in [n for i in recipe.ingredients for n in i.notes(cfg.batch_size)]:
         print(f"note: {line}", flush=True)
     if cfg.runtime == "process" and storage.is_uri(cfg.output_dir):
