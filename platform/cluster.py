@@ -268,11 +268,21 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
+# How long the MLflow server trusts a password it has checked. Without it every request (each
+# batch of a trial's points, each poll, each UI call) re-derives the stored hash: ~0.5 CPU-s per
+# request on this machine, a core's worth for two requests a second (benchmarks/mlflow_auth.py).
+# MLflow drops an account's entry when it is changed through the server that serves it; another
+# worker process of that server may accept an old password for up to this long (MLflow's
+# basic_auth.ini suggests 60).
+AUTH_CACHE_TTL_S = 60
+
+
 def write_mlflow_auth(path: Path, username: str, password: str, database_uri: str | None = None) -> Path:
     """MLflow's basic-auth configuration: ``username`` is the admin, other accounts have no
     permission until granted. The accounts live in ``database_uri`` when it is a server database
     (MLflow's tracking database: its auth tables and migrations are its own), else in SQLite
-    beside ``path``, which goes with the disk it is on."""
+    beside ``path``, which goes with the disk it is on. Checked passwords are remembered for
+    ``AUTH_CACHE_TTL_S``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not (database_uri and database_uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES):
@@ -282,7 +292,8 @@ def write_mlflow_auth(path: Path, username: str, password: str, database_uri: st
             f"database_uri = {database_uri}\n"
             f"admin_username = {username}\n"
             f"admin_password = {password}\n"
-            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            f"auth_cache_ttl_seconds = {AUTH_CACHE_TTL_S}\n")
     return write_private(path, text)
 
 

@@ -73,6 +73,20 @@ def test_mlflow_runs_with_basic_auth_from_cluster_env(tmp_path):
     assert "default_permission = NO_PERMISSIONS" in text and oct(path.stat().st_mode & 0o777) == "0o600"
 
 
+def test_the_mlflow_server_remembers_a_checked_password(tmp_path, monkeypatch):
+    """MLflow's own reader of the file finds the credential cache on (off by default: every request
+    would re-derive the password hash, ~0.5 CPU-s each; benchmarks/mlflow_auth.py)."""
+    from mlflow.server.auth.config import read_auth_config
+
+    from platform.cluster import AUTH_CACHE_TTL_S, write_mlflow_auth
+
+    path = write_mlflow_auth(tmp_path / "basic_auth.ini", "platform", "a-long-password-1")
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(path))
+    config = read_auth_config()
+    assert config.auth_cache_ttl_seconds == AUTH_CACHE_TTL_S > 0
+    assert config.admin_username == "platform"
+
+
 def _env_file(tmp_path, **values):
     settings = {"CLUSTER_NAME": "platform-test", "SSH_ALLOWED_CIDR": "198.51.100.0/24", "MLFLOW_TRACKING_USERNAME": "platform",
                 "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "MLFLOW_ARTIFACTS_DESTINATION": "s3://b/mlflow",

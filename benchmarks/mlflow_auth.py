@@ -1,0 +1,102 @@
+"""CPU the cluster's MLflow server spends per request under basic authentication, with the
+credential cache the platform's auth configuration turns on (``auth_cache_ttl_seconds``) and
+without it (MLflow's default), side by side on one machine.
+
+Each configuration is a real ``mlflow server --app-name basic-auth`` (SQLite store, one worker,
+the account written by ``platform.cluster.write_mlflow_auth``); a client signed in as that account
+sends the same requests (``search_runs``, then a ``log_batch`` of 10 points: what a sweep's driver
+polls and what a trial's point sender posts). The server process's own CPU time is read from
+/proc before and after. Rounds alternate (cache on, off, on, ...) so machine noise hits both.
+
+    PLATFORM_DATA_DIR=../shared/data python benchmarks/mlflow_auth.py [--requests 20] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
+
+ACCOUNT = {"MLFLOW_TRACKING_USERNAME": "platform", "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery-staple"}
+
+
+def server_cpu(pid: int) -> float:
+    """User + system seconds of the server process and its children (uvicorn's worker)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
+
+
+def one_round(work: Path, template: Path, cached: bool, requests: int) -> tuple[float, float]:
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers import MlflowServer
+
+    base = Path(tempfile.mkdtemp(dir=work))
+    shutil.copyfile(template, base / "mlflow.db")
+    server = MlflowServer(base, f"sqlite:///{base / 'mlflow.db'}", account=ACCOUNT)
+    if not cached:  # MLflow's default: the same file without the cache line
+        from platform import cluster
+
+        original = cluster.AUTH_CACHE_TTL_S
+        cluster.AUTH_CACHE_TTL_S = 0
+    try:
+        server.start()
+    finally:
+        if not cached:
+            cluster.AUTH_CACHE_TTL_S = original
+    try:
+        os.environ.update(ACCOUNT)
+        client = MlflowClient(server.uri)
+        run = client.create_run(client.create_experiment("bench"))  # the first, uncached check: not counted
+        before, t0 = server_cpu(server.proc.pid), time.perf_counter()
+        for i in range(requests):
+            client.search_runs([run.info.experiment_id])
+            client.log_batch(run.info.run_id, [Metric("loss", 1.0 / (s + 1), 0, i * 10 + s) for s in range(10)])
+        return (server_cpu(server.proc.pid) - before) / (2 * requests), (time.perf_counter() - t0) / (2 * requests)
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=20, help="search + log_batch pairs per round")
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    from mlflow.tracking import MlflowClient
+
+    work = Path(tempfile.mkdtemp(prefix="mlflow-auth-bench-"))
+    template = work / "empty.db"
+    MlflowClient(f"sqlite:///{template}").search_experiments()  # the schema once
+    results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    try:
+        for _ in range(args.rounds):
+            for cached in (True, False):
+                results[cached].append(one_round(work, template, cached, args.requests))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{2 * args.requests} requests per round, {args.rounds} rounds, {os.cpu_count()} CPUs")
+    for cached in (True, False):
+        cpu = statistics.median(c for c, _ in results[cached]) * 1000
+        wall = statistics.median(w for _, w in results[cached]) * 1000
+        print(f"  credential cache {'on ' if cached else 'off'}: server CPU {cpu:7.1f} ms/request, "
+              f"client wall {wall:7.1f} ms/request")
+    on = statistics.median(c for c, _ in results[True])
+    off = statistics.median(c for c, _ in results[False])
+    print(f"  off / on: {off / on:.0f}x the server's CPU per request")
+
+
+if __name__ == "__main__":
+    main()
