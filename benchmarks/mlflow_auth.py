@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,36 +42,58 @@ def server_cpu(pid: int) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
 
 
+def start_server(base: Path, ttl: int) -> tuple[subprocess.Popen, str]:
+    """``mlflow server --app-name basic-auth`` on a free port, as cluster.yaml's head starts it,
+    with the auth file ``write_mlflow_auth`` writes (its cache line set to ``ttl``)."""
+    from platform import cluster
+    from platform.run.ray_env import free_port
+
+    saved, cluster.AUTH_CACHE_TTL_S = cluster.AUTH_CACHE_TTL_S, ttl
+    try:
+        auth = cluster.write_mlflow_auth(base / "basic_auth.ini", *ACCOUNT.values())
+    finally:
+        cluster.AUTH_CACHE_TTL_S = saved
+    port = free_port()
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(auth), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--app-name", "basic-auth",
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
+                             "--artifacts-destination", (base / "artifacts").as_uri()],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2):
+                return proc, uri
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("mlflow server did not start") from None
+            time.sleep(0.5)
+
+
 def one_round(work: Path, template: Path, cached: bool, requests: int) -> tuple[float, float]:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from tests.helpers import MlflowServer
+    from platform.cluster import AUTH_CACHE_TTL_S
 
     base = Path(tempfile.mkdtemp(dir=work))
     shutil.copyfile(template, base / "mlflow.db")
-    server = MlflowServer(base, f"sqlite:///{base / 'mlflow.db'}", account=ACCOUNT)
-    if not cached:  # MLflow's default: the same file without the cache line
-        from platform import cluster
-
-        original = cluster.AUTH_CACHE_TTL_S
-        cluster.AUTH_CACHE_TTL_S = 0
-    try:
-        server.start()
-    finally:
-        if not cached:
-            cluster.AUTH_CACHE_TTL_S = original
+    proc, uri = start_server(base, AUTH_CACHE_TTL_S if cached else 0)  # 0: MLflow's default, no cache
     try:
         os.environ.update(ACCOUNT)
-        client = MlflowClient(server.uri)
+        client = MlflowClient(uri)
         run = client.create_run(client.create_experiment("bench"))  # the first, uncached check: not counted
-        before, t0 = server_cpu(server.proc.pid), time.perf_counter()
+        before, t0 = server_cpu(proc.pid), time.perf_counter()
         for i in range(requests):
             client.search_runs([run.info.experiment_id])
             client.log_batch(run.info.run_id, [Metric("loss", 1.0 / (s + 1), 0, i * 10 + s) for s in range(10)])
-        return (server_cpu(server.proc.pid) - before) / (2 * requests), (time.perf_counter() - t0) / (2 * requests)
+        return (server_cpu(proc.pid) - before) / (2 * requests), (time.perf_counter() - t0) / (2 * requests)
     finally:
-        server.stop()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def main() -> None:

@@ -275,8 +275,7 @@ def test_worker_node_killed_mid_run_resumes_from_s3(topology, tiny_model, small_
                         f"driver's stderr:\n{err[-4000:]}")
     finally:
         if killed_node is not None:
-            topo.start_worker(killed_node)
-            topo.wait_for_nodes(topo.workers + 1)
+            topo.join_worker(killed_node, topo.workers + 1)
     assert proc.returncode == 0, err[-3000:]
     # Ray Train's own notes on the lost workers (its retry's traceback, their failed shutdown: ~45
     # lines each) stay in Ray's logs; the raylet's one line says that a worker died.

@@ -192,8 +192,31 @@ class Topology:
         ], {**self.ray_env(), **FAST_FAILURE_DETECTION})
         _wait("Ray head", lambda: _http_ok(self.dashboard + "/api/version", self.ray_token), timeout=120, proc=head)
         for i in range(self.workers):  # one at a time: nodes starting together on one machine race for ports
-            self.start_worker(i)
-            self.wait_for_nodes(i + 2)
+            self.join_worker(i, i + 2)
+
+    # `ray start` gives a node's raylet 30 s to register with the GCS (hard-coded in Ray's Node), and
+    # the raylet waits for its dashboard agent, a Python that imports much: on this machine's two busy
+    # cores a worker once missed it ("The current node timed out during startup") and exited.
+    JOIN_ATTEMPTS = 3
+
+    def join_worker(self, i: int, count: int, timeout: float = 120.0) -> None:
+        """Start worker ``i`` and wait until ``count`` nodes are alive; a start that exits is tried
+        again, up to ``JOIN_ATTEMPTS`` times."""
+        for attempt in range(1, self.JOIN_ATTEMPTS + 1):
+            proc = self.start_worker(i)
+            try:
+                _wait(f"{count} Ray nodes", lambda: len(self.alive_nodes()) >= count, timeout=timeout, proc=proc)
+                return
+            except RuntimeError:  # the start exited: Ray's own timeout, or a port taken meanwhile
+                log = (self.base / f"worker{i}.log").read_text(errors="replace").strip().splitlines()
+                for pid, _ in processes():  # what it started (its raylet, agents) goes with it: one node per worker
+                    if _sid(pid) == proc.pid:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+                if attempt == self.JOIN_ATTEMPTS:
+                    raise RuntimeError(f"worker{i} did not join in {attempt} starts; its last:\n" + "\n".join(log[-5:])) from None
 
     def start_worker(self, i: int) -> subprocess.Popen:
         """Worker ``i`` in its own mount namespace; its empty folders are its own disk."""
