@@ -194,9 +194,9 @@ class Topology:
         for i in range(self.workers):  # one at a time: nodes starting together on one machine race for ports
             self.join_worker(i, i + 2)
 
-    # `ray start` gives a node's raylet 30 s to register with the GCS (hard-coded in Ray's Node), and
-    # the raylet waits for its dashboard agent, a Python that imports much: on this machine's two busy
-    # cores a worker once missed it ("The current node timed out during startup") and exited.
+    # `ray start` gives a node's raylet 30 s to register with the GCS (hard-coded in Ray's Node): on
+    # CI's two busy cores a worker once missed it ("The current node timed out during startup") and
+    # exited, and every test of the module failed at setup.
     JOIN_ATTEMPTS = 3
 
     def join_worker(self, i: int, count: int, timeout: float = 120.0) -> None:
