@@ -48,11 +48,7 @@ def start_server(base: Path, ttl: int) -> tuple[subprocess.Popen, str]:
     from platform import cluster
     from platform.run.ray_env import free_port
 
-    saved, cluster.AUTH_CACHE_TTL_S = cluster.AUTH_CACHE_TTL_S, ttl
-    try:
-        auth = cluster.write_mlflow_auth(base / "basic_auth.ini", *ACCOUNT.values())
-    finally:
-        cluster.AUTH_CACHE_TTL_S = saved
+    auth = cluster.write_mlflow_auth(base / "basic_auth.ini", *ACCOUNT.values(), cache_ttl_s=ttl)
     port = free_port()
     env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(auth), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

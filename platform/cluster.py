@@ -277,12 +277,13 @@ def write_private(path: Path, text: str) -> Path:
 AUTH_CACHE_TTL_S = 60
 
 
-def write_mlflow_auth(path: Path, username: str, password: str, database_uri: str | None = None) -> Path:
+def write_mlflow_auth(path: Path, username: str, password: str, database_uri: str | None = None,
+                      cache_ttl_s: int = AUTH_CACHE_TTL_S) -> Path:
     """MLflow's basic-auth configuration: ``username`` is the admin, other accounts have no
     permission until granted. The accounts live in ``database_uri`` when it is a server database
     (MLflow's tracking database: its auth tables and migrations are its own), else in SQLite
     beside ``path``, which goes with the disk it is on. Checked passwords are remembered for
-    ``AUTH_CACHE_TTL_S``."""
+    ``cache_ttl_s`` seconds (0: MLflow's default, never)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not (database_uri and database_uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES):
@@ -293,7 +294,7 @@ def write_mlflow_auth(path: Path, username: str, password: str, database_uri: st
             f"admin_username = {username}\n"
             f"admin_password = {password}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-            f"auth_cache_ttl_seconds = {AUTH_CACHE_TTL_S}\n")
+            f"auth_cache_ttl_seconds = {cache_ttl_s}\n")
     return write_private(path, text)
 
 

@@ -55,7 +55,7 @@ def test_una_corpus_of_one_sentence(tmp_path, cli):
     one.write_text("just one sentence here\n")
     proc = cli("augment", "una", "--corpus", str(one), "--out", str(tmp_path / "o"),
                env={"PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
-    assert_user_error(proc, "at least 2")  # (run_main fails the test had the command started Ray)
+    assert_user_error(proc, "at least 2")  # (run_main fails the test if the command starts Ray)
     assert not any((tmp_path / "cache").glob("*")) if (tmp_path / "cache").exists() else True
 
 
