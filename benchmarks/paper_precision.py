@@ -177,7 +177,7 @@ def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: st
     print(f"\nGradCache (mini_batch_size), the paper batches, {size} BERT:")
     print("| recipe | batch | precision | mini_batch_size | steps | finite | ms/step | peak GiB |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
-    for recipe, prof, precision in (("vascl", "paper", None), ("simcse", "paper-roberta", None)):
+    for recipe, prof in (("vascl", "paper"), ("simcse", "paper-roberta")):
         if only and recipe not in only:
             continue
         for mini in (0, 128):
