@@ -140,7 +140,8 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
             break
     sync()
     timed = max(step - 2, 1)
-    return {"steps": step, "finite": all(map(math.isfinite, losses)) and all(map(math.isfinite, norms)),
+    return {"steps": step, "bad_losses": sum(not math.isfinite(x) for x in losses),
+            "bad_norms": sum(not math.isfinite(x) for x in norms),
             "first": sum(losses[:10]) / len(losses[:10]), "last": sum(losses[-10:]) / len(losses[-10:]),
             "skipped": skipped, "scale": scaler.get_scale() if scaler.is_enabled() else None,
             "ms": (time.perf_counter() - t0) / timed * 1e3 if t0 else float("nan"),
@@ -152,40 +153,43 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: str) -> None:
+def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: str, compile_mode: str) -> None:
     gpu = torch.cuda.is_available()
     work = Path(tempfile.mkdtemp())
     model = random_bert(work / "bert", size)
     corpus_file = work / "corpus.txt"  # the config names a corpus; the rows come from the prepared columns
     corpus_file.write_text("placeholder\n")
     base = {"model": model, "corpus": str(corpus_file), "use_gpu": gpu, "runtime": "process", "output_dir": str(work / "runs"),
-            "final_eval": False, "eval_steps": 10**9, "checkpoint_minutes": 10**6}
+            "final_eval": False, "eval_steps": 10**9, "checkpoint_minutes": 10**6,
+            **({"static_shapes": True, "compile": compile_mode} if compile_mode != "none" else {})}
     device = torch.cuda.get_device_name() if gpu else "cpu"
-    print(f"device={device} torch={torch.__version__} model={size} BERT (random weights, seed 0)", flush=True)
-    print("| recipe | precision | batch | steps | finite | loss, first 10 | loss, last 10 | skipped by the scaler | final scale | ms/step | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print(f"device={device} torch={torch.__version__} model={size} BERT (random weights, seed 0) compile={compile_mode}",
+          flush=True)
+    print("| recipe | precision | batch | steps | non-finite losses | non-finite gradient norms | loss, first 10 | "
+          "loss, last 10 | skipped by the scaler | final scale | ms/step | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for recipe, precision in RUNS:
-        if only and recipe not in only:
+        if only and recipe not in only and f"{recipe}:{precision or 'paper'}" not in only:
             continue
         cfg = profile(recipe, {**base, **({"precision": precision} if precision else {})})
         n = steps if recipe != "vascl" else max(10, steps // 4)
         r = steps_of(cfg, corpus_of(prepared, recipe, cfg), n)
         print(f"| {recipe} | {cfg.precision}{'' if precision else ' (paper)'} | {cfg.batch_size} | {r['steps']} | "
-              f"{'yes' if r['finite'] else 'NO'} | {r['first']:.4f} | {r['last']:.4f} | {r['skipped']} | {r['scale']} | "
+              f"{r['bad_losses']} | {r['bad_norms']} | {r['first']:.4f} | {r['last']:.4f} | {r['skipped']} | {r['scale']} | "
               f"{r['ms']:.1f} | {r['peak_gib']:.2f} |", flush=True)
         torch.cuda.empty_cache() if gpu else None
+    if only and "memory" not in only:
+        return
     print(f"\nGradCache (mini_batch_size), the paper batches, {size} BERT:")
-    print("| recipe | batch | precision | mini_batch_size | steps | finite | ms/step | peak GiB |")
+    print("| recipe | batch | precision | mini_batch_size | steps | non-finite losses | ms/step | peak GiB |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     for recipe, prof in (("vascl", "paper"), ("simcse", "paper-roberta")):
-        if only and recipe not in only:
-            continue
         for mini in (0, 128):
             cfg = TrainConfig.build(recipe, prof, {**base, "mini_batch_size": mini})
             try:
                 r = steps_of(cfg, corpus_of(prepared, recipe, cfg), memory_steps)
                 print(f"| {recipe} ({prof}) | {cfg.batch_size} | {cfg.precision} | {mini} | {r['steps']} | "
-                      f"{'yes' if r['finite'] else 'NO'} | {r['ms']:.1f} | {r['peak_gib']:.2f} |", flush=True)
+                      f"{r['bad_losses']} | {r['ms']:.1f} | {r['peak_gib']:.2f} |", flush=True)
             except torch.OutOfMemoryError:
                 print(f"| {recipe} ({prof}) | {cfg.batch_size} | {cfg.precision} | {mini} | - | out of memory | - | - |", flush=True)
             torch.cuda.empty_cache() if gpu else None
@@ -201,14 +205,15 @@ def main() -> None:
     b.add_argument("--prepared", type=Path, required=True)
     b.add_argument("--steps", type=int, default=200, help="steps per run (VaSCL's batch of 1024: a quarter)")
     b.add_argument("--memory-steps", type=int, default=6)
-    b.add_argument("--only", nargs="*", default=[], help="these recipes only")
+    b.add_argument("--only", nargs="*", default=[], help="these runs only: a recipe (its runs), recipe:precision ('paper' for the profile's), 'memory' (GradCache rows)")
+    b.add_argument("--compile", default="none", help="a torch.compile mode: every run with static_shapes and it")
     b.add_argument("--model", default="bert-base", choices=["bert-base", "tiny"], help="tiny: a CPU check of the script")
     args = p.parse_args()
     if args.command == "prepare":
         prepare(args.out, args.steps)
     else:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the authors' runs (PyTorch's default)
-        run(args.prepared, args.steps, args.memory_steps, args.only, args.model)
+        run(args.prepared, args.steps, args.memory_steps, args.only, args.model, args.compile)
 
 
 if __name__ == "__main__":
