@@ -10,6 +10,7 @@ the platform's, and only what it lacks is added.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -29,7 +30,7 @@ from platform.tracking.recorder import abandon_open_runs
 from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
 
-EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/"]
+EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/", ".dev/"]
 
 # The tracking server's credentials travel as MLflow reads them (a URI with a password is refused:
 # platform.tracking.store); storage credentials are the nodes' own (instance role, environment).
@@ -111,8 +112,42 @@ def init_ray(num_cpus: int | None = None) -> None:
     if found == "RAY_ADDRESS":
         # Left to Ray, an address nothing listens on is retried for minutes, then a traceback.
         check_reachable(address)
-    env = worker_env()
+    job_env = job_runtime_env()
     on_sigterm = signal.getsignal(signal.SIGTERM)
+    for attempt in range(1, LOCAL_START_TRIES + 1):
+        started = time.time()
+        env, port, context, exc = _start(ray, address, num_cpus, job_env)
+        if exc is None:
+            break
+        if address or attempt == LOCAL_START_TRIES or "timed out during startup" not in str(exc):
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            where = f"joining the cluster at {address} ({found})" if address else "starting a local Ray"
+            raise ClusterError(f"Ray failed {where}: {type(exc).__name__}: {first}") from None
+        ended = end_failed_start(started)
+        print(f"Ray: the local start timed out (its raylet did not register within Ray's 30 s: a busy machine); "
+              f"{ended} process(es) of it ended, starting again", flush=True)
+    if port is not None and ray.get_runtime_context().gcs_address != env["RAY_ADDRESS"]:
+        raise RuntimeError(f"Ray's GCS started at {ray.get_runtime_context().gcs_address}, "
+                           f"not at the address given to its workers ({env['RAY_ADDRESS']})")
+    # ray.init takes SIGTERM (its handler exits with status 15; its core worker's dumps a stack
+    # and aborts): the command's own (SIGTERM as Ctrl-C, platform.errors) is put back.
+    if callable(on_sigterm):
+        signal.signal(signal.SIGTERM, on_sigterm)
+    print(f"Ray: {describe(address, found, job_env is not None)}, "
+          f"{int(ray.cluster_resources().get('CPU', 0))} CPUs{dashboard_of(context)}", flush=True)
+    watch_cluster(ray.get_runtime_context().gcs_address)
+
+
+# Ray gives a new local node a hard-coded 30 s for its raylet to register with its GCS
+# (ray/_private/node.py); on a machine whose cores are all busy (seen on a 2-core CI VM under the
+# test suite) it can miss that once. A local start that timed out is ended and made again.
+LOCAL_START_TRIES = 2
+
+
+def _start(ray, address: str | None, num_cpus: int | None, job_env: dict | None):
+    """One ``ray.init``: ``(the workers' env, the local GCS port or None, Ray's context, None)``, or
+    its exception last (nothing has been written yet: the commands start Ray before any run)."""
+    env = worker_env()
     port = None
     if not address:
         # Ray's state API inside the job (Ray Train's placement-group cleaner) finds its cluster
@@ -121,7 +156,6 @@ def init_ray(num_cpus: int | None = None) -> None:
         port = int(settings.get(GCS_PORT_ENV) or free_port())
         env[settings.RAY_ADDRESS] = f"{ray.util.get_node_ip_address()}:{port}"
     runtime_env = {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
-    job_env = job_runtime_env()
     if job_env is not None:
         runtime_env = missing_from(job_env, runtime_env)
     try:
@@ -136,20 +170,32 @@ def init_ray(num_cpus: int | None = None) -> None:
                 logging_level=logging.WARNING,  # its start-up and packaging notes: one line of ours below
                 runtime_env=runtime_env,
             )
-    except Exception as exc:  # nothing has been written yet: the commands start Ray before any run
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        where = f"joining the cluster at {address} ({found})" if address else "starting a local Ray"
-        raise ClusterError(f"Ray failed {where}: {type(exc).__name__}: {first}") from None
-    if port is not None and ray.get_runtime_context().gcs_address != env["RAY_ADDRESS"]:
-        raise RuntimeError(f"Ray's GCS started at {ray.get_runtime_context().gcs_address}, "
-                           f"not at the address given to its workers ({env['RAY_ADDRESS']})")
-    # ray.init takes SIGTERM (its handler exits with status 15; its core worker's dumps a stack
-    # and aborts): the command's own (SIGTERM as Ctrl-C, platform.errors) is put back.
-    if callable(on_sigterm):
-        signal.signal(signal.SIGTERM, on_sigterm)
-    print(f"Ray: {describe(address, found, job_env is not None)}, "
-          f"{int(ray.cluster_resources().get('CPU', 0))} CPUs{dashboard_of(context)}", flush=True)
-    watch_cluster(ray.get_runtime_context().gcs_address)
+    except Exception as exc:
+        return env, port, None, exc
+    return env, port, context, None
+
+
+def end_failed_start(since: float) -> int:
+    """End what a failed local start left (its GCS, raylet, dashboard, monitors: this process's
+    descendants started since ``since``) and Ray's state in this process; how many ended."""
+    import psutil
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    left = [p for p in psutil.Process().children(recursive=True) if _started_since(p, since)]
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=10)
+    return len(left)
+
+
+def _started_since(p, since: float) -> bool:
+    try:
+        return p.create_time() >= since - 1.0  # create_time is rounded to the clock's ticks
+    except Exception:
+        return False
 
 
 # Ray's core worker aborts the whole process once its GCS has not answered for 60 s
