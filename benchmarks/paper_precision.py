@@ -14,11 +14,13 @@ UNA's statistics are fitted again on the GPU machine from the sentences). ``run`
 ``paper`` profile with the model replaced by a randomly initialised bert-base (``BertConfig()``, seed 0;
 VaSCL's roberta-base is the same encoder size, and no RoBERTa tokenizer is offline) and steps it with the
 loop's own pieces (``forward_backward``, ``clip_gradients``, ``apply_step``, the process runtime's
-batches), reading every step's loss back, which the loop does only on logging steps. It prints, per
-run: steps, whether every loss and gradient norm was finite, the mean loss of the first and last ten
-steps, the steps the fp16 loss scaler skipped, ms per step and peak GPU memory. Then the GradCache
+batches), reading every step's loss back, which the loop does only on logging steps (VaSCL, at its
+batch of 1024, a quarter of ``--steps``). It prints, per run: steps, how many losses and gradient
+norms were not finite (a step the fp16 scaler skips has an infinite norm), the mean loss of the first
+and last ten steps, the steps the scaler skipped, ms per step and peak GPU memory. Then the GradCache
 rows: the paper batches of VaSCL (1024, fp32) and SimCSE-RoBERTa (512, fp16) for a few steps with
-``mini_batch_size`` 0 and 128.
+``mini_batch_size`` 0 and 128. ``--compile MODE`` runs everything with ``static_shapes`` and that
+``torch.compile`` mode; ``--only`` picks runs.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch  # noqa: E402
 
 from platform.config import TrainConfig  # noqa: E402
 
-# (recipe, precision override or None for the paper profile's own, steps factor): the paper
+# (recipe, precision override or None for the paper profile's own): the paper
 # precisions (SimCSE and SAN fp16, UNA, AugCSE and VaSCL fp32), then the two GPU-only numerics of
 # issue 48 under fp16 (AugCSE's BatchNorm statistics, VaSCL's inner gradient).
 RUNS = [("simcse", None), ("una", None), ("san", None), ("augcse", None), ("vascl", None),
