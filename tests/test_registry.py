@@ -97,7 +97,9 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     card = open(f"{folder}/model.sentence_transformer/README.md").read()
     mlmodel = open(f"{folder}/MLmodel").read()
     assert f"source_model_name: {tiny_model}" in mlmodel and "/tmp" not in mlmodel.replace(str(tiny_model), "")
-    for field in (f"base_model: {tiny_model}", f"corpus: `{small_corpus.name} sha256:", "`max_steps`: `4`", "| difference |",
+    read = len(small_corpus.read_text().splitlines())  # 256 lines, under the local profile's max_sentences (2048)
+    for field in (f"base_model: {tiny_model}", f"corpus: `{small_corpus.name} sha256:", f" ({read} sentences)`",
+                  "`max_steps`: `4`", "| difference |",
                   "Gao et al. (2021), SimCSE", run.data.tags["git_commit"], "Smoke test, not a result"):
         assert field in card, field
 
@@ -120,6 +122,21 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     assert verdict is True and c.get_model_version_by_alias("simcse-encoder", "champion").version == str(better)
     assert str(worse) == "2" and str(better) == "3"
     assert c.get_model_version_by_alias("simcse-encoder", registry.lineage_alias(same)).version == "3"
+
+
+def test_a_corpus_is_named_by_the_lines_read_not_the_limit():
+    """The lineage's corpus: the same lines read give the same label whatever ``max_sentences``
+    allowed (a limit above the file's length reads the whole file), the number read in it; a run
+    recorded before the ``corpus_sentences`` tag keeps the label it had."""
+    from platform.run.finalize import corpus_identity
+
+    digest = "ab" * 32
+    whole = corpus_identity({"corpus": "/data/small.txt", "max_sentences": 0}, digest, "256")
+    assert whole == "small.txt sha256:abababababababab (256 sentences)"
+    assert corpus_identity({"corpus": "/elsewhere/small.txt", "max_sentences": 2048}, digest, "256") == whole
+    assert corpus_identity({"corpus": "small.txt", "max_sentences": 100}, "cd" * 32, "100").endswith("(100 sentences)")
+    assert corpus_identity({"corpus": "small.txt", "max_sentences": 2048}, digest) == \
+        "small.txt sha256:abababababababab (first 2048 sentences)"
 
 
 def test_a_smoke_model_never_takes_a_real_backbones_champion(mlflow_server, tiny_model):

@@ -220,7 +220,8 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     state = read_state_at(location)
     name = registry.registered_name(state["method"], state["recipe"])
     config = state.get("config", {})
-    corpus = corpus_identity(config, run.info().data.tags.get("corpus_sha256", ""))
+    recorded = run.info().data.tags
+    corpus = corpus_identity(config, recorded.get("corpus_sha256", ""), recorded.get("corpus_sentences", ""))
     card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
                       cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")),
                       corpus=corpus)
@@ -280,11 +281,16 @@ def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str,
           + (f"  (also models:/{name}@{registry.CHAMPION})" if champion is True else ""), flush=True)
 
 
-def corpus_identity(config: dict, digest: str) -> str:
-    """The corpus a lineage is trained on, by content: its file name and the sha256 of the lines
-    read (the same corpus on another machine is the same lineage; no local path is recorded)."""
-    n = int(config.get("max_sentences") or 0)
+def corpus_identity(config: dict, digest: str, read: str = "") -> str:
+    """The corpus a lineage is trained on, by content: its file name, the sha256 of the lines read
+    and how many were read (``read``: the run's ``corpus_sentences`` tag), so the same lines give
+    the same lineage whatever ``max_sentences`` allowed (a limit above the file's length reads the
+    whole file; the same corpus on another machine is the same lineage; no local path is recorded).
+    A run without the tag (recorded before it existed) is labelled by its limit, as it was then."""
     name = Path(str(config.get("corpus", ""))).name
+    if read:
+        return f"{name} sha256:{digest[:16] or 'unknown'} ({int(read)} sentences)"
+    n = int(config.get("max_sentences") or 0)
     return f"{name} sha256:{digest[:16] or 'unknown'}" + (f" (first {n} sentences)" if n else "")
 
 
