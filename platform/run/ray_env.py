@@ -115,7 +115,7 @@ def init_ray(num_cpus: int | None = None) -> None:
     job_env = job_runtime_env()
     on_sigterm = signal.getsignal(signal.SIGTERM)
     for attempt in range(1, LOCAL_START_TRIES + 1):
-        started = time.time()
+        before = _descendants()
         env, port, context, exc = _start(ray, address, num_cpus, job_env)
         if exc is None:
             break
@@ -123,7 +123,7 @@ def init_ray(num_cpus: int | None = None) -> None:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             where = f"joining the cluster at {address} ({found})" if address else "starting a local Ray"
             raise ClusterError(f"Ray failed {where}: {type(exc).__name__}: {first}") from None
-        ended = end_failed_start(started)
+        ended = end_failed_start(before)
         print(f"Ray: the local start timed out (its raylet did not register within Ray's 30 s: a busy machine); "
               f"{ended} process(es) of it ended, starting again", flush=True)
     if port is not None and ray.get_runtime_context().gcs_address != env["RAY_ADDRESS"]:
@@ -175,27 +175,26 @@ def _start(ray, address: str | None, num_cpus: int | None, job_env: dict | None)
     return env, port, context, None
 
 
-def end_failed_start(since: float) -> int:
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def end_failed_start(before: set[int]) -> int:
     """End what a failed local start left (its GCS, raylet, dashboard, monitors: this process's
-    descendants started since ``since``) and Ray's state in this process; how many ended."""
+    descendants that were not there ``before`` it) and Ray's state in this process; how many ended."""
     import psutil
     import ray
 
     with contextlib.suppress(Exception):
         ray.shutdown()
-    left = [p for p in psutil.Process().children(recursive=True) if _started_since(p, since)]
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     for p in left:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(left, timeout=10)
     return len(left)
-
-
-def _started_since(p, since: float) -> bool:
-    try:
-        return p.create_time() >= since - 1.0  # create_time is rounded to the clock's ticks
-    except Exception:
-        return False
 
 
 # Ray's core worker aborts the whole process once its GCS has not answered for 60 s
