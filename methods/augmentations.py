@@ -640,9 +640,11 @@ class AugmentationGenerator:
 
     def __init__(self, columns: list[str], seed: int = 0, spacy_model: str = "en_core_web_sm", nltk_data: str = ""):
         names = [c.removeprefix("aug_") for c in columns]
-        self.augmentations = [AUGMENTATIONS[n](seed) for n in names]
-        if any(a.uses_wordnet for a in self.augmentations):
+        # Before the augmentations are made: nlpaug's WordNet augmenters look WordNet up when built
+        # and, not finding it on NLTK's path, download it (and omw-1.4) into ~/nltk_data.
+        if any(AUGMENTATIONS[n].uses_wordnet for n in names):
             require_wordnet(nltk_data)
+        self.augmentations = [AUGMENTATIONS[n](seed) for n in names]
         self.nlp = load_spacy_parser(spacy_model) if any(a.uses_spacy for a in self.augmentations) else None
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:

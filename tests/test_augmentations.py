@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from methods.augmentations import (
@@ -128,6 +130,25 @@ def test_missing_wordnet_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
     with pytest.raises(InvalidParams, match=r"nltk.download\('wordnet'\)"):
         require_wordnet(str(tmp_path / "empty"))
+
+
+def test_a_generator_finds_wordnet_in_its_folder_before_nlpaug_looks(data_root, monkeypatch):
+    """An actor's NLTK path starts without the data folder: the generator adds it before it builds
+    nlpaug's WordNet augmenters, which otherwise find no WordNet and call ``nltk.download``
+    (WordNet and omw-1.4 into ~/nltk_data: a download on every node, refused offline)."""
+    import nltk
+
+    downloads = []
+    folder = (data_root / "nltk_data").resolve()
+    monkeypatch.setattr(nltk.data, "path", [p for p in nltk.data.path if Path(p).resolve() != folder])
+    monkeypatch.setattr(nltk, "download", lambda *a, **k: downloads.append(a) or False)
+    from nltk.corpus import wordnet
+
+    wordnet._unload()  # as in a fresh process: not loaded yet
+    gen = AugmentationGenerator(["aug_synonym_substitution", "aug_antonym_substitution"], seed=0,
+                                nltk_data=str(data_root / "nltk_data"))
+    assert downloads == []
+    assert gen({"sentence": ["The quick brown fox jumps over the lazy dog."]})["aug_synonym_substitution"][0] != ""
 
 
 def test_generator_parses_once_and_adds_one_column_per_augmentation(data_root):
