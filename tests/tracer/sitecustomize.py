@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import re
+import sys
 import threading
 
 _OUT = os.environ.get("PLATFORM_TRACE_OUT")
@@ -80,6 +81,4 @@ class _ProjectFinder(importlib.abc.MetaPathFinder):
 
 if _OUT:
     builtins._platform_trace_hit = _hit
-    import sys
-
     sys.meta_path.insert(0, _ProjectFinder())
