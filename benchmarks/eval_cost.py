@@ -1,0 +1,165 @@
+"""What one STS-B dev evaluation costs inside a run, piece by piece (issue 50, item 2: "measure what an
+evaluation costs inside a run").
+
+    python benchmarks/eval_cost.py --tokenizer .dev/prepared/tokenizer     # GPU: bert-base, bf16 training
+    python benchmarks/eval_cost.py --model tiny --evals 2 --train-steps 2  # a CPU check of the script
+
+The loop's evaluation (``platform.run.loop.evaluate_and_report``) exports the encoder, encodes STS-B dev's
+3,000 sentences (``Encoder.encode``: length-sorted batches of ``eval_batch_size``, tokenised per batch, fp32,
+no truncation), scores Spearman, and writes the model when the score improved. Here each piece is timed
+apart, after ``--train-steps`` training steps between evaluations (as a run interleaves them), for the
+backbone eager and compiled as ``static_shapes`` + ``compile`` leave it. Variants of the encoding:
+``as-is``; ``width/32`` (every batch padded to a multiple of 32 tokens: a few shapes for the compiled
+backbone); ``eager`` (the compiled backbone run eager for the evaluation, ``torch.compiler.set_stance``).
+STS-B dev is 1,500 random pairs of 8-40 vocabulary words (the GPU machine has no data): what STS-B dev
+costs, not its score. Random bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's
+vocabulary) from ``--tokenizer`` (``paper_precision.py prepare`` saves one) or the packaged MiniLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
+
+import torch  # noqa: E402
+
+from methods.encoder import Encoder  # noqa: E402
+from platform.config import TrainConfig  # noqa: E402
+from platform.data.columns import TINY_BERT  # noqa: E402
+from platform.evaluation.sts import STSEvaluator  # noqa: E402
+from platform.run.loop import compile_backbone, make_optimizer, mixed_precision  # noqa: E402
+
+
+def random_bert(folder: Path, size: str, tokenizer: str | None) -> str:
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from methods.encoder import load_tokenizer
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
+    (AutoTokenizer.from_pretrained(tokenizer) if tokenizer else load_tokenizer("minilm")).save_pretrained(folder)
+    return str(folder)
+
+
+def dev_pairs(tokenizer) -> dict[str, list]:
+    words = [w for w in tokenizer.get_vocab() if w.isalpha() and len(w) > 2]
+    rng = random.Random(1)
+    s = [" ".join(rng.choices(words, k=rng.randint(8, 40))) for _ in range(3000)]
+    return {"sent1": s[:1500], "sent2": s[1500:], "scores": [rng.uniform(0, 5) for _ in range(1500)]}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def padded_to(multiple: int):
+    """``Encoder.tokenize`` padding every batch to a multiple of ``multiple`` tokens."""
+    original = Encoder.tokenize
+
+    def tokenize(self, sentences, max_len=None, device=None):
+        enc = self.tokenizer(list(sentences), padding=True, pad_to_multiple_of=multiple,
+                             truncation=max_len is not None, max_length=max_len, return_tensors="pt")
+        return {k: v.to(device) if device is not None else v for k, v in enc.items()}
+
+    Encoder.tokenize = tokenize
+    try:
+        yield
+    finally:
+        Encoder.tokenize = original
+
+
+def variant_context(name: str):
+    if name == "width/32":
+        return padded_to(32)
+    if name == "eager":
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
+
+
+def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_steps: int, variants: list[str]) -> None:
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    work = Path(tempfile.mkdtemp())
+    model_dir = random_bert(work / "bert", size, tokenizer)
+    cfg = TrainConfig.build("simcse", "paper", {
+        "model": model_dir, "corpus": str(work / "unused.txt"), "use_gpu": gpu, "runtime": "process",
+        "precision": "bf16", "output_dir": str(work / "runs"),
+        **({"static_shapes": True, "compile": compile_mode} if compile_mode != "none" else {})})
+    recipe = cfg.build_recipe()
+    torch.manual_seed(0)
+    model = compile_backbone(recipe.build(Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)), cfg.compile).to(device)
+    optimizer, schedule = make_optimizer(cfg, recipe, model, evals * train_steps * (len(variants) + 1))
+    autocast, _ = mixed_precision(cfg.precision, device)
+    tok = model.encoder.tokenizer
+    evaluator = STSEvaluator.from_pairs({"STSBenchmark": dev_pairs(tok)}, batch_size=cfg.eval_batch_size)
+    ids = torch.randint(1000, tok.vocab_size, (cfg.batch_size, cfg.max_len), device=device)
+    batch = {"sentence": {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}}
+    step = 0
+
+    def train(n: int) -> None:
+        nonlocal step
+        model.train()
+        for _ in range(n):
+            with autocast:
+                loss, _ = recipe.loss(model, batch, step)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+
+    print(f"device={torch.cuda.get_device_name() if gpu else 'cpu'} torch={torch.__version__} model={size} "
+          f"compile={compile_mode} eval_batch_size={cfg.eval_batch_size} sentences={len(evaluator.sentences)} "
+          f"train steps between evaluations={train_steps}", flush=True)
+    print("| encoding | evaluation | export s | tokenise alone s | encode s | score s | save model s | total s |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    save_dir = work / "checkpoint"
+    for name in variants:
+        for e in range(1, evals + 1):
+            train(train_steps)
+            sync()
+            t0 = time.perf_counter()
+            encoder = recipe.export_encoder(model)
+            t1 = time.perf_counter()
+            with variant_context(name):
+                order = sorted(evaluator.sentences, key=len, reverse=True)
+                for i in range(0, len(order), cfg.eval_batch_size):
+                    encoder.tokenize(order[i:i + cfg.eval_batch_size])
+                t2 = time.perf_counter()
+                emb = encoder.encode(evaluator.sentences, batch_size=cfg.eval_batch_size, pooler=recipe.eval_pooler())
+                sync()
+            t3 = time.perf_counter()
+            evaluator.score(emb)
+            t4 = time.perf_counter()
+            encoder.save_pretrained(save_dir)
+            t5 = time.perf_counter()
+            print(f"| {name} | {e} | {t1 - t0:.3f} | {t2 - t1:.3f} | {t3 - t2:.3f} | {t4 - t3:.3f} | {t5 - t4:.3f} | "
+                  f"{t5 - t0 - (t2 - t1):.3f} |", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="bert-base", choices=["bert-base", "tiny"])
+    p.add_argument("--tokenizer", default=None, help="a tokenizer folder (default: the packaged MiniLM's)")
+    p.add_argument("--compile", default="reduce-overhead", help="a torch.compile mode, or none")
+    p.add_argument("--evals", type=int, default=4)
+    p.add_argument("--train-steps", type=int, default=20)
+    p.add_argument("--variants", nargs="*", default=["as-is", "width/32", "eager"])
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True  # as gpu_speed.py
+    run(args.model, args.tokenizer, args.compile, args.evals, args.train_steps, args.variants)
+
+
+if __name__ == "__main__":
+    main()
