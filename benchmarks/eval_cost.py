@@ -10,7 +10,8 @@ no truncation), scores Spearman, and writes the model when the score improved. H
 apart, after ``--train-steps`` training steps between evaluations (as a run interleaves them), for the
 backbone eager and compiled as ``static_shapes`` + ``compile`` leave it. Variants of the encoding:
 ``as-is``; ``width/32`` (every batch padded to a multiple of 32 tokens: a few shapes for the compiled
-backbone); ``eager`` (the compiled backbone run eager for the evaluation, ``torch.compiler.set_stance``).
+backbone); ``eager`` (the compiled backbone run eager for the evaluation, ``torch.compiler.set_stance``);
+``bf16`` (the encoding under bf16 autocast, on a GPU).
 STS-B dev is 1,500 random pairs of 8-40 vocabulary words (the GPU machine has no data): what STS-B dev
 costs, not its score. Random bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's
 vocabulary) from ``--tokenizer`` (``paper_precision.py prepare`` saves one) or the packaged MiniLM.
@@ -84,6 +85,8 @@ def variant_context(name: str):
         return padded_to(32)
     if name == "eager":
         return torch.compiler.set_stance("force_eager")
+    if name == "bf16" and torch.cuda.is_available():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
