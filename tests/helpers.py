@@ -405,7 +405,10 @@ class RayHead:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def start(self, timeout: float = 120) -> "RayHead":
+        import json
         import urllib.request
+
+        from tests.topology import STARTING_NICE, _autogroup_nice
 
         self.tmp.mkdir(parents=True, exist_ok=True)
         log = open(self.tmp / "head.log", "w")
@@ -414,17 +417,21 @@ class RayHead:
              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port), "--disable-usage-stats",
              "--dashboard-agent-listen-port", str(self.agent_port), "--ray-client-server-port", str(self.client_port),
              *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _autogroup_nice(self.proc.pid, STARTING_NICE)  # Ray's 30 s for its raylet, on shared cores (tests/topology.py)
 
         def up() -> bool:
+            """The dashboard answers and the head's raylet has registered (an ALIVE node)."""
             if self.proc.poll() is not None:
                 raise AssertionError(f"ray start --head exited: {(self.tmp / 'head.log').read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(self.dashboard + "/api/version", timeout=2):
-                    return True
-            except OSError:
+                with urllib.request.urlopen(self.dashboard + "/api/v0/nodes", timeout=5) as resp:
+                    nodes = json.loads(resp.read())["data"]["result"]["result"]
+            except (OSError, ValueError, KeyError):
                 return False
+            return any(n.get("state") == "ALIVE" for n in nodes)
 
         wait_for("the Ray head", up, timeout=timeout)
+        _autogroup_nice(self.proc.pid, 0)
         return self
 
     def stop(self) -> None:
