@@ -37,7 +37,7 @@ from methods.encoder import Encoder  # noqa: E402
 from platform.config import TrainConfig  # noqa: E402
 from platform.data.columns import TINY_BERT  # noqa: E402
 from platform.evaluation.sts import STSEvaluator  # noqa: E402
-from platform.run.loop import compile_backbone, make_optimizer, mixed_precision  # noqa: E402
+from platform.run.loop import apply_step, compile_backbone, forward_backward, make_optimizer, mixed_precision  # noqa: E402
 
 
 def random_bert(folder: Path, size: str, tokenizer: str | None) -> str:
@@ -103,22 +103,19 @@ def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_s
     torch.manual_seed(0)
     model = compile_backbone(recipe.build(Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)), cfg.compile).to(device)
     optimizer, schedule = make_optimizer(cfg, recipe, model, evals * train_steps * (len(variants) + 1))
-    autocast, _ = mixed_precision(cfg.precision, device)
+    autocast, scaler = mixed_precision(cfg.precision, device)
     tok = model.encoder.tokenizer
     evaluator = STSEvaluator.from_pairs({"STSBenchmark": dev_pairs(tok)}, batch_size=cfg.eval_batch_size)
     ids = torch.randint(1000, tok.vocab_size, (cfg.batch_size, cfg.max_len), device=device)
     batch = {"sentence": {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}}
     step = 0
 
-    def train(n: int) -> None:
+    def train(n: int) -> None:  # the loop's own step
         nonlocal step
         model.train()
         for _ in range(n):
-            with autocast:
-                loss, _ = recipe.loss(model, batch, step)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+            forward_backward(recipe, model, batch, step, 0, autocast, scaler, 1)
+            apply_step(optimizer, schedule, scaler)
             optimizer.zero_grad(set_to_none=True)
             step += 1
 
