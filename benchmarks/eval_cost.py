@@ -12,8 +12,8 @@ backbone eager and compiled as ``static_shapes`` + ``compile`` leave it. Variant
 ``as-is``; ``width/32`` (every batch padded to a multiple of 32 tokens: a few shapes for the compiled
 backbone); ``eager`` (the compiled backbone run eager for the evaluation, ``torch.compiler.set_stance``);
 ``bf16`` (the encoding under bf16 autocast, on a GPU).
-STS-B dev is 1,500 random pairs of 8-40 vocabulary words (the GPU machine has no data): what STS-B dev
-costs, not its score. Random bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's
+STS-B dev itself where ``$PLATFORM_DATA_DIR`` is set, else 1,500 random pairs of 8-40 vocabulary words
+(``gpu_speed.dev_pairs``; the GPU machine has no data): what STS-B dev costs, not its score. Random bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's
 vocabulary) from ``--tokenizer`` (``paper_precision.py prepare`` saves one) or the packaged MiniLM.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import random
 import sys
 import tempfile
 import time
@@ -35,32 +34,10 @@ import torch  # noqa: E402
 
 from methods.encoder import Encoder  # noqa: E402
 from platform.config import TrainConfig  # noqa: E402
-from platform.data.columns import TINY_BERT  # noqa: E402
 from platform.evaluation.sts import STSEvaluator  # noqa: E402
 from platform.run.loop import apply_step, compile_backbone, forward_backward, make_optimizer, mixed_precision  # noqa: E402
-
-
-def random_bert(folder: Path, size: str, tokenizer: str | None) -> str:
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from methods.encoder import load_tokenizer
-
-    torch.manual_seed(0)
-    BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
-    (AutoTokenizer.from_pretrained(tokenizer) if tokenizer else load_tokenizer("minilm")).save_pretrained(folder)
-    return str(folder)
-
-
-def dev_pairs(tokenizer) -> dict[str, list]:
-    words = [w for w in tokenizer.get_vocab() if w.isalpha() and len(w) > 2]
-    rng = random.Random(1)
-    s = [" ".join(rng.choices(words, k=rng.randint(8, 40))) for _ in range(3000)]
-    return {"sent1": s[:1500], "sent2": s[1500:], "scores": [rng.uniform(0, 5) for _ in range(1500)]}
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from benchmarks.gpu_speed import dev_pairs  # noqa: E402
+from benchmarks.paper_precision import random_bert, sync  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -94,7 +71,7 @@ def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_s
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     work = Path(tempfile.mkdtemp())
-    model_dir = random_bert(work / "bert", size, tokenizer)
+    model_dir = random_bert(work / "bert", size, Path(tokenizer) if tokenizer else None)
     cfg = TrainConfig.build("simcse", "paper", {
         "model": model_dir, "corpus": str(work / "unused.txt"), "use_gpu": gpu, "runtime": "process",
         "precision": "bf16", "output_dir": str(work / "runs"),
@@ -105,7 +82,9 @@ def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_s
     optimizer, schedule = make_optimizer(cfg, recipe, model, evals * train_steps * (len(variants) + 1))
     autocast, scaler = mixed_precision(cfg.precision, device)
     tok = model.encoder.tokenizer
-    evaluator = STSEvaluator.from_pairs({"STSBenchmark": dev_pairs(tok)}, batch_size=cfg.eval_batch_size)
+    pairs = dev_pairs(tok)  # None where $PLATFORM_DATA_DIR names the data: STS-B dev itself
+    evaluator = (STSEvaluator.from_pairs({"STSBenchmark": pairs}, batch_size=cfg.eval_batch_size) if pairs
+                 else STSEvaluator.stsb_dev(batch_size=cfg.eval_batch_size))
     ids = torch.randint(1000, tok.vocab_size, (cfg.batch_size, cfg.max_len), device=device)
     batch = {"sentence": {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}}
     step = 0

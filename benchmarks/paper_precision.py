@@ -82,18 +82,19 @@ def prepare(out: Path, steps: int) -> None:
         print(f"{recipe}: {data.num_sentences} rows, columns {sorted(data.columns)}, {time.perf_counter() - t0:.0f} s")
 
 
-def random_bert(folder: Path, size: str, tokenizer: Path) -> str:
+def random_bert(folder: Path, size: str, tokenizer: Path | None) -> str:
     """bert-base (``BertConfig()``) or the tests' tiny BERT (a CPU check of this script), random weights,
-    with the tokenizer ``prepare`` saved."""
+    with the tokenizer ``prepare`` saved (None: the packaged MiniLM's, where that package is installed)."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
+    from methods.encoder import load_tokenizer
     from platform.data.columns import TINY_BERT
 
-    if not (tokenizer / "tokenizer_config.json").is_file():
+    if tokenizer is not None and not (tokenizer / "tokenizer_config.json").is_file():
         raise SystemExit(f"{tokenizer}: no tokenizer; run `prepare` again (it saves one beside the data)")
     torch.manual_seed(0)
     BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
+    (AutoTokenizer.from_pretrained(tokenizer) if tokenizer else load_tokenizer("minilm")).save_pretrained(folder)
     return str(folder)
 
 

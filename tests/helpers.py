@@ -408,7 +408,7 @@ class RayHead:
         import json
         import urllib.request
 
-        from tests.topology import STARTING_NICE, _autogroup_nice
+        from tests.topology import STARTING_NICE, autogroup_nice
 
         self.tmp.mkdir(parents=True, exist_ok=True)
         log = open(self.tmp / "head.log", "w")
@@ -417,7 +417,7 @@ class RayHead:
              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port), "--disable-usage-stats",
              "--dashboard-agent-listen-port", str(self.agent_port), "--ray-client-server-port", str(self.client_port),
              *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _autogroup_nice(self.proc.pid, STARTING_NICE)  # Ray's 30 s for its raylet, on shared cores (tests/topology.py)
+        autogroup_nice(self.proc.pid, STARTING_NICE)  # Ray's 30 s for its raylet, on shared cores (tests/topology.py)
 
         def up() -> bool:
             """The dashboard answers and the head's raylet has registered (an ALIVE node)."""
@@ -431,7 +431,7 @@ class RayHead:
             return any(n.get("state") == "ALIVE" for n in nodes)
 
         wait_for("the Ray head", up, timeout=timeout)
-        _autogroup_nice(self.proc.pid, 0)
+        autogroup_nice(self.proc.pid, 0)
         return self
 
     def stop(self) -> None:

@@ -190,7 +190,7 @@ class Topology:
             "--port", str(self.gcs_port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
             "--disable-usage-stats",
         ], {**self.ray_env(), **FAST_FAILURE_DETECTION})
-        _autogroup_nice(head.pid, STARTING_NICE)
+        autogroup_nice(head.pid, STARTING_NICE)
         _wait("Ray head", lambda: _http_ok(self.dashboard + "/api/version", self.ray_token), timeout=120, proc=head)
         for i in range(self.workers):  # one at a time: nodes starting together on one machine race for ports
             self.join_worker(i, i + 2)
@@ -206,12 +206,12 @@ class Topology:
         run at the default priority once the worker has joined."""
         for attempt in range(1, self.JOIN_ATTEMPTS + 1):
             proc = self.start_worker(i)
-            _autogroup_nice(proc.pid, STARTING_NICE)
-            _autogroup_nice(self.procs["head"].pid, STARTING_NICE)
+            autogroup_nice(proc.pid, STARTING_NICE)
+            autogroup_nice(self.procs["head"].pid, STARTING_NICE)
             try:
                 _wait(f"{count} Ray nodes", lambda: len(self.alive_nodes()) >= count, timeout=timeout, proc=proc)
                 for started in (proc, self.procs["head"]):
-                    _autogroup_nice(started.pid, 0)
+                    autogroup_nice(started.pid, 0)
                 return
             except RuntimeError:  # the start exited: Ray's own timeout, or a port taken meanwhile
                 log = (self.base / f"worker{i}.log").read_text(errors="replace").strip().splitlines()
@@ -331,7 +331,7 @@ class Topology:
 STARTING_NICE = -10
 
 
-def _autogroup_nice(pid: int, nice: int) -> None:
+def autogroup_nice(pid: int, nice: int) -> None:
     """Set the scheduling priority of ``pid``'s session (its autogroup), where the kernel allows it."""
     try:
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
