@@ -17,9 +17,11 @@ initialised still produces embeddings and silently wrong scores.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -245,7 +247,6 @@ class Encoder(nn.Module):
             pooler_output=getattr(out, "pooler_output", None),
         )
 
-    @torch.inference_mode()
     def encode(
         self, sentences: list[str], batch_size: int = 128, pooler: str | None = None, normalize: bool = False,
         progress: str | None = None, max_len: int | None = None,
@@ -253,24 +254,36 @@ class Encoder(nn.Module):
         """Embeddings in input order; batches are formed over length-sorted sentences for speed.
         ``progress``: a progress bar with this title on a terminal; ``max_len``: truncation (None:
         none, as the STS protocol)."""
+        return self.encode_batches(self.batches(sentences, batch_size, max_len), pooler, normalize, progress)
+
+    def batches(self, sentences: list[str], batch_size: int = 128, max_len: int | None = None) -> TokenBatches:
+        """``sentences`` tokenised for :meth:`encode_batches` (on the CPU): what an evaluator that
+        scores the same sentences at every evaluation keeps, since tokenising is about half of
+        encoding them (benchmarks/RESULTS.md, "An evaluation's pieces")."""
+        lengths = [len(s) for s in sentences]
+        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
+        chunks = [self.tokenize([sentences[i] for i in order[start : start + batch_size]], max_len=max_len)
+                  for start in range(0, len(order), batch_size)]
+        return TokenBatches(self.tokenizer, order, chunks)
+
+    @torch.inference_mode()
+    def encode_batches(self, batches: TokenBatches, pooler: str | None = None, normalize: bool = False,
+                       progress: str | None = None) -> torch.Tensor:
+        """Embeddings of the sentences :meth:`batches` tokenised, in their input order."""
         from tqdm.auto import tqdm
 
         was_training = self.training
         self.eval()
         device = next(self.parameters()).device
-        lengths = [len(s) for s in sentences]
-        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
         chunks = []
-        starts = range(0, len(order), batch_size)
-        for start in tqdm(starts, desc=progress, unit=" batches", disable=None if progress else True, leave=False):
-            idx = order[start : start + batch_size]
-            inputs = self.tokenize([sentences[i] for i in idx], max_len=max_len, device=device)
-            chunks.append(self(inputs, pooler=pooler).float().cpu())
+        for inputs in tqdm(batches.chunks, desc=progress, unit=" batches", disable=None if progress else True,
+                           leave=False):
+            chunks.append(self({k: v.to(device) for k, v in inputs.items()}, pooler=pooler).float().cpu())
         self.train(was_training)
         if not chunks:
             return torch.empty(0, self.hidden_size)
-        out = torch.empty(len(sentences), chunks[0].shape[1])
-        out[torch.tensor(order)] = torch.cat(chunks)
+        out = torch.empty(len(batches.order), chunks[0].shape[1])
+        out[torch.tensor(batches.order)] = torch.cat(chunks)
         return F.normalize(out, dim=-1) if normalize else out
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
@@ -280,6 +293,16 @@ class Encoder(nn.Module):
         self.backbone.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBatches:
+    """Sentences tokenised by ``tokenizer`` in length-sorted batches: ``chunks[j]`` holds the
+    sentences ``order[j * batch_size:(j + 1) * batch_size]``."""
+
+    tokenizer: Any
+    order: list[int]
+    chunks: list[dict[str, torch.Tensor]]
 
 
 def pad_cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

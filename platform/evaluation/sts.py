@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from methods.encoder import Encoder
+from methods.encoder import Encoder, TokenBatches
 from platform.data import SHORT_NAMES, STS_TASKS, STSPairs, load_sts
 
 def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> float:
@@ -26,7 +26,8 @@ def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> f
 
 
 class STSEvaluator:
-    """Loads the chosen tasks once; calling it on an encoder returns ``{task: spearman x100}``."""
+    """Loads the chosen tasks once; calling it on an encoder returns ``{task: spearman x100}``.
+    The sentences are tokenised once per tokenizer: a run's STS-B dev evaluations reuse them."""
 
     def __init__(self, tasks=STS_TASKS, root: Path | None = None, split: str = "test", batch_size: int = 128,
                  pairs: list[STSPairs] | None = None):
@@ -42,6 +43,7 @@ class STSEvaluator:
         self.index = [
             (torch.tensor([unique[s] for s in p.sent1]), torch.tensor([unique[s] for s in p.sent2])) for p in self.pairs
         ]
+        self._batches: TokenBatches | None = None
 
     @classmethod
     def stsb_dev(cls, root: Path | None = None, batch_size: int = 128) -> "STSEvaluator":
@@ -55,7 +57,14 @@ class STSEvaluator:
         return cls(tuple(tasks), batch_size=batch_size, pairs=pairs)
 
     def __call__(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None) -> dict[str, float]:
-        return self.score(encoder.encode(self.sentences, batch_size=self.batch_size, pooler=pooler, progress=progress))
+        return self.score(self.encode(encoder, pooler, progress))
+
+    def encode(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None) -> torch.Tensor:
+        """The embeddings of ``self.sentences``, from the tokens kept for ``encoder``'s tokenizer."""
+        batches = self._batches
+        if batches is None or batches.tokenizer is not encoder.tokenizer:
+            batches = self._batches = encoder.batches(self.sentences, self.batch_size)
+        return encoder.encode_batches(batches, pooler=pooler, progress=progress)
 
     def score(self, emb: torch.Tensor) -> dict[str, float]:
         """The tasks' scores from the embeddings of ``self.sentences`` (in that order)."""
