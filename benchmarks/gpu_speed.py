@@ -1,6 +1,6 @@
 """SimCSE at the speed of the hardware (issue 50, item 4): three measurements side by side in one run.
 
-    python benchmarks/gpu_speed.py                    # GPU: bert-base (random weights), batch 64, length 32, bf16
+    python benchmarks/gpu_speed.py --tokenizer .dev/prepared/tokenizer   # GPU: bert-base (random weights), batch 64, length 32, bf16
     python benchmarks/gpu_speed.py --model minilm --precision fp32 --steps 30 --warmup 5 --eager-only   # this CPU
 
 (a) ``platform``: ``train_loop_per_worker`` in the process runtime (no Ray, no MLflow), STS-B dev every
@@ -17,7 +17,9 @@ Reports ms/step, sentences/s, minutes per 1M sentences, MFU (dense bf16 peak, ``
 ratios. Without ``$PLATFORM_DATA_DIR`` (the GPU machine has no data) the corpus is made of random words of
 the tokenizer's vocabulary and STS-B dev of 1,500 random pairs: an evaluation costs what STS-B dev costs;
 its score means nothing. MFU counts 3 x (2 x non-embedding parameters + 4 x layers x length x hidden)
-FLOPs per token, two dropout views per sentence.
+FLOPs per token, two dropout views per sentence. The GPU machine lacks the packaged MiniLM, whose tokenizer
+(bert-base-uncased's vocabulary) the random models take: ``paper_precision.py prepare`` saves it beside the
+data, and ``--tokenizer`` names that folder (carry it to the machine).
 """
 
 from __future__ import annotations
@@ -39,23 +41,19 @@ import torch  # noqa: E402
 
 from methods.encoder import load_tokenizer  # noqa: E402
 from platform.config import TrainConfig  # noqa: E402
-from platform.data.columns import TINY_BERT, prepare_corpus  # noqa: E402
+from platform.data.columns import prepare_corpus  # noqa: E402
+from benchmarks.paper_precision import random_bert  # noqa: E402
 from platform.run.loop import RunContext, compile_backbone, make_optimizer, train_loop_per_worker  # noqa: E402
 
 
-def random_backbone(kind: str, folder: Path) -> str:
-    """bert-base (BertConfig()'s 12 x 768) or the tests' tiny BERT, random weights, with the packaged
-    uncased BERT tokenizer; or the packaged MiniLM itself (``minilm``)."""
-    from transformers import BertConfig, BertModel
-
+def random_backbone(kind: str, folder: Path, tokenizer: str | None = None) -> str:
+    """bert-base (BertConfig()'s 12 x 768) or the tests' tiny BERT, random weights, with ``tokenizer``
+    (``paper_precision.random_bert``); or the packaged MiniLM itself (``minilm``)."""
     if kind == "minilm":
         from methods.encoder import pretrained_source
 
         return str(pretrained_source("minilm")[0])
-    torch.manual_seed(0)
-    BertModel(BertConfig(**TINY_BERT) if kind == "tiny" else BertConfig()).save_pretrained(folder)
-    load_tokenizer("minilm").save_pretrained(folder)
-    return str(folder)
+    return random_bert(folder, kind, tokenizer)
 
 
 def sentences(n: int, tokenizer, seed: int = 0) -> list[str]:
@@ -176,12 +174,14 @@ def main() -> None:
     p.add_argument("--precision", default="bf16", help="fp32 | fp16 | bf16 (GPU only)")
     p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of the static variant")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
+    p.add_argument("--tokenizer", default=None, help="the random models' tokenizer: a folder (paper_precision.py prepare "
+                   "saves one in .dev/prepared/tokenizer) or a name; default the packaged MiniLM's")
     p.add_argument("--eager-only", action="store_true", help="skip the static+compile variant (minutes of compiling on a CPU)")
     args = p.parse_args()
     gpu = torch.cuda.is_available()
     torch.backends.cuda.matmul.allow_tf32 = True
     out = Path(tempfile.mkdtemp())
-    model = random_backbone(args.model, out / "model")
+    model = random_backbone(args.model, out / "model", args.tokenizer)
     tokenizer = load_tokenizer(model)
     n = (args.warmup * 3 + args.steps) * args.batch_size
     text = sentences(n, tokenizer)

@@ -27,20 +27,12 @@ if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"
 
 import torch  # noqa: E402
 
-from methods.encoder import Encoder, load_tokenizer  # noqa: E402
+from methods.encoder import Encoder  # noqa: E402
 from platform.config import TrainConfig  # noqa: E402
 from platform.data import read_corpus, resolve_corpus  # noqa: E402
-from platform.data.columns import TINY_BERT, prepare_corpus  # noqa: E402
+from platform.data.columns import prepare_corpus  # noqa: E402
+from benchmarks.paper_precision import random_bert  # noqa: E402
 from platform.run.loop import RunContext, local_batches, make_optimizer, train_loop_per_worker  # noqa: E402
-
-
-def random_model(kind: str, folder: Path, tokenizer: str) -> str:
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    BertModel(BertConfig(**TINY_BERT) if kind == "tiny" else BertConfig()).save_pretrained(folder)
-    load_tokenizer(tokenizer).save_pretrained(folder)
-    return str(folder)
 
 
 def loop_seconds(cfg: TrainConfig, corpus, steps: int) -> float:
@@ -100,7 +92,7 @@ def main() -> None:
     p.add_argument("--corpus", default="wiki1m_for_simcse.first11914.txt.gz")
     args = p.parse_args()
     out = Path(tempfile.mkdtemp())
-    model = args.model if args.model not in ("tiny", "bert-base") else random_model(args.model, out / "model", args.tokenizer)
+    model = args.model if args.model not in ("tiny", "bert-base") else random_bert(out / "model", args.model, args.tokenizer)
     cfg = TrainConfig.build(args.method, "paper", {
         "model": model, "corpus": str(resolve_corpus(args.corpus)), "batch_size": args.batch_size,
         "output_dir": str(out / "runs"), "final_eval": False, "use_gpu": torch.cuda.is_available()})

@@ -82,19 +82,21 @@ def prepare(out: Path, steps: int) -> None:
         print(f"{recipe}: {data.num_sentences} rows, columns {sorted(data.columns)}, {time.perf_counter() - t0:.0f} s")
 
 
-def random_bert(folder: Path, size: str, tokenizer: Path | None) -> str:
-    """bert-base (``BertConfig()``) or the tests' tiny BERT (a CPU check of this script), random weights,
-    with the tokenizer ``prepare`` saved (None: the packaged MiniLM's, where that package is installed)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def random_bert(folder: Path, size: str, tokenizer: str | Path | None) -> str:
+    """bert-base (``BertConfig()``) or the tests' tiny BERT (a CPU check of a script), random weights,
+    with ``tokenizer``: a folder (``prepare`` saves one: the GPU machine lacks the MiniLM package), a
+    name ``load_tokenizer`` knows, or None for the packaged MiniLM's (bert-base-uncased's vocabulary)."""
+    from transformers import BertConfig, BertModel
 
     from methods.encoder import load_tokenizer
     from platform.data.columns import TINY_BERT
 
-    if tokenizer is not None and not (tokenizer / "tokenizer_config.json").is_file():
-        raise SystemExit(f"{tokenizer}: no tokenizer; run `prepare` again (it saves one beside the data)")
+    folder_like = tokenizer is not None and (isinstance(tokenizer, Path) or "/" in str(tokenizer))
+    if folder_like and not (Path(tokenizer) / "tokenizer_config.json").is_file():
+        raise SystemExit(f"{tokenizer}: no tokenizer there; `paper_precision.py prepare` saves one beside the data")
     torch.manual_seed(0)
     BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
-    (AutoTokenizer.from_pretrained(tokenizer) if tokenizer else load_tokenizer("minilm")).save_pretrained(folder)
+    load_tokenizer(str(tokenizer) if tokenizer is not None else "minilm").save_pretrained(folder)
     return str(folder)
 
 

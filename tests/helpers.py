@@ -247,6 +247,19 @@ def repo_with_ingredient(folder: Path, module: str, source: str, registry_line: 
 BARRIER_SOURCE = ROOT / "tests" / "barrier.py"
 
 
+def commits_step(snapshot: str | bytes, step: int) -> bool:
+    """Whether a Ray Train controller's ``checkpoint_manager_snapshot.json`` (its text) has committed
+    the checkpoint of ``step``: a fit resumes from those only. (The points of an evaluation reach
+    MLflow live, before the commit: they say nothing of it.) False for a snapshot being written."""
+    import json
+
+    try:
+        results = json.loads(snapshot)["checkpoint_results"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return any(r.get("metrics", {}).get("step") == step for r in results)
+
+
 def release_barrier(folder: Path, kill_held: bool = True) -> None:
     """Let runs past the barrier again; with ``kill_held`` the processes it holds are killed first
     (a driver killed with SIGKILL leaves its local Ray's workers running for a moment: here they

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.topology import BUCKET, Topology, available, processes
-from tests.helpers import (ROOT, assert_user_error, release_barrier, repo_with_barrier, runs_of, sets, start_cli,
-                           steps_of, wait_for)
+from tests.helpers import (ROOT, assert_user_error, commits_step, release_barrier, repo_with_barrier, runs_of, sets,
+                           start_cli, steps_of, wait_for)
 
 pytestmark = pytest.mark.multinode
 
@@ -205,22 +205,12 @@ def _checkpointed(topo, step: int) -> bool:
 
 def _committed_in_s3(topo, prefix: str, step: int, besides: str | None = None) -> bool:
     """Whether Ray Train's controller has committed the checkpoint of ``step`` of a fit under
-    ``prefix`` in the topology's bucket, other than trial ``besides`` (its
-    ``checkpoint_manager_snapshot.json``: what a restart starts from). The points of an evaluation
-    reach MLflow live, before the commit."""
-    import json
-
+    ``prefix`` in the topology's bucket, other than trial ``besides``."""
     s3 = topo.s3_client()
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="platform", Prefix=prefix + "/")
-    for key in [o["Key"] for page in pages for o in page.get("Contents", [])]:
-        if key.endswith("/checkpoint_manager_snapshot.json") and not (besides and f"/{besides}/" in key):
-            try:
-                results = json.loads(s3.get_object(Bucket="platform", Key=key)["Body"].read())["checkpoint_results"]
-            except (ValueError, KeyError):
-                continue
-            if any(r.get("metrics", {}).get("step") == step for r in results):
-                return True
-    return False
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
+    return any(commits_step(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read(), step)
+               for key in [o["Key"] for page in pages for o in page.get("Contents", [])]
+               if key.endswith("/checkpoint_manager_snapshot.json") and not (besides and f"/{besides}/" in key))
 
 
 def _train_workers() -> list[int]:
