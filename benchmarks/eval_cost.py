@@ -5,8 +5,9 @@ evaluation costs inside a run").
     python benchmarks/eval_cost.py --model tiny --evals 2 --train-steps 2  # a CPU check of the script
 
 The loop's evaluation (``platform.run.loop.evaluate_and_report``) exports the encoder, encodes STS-B dev's
-3,000 sentences (``Encoder.encode``: length-sorted batches of ``eval_batch_size``, tokenised per batch, fp32,
-no truncation), scores Spearman, and writes the model when the score improved. Here each piece is timed
+3,000 sentences (length-sorted batches of ``eval_batch_size``, fp32, no truncation; since 2026-11-27 the
+``STSEvaluator`` keeps them tokenised from its first evaluation, before that ``Encoder.encode`` tokenised
+every batch each time), scores Spearman, and writes the model when the score improved. Here each piece is timed
 apart, after ``--train-steps`` training steps between evaluations (as a run interleaves them), for the
 backbone eager and compiled as ``static_shapes`` + ``compile`` leave it. Variants of the encoding:
 ``as-is``; ``width/32`` (every batch padded to a multiple of 32 tokens: a few shapes for the compiled
