@@ -15,8 +15,9 @@ backbone); ``eager`` (the compiled backbone run eager for the evaluation, ``torc
 ``bf16`` (the encoding under bf16 autocast, on a GPU); ``tokenised once`` (``STSEvaluator``'s own path:
 the sentences tokenised at the first evaluation and kept, as a run's evaluator does since 2026-11-27).
 STS-B dev itself where ``$PLATFORM_DATA_DIR`` is set, else 1,500 random pairs of 8-40 vocabulary words
-(``gpu_speed.dev_pairs``; the GPU machine has no data): what STS-B dev costs, not its score. Random bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's
-vocabulary) from ``--tokenizer`` (``paper_precision.py prepare`` saves one) or the packaged MiniLM.
+(``gpu_speed.dev_pairs``; the GPU machine has no data): what STS-B dev costs, not its score. Random
+bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's vocabulary) from ``--tokenizer``
+(``paper_precision.py prepare`` saves one) or the packaged MiniLM.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_s
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     work = Path(tempfile.mkdtemp())
-    model_dir = random_bert(work / "bert", size, Path(tokenizer) if tokenizer else None)
+    model_dir = random_bert(work / "bert", size, tokenizer)
     cfg = TrainConfig.build("simcse", "paper", {
         "model": model_dir, "corpus": str(work / "unused.txt"), "use_gpu": gpu, "runtime": "process",
         "precision": "bf16", "output_dir": str(work / "runs"),

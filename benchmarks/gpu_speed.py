@@ -42,8 +42,8 @@ import torch  # noqa: E402
 from methods.encoder import load_tokenizer  # noqa: E402
 from platform.config import TrainConfig  # noqa: E402
 from platform.data.columns import prepare_corpus  # noqa: E402
-from benchmarks.paper_precision import random_bert  # noqa: E402
 from platform.run.loop import RunContext, compile_backbone, make_optimizer, train_loop_per_worker  # noqa: E402
+from benchmarks.paper_precision import random_bert  # noqa: E402
 
 
 def random_backbone(kind: str, folder: Path, tokenizer: str | None = None) -> str:

@@ -31,8 +31,8 @@ from methods.encoder import Encoder  # noqa: E402
 from platform.config import TrainConfig  # noqa: E402
 from platform.data import read_corpus, resolve_corpus  # noqa: E402
 from platform.data.columns import prepare_corpus  # noqa: E402
-from benchmarks.paper_precision import random_bert  # noqa: E402
 from platform.run.loop import RunContext, local_batches, make_optimizer, train_loop_per_worker  # noqa: E402
+from benchmarks.paper_precision import random_bert  # noqa: E402
 
 
 def loop_seconds(cfg: TrainConfig, corpus, steps: int) -> float:

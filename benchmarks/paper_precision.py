@@ -89,14 +89,19 @@ def random_bert(folder: Path, size: str, tokenizer: str | Path | None) -> str:
     from transformers import BertConfig, BertModel
 
     from methods.encoder import load_tokenizer
+    from methods.errors import BackboneNotFound
     from platform.data.columns import TINY_BERT
 
-    folder_like = tokenizer is not None and (isinstance(tokenizer, Path) or "/" in str(tokenizer))
-    if folder_like and not (Path(tokenizer) / "tokenizer_config.json").is_file():
-        raise SystemExit(f"{tokenizer}: no tokenizer there; `paper_precision.py prepare` saves one beside the data")
+    hint = f"{tokenizer}: no tokenizer there; `paper_precision.py prepare` saves one beside the data"
+    if tokenizer is not None and Path(tokenizer).is_dir() and not (Path(tokenizer) / "tokenizer_config.json").is_file():
+        raise SystemExit(hint)
+    try:
+        tok = load_tokenizer(str(tokenizer) if tokenizer is not None else "minilm")
+    except BackboneNotFound:
+        raise SystemExit(hint) from None
     torch.manual_seed(0)
     BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
-    load_tokenizer(str(tokenizer) if tokenizer is not None else "minilm").save_pretrained(folder)
+    tok.save_pretrained(folder)
     return str(folder)
 
 
