@@ -3,6 +3,7 @@ and the Ray Data generation pipeline built on it returns the corpus in order."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -28,6 +29,9 @@ def local_ray():
     before = stale.read_text() if stale.is_file() else None
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("127.0.0.1:9")
+    # As a user's shell starts it: no OMP_NUM_THREADS (the suite's one thread per process), so that
+    # Ray gives each task its own (its CPUs); the module's environment is restored after it.
+    os.environ.pop("OMP_NUM_THREADS", None)
     try:
         init_ray(num_cpus=2)
         yield ray
@@ -62,6 +66,29 @@ def test_stdlib_api_is_complete():
     public = {n for n in dir(std) if not n.startswith("_")}
     assert public <= set(dir(platform))
     assert platform.python_version() == std.python_version()
+
+
+def test_a_runs_end_on_cpu_takes_its_nodes_free_cpus_and_torch_as_many_threads(local_ray):
+    """(First on this Ray: its 2 CPUs free.) A run's end (``alone``) on CPU on a one-node Ray asks
+    for the CPUs free there and torch runs that many threads; otherwise a worker's CPUs and threads,
+    also in a worker process that torch was first imported in with more (Ray reuses them)."""
+    from platform.run.finalize import on_device
+
+    def _cpus_and_threads() -> tuple[float, int]:  # (local: pickled by value, for workers to run)
+        import ray
+        import torch
+
+        return ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0), torch.get_num_threads()
+
+    device = {"runtime": "ray", "use_gpu": False, "cpus_per_worker": 0.4}
+    assert local_ray.available_resources().get("CPU") == 2
+    assert on_device(_cpus_and_threads, device=device) == (0.4, 1)
+    assert on_device(_cpus_and_threads, device=device, alone=True) == (2.0, 2)
+    assert on_device(_cpus_and_threads, device=device) == (0.4, 1)
+    import torch
+
+    threads = torch.get_num_threads()  # no Ray: this process, as it is
+    assert on_device(torch.get_num_threads, device={**device, "runtime": "process"}, alone=True) == threads
 
 
 def test_the_jobs_processes_ask_their_own_cluster(local_ray):

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from methods.encoder import Encoder
-from platform import storage
+from platform import settings, storage
 from platform.console import short
 from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run import checkpoint
+from platform.run.ray_env import started_here
 from platform.tracking import recorder, registry
 from platform.tracking.recorder import BEST, DEV_METRIC, Run
 from platform.tracking.store import git_commit, load_code, redact, ui_route
@@ -29,18 +30,38 @@ from platform.tracking.store import git_commit, load_code, redact, ui_route
 # process when the run has no Ray. The driver reads JSON and the data files, never weights.
 
 
-def on_device(fn: Callable[..., Any], *args: Any, device: dict[str, Any]) -> Any:
+def on_device(fn: Callable[..., Any], *args: Any, device: dict[str, Any], alone: bool = False) -> Any:
     """``fn(*args)`` as a Ray task that asks for what the run's workers ask (a GPU each under
-    ``use_gpu``, else ``cpus_per_worker`` CPUs), where the run is on Ray; else here."""
+    ``use_gpu``, else ``cpus_per_worker`` CPUs), where the run is on Ray; else here. ``alone``:
+    nothing else of the command runs (a run's or a sweep's end); a CPU task on the local instance
+    the command started (nothing else is scheduled there) then asks for all its CPUs, since on CPU
+    the 7 tasks' encoding is most of a run's end (the README's sweep, 2026-11-28: 404 of 934 s, on
+    one thread of two cores). Torch runs as many threads as the task has CPUs (``_threads_of_the_task``)."""
     if device.get("runtime", "ray") != "ray" or not _ray_ready():
         return fn(*args)
     import ray
 
     gpu = bool(device.get("use_gpu"))
+    cpus = float(device.get("cpus_per_worker", 1))
+    if alone and not gpu and started_here():
+        cpus = max(cpus, float(int(ray.cluster_resources().get("CPU", 0))))
     # "DEFAULT": not inside a Tune trial's placement group, which reserves no CPU or GPU.
-    task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=float(device.get("cpus_per_worker", 1)),
-                      max_retries=0, scheduling_strategy="DEFAULT")(fn)
-    return ray.get(task.remote(*args))
+    task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=cpus, max_retries=0, scheduling_strategy="DEFAULT")
+    return ray.get(task(_threads_of_the_task).remote(fn, *args))
+
+
+def _threads_of_the_task(fn: Callable[..., Any], *args: Any) -> Any:
+    """(task) ``fn(*args)`` with torch's threads at the task's ``OMP_NUM_THREADS``: Ray sets it
+    for each task (its CPUs, at least 1) unless the user did, but torch reads it once, when a
+    worker process first imports it, and Ray reuses worker processes between tasks."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(settings.number(settings.OMP_THREADS, 1))))
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _ray_ready() -> bool:
@@ -115,11 +136,12 @@ def export_model(location: str, uri: str, run_id: str, card: str, results: str, 
 # The driver's side
 
 
-def evaluate_sts(run: Run, location: str, quiet: bool = False) -> dict[str, float]:
+def evaluate_sts(run: Run, location: str, quiet: bool = False, alone: bool = False) -> dict[str, float]:
     """The 7 STS tasks and their mean on the checkpoint at ``location`` (a folder or a URI), on
-    the run's device, logged on ``run`` as ``sts_<task>`` at the checkpoint's step; printed unless ``quiet``."""
+    the run's device (``alone``: as ``on_device`` says), logged on ``run`` as ``sts_<task>`` at the
+    checkpoint's step; printed unless ``quiet``."""
     state = read_state_at(location)
-    scores = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state))
+    scores = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state), alone=alone)
     if not quiet:
         print(format_table(scores), flush=True)
     recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
@@ -135,26 +157,27 @@ def cached_baselines() -> dict[str, dict[str, float]]:
             for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
 
 
-def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = None) -> dict[str, float]:
+def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = None, alone: bool = False) -> dict[str, float]:
     """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
     model is measured against. A cache entry keyed by the backbone's weights, tokenizer and the
     pooler (``platform.storage``), so each backbone is evaluated once; on ``device`` (the
-    run's), where the weights are loaded."""
+    run's), where the weights are loaded (``alone``: as ``on_device`` says)."""
     known = cached_baselines()
-    digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, device=device or {})
+    digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, device=device or {}, alone=alone)
     if entry_key(BASELINE, digest, {"pooler": pooler}) not in known:
         print(f"evaluated the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
         cached(BASELINE, digest, {"pooler": pooler}, lambda folder: (folder / "scores.json").write_text(json.dumps(scores)))
     return scores
 
 
-def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False) -> dict[str, float]:
+def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False,
+                     alone: bool = False) -> dict[str, float]:
     """The trained model's table beside its backbone's (same pooler) and the difference, printed
     (unless ``quiet``) and logged on ``run`` (``vs_backbone/baseline_sts_<task>``, ``vs_backbone/delta_sts_<task>``: their own section of MLflow's charts, after the training curves); returns the baseline."""
     state = read_state_at(location)
     config = state.get("config", {})
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
-    baseline = baseline_sts(backbone, pooler, device_of(state))
+    baseline = baseline_sts(backbone, pooler, device_of(state), alone)
     tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
     lines = beside_table(backbone, baseline, scores)
     why = smoke_reason(config.get("profile", ""), backbone)

@@ -99,7 +99,20 @@ def missing_from(job_env: dict, ours: dict) -> dict:
     return added
 
 
+# Whether this process started the Ray it is connected to: a private local instance, on which
+# nothing but this command's own work is scheduled (``platform.run.finalize.on_device``).
+_started_here = False
+
+
+def started_here() -> bool:
+    """Whether the Ray this process uses is the local instance it started itself."""
+    import ray
+
+    return _started_here and ray.is_initialized()
+
+
 def init_ray(num_cpus: int | None = None) -> None:
+    global _started_here
     try:
         import ray
     except ImportError:  # a GPU box with torch alone: the process runtime is what runs there
@@ -118,6 +131,7 @@ def init_ray(num_cpus: int | None = None) -> None:
         before = _descendants()
         env, port, context, exc = _start(ray, address, num_cpus, job_env)
         if exc is None:
+            _started_here = address is None
             break
         if address or attempt == LOCAL_START_TRIES or "timed out during startup" not in str(exc):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

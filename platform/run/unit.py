@@ -274,9 +274,10 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
             of = f"each of the {len(result.fits)} seeds' best checkpoints" if len(result.fits) > 1 else "the best checkpoint"
             print(f"final evaluation: the {len(STS_TASKS)} STS tasks on {of} ...", flush=True)
         with still_working("final evaluation, the 7 STS tasks"):
-            result.scores = evaluate_fits(run, result.fits)
+            result.scores = evaluate_fits(run, result.fits, alone=final == "full")
     with still_working("the untouched backbone's 7 STS tasks (once per backbone and pooler)"):
-        baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full")
+        baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full",
+                                                alone=final == "full")
     if final == "full":
         n = len(result.fits)
         dev = result.dev
@@ -288,10 +289,10 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
     return baseline
 
 
-def evaluate_fits(run: Run, fits: list[SeedFit]) -> dict[str, float]:
+def evaluate_fits(run: Run, fits: list[SeedFit], alone: bool = False) -> dict[str, float]:
     """The 7 STS tasks on every seed's best checkpoint (in the seed's run); for several seeds the
     per-seed table is printed and the means and stds logged on ``run``."""
-    per_seed = [final_steps.evaluate_sts(f.run, f.result.checkpoint, quiet=True) for f in fits]
+    per_seed = [final_steps.evaluate_sts(f.run, f.result.checkpoint, quiet=True, alone=alone) for f in fits]
     if len(fits) == 1:
         return per_seed[0]
     scores = mean_std(per_seed)
