@@ -154,7 +154,7 @@ def test_every_config_key_the_docs_name_exists():
 # Where each section of the README before issue 49 went (README.md at 2e5ec27): its page, and a
 # passage of it that is there.
 OLD_SECTIONS = {
-    "Set up and run (a fresh machine, offline, Python 3.11)": ("README.md", "The local profile is a smoke test of the whole pipeline"),
+    "Set up and run (a fresh machine, offline, Python 3.11)": ("README.md", "for the sweep"),
     "Commands": ("docs/commands.md", "python -m platform.augment METHOD --corpus PATH"),
     "Paper recipes (`--profile paper`)": ("docs/papers.md", "prints every resolved value with"),
     "UNA (Shu et al.)": ("docs/papers.md", "## UNA (Shu et al.)"),
