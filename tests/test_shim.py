@@ -68,10 +68,11 @@ def test_stdlib_api_is_complete():
     assert platform.python_version() == std.python_version()
 
 
-def test_a_runs_end_on_cpu_takes_its_nodes_free_cpus_and_torch_as_many_threads(local_ray):
-    """(First on this Ray: its 2 CPUs free.) A run's end (``alone``) on CPU on a one-node Ray asks
-    for the CPUs free there and torch runs that many threads; otherwise a worker's CPUs and threads,
-    also in a worker process that torch was first imported in with more (Ray reuses them)."""
+def test_a_runs_end_on_cpu_takes_its_local_instances_cpus_and_torch_as_many_threads(local_ray):
+    """(First on this Ray: its 2 CPUs free.) A run's end (``alone``) on CPU, on the local instance
+    the command started, asks for all its CPUs and torch runs that many threads; otherwise a
+    worker's CPUs and threads, also in a worker process that torch was first imported in with more
+    (Ray reuses them)."""
     from platform.run.finalize import on_device
 
     def _cpus_and_threads() -> tuple[float, int]:  # (local: pickled by value, for workers to run)

@@ -34,9 +34,9 @@ def on_device(fn: Callable[..., Any], *args: Any, device: dict[str, Any], alone:
     """``fn(*args)`` as a Ray task that asks for what the run's workers ask (a GPU each under
     ``use_gpu``, else ``cpus_per_worker`` CPUs), where the run is on Ray; else here. ``alone``:
     nothing else of the command runs (a run's or a sweep's end); a CPU task on the local instance
-    the command started (nothing else is scheduled there) then asks for all its CPUs, since on CPU
-    the 7 tasks' encoding is most of a run's end (the README's sweep, 2026-11-28: 404 of 934 s, on
-    one thread of two cores). Torch runs as many threads as the task has CPUs (``_threads_of_the_task``)."""
+    the command started (nothing else is scheduled there) then asks for all its CPUs: on CPU the
+    7 tasks' encoding is most of a run's end, and a worker's share gives it one thread. Torch runs
+    as many threads as the task has CPUs (``_threads_of_the_task``)."""
     if device.get("runtime", "ray") != "ray" or not _ray_ready():
         return fn(*args)
     import ray
