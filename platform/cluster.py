@@ -213,7 +213,7 @@ def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str
     what every command on the node needs. The head's start commands write it to ``NODE_ENV`` and
     source it before MLflow and Ray start (so ``ray job submit`` drivers inherit it); ``~/.bashrc``
     sources it first, above its interactive-only guard (so ``ray attach``, ``ray attach --tmux``
-    and ``ray exec`` see the same)."""
+    and ``ray exec`` see the same). ``OMP_NUM_THREADS`` is unset unless cluster.env sets it."""
     env = dict(values)
     commit = env.pop(settings.GIT_COMMIT, "")
     env.update({
@@ -233,6 +233,11 @@ def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str
     for key, value in env.items():
         quoted = f'"{value}"' if key == "PATH" else shlex.quote(value)  # PATH keeps the node's own
         lines.append(f"export {key}={quoted}")
+    if settings.OMP_THREADS not in env:
+        # Ray's launcher runs every command as `export OMP_NUM_THREADS=1 && (...)`: a raylet
+        # started with it gives each of its tasks, actors and Train workers one OpenMP thread
+        # whatever CPUs it holds. Unset, Ray sets each one's to its CPUs (as on a local instance).
+        lines.append(f"unset {settings.OMP_THREADS}")
     return "\n".join(lines) + "\n"
 
 

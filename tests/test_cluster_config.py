@@ -283,6 +283,46 @@ def test_every_way_into_the_head_sees_one_environment(tmp_path):
     assert 'output_dir: "s3://b/runs"  # environment PLATFORM_OUTPUT_DIR' in proc.stdout, proc.stderr[-2000:]
 
 
+def test_the_processes_ray_starts_on_a_node_get_threads_by_their_cpus(tmp_path):
+    """Ray's launcher runs every start command as ``source ~/.bashrc; export OMP_NUM_THREADS=1 &&
+    (...)`` (``_with_interactive``, the updater's variables before it): a raylet started so gives
+    each task, actor and Train worker one OpenMP thread, whatever CPUs it holds (a 2-CPU task on a
+    ``ray start`` made with the variable: 1 thread; without it: 2, measured 2026-11-28). The head's
+    and a worker's ``ray start``, run as the launcher runs them in a throwaway HOME, see it unset,
+    so Ray sets each process's threads by its CPUs (``tests/test_shim.py`` checks that on a local
+    instance); a value cluster.env gives is kept."""
+    from ray._private.ray_constants import RESOURCES_ENVIRONMENT_VARIABLE
+    from ray.autoscaler._private.command_runner import _with_environment_variables, _with_interactive
+
+    from platform.cluster import node_env, render
+    from platform.cluster_aws import Access
+
+    access = Access("sg-0123456789abcdef0", "arn:aws:iam::1:instance-profile/h", "arn:aws:iam::1:instance-profile/w")
+    rendered = yaml.safe_load(render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "r.yaml", access).read_text())
+    home, env = throwaway_head(tmp_path, rendered)
+    probe = 'echo "OMP=${OMP_NUM_THREADS-unset}"'
+
+    def as_the_launcher_runs(command: str) -> str:
+        wrapped = _with_interactive(_with_environment_variables(command, {RESOURCES_ENVIRONMENT_VARIABLE: {"CPU": 2}}))
+        # ssh hands the words to the node's shell as one command line, as `ray exec` above.
+        proc = subprocess.run(["bash", "-c", "exec " + " ".join(wrapped)], cwd=home, env={**env, "RAY_HEAD_IP": "10.0.0.5"}, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().rpartition("\n")[2]  # the probe's line, after any of the shell's own
+
+    assert as_the_launcher_runs(probe) == "OMP=1"  # what the launcher gives any command
+    head = next(c for c in rendered["head_start_ray_commands"] if "ray start --head" in c)
+    assert as_the_launcher_runs(head.split("HEAD_IP=")[0] + probe) == "OMP=unset"  # before MLflow's start
+    worker = rendered["worker_start_ray_commands"]
+    for command in [c for c in worker if "node-env" in c]:  # this HOME's node environment, now a worker's
+        as_the_launcher_runs(command)
+    start = next(c for c in worker if "ray start" in c)
+    assert as_the_launcher_runs(start.split("~/venv/bin/ray start")[0] + probe) == "OMP=unset"
+    values = {"CLUSTER_NAME": "platform-test", "RUNS_URI": "s3://b/runs", "OMP_NUM_THREADS": "4"}
+    assert "export OMP_NUM_THREADS=4" in node_env(values, "worker", "10.0.0.5", home).splitlines()
+    assert "unset OMP_NUM_THREADS" not in node_env(values, "worker", "10.0.0.5", home)
+
+
 def test_a_cluster_node_refuses_a_local_mlflow_store(monkeypatch):
     """A shell on a node without the node's environment would write runs to a SQLite file there
     (not the server users browse, not backed up): one line instead."""
