@@ -33,7 +33,7 @@ AWS_REGIONS = ("AWS_REGION", "AWS_DEFAULT_REGION")  # boto3's and pyarrow's regi
 AWS = ("AWS_ENDPOINT_URL", *AWS_REGIONS)  # and S3's endpoint: forwarded to workers
 AUTOSCALING_CONFIG = "PLATFORM_AUTOSCALING_CONFIG"  # the launcher config the head runs: how far generation pools grow
 LOCAL_RANK = "LOCAL_RANK"  # torchrun's: the GPU of this process, for the loop run without Ray
-OMP_THREADS = "OMP_NUM_THREADS"  # OpenMP's (Ray sets it for each task, by its CPUs): torch's threads in an end-of-run task
+OMP_THREADS = "OMP_NUM_THREADS"  # OpenMP's (Ray sets it for each task, by its CPUs): end-of-run tasks' threads; unset on cluster nodes
 
 # The values the platform uses when a variable it reads is unset (docs/development.md names each;
 # tests/test_docs.py compares them).

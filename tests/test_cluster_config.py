@@ -305,8 +305,8 @@ def test_the_processes_ray_starts_on_a_node_get_threads_by_their_cpus(tmp_path):
     def as_the_launcher_runs(command: str) -> str:
         wrapped = _with_interactive(_with_environment_variables(command, {RESOURCES_ENVIRONMENT_VARIABLE: {"CPU": 2}}))
         # ssh hands the words to the node's shell as one command line, as `ray exec` above.
-        proc = subprocess.run(["bash", "-c", "exec " + " ".join(wrapped)], cwd=home, env={**env, "RAY_HEAD_IP": "10.0.0.5"}, capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(["bash", "-c", "exec " + " ".join(wrapped)], cwd=home, env={**env, "RAY_HEAD_IP": "10.0.0.5"},
+                              capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return proc.stdout.strip().rpartition("\n")[2]  # the probe's line, after any of the shell's own
 
@@ -319,8 +319,8 @@ def test_the_processes_ray_starts_on_a_node_get_threads_by_their_cpus(tmp_path):
     start = next(c for c in worker if "ray start" in c)
     assert as_the_launcher_runs(start.split("~/venv/bin/ray start")[0] + probe) == "OMP=unset"
     values = {"CLUSTER_NAME": "platform-test", "RUNS_URI": "s3://b/runs", "OMP_NUM_THREADS": "4"}
-    assert "export OMP_NUM_THREADS=4" in node_env(values, "worker", "10.0.0.5", home).splitlines()
-    assert "unset OMP_NUM_THREADS" not in node_env(values, "worker", "10.0.0.5", home)
+    lines = node_env(values, "worker", "10.0.0.5", home).splitlines()
+    assert "export OMP_NUM_THREADS=4" in lines and "unset OMP_NUM_THREADS" not in lines
 
 
 def test_a_cluster_node_refuses_a_local_mlflow_store(monkeypatch):
