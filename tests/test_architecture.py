@@ -242,3 +242,59 @@ def test_the_modules_every_command_imports_load_no_torch():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """What ``from <module> import name`` can take from a module: its top-level definitions,
+    assignments and imports (``if``/``try`` blocks included)."""
+    names: set[str] = set()
+
+    def collect(body) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                collect(node.body + node.orelse + getattr(node, "finalbody", [])
+                        + [s for h in getattr(node, "handlers", []) for s in h.body])
+
+    collect(ast.parse(path.read_text(encoding="utf-8")).body)
+    return names
+
+
+def test_what_the_benchmarks_import_from_the_project_exists():
+    """CI does not run ``benchmarks/``: a rename in ``platform/`` or ``methods/`` that leaves a
+    benchmark importing a name that is gone (``from m import name``, or ``module.name`` of a
+    project module it imported) fails here, not in the next session that measures."""
+    known = _modules()
+    missing = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases: dict[str, str] = {}  # a name bound to a project module in this file -> that module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                missing += [f"{path.name}: import {a.name}" for a in node.names
+                            if a.name.split(".")[0] in PACKAGES and a.name not in known]
+                aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in known})
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] in PACKAGES:
+                folder = ROOT.joinpath(*node.module.split("."))
+                if node.module not in known and not folder.is_dir():
+                    missing.append(f"{path.name}: from {node.module}")
+                    continue
+                defined = _top_level_names(known[node.module]) if node.module in known else set()
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in known:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    elif a.name not in defined:
+                        missing.append(f"{path.name}: from {node.module} import {a.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                module = aliases[node.value.id]
+                if node.attr not in _top_level_names(known[module]) and f"{module}.{node.attr}" not in known:
+                    missing.append(f"{path.name}: {module}.{node.attr}")
+    assert not missing, missing
