@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import new_mlflow_db
+from tests.suite_order import pytest_collection_modifyitems, pytest_configure  # noqa: F401 (pytest's hooks)
 
 
 def _data_root() -> Path:
@@ -114,17 +115,3 @@ def cli():
     from tests.helpers import run_main
 
     return run_main
-
-
-# The modules that take longest (minutes, mostly Ray Train and Tune starting their processes), in
-# that order; the suite runs modules in parallel processes (pytest-xdist, one module to a process),
-# and handing these out first lets the processes finish together.
-SLOWEST_FIRST = ["test_multinode", "test_grid", "test_cluster_join", "test_cluster_aws", "test_recipe_cli",
-                 "test_interrupts", "test_sweep_in_mlflow", "test_tracking_outage", "test_cluster_job", "test_reliability", "test_seeds",
-                 "test_postgres", "test_cluster_lost", "test_una_cli", "test_san_cli", "test_paraphrase", "test_losses",
-                 "test_report"]
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))  # stable: in-module order kept

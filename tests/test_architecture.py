@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -298,3 +299,31 @@ def test_what_the_benchmarks_import_from_the_project_exists():
                 if node.attr not in _top_level_names(known[module]) and f"{module}.{node.attr}" not in known:
                     missing.append(f"{path.name}: {module}.{node.attr}")
     assert not missing, missing
+
+
+def test_the_suites_slowest_modules_are_handed_out_first(tmp_path):
+    """``tests/suite_order.py`` orders the modules slowest first so that the suite's two processes
+    finish together; pytest-xdist's own re-sorting (by number of tests) must not undo it. A module
+    named as the slowest with one test runs before a module of many, under the README's ``-n 2
+    --dist loadfile``, and every name in the list is a module of the suite."""
+    from tests.suite_order import SLOWEST_FIRST
+
+    assert sorted(set(SLOWEST_FIRST)) == sorted(SLOWEST_FIRST)
+    assert not [m for m in SLOWEST_FIRST if not (ROOT / "tests" / f"{m}.py").is_file()]
+    log = tmp_path / "order.txt"
+    (tmp_path / "conftest.py").write_text(
+        f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests.suite_order import pytest_collection_modifyitems, pytest_configure  # noqa: F401\n"
+        "def pytest_runtest_logstart(nodeid, location):\n"
+        "    if os.environ.get('PYTEST_XDIST_WORKER'):\n"
+        f"        open({str(log)!r}, 'a').write(nodeid.split('::')[0] + '\\n')\n")
+    (tmp_path / f"{SLOWEST_FIRST[0]}.py").write_text("def test_one():\n    pass\n")
+    for name in ("test_many_a", "test_many_b"):
+        (tmp_path / f"{name}.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(6)))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider",
+                           "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    order = log.read_text().split()
+    assert len(order) == 13 and order[:1] == [f"{SLOWEST_FIRST[0]}.py"], order
