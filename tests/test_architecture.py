@@ -304,8 +304,9 @@ def test_what_the_benchmarks_import_from_the_project_exists():
 def test_the_suites_slowest_modules_are_handed_out_first(tmp_path):
     """``tests/suite_order.py`` orders the modules slowest first so that the suite's two processes
     finish together; pytest-xdist's own re-sorting (by number of tests) must not undo it. A module
-    named as the slowest with one test runs before a module of many, under the README's ``-n 2
-    --dist loadfile``, and every name in the list is a module of the suite."""
+    named as the slowest with one test runs before two modules of many under ``--dist loadfile``
+    (the README's; one process, so that the queue's order is the order run), and every name in the
+    list is a module of the suite."""
     from tests.suite_order import SLOWEST_FIRST
 
     assert sorted(set(SLOWEST_FIRST)) == sorted(SLOWEST_FIRST)
@@ -320,7 +321,7 @@ def test_the_suites_slowest_modules_are_handed_out_first(tmp_path):
     (tmp_path / f"{SLOWEST_FIRST[0]}.py").write_text("def test_one():\n    pass\n")
     for name in ("test_many_a", "test_many_b"):
         (tmp_path / f"{name}.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(6)))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "--dist", "loadfile", "-p", "no:cacheprovider",
                            "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))})
