@@ -5,6 +5,7 @@ stay short, and the path of a sweep is the README's code map."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import os
 import re
@@ -245,7 +246,8 @@ def test_the_modules_every_command_imports_load_no_torch():
     assert out.stdout.strip() == "False"
 
 
-def _top_level_names(path: Path) -> set[str]:
+@functools.cache
+def _top_level_names(path: Path) -> frozenset[str]:
     """What ``from <module> import name`` can take from a module: its top-level definitions,
     assignments and imports (``if``/``try`` blocks included)."""
     names: set[str] = set()
@@ -264,7 +266,7 @@ def _top_level_names(path: Path) -> set[str]:
                         + [s for h in getattr(node, "handlers", []) for s in h.body])
 
     collect(ast.parse(path.read_text(encoding="utf-8")).body)
-    return names
+    return frozenset(names)
 
 
 def test_what_the_benchmarks_import_from_the_project_exists():
@@ -287,7 +289,7 @@ def test_what_the_benchmarks_import_from_the_project_exists():
                 if node.module not in known and not folder.is_dir():
                     missing.append(f"{path.name}: from {node.module}")
                     continue
-                defined = _top_level_names(known[node.module]) if node.module in known else set()
+                defined = _top_level_names(known[node.module]) if node.module in known else frozenset()
                 for a in node.names:
                     if f"{node.module}.{a.name}" in known:
                         aliases[a.asname or a.name] = f"{node.module}.{a.name}"
