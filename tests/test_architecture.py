@@ -330,3 +330,57 @@ def test_the_suites_slowest_modules_are_handed_out_first(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     order = log.read_text().split()
     assert len(order) == 13 and order[:1] == [f"{SLOWEST_FIRST[0]}.py"], order
+
+
+def test_ci_runs_the_suite_then_the_scenarios_and_every_failure_counts(tmp_path):
+    """``.ci/run`` runs the README's test command (every test but the scenarios), then its scenario
+    command (the scenarios), the same pytest line but for the marker: together every test, once. A
+    failure of the first does not skip the second, and the exit status is the first failure's."""
+    printed = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--print"], capture_output=True, text=True, timeout=30)
+    assert printed.returncode == 0, printed.stderr
+    suite, scenarios = printed.stdout.splitlines()
+    assert f"```bash\n{suite}\n```" in (ROOT / "README.md").read_text().split("<!-- test-command", 1)[1]
+    pytest_line = suite.split(" && ")[-1]
+    everything = pytest_line.removesuffix(' -m "not scenario"')
+    assert everything != pytest_line and " -n 2 --dist loadfile" in everything
+    assert scenarios == f". .venv/bin/activate && {everything} -m scenario"
+
+    ci = tmp_path / ".ci" / "run"
+    ci.parent.mkdir()
+    ci.write_text((ROOT / ".ci" / "run").read_text())
+    log = tmp_path / "log"
+    (tmp_path / "README.md").write_text(
+        f"<!-- test-command -->\n```bash\necho suite >> {log}; exit 3\n```\n"
+        f"<!-- scenario-command -->\n```bash\necho scenarios $PLATFORM_REQUIRE_MULTINODE >> {log}; exit 4\n```\n")
+    proc = subprocess.run(["bash", str(ci)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 3 and log.read_text().split("\n") == ["suite", "scenarios 1", ""], proc.stderr
+
+
+_MARKS_OF_THE_SCENARIOS = """
+import json, sys
+import pytest
+
+class Marks:
+    def pytest_collection_finish(self, session):
+        with open(sys.argv[1], "w") as out:
+            json.dump({i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}, out)
+
+code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-W", "error::pytest.PytestUnknownMarkWarning",
+                    "-m", "scenario"], plugins=[Marks()])
+sys.exit(int(code))
+"""
+
+
+def test_the_scenarios_are_outside_the_fast_tier(tmp_path):
+    """A scenario is also ``e2e`` or ``multinode``: the fast tier (``-m "not e2e and not multinode"``)
+    never runs one. Collected by pytest itself, so that a mark spelt wrong fails here."""
+    found = tmp_path / "marks.json"
+    proc = subprocess.run([sys.executable, "-c", _MARKS_OF_THE_SCENARIOS, str(found)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items()
+                                            if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    import json
+
+    marks = json.loads(found.read_text())
+    assert len(marks) >= 20 and all("scenario" in m for m in marks.values()), marks
+    assert not [test for test, m in marks.items() if not {"e2e", "multinode"} & set(m)]

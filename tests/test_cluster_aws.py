@@ -541,6 +541,7 @@ def test_an_idle_node_is_stopped_and_started_again_with_its_disk(account, tmp_pa
     assert len(instances) == 1 and instances[0]["State"]["Name"] in ("pending", "running")
 
 
+@pytest.mark.scenario
 def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_commit(account, tmp_path, tiny_model,
                                                                                       small_corpus, _empty_mlflow_db):
     """The README's cluster path from a shell as ``ray attach`` opens it: up's AWS resources

@@ -88,6 +88,7 @@ def _seed_runs(c, run):
     return c.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
 
 
+@pytest.mark.scenario
 @pytest.mark.e2e
 def test_augment_caches_each_augmentation_on_its_own(grid):
     """One cache entry per augmentation: a set sharing seven of them generates only the missing one."""
@@ -101,11 +102,13 @@ def test_augment_caches_each_augmentation_on_its_own(grid):
     assert set(grid["two"]["aug_label"]) <= {NO_AUGMENTATION, "contraction_expansion", "adjective_antonym_switch"}
 
 
+@pytest.mark.scenario
 @pytest.mark.e2e
 def test_a_sweep_regenerates_nothing_the_cache_holds(grid):
     assert {k: grid["after"].get(k) for k in grid["before"]} == grid["before"]
 
 
+@pytest.mark.scenario
 @pytest.mark.e2e
 def test_every_grid_value_trains_each_seed_in_a_run_of_its_own(grid):
     """Each value's run nests one run per seed, holds every score's mean and std over them, and
@@ -127,6 +130,7 @@ def test_every_grid_value_trains_each_seed_in_a_run_of_its_own(grid):
         check_seed_means(child, seed_runs)
 
 
+@pytest.mark.scenario
 @pytest.mark.e2e
 def test_the_grid_table_is_the_papers_with_the_spread_over_seeds(grid):
     """Rows = values, columns = the 7 tasks and their mean, and the mean's std; the seeds' 7-task
@@ -150,6 +154,7 @@ def test_the_grid_table_is_the_papers_with_the_spread_over_seeds(grid):
         assert image.format == "PNG" and image.size[0] > 300
 
 
+@pytest.mark.scenario
 @pytest.mark.e2e
 def test_the_best_value_by_mean_dev_is_the_sweeps_result(grid):
     """Trials ranked on the mean over seeds: the best value's means on the parent, its best seed
@@ -194,6 +199,7 @@ def test_the_hidden_by_html_check_can_fail():  # the fast tier
     assert hidden_by_html("`best-<profile>` and\n```\n<b>\n```") == []
 
 
+@pytest.mark.scenario
 @pytest.mark.e2e
 def test_mlflows_ui_tells_which_trial_won_and_how_to_load_it(grid):
     """What MLflow's web UI reads, through its own REST endpoints: a training experiment (not GenAI)

@@ -47,6 +47,7 @@ def _stop(proc, sig) -> tuple[str, str]:
         kill_group(proc)
 
 
+@pytest.mark.scenario
 def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):
     """SIGKILL to a sweep's driver while both its trials are held mid-fit leaves the sweep's and
     the trials' runs RUNNING (nothing can run after SIGKILL). ``--resume`` closes them truthfully
@@ -96,6 +97,7 @@ def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, sma
         assert steps_of(c, trial.info.run_id, "stsb_dev_spearman") == [2, 4, 6]
 
 
+@pytest.mark.scenario
 def test_sigterm_stops_a_train_run_on_ray_as_ctrl_c(repo, tiny_model, small_corpus, tmp_path, mlflow_uri):
     """SIGTERM (``ray job stop``, a batch scheduler) to ``train`` on Ray while it is held at step
     5: the run ends KILLED with exit 130, with its metrics up to its last checkpoint, and the best
@@ -120,6 +122,7 @@ def test_sigterm_stops_a_train_run_on_ray_as_ctrl_c(repo, tiny_model, small_corp
     assert checkpoint_exists(run.data.tags["best_checkpoint"])
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("minutes, resumed_at, line", [(0, 6, "resumed at step 6 "), (60, 0, "restarted at step 0: ")],
                          ids=["state-each-evaluation", "no-state-yet"])
 def test_a_killed_train_run_resumes_from_its_latest_checkpoint(repo, tiny_model, small_corpus, tmp_path, mlflow_uri,

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import MlflowServer, runs_of, sets, start_cli, steps_of, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.scenario]
 
 STEPS, EVAL = 30, 5
 
