@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT, code_map
 
 # The commands (``python -m platform.<name>``) and what only they use: nothing below them imports these.
@@ -303,16 +305,20 @@ def test_what_the_benchmarks_import_from_the_project_exists():
     assert not missing, missing
 
 
-def test_the_suites_slowest_modules_are_handed_out_first(tmp_path):
-    """``tests/suite_order.py`` orders the modules slowest first so that the suite's two processes
-    finish together; pytest-xdist's own re-sorting (by number of tests) must not undo it. A module
-    named as the slowest with one test runs before two modules of many under ``--dist loadfile``
-    (the README's; one process, so that the queue's order is the order run), and every name in the
-    list is a module of the suite."""
-    from tests.suite_order import SLOWEST_FIRST
+@pytest.mark.parametrize("tier", ["suite", "scenario"])
+def test_the_suites_slowest_modules_are_handed_out_first(tmp_path, tier):
+    """``tests/suite_order.py`` orders the modules slowest first, one list for the suite and one for
+    the scenarios (``-m scenario``), so that each run's two processes finish together;
+    pytest-xdist's own re-sorting (by number of tests) must not undo it. A module named as the
+    slowest with one test runs before two modules of many under ``--dist loadfile`` (the README's;
+    one process, so that the queue's order is the order run), and every name in the lists is a
+    module of the suite."""
+    from tests.suite_order import SCENARIOS_SLOWEST_FIRST, SLOWEST_FIRST
 
-    assert sorted(set(SLOWEST_FIRST)) == sorted(SLOWEST_FIRST)
-    assert not [m for m in SLOWEST_FIRST if not (ROOT / "tests" / f"{m}.py").is_file()]
+    for order in (SLOWEST_FIRST, SCENARIOS_SLOWEST_FIRST):
+        assert sorted(set(order)) == sorted(order)
+        assert not [m for m in order if not (ROOT / "tests" / f"{m}.py").is_file()]
+    first = (SLOWEST_FIRST if tier == "suite" else SCENARIOS_SLOWEST_FIRST)[0]
     log = tmp_path / "order.txt"
     (tmp_path / "conftest.py").write_text(
         f"import os, sys\nsys.path.insert(0, {str(ROOT)!r})\n"
@@ -320,16 +326,18 @@ def test_the_suites_slowest_modules_are_handed_out_first(tmp_path):
         "def pytest_runtest_logstart(nodeid, location):\n"
         "    if os.environ.get('PYTEST_XDIST_WORKER'):\n"
         f"        open({str(log)!r}, 'a').write(nodeid.split('::')[0] + '\\n')\n")
-    (tmp_path / f"{SLOWEST_FIRST[0]}.py").write_text("def test_one():\n    pass\n")
+    head = "import pytest\npytestmark = pytest.mark.scenario\n" if tier == "scenario" else ""
+    (tmp_path / f"{first}.py").write_text(head + "def test_one():\n    pass\n")
     for name in ("test_many_a", "test_many_b"):
-        (tmp_path / f"{name}.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(6)))
+        (tmp_path / f"{name}.py").write_text(head + "".join(f"def test_{i}():\n    pass\n" for i in range(6)))
+    marks = ["-m", "scenario", "-W", "ignore::pytest.PytestUnknownMarkWarning"] if tier == "scenario" else []
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "--dist", "loadfile", "-p", "no:cacheprovider",
-                           "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
+                           *marks, "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     order = log.read_text().split()
-    assert len(order) == 13 and order[:1] == [f"{SLOWEST_FIRST[0]}.py"], order
+    assert len(order) == 13 and order[:1] == [f"{first}.py"], order
 
 
 def test_ci_runs_the_suite_then_the_scenarios_and_every_failure_counts(tmp_path):

@@ -45,6 +45,7 @@ def test_ray_address_local_keeps_a_private_ray_and_a_dead_recorded_cluster_is_pa
                 os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
 
 
+@pytest.mark.scenario
 @pytest.mark.e2e
 def test_a_local_start_whose_raylet_misses_rays_30_seconds_is_made_again(tmp_path):
     """Ray gives a new node's raylet a hard-coded 30 s to register with its GCS
