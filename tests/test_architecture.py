@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -305,6 +306,12 @@ def test_what_the_benchmarks_import_from_the_project_exists():
     assert not missing, missing
 
 
+def _outside_this_pytest() -> dict[str, str]:
+    """This environment without what pytest-xdist and the caller's options give this run: a pytest
+    started from a test runs as a user's would."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
+
+
 @pytest.mark.parametrize("tier", ["suite", "scenario"])
 def test_the_suites_slowest_modules_are_handed_out_first(tmp_path, tier):
     """``tests/suite_order.py`` orders the modules slowest first, one list for the suite and one for
@@ -334,7 +341,7 @@ def test_the_suites_slowest_modules_are_handed_out_first(tmp_path, tier):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "--dist", "loadfile", "-p", "no:cacheprovider",
                            *marks, "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))})
+                          env=_outside_this_pytest())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     order = log.read_text().split()
     assert len(order) == 13 and order[:1] == [f"{first}.py"], order
@@ -383,12 +390,9 @@ def test_the_scenarios_are_outside_the_fast_tier(tmp_path):
     """A scenario is also ``e2e`` or ``multinode``: the fast tier (``-m "not e2e and not multinode"``)
     never runs one. Collected by pytest itself, so that a mark spelt wrong fails here."""
     found = tmp_path / "marks.json"
-    proc = subprocess.run([sys.executable, "-c", _MARKS_OF_THE_SCENARIOS, str(found)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={k: v for k, v in os.environ.items()
-                                            if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))})
+    proc = subprocess.run([sys.executable, "-c", _MARKS_OF_THE_SCENARIOS, str(found)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=_outside_this_pytest())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    import json
-
     marks = json.loads(found.read_text())
     assert len(marks) >= 20 and all("scenario" in m for m in marks.values()), marks
     assert not [test for test, m in marks.items() if not {"e2e", "multinode"} & set(m)]
