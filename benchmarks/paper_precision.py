@@ -77,7 +77,7 @@ def prepare(out: Path, steps: int) -> None:
     # bert-base-uncased's vocabulary (30,522 tokens), from the packaged MiniLM: the GPU machine has no
     # such package and no hub, so the tokenizer travels with the data.
     load_tokenizer("minilm").save_pretrained(out / TOKENIZER)
-    shutil.copytree(ensure_tiny_mlm(), out / MLM, dirs_exist_ok=True)
+    shutil.copytree(ensure_tiny_mlm(), out / MLM, dirs_exist_ok=True, ignore=shutil.ignore_patterns("COMPLETE"))
     corpus = resolve_corpus("reuters21578_sentences.txt.gz")
     for recipe in dict.fromkeys(r for r, _ in RUNS):
         cfg = profile(recipe, {})
