@@ -9,6 +9,7 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import os
 import re
@@ -87,12 +88,28 @@ def _terminate_as_interrupt(signum, frame) -> None:
         raise KeyboardInterrupt
 
 
+STACKS_SIGNAL = getattr(signal, "SIGUSR2", None)  # Tune claims SIGUSR1; Ray's dashboard dumps its loop on USR2 too
+
+
+def _dump_stacks_on(signum) -> None:
+    """The process's own stderr (``sys.__stderr__``): a captured ``sys.stderr`` has no descriptor."""
+    if signum is None or sys.__stderr__ is None:
+        return
+    try:
+        faulthandler.register(signum, file=sys.__stderr__, all_threads=True, chain=False)
+    except (AttributeError, OSError, ValueError):  # no descriptor at all (an embedding host)
+        pass
+
+
 def cli_main(fn):
     """A command's ``main``: bad input is one ``error:`` line and exit 2; Ctrl-C and SIGTERM
-    end it with exit 130 after its runs are closed (KILLED, resumable)."""
+    end it with exit 130 after its runs are closed (KILLED, resumable). ``kill -USR2 PID`` prints
+    every thread's stack to stderr and the command goes on: what a command that seems stuck is
+    waiting on."""
     @functools.wraps(fn)
     def wrapper(argv=None):
         apply_defaults()  # before anything imports Ray, which reads some of them then
+        _dump_stacks_on(STACKS_SIGNAL)
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         try:
             return fn(argv)

@@ -22,10 +22,33 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_cli(module: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT
             ) -> subprocess.CompletedProcess:
-    """Run ``python -m platform.<module> ...`` from the repository root, as a user would."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", f"platform.{module}", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    """Run ``python -m platform.<module> ...`` from the repository root, as a user would. A command
+    still running after ``timeout`` seconds fails the test with what it printed and where each of
+    its threads waits (its stacks, dumped on SIGUSR2), then is stopped as ``kill`` stops it."""
+    import signal
+
+    argv = [sys.executable, "-m", f"platform.{module}", *args]
+    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(2)
+        proc.terminate()  # SIGTERM: the command closes its runs, its Ray instance ends with it
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"`python -m platform.{module} {' '.join(args)}` still ran after {timeout} s; its threads "
+                             f"then, and what it printed:\n--- stdout (last 40 lines) ---\n{_tail(out, 40)}\n"
+                             f"--- stderr (last 120 lines) ---\n{_tail(err, 120)}") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _tail(text: str | None, lines: int) -> str:
+    return "\n".join((text or "").splitlines()[-lines:])
 
 
 def run_main(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

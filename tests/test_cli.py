@@ -4,6 +4,7 @@ on a Ray cluster: tests/test_reliability.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -18,6 +19,20 @@ def _train_args(tiny_model, small_corpus, tmp_path, *extra):
     }
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     return [*args, *extra]
+
+
+def test_a_command_that_hangs_fails_its_test_with_where_it_waits(tmp_path):
+    """The suite's guard against a hung command (``run_cli``'s timeout): the test fails with the
+    stacks the command prints on SIGUSR2 (``cli_main``) and what it printed, and the command ends
+    as on SIGTERM. The hang is real: ``--config`` is a pipe that nobody writes."""
+    fifo = tmp_path / "experiment.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(AssertionError) as failed:
+        run_cli("train", "simcse", "--config", str(fifo), timeout=20)
+    text = str(failed.value)
+    assert "still ran after 20 s" in text
+    assert "load_config_file" in text and "Current thread" in text  # where its main thread waited
+    assert text.rstrip().endswith("interrupted")  # then SIGTERM stopped it as Ctrl-C does
 
 
 def test_evaluate_cli_table_and_json(tiny_model, tmp_path):
