@@ -88,15 +88,13 @@ def _terminate_as_interrupt(signum, frame) -> None:
         raise KeyboardInterrupt
 
 
-STACKS_SIGNAL = getattr(signal, "SIGUSR2", None)  # Tune claims SIGUSR1; Ray's dashboard dumps its loop on USR2 too
-
-
-def _dump_stacks_on(signum) -> None:
-    """The process's own stderr (``sys.__stderr__``): a captured ``sys.stderr`` has no descriptor."""
-    if signum is None or sys.__stderr__ is None:
+def _dump_stacks_on_sigusr2() -> None:
+    """``kill -USR2 PID``: every thread's stack to the process's own stderr (``sys.__stderr__``: a
+    captured ``sys.stderr`` has no descriptor). SIGUSR1 is Tune's; Ray's dashboard dumps on USR2 too."""
+    if not hasattr(signal, "SIGUSR2") or sys.__stderr__ is None:
         return
     try:
-        faulthandler.register(signum, file=sys.__stderr__, all_threads=True, chain=False)
+        faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True, chain=False)
     except (AttributeError, OSError, ValueError):  # no descriptor at all (an embedding host)
         pass
 
@@ -109,7 +107,7 @@ def cli_main(fn):
     @functools.wraps(fn)
     def wrapper(argv=None):
         apply_defaults()  # before anything imports Ray, which reads some of them then
-        _dump_stacks_on(STACKS_SIGNAL)
+        _dump_stacks_on_sigusr2()
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         try:
             return fn(argv)

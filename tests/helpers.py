@@ -27,24 +27,23 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: int = 600
     its threads waits (its stacks, dumped on SIGUSR2), then is stopped as ``kill`` stops it."""
     import signal
 
-    argv = [sys.executable, "-m", f"platform.{module}", *args]
-    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_cli(module, *args, env=env, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGUSR2)
         time.sleep(2)
-        proc.terminate()  # SIGTERM: the command closes its runs, its Ray instance ends with it
+        proc.terminate()  # SIGTERM: the command closes its runs as on Ctrl-C
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            kill_group(proc)
             out, err = proc.communicate()
+        kill_group(proc)
         raise AssertionError(f"`python -m platform.{module} {' '.join(args)}` still ran after {timeout} s; its threads "
                              f"then, and what it printed:\n--- stdout (last 40 lines) ---\n{_tail(out, 40)}\n"
                              f"--- stderr (last 120 lines) ---\n{_tail(err, 120)}") from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _tail(text: str | None, lines: int) -> str:
