@@ -115,6 +115,10 @@ def check_account(values: dict[str, str], source: str) -> None:
             raise ConfigError(f"{source}: set {key} ({REQUIRED[key]})")
     if len(values["MLFLOW_TRACKING_PASSWORD"]) < MIN_PASSWORD:
         raise ConfigError(f"{source}: MLFLOW_TRACKING_PASSWORD must have at least {MIN_PASSWORD} characters")
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        if values[key] != values[key].strip() or any(c in values[key] for c in "\r\n"):
+            raise ConfigError(f"{source}: {key} cannot begin or end with a blank or hold a line break (MLflow's "
+                              "configuration file would change it)")
 
 
 def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
@@ -295,12 +299,19 @@ def write_mlflow_auth(path: Path, username: str, password: str, database_uri: st
         database_uri = f"sqlite:///{path.parent.resolve() / 'basic_auth.db'}"
     text = ("[mlflow]\n"
             "default_permission = NO_PERMISSIONS\n"
-            f"database_uri = {database_uri}\n"
-            f"admin_username = {username}\n"
-            f"admin_password = {password}\n"
+            f"database_uri = {ini(database_uri)}\n"
+            f"admin_username = {ini(username)}\n"
+            f"admin_password = {ini(password)}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
             f"auth_cache_ttl_seconds = {cache_ttl_s}\n")
     return write_private(path, text)
+
+
+def ini(value: str) -> str:
+    """``value`` written so that MLflow's reader of ``basic_auth.ini`` (``configparser.ConfigParser()``,
+    which interpolates) returns it as it is: a ``%`` doubled (check_account refuses what an INI
+    value cannot hold: surrounding blanks, line breaks)."""
+    return value.replace("%", "%%")
 
 
 @cli_main

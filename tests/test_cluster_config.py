@@ -342,3 +342,99 @@ def test_a_cluster_node_refuses_a_local_mlflow_store(monkeypatch):
     monkeypatch.delenv("PLATFORM_CLUSTER")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/x.db")
     assert tracking_uri() == "sqlite:////tmp/x.db"
+
+
+def _rendered(tmp_path, **values) -> dict:
+    from platform.cluster import render
+    from platform.cluster_aws import Access
+
+    access = Access("sg-0123456789abcdef0", "arn:aws:iam::1:instance-profile/h", "arn:aws:iam::1:instance-profile/w")
+    out = render(ROOT / "cluster.yaml", _env_file(tmp_path, **values), tmp_path / "r.yaml", access)
+    return yaml.safe_load(out.read_text())
+
+
+def test_every_worker_type_gets_the_nodes_python_before_its_lock(tmp_path):
+    """A node type's own ``worker_setup_commands`` replace the global ``setup_commands`` and
+    ``worker_setup_commands`` (Ray's schema): resolved by Ray's autoscaler itself, every worker
+    type's commands make uv, the stated Python and ~/venv before the first use of ``~/venv/bin``,
+    and install a lock (the CPU worker's used to start with ``~/venv/bin/pip``: no such file)."""
+    from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig
+
+    rendered = _rendered(tmp_path)
+    config = AutoscalingConfig(rendered, skip_content_hash=True)
+    for node_type in ("gpu_worker", "cpu_worker"):
+        commands = config.get_worker_setup_commands(node_type)
+        made = next(i for i, c in enumerate(commands) if "uv venv --seed --clear --python 3.11" in c)
+        used = next(i for i, c in enumerate(commands) if "~/venv/bin/pip install" in c)
+        assert made < used, node_type
+        assert any("requirements/cpu.txt" in c and "requirements/cuda.txt" in c for c in commands[used:]), node_type
+    assert all("worker_setup_commands" not in node for node in rendered["available_node_types"].values())
+
+
+def test_the_lock_follows_the_hardware_and_a_driver_that_cannot_run_it_is_one_line(tmp_path):
+    """The one worker list installs torch's CPU build where no NVIDIA driver is and its CUDA build
+    where one is; a driver too old for the lock's CUDA stops the node's setup with one line that names
+    both versions. Run as the launcher runs it, in a HOME whose ``~/venv/bin/pip`` records its
+    arguments and whose ``nvidia-smi`` says driver 470.57 (no real GPU here: torch finds no CUDA)."""
+    from ray.autoscaler._private.command_runner import _with_interactive
+
+    rendered = _rendered(tmp_path)
+    lock = next(c for c in rendered["worker_setup_commands"] if "requirements/" in c)
+    home = tmp_path / "node"
+    bin_dir = home / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$@" >> {home}/pip.log\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {__import__("sys").executable} "$@"\n')
+    drivers = tmp_path / "driver-bin"
+    drivers.mkdir()
+    (drivers / "nvidia-smi").write_text("#!/bin/sh\necho 470.57.02\n")
+    for script in [*bin_dir.iterdir(), drivers / "nvidia-smi"]:
+        script.chmod(0o755)
+    skeleton = Path("/etc/skel/.bashrc").read_text()
+
+    def setup(driver: bool) -> subprocess.CompletedProcess:
+        # The login shell's /etc/profile sets PATH anew: the driver's folder comes from the image's ~/.bashrc.
+        (home / ".bashrc").write_text((f"export PATH={drivers}:$PATH\n" if driver else "") + skeleton)
+        (home / "pip.log").unlink(missing_ok=True)
+        return subprocess.run(["bash", "-c", "exec " + " ".join(_with_interactive(lock))], cwd=home, capture_output=True,
+                              text=True, timeout=120, env={"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb"})
+
+    cpu = setup(driver=False)
+    assert cpu.returncode == 0, cpu.stderr[-2000:]
+    assert "requirements/torch-cpu.txt" in (home / "pip.log").read_text() and "cuda" not in (home / "pip.log").read_text()
+    gpu = setup(driver=True)
+    assert gpu.returncode != 0 and "requirements/cuda.txt" in (home / "pip.log").read_text()
+    import torch
+
+    line = f"this node's NVIDIA driver 470.57.02 does not run the lock's torch {torch.__version__} built for CUDA"
+    assert line in gpu.stderr and "Traceback" not in gpu.stderr, gpu.stderr[-2000:]
+
+
+def test_every_node_requires_imdsv2(tmp_path):
+    """Instance metadata only with a session token (IMDSv2) on every node: a request forged through
+    a job's HTTP client cannot read the role's credentials."""
+    for node in _rendered(tmp_path)["available_node_types"].values():
+        assert node["node_config"]["MetadataOptions"] == {"HttpTokens": "required", "HttpEndpoint": "enabled"}
+
+
+@pytest.mark.parametrize("password", ["percent%sign-100%", "%(admin_username)s-long", "has spaces inside it"])
+def test_an_mlflow_password_reaches_the_server_as_written(password, tmp_path, monkeypatch):
+    """MLflow reads basic_auth.ini with ``configparser.ConfigParser()``, whose interpolation made a
+    ``%`` in the password kill the server at start: MLflow's own reader returns it as written."""
+    from mlflow.server.auth.config import read_auth_config
+
+    from platform.cluster import write_mlflow_auth
+
+    uri = "postgresql://mlflow:p%40ss@db.internal:5432/mlflow"
+    path = write_mlflow_auth(tmp_path / "basic_auth.ini", "admin%user", password, uri)
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(path))
+    config = read_auth_config()
+    assert (config.admin_username, config.admin_password, config.database_uri) == ("admin%user", password, uri)
+
+
+def test_a_password_the_ini_file_cannot_hold_is_refused_before_anything_is_made(tmp_path, cli):
+    env_file = _env_file(tmp_path)
+    env_file.write_text(env_file.read_text() + 'MLFLOW_TRACKING_PASSWORD=" correct-horse-battery-staple"\n')
+    proc = cli("cluster", "render", "--env-file", str(env_file))
+    assert proc.returncode == 2 and "MLFLOW_TRACKING_PASSWORD cannot begin or end with a blank" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / ".cluster").exists()
