@@ -33,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -64,9 +65,23 @@ NODE_ENV = "~/platform-env.sh"  # every shell and Ray process on a node reads it
 # not synced) and MLflow's database when it made it. Node commands read it beside cluster.env.
 UP_FILE = "~/platform-up.env"
 DB_PASSWORD = "MLFLOW_DB_PASSWORD_PARAMETER"
+PROVIDER = "PLATFORM_CLUSTER_PROVIDER"  # in UP_FILE: local (your machines) or, absent, aws
 MLFLOW_DBS = ("rds", "head")
 # IAM role names take 64 characters; "-worker" and "-head" are added to the name.
 CLUSTER_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
+# What both providers run of cluster.yaml: the commands, in Ray's order, and what is synced.
+SHARED = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+          "head_start_ray_commands", "worker_start_ray_commands", "file_mounts", "rsync_exclude", "cluster_synced_files",
+          "idle_timeout_minutes")
+
+
+@dataclass
+class Hosts:
+    """Your own machines (``--provider local``): the head's address, the workers', and how to SSH there."""
+    head: str
+    workers: tuple[str, ...]
+    user: str
+    key: Path
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -85,10 +100,16 @@ def read_env(path: Path) -> dict[str, str]:
     return values
 
 
-def check_settings(values: dict[str, str], source: str) -> None:
+def check_settings(values: dict[str, str], source: str, provider: str = "aws") -> None:
     for key, what in REQUIRED.items():
-        if not values.get(key):
+        if not values.get(key) and not (provider == "local" and key == "SSH_ALLOWED_CIDR"):
             raise ConfigError(f"{source}: set {key} ({what})")
+    if provider == "local":
+        if mlflow_db(values) == "rds":
+            raise ConfigError(f"{source}: on your own machines MLflow's database is SQLite on the head (MLFLOW_DB=head) "
+                              "or your PostgreSQL (MLFLOW_BACKEND_STORE_URI): set one")
+        check_common(values, source)
+        return
     try:
         network = ipaddress.ip_network(values["SSH_ALLOWED_CIDR"], strict=False)
     except ValueError:
@@ -97,6 +118,10 @@ def check_settings(values: dict[str, str], source: str) -> None:
     if network.prefixlen == 0 and values.get("SSH_ALLOW_ANYWHERE") != "yes":
         raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={network} opens SSH to the whole internet; give your network's "
                           "range, or set SSH_ALLOW_ANYWHERE=yes if that is meant")
+    check_common(values, source)
+
+
+def check_common(values: dict[str, str], source: str) -> None:
     if not CLUSTER_NAME.fullmatch(values["CLUSTER_NAME"]):
         raise ConfigError(f"{source}: CLUSTER_NAME={values['CLUSTER_NAME']!r} must be 1-40 lowercase letters, digits and "
                           "hyphens, starting with a letter (it names IAM roles and the security group)")
@@ -139,13 +164,33 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
     for node in cfg["available_node_types"].values():  # cost allocation: every instance and disk names its cluster
         node["node_config"]["TagSpecifications"] = [{"ResourceType": kind, "Tags": cost_tags(values["CLUSTER_NAME"])}
                                                     for kind in ("instance", "volume")]
-    cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
     # boto3 on the nodes (the database password, the backup, the bill) reads the region from here.
-    learnt = {settings.GIT_COMMIT: git_commit(), "AWS_DEFAULT_REGION": cfg["provider"]["region"]}
+    learnt = {"AWS_DEFAULT_REGION": cfg["provider"]["region"]}
     if access.database_uri:
         learnt.update({"MLFLOW_BACKEND_STORE_URI": access.database_uri, DB_PASSWORD: access.password_parameter})
-    text = "".join(f"{k}={v}\n" for k, v in learnt.items())
-    # Before setup (restore-db reads it) and before each start (ray up --restart-only runs no setup).
+    return write_rendered(cfg, config, learnt, out)
+
+
+def render_local(config: Path, env_file: Path, out: Path, hosts: Hosts) -> Path:
+    """``config``'s commands, file mounts and synced files, unchanged, for Ray's on-premise provider
+    (``provider: type: local``): the head and workers are ``hosts``' machines, reached over SSH as
+    ``hosts.user`` with ``hosts.key``. Ray's local provider has one worker type: the workers' setup
+    picks the lock by their hardware (cluster.yaml), so GPU and CPU machines can be mixed."""
+    values = read_settings(env_file, "local")
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    local = {key: cfg[key] for key in SHARED if key in cfg}
+    local.update(cluster_name=values["CLUSTER_NAME"],
+                 provider={"type": "local", "head_ip": hosts.head, "worker_ips": list(hosts.workers)},
+                 auth={"ssh_user": hosts.user, "ssh_private_key": str(hosts.key)})
+    return write_rendered(local, config, {PROVIDER: "local"}, out)
+
+
+def write_rendered(cfg: dict, config: Path, learnt: dict[str, str], out: Path) -> Path:
+    """``cfg`` at ``out``: the repository's absolute path as the synced folder, and the commit
+    synced and what ``up`` learnt (``learnt``) written to ``UP_FILE`` before setup (restore-db reads
+    it) and before each start (``ray up --restart-only`` runs no setup)."""
+    cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
+    text = "".join(f"{k}={v}\n" for k, v in {settings.GIT_COMMIT: git_commit(), **learnt}.items())
     for key in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
         cfg[key] = [f"printf %s {shlex.quote(text)} > {UP_FILE}", *cfg[key]]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -167,9 +212,9 @@ def rendered_path(config: Path) -> Path:
     return config.resolve().parent / ".cluster" / config.name
 
 
-def read_settings(env_file: Path) -> dict[str, str]:
+def read_settings(env_file: Path, provider: str = "aws") -> dict[str, str]:
     values = read_env(env_file)
-    check_settings(values, str(env_file))
+    check_settings(values, str(env_file), provider)
     return values
 
 
@@ -247,10 +292,10 @@ def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str
 
 def node_settings(env_file: Path, home: Path | None = None) -> dict[str, str]:
     """cluster.env with what ``up`` learnt (``UP_FILE``), as a node's commands see them."""
-    values = read_settings(env_file)
-    learnt = Path(UP_FILE.replace("~", str(home or Path.home()), 1))
-    if learnt.is_file():
-        values.update(read_env(learnt))
+    learnt_file = Path(UP_FILE.replace("~", str(home or Path.home()), 1))
+    learnt = read_env(learnt_file) if learnt_file.is_file() else {}
+    values = read_settings(env_file, learnt.get(PROVIDER, "aws"))
+    values.update(learnt)
     return values
 
 
@@ -314,6 +359,24 @@ def ini(value: str) -> str:
     return value.replace("%", "%%")
 
 
+def provider_of(args) -> str:
+    """``--provider``, except that ``down`` takes down what was rendered last."""
+    rendered = rendered_path(args.config)
+    if args.command == "down" and rendered.is_file():
+        return yaml.safe_load(rendered.read_text(encoding="utf-8"))["provider"]["type"]
+    return args.provider
+
+
+def local_hosts(args) -> Hosts:
+    if not args.head:
+        raise ConfigError("--provider local needs --head ADDRESS (and --workers A,B,... for workers)")
+    if not args.ssh_key.is_file():
+        raise ConfigError(f"--ssh-key {args.ssh_key}: no such file (the private key whose public half is in "
+                          f"~{args.ssh_user}/.ssh/authorized_keys on every machine)")
+    workers = tuple(w.strip() for w in args.workers.split(",") if w.strip())
+    return Hosts(args.head, workers, args.ssh_user, args.ssh_key.resolve())
+
+
 @cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m platform.cluster", description=__doc__.splitlines()[0])
@@ -327,6 +390,13 @@ def main(argv=None) -> int:
     p.add_argument("--discard-mlflow-db", action="store_true", help="down: terminate the head with its database")
     p.add_argument("--role", choices=["head", "worker"], default="head", help="node-env: which node's environment")
     p.add_argument("--head-ip", default="127.0.0.1", help="node-env: the head's private address")
+    p.add_argument("--provider", choices=["aws", "local"], default="aws",
+                   help="up/render: AWS (default), or your own machines over SSH (Ray's on-premise provider)")
+    p.add_argument("--head", help="--provider local: the head machine's address")
+    p.add_argument("--workers", default="", help="--provider local: the worker machines' addresses, comma-separated")
+    p.add_argument("--ssh-user", default=os.environ.get("USER", "ubuntu"), help="--provider local: the SSH account")
+    p.add_argument("--ssh-key", type=Path, default=Path("~/.ssh/id_ed25519").expanduser(),
+                   help="--provider local: the SSH private key (its account's authorized key on every machine)")
     args, ray_args = p.parse_known_args(argv)
     if args.command == "mlflow-auth":
         check_account(dict(os.environ), "environment (cluster.env)")
@@ -343,7 +413,7 @@ def main(argv=None) -> int:
     if args.command in ("node-env", "restore-db", "pgpass"):  # on a node: with what up learnt
         values = node_settings(args.env_file)
     else:
-        values = read_settings(args.env_file)
+        values = read_settings(args.env_file, provider_of(args))
     if args.command == "node-env":
         sys.stdout.write(node_env(values, args.role, args.head_ip, Path.home()))
         return 0
@@ -362,7 +432,10 @@ def main(argv=None) -> int:
     rendered = rendered_path(args.config)
     if args.command == "down" and rendered.is_file():
         return down(rendered, values, ray_args, args.backup_to, args.discard_mlflow_db)
-    render(args.config, args.env_file, rendered, provision_for(args.config, values))
+    if args.provider == "local":
+        render_local(args.config, args.env_file, rendered, local_hosts(args))
+    else:
+        render(args.config, args.env_file, rendered, provision_for(args.config, values))
     print(f"rendered {rendered}")
     if args.command == "render":
         return 0

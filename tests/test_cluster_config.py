@@ -438,3 +438,42 @@ def test_a_password_the_ini_file_cannot_hold_is_refused_before_anything_is_made(
     proc = cli("cluster", "render", "--env-file", str(env_file))
     assert proc.returncode == 2 and "MLFLOW_TRACKING_PASSWORD cannot begin or end with a blank" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / ".cluster").exists()
+
+
+def test_your_own_machines_run_the_same_commands(tmp_path, cli):
+    """``--provider local`` renders Ray's on-premise provider with cluster.yaml's commands, file
+    mounts and synced files unchanged (one source for both targets), valid for Ray's schema and
+    its on-premise preparation; the nodes' commands learn the provider (no AWS settings asked)."""
+    import ray.autoscaler
+    from ray.autoscaler._private.local.config import prepare_local
+    from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig
+
+    from platform.cluster import SHARED, Hosts, node_settings, render_local
+
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read here")
+    aws = _rendered(tmp_path)
+    env_file = _env_file(tmp_path, SSH_ALLOWED_CIDR=None, MLFLOW_DB="head")
+    hosts = Hosts("10.1.0.2", ("10.1.0.3", "10.1.0.4"), "alice", key)
+    local = yaml.safe_load(render_local(ROOT / "cluster.yaml", env_file, tmp_path / "l.yaml", hosts).read_text())
+    assert local["provider"] == {"type": "local", "head_ip": "10.1.0.2", "worker_ips": ["10.1.0.3", "10.1.0.4"]}
+    assert local["auth"] == {"ssh_user": "alice", "ssh_private_key": str(key)}
+    for field in SHARED:
+        if field.endswith("_commands") and field in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
+            assert local[field][1:] == aws[field][1:], field  # after the line that writes what up learnt
+        elif field in aws:
+            assert local[field] == aws[field], field
+    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    jsonschema.validate(local, schema)
+    prepared, _ = prepare_local(local)
+    assert prepared["available_node_types"]["local.cluster.node"]["max_workers"] == 2
+    worker = AutoscalingConfig(local, skip_content_hash=True).get_worker_setup_commands("local.cluster.node")
+    assert any("uv venv" in c for c in worker) and any("requirements/cpu.txt" in c for c in worker)
+    # A node's commands: the provider from what up wrote, so cluster.env needs no SSH range.
+    home = tmp_path / "home"
+    home.mkdir()
+    subprocess.run(["bash", "-c", local["setup_commands"][0]], cwd=home, env={"HOME": str(home)}, check=True)
+    assert node_settings(env_file, home)["PLATFORM_CLUSTER_PROVIDER"] == "local"
+    proc = cli("cluster", "render", "--provider", "local", "--env-file", str(_env_file(tmp_path, SSH_ALLOWED_CIDR=None)),
+               "--head", "10.1.0.2", "--ssh-key", str(key))
+    assert proc.returncode == 2 and "MLFLOW_DB=head" in proc.stderr and "Traceback" not in proc.stderr
