@@ -39,8 +39,8 @@ from pathlib import Path
 import yaml
 
 from platform import settings
-from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifier, mlflow_db, provision, read_password,
-                                  s3_location, settle)
+from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifier, kept_after_down, mlflow_db,
+                                  provision, read_password, s3_location, settle, terminate_instances)
 from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
 from platform.tracking.store import DATABASE_SCHEMES, git_commit
@@ -65,6 +65,7 @@ NODE_ENV = "~/platform-env.sh"  # every shell and Ray process on a node reads it
 # not synced) and MLflow's database when it made it. Node commands read it beside cluster.env.
 UP_FILE = "~/platform-up.env"
 DB_PASSWORD = "MLFLOW_DB_PASSWORD_PARAMETER"
+NODE_PYTHON_DEFAULT = "3.11.18"  # the nodes' CPython as cluster.yaml states it; cluster.env's NODE_PYTHON replaces it
 PROVIDER = "PLATFORM_CLUSTER_PROVIDER"  # in UP_FILE: local (your machines) or, absent, aws
 MLFLOW_DBS = ("rds", "head")
 # IAM role names take 64 characters; "-worker" and "-head" are added to the name.
@@ -122,6 +123,9 @@ def check_settings(values: dict[str, str], source: str, provider: str = "aws") -
 
 
 def check_common(values: dict[str, str], source: str) -> None:
+    if values.get("NODE_PYTHON") and not re.fullmatch(r"3\.11\.\d+", values["NODE_PYTHON"]):
+        raise ConfigError(f"{source}: NODE_PYTHON={values['NODE_PYTHON']!r} must be a CPython 3.11 release such as "
+                          f"{NODE_PYTHON_DEFAULT} (the lock is resolved for 3.11)")
     if not CLUSTER_NAME.fullmatch(values["CLUSTER_NAME"]):
         raise ConfigError(f"{source}: CLUSTER_NAME={values['CLUSTER_NAME']!r} must be 1-40 lowercase letters, digits and "
                           "hyphens, starting with a letter (it names IAM roles and the security group)")
@@ -168,7 +172,7 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
     learnt = {"AWS_DEFAULT_REGION": cfg["provider"]["region"]}
     if access.database_uri:
         learnt.update({"MLFLOW_BACKEND_STORE_URI": access.database_uri, DB_PASSWORD: access.password_parameter})
-    return write_rendered(cfg, config, learnt, out)
+    return write_rendered(cfg, config, learnt, out, values.get("NODE_PYTHON"))
 
 
 def render_local(config: Path, env_file: Path, out: Path, hosts: Hosts) -> Path:
@@ -182,13 +186,16 @@ def render_local(config: Path, env_file: Path, out: Path, hosts: Hosts) -> Path:
     local.update(cluster_name=values["CLUSTER_NAME"],
                  provider={"type": "local", "head_ip": hosts.head, "worker_ips": list(hosts.workers)},
                  auth={"ssh_user": hosts.user, "ssh_private_key": str(hosts.key)})
-    return write_rendered(local, config, {PROVIDER: "local"}, out)
+    return write_rendered(local, config, {PROVIDER: "local"}, out, values.get("NODE_PYTHON"))
 
 
-def write_rendered(cfg: dict, config: Path, learnt: dict[str, str], out: Path) -> Path:
-    """``cfg`` at ``out``: the repository's absolute path as the synced folder, and the commit
-    synced and what ``up`` learnt (``learnt``) written to ``UP_FILE`` before setup (restore-db reads
-    it) and before each start (``ray up --restart-only`` runs no setup)."""
+def write_rendered(cfg: dict, config: Path, learnt: dict[str, str], out: Path, python: str | None = None) -> Path:
+    """``cfg`` at ``out``: the repository's absolute path as the synced folder, the nodes' CPython
+    release ``python`` (NODE_PYTHON) where cluster.yaml states ``NODE_PYTHON_DEFAULT``, and the
+    commit synced and what ``up`` learnt (``learnt``) written to ``UP_FILE`` before setup
+    (restore-db reads it) and before each start (``ray up --restart-only`` runs no setup)."""
+    if python:
+        cfg["setup_commands"] = [c.replace(NODE_PYTHON_DEFAULT, python) for c in cfg["setup_commands"]]
     cfg["file_mounts"] = {remote: str((config.parent / local).resolve()) for remote, local in cfg["file_mounts"].items()}
     text = "".join(f"{k}={v}\n" for k, v in {settings.GIT_COMMIT: git_commit(), **learnt}.items())
     for key in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
@@ -241,8 +248,8 @@ def aws_call(what: str, fn, *args):
 def down(rendered: Path, values: dict[str, str], ray_args: list[str], backup_to: str | None, discard: bool) -> int:
     """``ray down``, after the head's MLflow database is safe (or its loss was asked for)."""
     if mlflow_db(values) == "rds":
-        print(f"MLflow's database {db_identifier(values['CLUSTER_NAME'])} (RDS) is kept: runs, models and accounts "
-              "stay for the next up")
+        print(f"MLflow's database {db_identifier(values['CLUSTER_NAME'])} (RDS) stays: runs, models and accounts "
+              "for the next up")
     elif on_head(values.get("MLFLOW_BACKEND_STORE_URI")) and not discard:
         uri = backup_to or db_backup_uri(values)
         s3_location(uri, "--backup-to")
@@ -254,7 +261,23 @@ def down(rendered: Path, values: dict[str, str], ray_args: list[str], backup_to:
                                "--discard-mlflow-db if losing every run's record is meant")
     elif discard:
         print("the head's MLflow database goes with it (--discard-mlflow-db)")
-    return subprocess.call(["ray", "down", str(rendered), *ray_args])
+    code = subprocess.call(["ray", "down", str(rendered), *ray_args])
+    if code != 0:
+        return code
+    cfg = yaml.safe_load(rendered.read_text(encoding="utf-8"))
+    if cfg["provider"]["type"] == "aws":
+        terminate_all(values, cfg["provider"]["region"])
+    return 0
+
+
+def terminate_all(values: dict[str, str], region: str) -> None:
+    """Every instance of the cluster terminated (``ray down`` stops them: cache_stopped_nodes), and
+    what stays billed, said."""
+    ids = aws_call("terminating the cluster's instances", terminate_instances, values["CLUSTER_NAME"], region)
+    print(f"terminated {len(ids)} instance(s) of {values['CLUSTER_NAME']}, their disks with them" if ids else
+          f"no instance of {values['CLUSTER_NAME']} left to terminate")
+    for line in kept_after_down(values):
+        print(f"kept: {line}")
 
 
 def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str:
@@ -432,6 +455,13 @@ def main(argv=None) -> int:
     rendered = rendered_path(args.config)
     if args.command == "down" and rendered.is_file():
         return down(rendered, values, ray_args, args.backup_to, args.discard_mlflow_db)
+    if args.command == "down" and args.provider == "aws" and mlflow_db(values) != "head":
+        # Nothing rendered here and no database on a head to back up: Ray's launcher is not needed
+        # (and rendering would make the cluster's database just to tear it down).
+        region = region_of(args.config)
+        print(f"no {rendered} here: terminating the instances {values['CLUSTER_NAME']} has in {region}")
+        terminate_all(values, region)
+        return 0
     if args.provider == "local":
         render_local(args.config, args.env_file, rendered, local_hosts(args))
     else:

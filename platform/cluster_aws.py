@@ -280,6 +280,44 @@ def mlflow_db(values: dict[str, str]) -> str:
     return values.get("MLFLOW_DB") or "rds"
 
 
+# What stays billed after down, in us-west-2's on-demand prices (per month of 730 hours): the
+# database instance and its gp3 storage; automated backups up to the database's size are free.
+DB_MONTHLY_USD = {"db.t4g.micro": 0.016 * 730}
+DB_STORAGE_MONTHLY_USD_PER_GB = 0.115
+RAY_CLUSTER_TAG = "ray-cluster-name"  # Ray's launcher tags every instance it makes with the cluster's name
+
+
+def terminate_instances(cluster_name: str, region: str, session=None) -> list[str]:
+    """Terminate every instance of ``cluster_name`` that is not already gone: running, or stopped
+    by Ray's provider (cache_stopped_nodes: stopped nodes and their disks bill on), of this
+    configuration or an older one. Returns their IDs, after AWS has them terminated."""
+    import boto3
+
+    ec2 = (session or boto3.session.Session(region_name=region)).client("ec2", region_name=region)
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+        {"Name": f"tag:{RAY_CLUSTER_TAG}", "Values": [cluster_name]},
+        {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
+    ids = [i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    if ids:
+        ec2.terminate_instances(InstanceIds=ids)
+        ec2.get_waiter("instance_terminated").wait(InstanceIds=ids, WaiterConfig={"Delay": 5, "MaxAttempts": 120})
+    return ids
+
+
+def kept_after_down(values: dict[str, str]) -> list[str]:
+    """What ``down`` leaves billed, each with what it costs a month."""
+    kept = []
+    if mlflow_db(values) == "rds":
+        monthly = DB_MONTHLY_USD[DB_INSTANCE_CLASS] + DB_STORAGE_GB * DB_STORAGE_MONTHLY_USD_PER_GB
+        kept.append(f"MLflow's database {db_identifier(values['CLUSTER_NAME'])} (RDS {DB_INSTANCE_CLASS}, {DB_STORAGE_GB} GB): "
+                    f"about ${monthly:.0f} a month; delete it in the RDS console (deletion protection is on) when its "
+                    "runs are no longer wanted")
+    buckets = sorted({s3_location(values[k], k)[0] for k in ("RUNS_URI", "MLFLOW_ARTIFACTS_DESTINATION") if values.get(k)})
+    kept.append(f"the bucket(s) {', '.join(buckets)}: checkpoints, artifacts and backups, billed by S3 per GB stored "
+                "(about $0.023 per GB a month)")
+    return kept
+
+
 def read_password(parameter: str, region: str | None) -> str:
     import boto3
 

@@ -628,3 +628,41 @@ def test_a_sweeps_bill_is_each_instance_from_its_launch_to_its_stop(account, tmp
     assert bill["billed_node_hours/cpu_worker"] < 0.02
     assert bill["billed_node_hours"] == pytest.approx(bill["billed_node_hours/gpu_worker"]
                                                       + bill["billed_node_hours/cpu_worker"])
+
+
+def test_down_terminates_every_instance_of_the_cluster_and_says_what_stays_billed(account, tmp_path, cli):
+    """Ray's provider stops nodes (cache_stopped_nodes), the head's too in ``ray down``, and their
+    disks bill on: ``down`` terminates every instance of the cluster, running or stopped, of this
+    configuration or an older one, leaves another cluster's alone, and names what stays billed
+    (the database, the bucket) with its monthly cost. Without a rendered config it needs no
+    launcher and makes nothing (rendering would make the RDS database just to tear it down)."""
+    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
+
+    from platform.cluster_aws import provision
+
+    config = _bootstrapped(tmp_path, provision(_settings(MLFLOW_DB="head"), "contrastive-platform", REGION))
+    node = config["available_node_types"]["cpu_worker"]["node_config"]
+
+    def launch(cluster: str, launch_config: str) -> tuple[str, AWSNodeProvider]:
+        provider = AWSNodeProvider(config["provider"], cluster)
+        (made,) = provider.create_node(node, {"ray-node-type": "worker", "ray-user-node-type": "cpu_worker",
+                                              "ray-node-name": "w", "ray-launch-config": launch_config}, 1)
+        return made, provider
+
+    stopped, provider = launch("contrastive-platform", "older-config")
+    provider.terminate_node(stopped)  # stopped, not terminated
+    running, _ = launch("contrastive-platform", "this-config")
+    other, _ = launch("someone-else", "this-config")
+    _ec2().get_waiter("instance_stopped").wait(InstanceIds=[stopped])
+    proc = cli("cluster", "down", "--config", str(ROOT / "cluster.yaml"), "--env-file", str(_env_file(tmp_path)),
+               env={"HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    states = {i["InstanceId"]: i["State"]["Name"] for r in _ec2().describe_instances()["Reservations"]
+              for i in r["Instances"]}
+    assert states[stopped] == states[running] == "terminated" and states[other] != "terminated"
+    assert "terminated 2 instance(s) of contrastive-platform" in proc.stdout
+    assert "kept: MLflow's database contrastive-platform-mlflow (RDS db.t4g.micro, 20 GB): about $14 a month" in proc.stdout
+    assert f"kept: the bucket(s) {BUCKET}" in proc.stdout
+    import boto3
+
+    assert boto3.client("rds", region_name=REGION).describe_db_instances()["DBInstances"] == []  # nothing made

@@ -477,3 +477,16 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     proc = cli("cluster", "render", "--provider", "local", "--env-file", str(_env_file(tmp_path, SSH_ALLOWED_CIDR=None)),
                "--head", "10.1.0.2", "--ssh-key", str(key))
     assert proc.returncode == 2 and "MLFLOW_DB=head" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_nodes_python_is_one_setting(tmp_path, cli):
+    """cluster.yaml states the nodes' CPython where NODE_PYTHON_DEFAULT says; cluster.env's
+    NODE_PYTHON replaces every mention (install, check, venv), and only a 3.11 release is taken."""
+    from platform.cluster import NODE_PYTHON_DEFAULT
+
+    stated = " ".join(_rendered(tmp_path)["setup_commands"])
+    assert stated.count(NODE_PYTHON_DEFAULT) == 3 and f"uv python install {NODE_PYTHON_DEFAULT}" in stated
+    other = " ".join(_rendered(tmp_path, NODE_PYTHON="3.11.7")["setup_commands"])
+    assert NODE_PYTHON_DEFAULT not in other and other.count("3.11.7") == 3
+    proc = cli("cluster", "render", "--env-file", str(_env_file(tmp_path, NODE_PYTHON="3.10.12")))
+    assert proc.returncode == 2 and "must be a CPython 3.11 release" in proc.stderr

@@ -17,7 +17,7 @@ from tests.helpers import assert_user_error, run_cli
 class Server:
     """Serves ``files`` with HF-style sha256 ETags and Range support; ``mode`` injects faults."""
 
-    def __init__(self, files: dict[str, bytes]):
+    def __init__(self, files: dict[str, bytes], host: str = "127.0.0.1"):
         self.files, self.mode, self.ranges, self.heads = files, "ok", [], 0
         outer = self
 
@@ -61,13 +61,14 @@ class Server:
                     return
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer((host, 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/datasets-for-simcse"
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/datasets-for-simcse"
 
     def stop(self):
         self.httpd.shutdown()
