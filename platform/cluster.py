@@ -296,6 +296,9 @@ def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str
     if commit:
         env[settings.GIT_COMMIT] = commit
     if role == "head":
+        # MLflow's server-side jobs (seven huey consumer processes, for features this platform does
+        # not use) would take the head's CPU from the drivers, and from ray start when they start together.
+        env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
         env.update({
             settings.TRACKING_URI: f"http://{head_ip}:5000",
             settings.DATA_DIR: values.get(settings.DATA_DIR) or f"{home}/data",

@@ -10,8 +10,9 @@ bootstrap would make them open or too wide (``python -m platform.cluster up`` ca
 - two instance profiles. Workers get S3 on the run prefix (``RUNS_URI``: checkpoints, Tune state)
   and nothing else. The head also gets the MLflow artifact location and the database backup
   (its MLflow server writes them; clients go through the server), EC2 (Ray's autoscaler starts
-  and stops the workers) and ``iam:PassRole`` for the workers' role only. Ray's default head role
-  has S3 full access and cannot pass a worker role.
+  and stops the workers: only instances tagged with the cluster's name, ``autoscaler_policy``) and
+  ``iam:PassRole`` for the workers' role only. Ray's default head role has S3 full access,
+  EC2 full access (any instance of the account) and cannot pass a worker role.
 
 Existing resources can be named instead (``SECURITY_GROUP_ID``, ``HEAD_INSTANCE_PROFILE_ARN``,
 ``WORKER_INSTANCE_PROFILE_ARN`` in ``cluster.env``); a named group open to the internet is refused.
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 
 from platform.errors import ConfigError
 
-EC2_MANAGED_POLICY = "arn:aws:iam::aws:policy/AmazonEC2FullAccess"
 TRUST_EC2 = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
 OBJECT_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
@@ -265,8 +265,8 @@ def provision(values: dict[str, str], cluster_name: str, region: str, session=No
             account = session.client("sts", region_name=region).get_caller_identity()["Account"]
             head_policy.append({"Effect": "Allow", "Action": ["ssm:GetParameter"],
                                 "Resource": f"arn:aws:ssm:{region}:{account}:parameter{parameter}"})
-        head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, managed=(EC2_MANAGED_POLICY,),
-                                           tags=cost_tags(cluster_name))
+        head_policy += autoscaler_policy(cluster_name, group_id)
+        head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, tags=cost_tags(cluster_name))
         created = created or made
     return Access(group_id, head_arn, worker_arn, created, database_uri, parameter)
 
@@ -316,6 +316,31 @@ def kept_after_down(values: dict[str, str]) -> list[str]:
     kept.append(f"the bucket(s) {', '.join(buckets)}: checkpoints, artifacts and backups, billed by S3 per GB stored "
                 "(about $0.023 per GB a month)")
     return kept
+
+
+def autoscaler_policy(cluster_name: str, group_id: str) -> list[dict]:
+    """What Ray's autoscaler on the head does in EC2, on this cluster's instances only: launch them
+    into the cluster's group with the cluster's tag (render puts it on every instance and disk),
+    tag, start, stop and terminate instances that carry it (never moving the tag itself), and
+    read (EC2's Describe actions have no resource scope). Code on the head (any ``ray job
+    submit``) can touch nothing else in the account."""
+    mine = {"StringEquals": {f"aws:ResourceTag/{COST_TAG}": cluster_name}}
+    return [
+        {"Effect": "Allow", "Action": ["ec2:Describe*"], "Resource": "*"},
+        {"Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
+         "Condition": {"StringEquals": {f"aws:RequestTag/{COST_TAG}": cluster_name}}},
+        {"Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": [f"arn:aws:ec2:*:*:security-group/{group_id}", "arn:aws:ec2:*::image/*", "arn:aws:ec2:*:*:subnet/*",
+                      "arn:aws:ec2:*:*:network-interface/*", "arn:aws:ec2:*:*:key-pair/*"]},
+        {"Effect": "Allow", "Action": ["ec2:CreateTags"],
+         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
+         "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
+        {"Effect": "Allow", "Action": ["ec2:CreateTags", "ec2:DeleteTags"], "Resource": "arn:aws:ec2:*:*:instance/*",
+         "Condition": {**mine, "ForAllValues:StringNotEquals": {"aws:TagKeys": [COST_TAG]}}},
+        {"Effect": "Allow", "Action": ["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
+         "Resource": "arn:aws:ec2:*:*:instance/*", "Condition": mine},
+    ]
 
 
 def read_password(parameter: str, region: str | None) -> str:

@@ -59,6 +59,12 @@ OPERATORS = {
 
 def _condition_holds(conditions: dict, context: dict) -> bool:
     for operator, tests in conditions.items():
+        if operator.startswith("ForAllValues:"):  # every value the request carries (none: holds)
+            base = operator.split(":", 1)[1]
+            for key, wanted in tests.items():
+                if any(not _condition_holds({base: {key: wanted}}, {key: value}) for value in _as_list(context.get(key, []))):
+                    return False
+            continue
         if_exists = operator.endswith("IfExists")
         base = operator.removesuffix("IfExists")
         for key, wanted in tests.items():

@@ -166,7 +166,7 @@ def test_workers_may_use_the_run_prefix_and_nothing_else(account):
     """Least privilege, read back from IAM: the workers' role has no managed policy and S3 actions
     on RUNS_URI's objects and listing only; the head's adds MLflow's locations, EC2 for the
     autoscaler and passing the workers' role, nothing more."""
-    from platform.cluster_aws import EC2_MANAGED_POLICY, provision
+    from platform.cluster_aws import provision
 
     access = provision(_settings(), "contrastive-platform", REGION)
     iam = _iam()
@@ -183,8 +183,8 @@ def test_workers_may_use_the_run_prefix_and_nothing_else(account):
     head_objects = {r for s in head if "s3:PutObject" in s["Action"] for r in s["Resource"]}
     assert head_objects == {f"arn:aws:s3:::{BUCKET}/{p}" for p in ("runs", "runs/*", "mlflow-artifacts", "mlflow-artifacts/*",
                                                                      "mlflow-db/mlflow.db", "mlflow-db/mlflow.db/*")}
-    attached = iam.list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"]
-    assert [p["PolicyArn"] for p in attached] == [EC2_MANAGED_POLICY]
+    # EC2 for the autoscaler is the head's own statements (the cluster's instances only), no managed policy.
+    assert iam.list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"] == []
 
 
 def test_a_second_up_puts_the_group_back_and_makes_nothing_twice(account):
@@ -666,3 +666,61 @@ def test_down_terminates_every_instance_of_the_cluster_and_says_what_stays_bille
     import boto3
 
     assert boto3.client("rds", region_name=REGION).describe_db_instances()["DBInstances"] == []  # nothing made
+
+
+def test_code_on_the_head_can_touch_only_this_clusters_instances(account, tmp_path):
+    """The head's role, read back from IAM and judged by AWS's evaluation rules (tests/aws_policy.py,
+    conditions included): what Ray's AWS provider does there (describe, launch into the cluster's
+    group with the tags render gives every instance and disk, tag, start, stop, terminate, pass the
+    workers' role) is allowed; the same on another cluster's or anyone's instance, a launch without
+    the cluster's tag or into another group, moving the tag onto a foreign instance, and passing
+    another role are refused. No managed policy (AmazonEC2FullAccess was any instance's)."""
+    from platform.cluster import render
+    from platform.cluster_aws import COST_TAG, provision
+    from tests.aws_policy import Request, allowed
+
+    access = provision(_settings(), "contrastive-platform", REGION)
+    head = _statements("contrastive-platform-head")
+    rendered = yaml.safe_load(render(ROOT / "cluster.yaml", _env_file(tmp_path), tmp_path / "r.yaml", access).read_text())
+    specs = rendered["available_node_types"]["gpu_worker"]["node_config"]["TagSpecifications"]
+    launched = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]} for s in specs}
+    ours, theirs = "contrastive-platform", "someone-else"
+    instance = "arn:aws:ec2:us-west-2:123456789012:instance/i-0123456789abcdef0"
+    group = f"arn:aws:ec2:us-west-2:123456789012:security-group/{access.security_group_id}"
+
+    def run(resource: str, tags: dict) -> Request:
+        return Request("RunInstances", "ec2:RunInstances", resource,
+                       {"aws:RequestTag/" + k: v for k, v in tags.items()} | {"aws:TagKeys": list(tags)})
+
+    def on(action: str, owner: str, **context) -> Request:
+        return Request(action.split(":")[1], action, instance, {f"aws:ResourceTag/{COST_TAG}": owner, **context})
+
+    worker_role = access.worker_profile_arn.replace(":instance-profile/", ":role/")
+    may = [
+        Request("DescribeInstances", "ec2:DescribeInstances", "*"),
+        Request("DescribeInstanceTypes", "ec2:DescribeInstanceTypes", "*"),
+        run(instance, launched["instance"] | {"ray-cluster-name": ours}),
+        run("arn:aws:ec2:us-west-2:123456789012:volume/vol-0123456789abcdef0", launched["volume"]),
+        run(group, {}), run("arn:aws:ec2:us-west-2::image/ami-0d3d3d5d6c1e2c9b4", {}),
+        run("arn:aws:ec2:us-west-2:123456789012:subnet/subnet-1", {}),
+        Request("CreateTags", "ec2:CreateTags", instance, {"ec2:CreateAction": "RunInstances"}),
+        on("ec2:CreateTags", ours, **{"aws:TagKeys": ["ray-node-status"]}),
+        on("ec2:StartInstances", ours), on("ec2:StopInstances", ours), on("ec2:TerminateInstances", ours),
+        Request("PassRole", "iam:PassRole", worker_role),
+    ]
+    may_not = [
+        on("ec2:TerminateInstances", theirs), on("ec2:StopInstances", theirs),
+        Request("TerminateInstances", "ec2:TerminateInstances", instance),  # an untagged instance of the account
+        run(instance, {"ray-cluster-name": ours}),  # without the cluster's tag
+        run(instance, {COST_TAG: theirs}),
+        run("arn:aws:ec2:us-west-2:123456789012:security-group/sg-0ffffffffffffffff", {}),
+        on("ec2:CreateTags", theirs, **{"aws:TagKeys": [COST_TAG]}),
+        on("ec2:CreateTags", ours, **{"aws:TagKeys": [COST_TAG]}),
+        Request("CreateTags", "ec2:CreateTags", instance, {"aws:TagKeys": [COST_TAG]}),
+        Request("AuthorizeSecurityGroupIngress", "ec2:AuthorizeSecurityGroupIngress", group),
+        Request("CreateSnapshot", "ec2:CreateSnapshot", "arn:aws:ec2:us-west-2::snapshot/*"),
+        Request("PassRole", "iam:PassRole", "arn:aws:iam::123456789012:role/admin"),
+    ]
+    assert [str(r) for r in may if not allowed(head, r)] == []
+    assert [str(r) for r in may_not if allowed(head, r)] == []
+    assert _iam().list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"] == []
