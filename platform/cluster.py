@@ -1,4 +1,4 @@
-"""``python -m platform.cluster up|down|render [ray options]``: ``cluster.yaml`` with the settings of
+"""``python -m platform.cluster up|down|render|tunnel [ray options]``: ``cluster.yaml`` with the settings of
 ``cluster.env`` and the AWS resources the platform makes for it, closed by default.
 
 ``cluster.yaml`` cannot read ``cluster.env`` (Ray's launcher substitutes nothing): its security
@@ -40,7 +40,7 @@ import yaml
 
 from platform import settings
 from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifier, kept_after_down, mlflow_db,
-                                  provision, read_password, s3_location, settle, terminate_instances)
+                                  provision, read_password, resolve_images, s3_location, settle, terminate_instances)
 from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
 from platform.tracking.store import DATABASE_SCHEMES, git_commit
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {
     "CLUSTER_NAME": "this cluster's name, unique in the AWS account (e.g. platform-alice): it names Ray's cluster, "
                     "its security group and roles",
-    "SSH_ALLOWED_CIDR": "the address range allowed to SSH to the head (your network, e.g. 198.51.100.0/24)",
+    "SSH_ALLOWED_CIDR": "the address range allowed to SSH to the head (your network, e.g. your address /32)",
     "MLFLOW_TRACKING_USERNAME": "the MLflow server's admin account",
     "MLFLOW_TRACKING_PASSWORD": "the MLflow server's admin password",
     "MLFLOW_ARTIFACTS_DESTINATION": "an s3:// location for MLflow's artifacts",
@@ -60,6 +60,7 @@ PLACEHOLDERS = {"${SECURITY_GROUP_ID}": "security_group_id", "${HEAD_INSTANCE_PR
                 "${WORKER_INSTANCE_PROFILE_ARN}": "worker_profile_arn"}
 HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its SQLite database
 MIN_PASSWORD = 12
+DOCUMENTATION_RANGES = ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # RFC 5737: no host is there
 NODE_ENV = "~/platform-env.sh"  # every shell and Ray process on a node reads it (cluster.yaml)
 # What `up` learnt for the nodes, put in by the rendered commands: the commit it synced (.git is
 # not synced) and MLflow's database when it made it. Node commands read it beside cluster.env.
@@ -115,7 +116,10 @@ def check_settings(values: dict[str, str], source: str, provider: str = "aws") -
         network = ipaddress.ip_network(values["SSH_ALLOWED_CIDR"], strict=False)
     except ValueError:
         raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={values['SSH_ALLOWED_CIDR']!r} is not an address range "
-                          "(e.g. 198.51.100.7/32)") from None
+                          "(e.g. your address /32)") from None
+    if any(network.overlaps(ipaddress.ip_network(doc)) for doc in DOCUMENTATION_RANGES if network.version == 4):
+        raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={network} is a documentation range (cluster.env.example's): "
+                          "nobody connects from there; give your network's range (e.g. your address /32)")
     if network.prefixlen == 0 and values.get("SSH_ALLOW_ANYWHERE") != "yes":
         raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={network} opens SSH to the whole internet; give your network's "
                           "range, or set SSH_ALLOW_ANYWHERE=yes if that is meant")
@@ -162,7 +166,9 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
             return {k: put_in(v) for k, v in node.items()}
         if isinstance(node, list):
             return [put_in(v) for v in node]
-        return getattr(access, PLACEHOLDERS[node]) if node in PLACEHOLDERS else node
+        if node in PLACEHOLDERS:
+            return getattr(access, PLACEHOLDERS[node])
+        return (access.images or {}).get(node, node) if isinstance(node, str) else node
 
     cfg["available_node_types"] = put_in(cfg["available_node_types"])
     for node in cfg["available_node_types"].values():  # cost allocation: every instance and disk names its cluster
@@ -230,6 +236,8 @@ def provision_for(config: Path, values: dict[str, str]) -> Access:
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
     access = aws_call("making the cluster's security group and instance profiles", provision, values,
                       values["CLUSTER_NAME"], cfg["provider"]["region"])
+    access.images = aws_call("reading the image IDs AWS publishes", resolve_images, cfg["available_node_types"],
+                             cfg["provider"]["region"])
     settle(access)
     return access
 
@@ -278,6 +286,28 @@ def terminate_all(values: dict[str, str], region: str) -> None:
           f"no instance of {values['CLUSTER_NAME']} left to terminate")
     for line in kept_after_down(values):
         print(f"kept: {line}")
+
+
+def tunnel(rendered: Path, port: int) -> int:
+    """``ssh -N -L port:<head's private address>:5000`` to the head, with the key and account of
+    Ray's bootstrapped config for this cluster, until interrupted."""
+    from ray.autoscaler._private.commands import _bootstrap_config, get_head_node_ip
+
+    cfg = _bootstrap_config(yaml.safe_load(rendered.read_text(encoding="utf-8")))
+    public = get_head_node_ip(str(rendered))
+    # `ray exec` runs over `ssh -tt`: its pty ends each line with \r\n.
+    proc = subprocess.run(["ray", "exec", str(rendered), "hostname -I"], capture_output=True, text=True)
+    lines = [line for line in proc.stdout.replace("\r", "").splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        raise ClusterError(f"could not read the head's private address (ray exec exited {proc.returncode}): "
+                           f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
+    private = lines[-1].split()[0]
+    print(f"MLflow on the head ({private}:5000) at http://127.0.0.1:{port}: sign in with cluster.env's account; "
+          "Ctrl-C ends the tunnel", flush=True)
+    return subprocess.call(["ssh", "-N", "-i", cfg["auth"]["ssh_private_key"], "-o", "IdentitiesOnly=yes",
+                            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                            "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{port}:{private}:5000",
+                            f"{cfg['auth']['ssh_user']}@{public}"])
 
 
 def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str:
@@ -406,8 +436,8 @@ def local_hosts(args) -> Hosts:
 @cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m platform.cluster", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["up", "down", "render", "mlflow-auth", "backup-db", "restore-db", "node-env",
-                                            "pgpass"])
+    p.add_argument("command", choices=["up", "down", "render", "tunnel", "mlflow-auth", "backup-db", "restore-db",
+                                            "node-env", "pgpass"])
     p.add_argument("path", nargs="?", help="mlflow-auth: the configuration to write; backup-db: the database")
     p.add_argument("uri", nargs="?", help="backup-db: the s3:// location to write")
     p.add_argument("--config", type=Path, default=ROOT / "cluster.yaml")
@@ -416,6 +446,7 @@ def main(argv=None) -> int:
     p.add_argument("--discard-mlflow-db", action="store_true", help="down: terminate the head with its database")
     p.add_argument("--role", choices=["head", "worker"], default="head", help="node-env: which node's environment")
     p.add_argument("--head-ip", default="127.0.0.1", help="node-env: the head's private address")
+    p.add_argument("--port", type=int, default=5000, help="tunnel: the local port MLflow is forwarded to")
     p.add_argument("--provider", choices=["aws", "local"], default="aws",
                    help="up/render: AWS (default), or your own machines over SSH (Ray's on-premise provider)")
     p.add_argument("--head", help="--provider local: the head machine's address")
@@ -436,6 +467,11 @@ def main(argv=None) -> int:
             raise ConfigError("backup-db needs the database and the s3:// location: backup-db PATH s3://bucket/key")
         print(aws_call("backing up the MLflow database", backup, Path(args.path), args.uri, region_of(args.config)))
         return 0
+    if args.command == "tunnel":
+        rendered = rendered_path(args.config)
+        if not rendered.is_file():
+            raise ConfigError(f"no {rendered}: start the cluster with python -m platform.cluster up first")
+        return tunnel(rendered, args.port)
     if args.command in ("node-env", "restore-db", "pgpass"):  # on a node: with what up learnt
         values = node_settings(args.env_file)
     else:
@@ -474,7 +510,12 @@ def main(argv=None) -> int:
         return 0
     if args.command == "down":
         return down(rendered, values, ray_args, args.backup_to, args.discard_mlflow_db)
-    return subprocess.call(["ray", args.command, str(rendered), *ray_args])
+    env = dict(os.environ)
+    if provider_of(args) == "local":
+        # Ray's autoscaler v2 (what `ray up` starts since Ray 2.50) has no on-premise provider: its
+        # head never sets the workers up (ray-project/ray#57153). v1 does.
+        env["RAY_UP_enable_autoscaler_v2"] = "0"
+    return subprocess.call(["ray", args.command, str(rendered), *ray_args], env=env)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ class Access:
     created: bool = False  # something new in IAM: EC2 sees it only after a few seconds
     database_uri: str = ""  # MLflow's backend store when up made it (RDS), without its password
     password_parameter: str = ""  # the SSM parameter that holds that password
+    images: dict = None  # {"resolve:ssm:NAME": the image ID the parameter names now}
 
 
 # MLflow's record lives in a managed PostgreSQL outside the head (MLFLOW_DB=rds, the default):
@@ -285,6 +286,28 @@ def mlflow_db(values: dict[str, str]) -> str:
 DB_MONTHLY_USD = {"db.t4g.micro": 0.016 * 730}
 DB_STORAGE_MONTHLY_USD_PER_GB = 0.115
 RAY_CLUSTER_TAG = "ray-cluster-name"  # Ray's launcher tags every instance it makes with the cluster's name
+
+
+SSM_IMAGE = "resolve:ssm:"  # an ImageId that names an SSM parameter holding the image's ID
+
+
+def resolve_images(node_types: dict, region: str, session=None) -> dict[str, str]:
+    """``{"resolve:ssm:NAME": ID}`` for every node type's ImageId that names an SSM parameter (AWS
+    publishes its images' newest IDs per region that way): Ray's launcher wants the ID itself."""
+    import boto3
+
+    ssm = (session or boto3.session.Session(region_name=region)).client("ssm", region_name=region)
+    found = {}
+    for node in node_types.values():
+        image = node["node_config"].get("ImageId", "")
+        if image.startswith(SSM_IMAGE) and image not in found:
+            name = image[len(SSM_IMAGE):]
+            try:
+                found[image] = ssm.get_parameter(Name=name)["Parameter"]["Value"]
+            except ssm.exceptions.ParameterNotFound:
+                raise ConfigError(f"no image parameter {name} in {region}: name an image ID (ImageId: ami-...) in "
+                                  "cluster.yaml for that node type") from None
+    return found
 
 
 def terminate_instances(cluster_name: str, region: str, session=None) -> list[str]:

@@ -56,6 +56,7 @@ DIFFERENCES = (
     "S3 is moto's server on this machine (AWS_ENDPOINT_URL in cluster.env, ~/.aws on the nodes) and the data "
     "come from a loopback mirror (PLATFORM_DATA_MIRROR)",
     "sshd's PAM session skips pam_loginuid (a namespace cannot set the audit login id)",
+    "a node's own name resolves from /etc/hosts, not the VPC's DNS resolver; nothing else resolves",
 )
 
 
@@ -234,6 +235,12 @@ class Node:
         (self.base / "upper" / "home" / USER / ".ssh").chmod(0o700)
         for relative, text in self.files.items():
             self._home_file(relative, text, 0o600)
+        # Names resolve as in a VPC: the node's own, at once (no DNS server answers here; a lookup
+        # that waits for one costs Ray's processes seconds each, past ray start's 30 s).
+        etc = self.base / "upper" / "etc"
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{self.ip} {self.name}\n")
+        (etc / "resolv.conf").write_text("# no resolver: names come from /etc/hosts\n")
         _run("ip", "netns", "add", self.netns)
         _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _run("ip", "link", "set", self.veth, "master", self.network.bridge, "up")

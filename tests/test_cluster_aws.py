@@ -13,6 +13,7 @@ server on loopback, EC2, IAM with AWS's managed policies, S3), read back through
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from tests.helpers import ROOT, assert_user_error
 pytestmark = pytest.mark.multinode
 
 REGION = "us-west-2"  # cluster.yaml's
-CIDR = "198.51.100.0/24"
+CIDR = "81.2.69.0/24"
 BUCKET = "platform-runs"
 
 
@@ -407,8 +408,8 @@ def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_p
     monkeypatch.setattr("platform.cluster.settle", lambda access: None)  # EC2's wait for new IAM: not the emulator's
     config = tmp_path / "cluster.yaml"
     shutil.copy(ROOT / "cluster.yaml", config)
-    alice = _settings(CLUSTER_NAME="platform-alice", SSH_ALLOWED_CIDR="198.51.100.0/24", RUNS_URI=f"s3://{BUCKET}/alice")
-    bob = _settings(CLUSTER_NAME="platform-bob", SSH_ALLOWED_CIDR="203.0.113.0/24", RUNS_URI=f"s3://{BUCKET}/bob")
+    alice = _settings(CLUSTER_NAME="platform-alice", SSH_ALLOWED_CIDR="81.2.69.0/24", RUNS_URI=f"s3://{BUCKET}/alice")
+    bob = _settings(CLUSTER_NAME="platform-bob", SSH_ALLOWED_CIDR="81.2.70.0/24", RUNS_URI=f"s3://{BUCKET}/bob")
     first = provision_for(config, alice)
     before = (_ingress(first.security_group_id), _statements("platform-alice-worker"), _statements("platform-alice-head"))
     second = provision_for(config, bob)
@@ -416,7 +417,7 @@ def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_p
     assert {second.head_profile_arn, second.worker_profile_arn}.isdisjoint({first.head_profile_arn, first.worker_profile_arn})
     assert (_ingress(first.security_group_id), _statements("platform-alice-worker"),
             _statements("platform-alice-head")) == before
-    assert [r["CidrIp"] for p in _ingress(second.security_group_id) for r in p.get("IpRanges", [])] == ["203.0.113.0/24"]
+    assert [r["CidrIp"] for p in _ingress(second.security_group_id) for r in p.get("IpRanges", [])] == ["81.2.70.0/24"]
     for name, access in (("platform-alice", first), ("platform-bob", second)):
         (group,) = _ec2().describe_security_groups(GroupIds=[access.security_group_id])["SecurityGroups"]
         assert {"Key": COST_TAG, "Value": name} in group.get("Tags", [])
@@ -724,3 +725,29 @@ def test_code_on_the_head_can_touch_only_this_clusters_instances(account, tmp_pa
     assert [str(r) for r in may if not allowed(head, r)] == []
     assert [str(r) for r in may_not if allowed(head, r)] == []
     assert _iam().list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"] == []
+
+
+def test_the_gpu_image_is_the_one_aws_publishes_now(account, tmp_path, cli, monkeypatch):
+    """cluster.yaml names the GPU workers' image by the public SSM parameter AWS keeps current for
+    the Deep Learning Base GPU AMI; ``up`` (render) puts in the ID it holds in the cluster's region,
+    and a parameter the region lacks is one line, nothing rendered. (AWS's ``/aws/service/`` names are
+    reserved, in moto too: the test's copy of cluster.yaml names its own parameter.)"""
+    import boto3
+
+    monkeypatch.setattr("platform.cluster.settle", lambda access: None)
+    text = (ROOT / "cluster.yaml").read_text()
+    published = re.search(r"ImageId: (resolve:ssm:/aws/service/deeplearning/\S+)", text).group(1)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(text.replace(published, "resolve:ssm:/platform-test/gpu-image"))
+    boto3.client("ssm", region_name=REGION).put_parameter(Name="/platform-test/gpu-image", Value="ami-0123456789abcdef0",
+                                                          Type="String")
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    nodes = yaml.safe_load((tmp_path / ".cluster" / "cluster.yaml").read_text())["available_node_types"]
+    assert nodes["gpu_worker"]["node_config"]["ImageId"] == "ami-0123456789abcdef0"
+    assert nodes["head"]["node_config"]["ImageId"].startswith("ami-")
+    shutil.rmtree(tmp_path / ".cluster")
+    config.write_text(text.replace(published, "resolve:ssm:/platform-test/no-such-image"))
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path)))
+    assert_user_error(proc, "no image parameter /platform-test/no-such-image in us-west-2")
+    assert not (tmp_path / ".cluster").exists()

@@ -45,8 +45,8 @@ ACCOUNT = {"MLFLOW_TRACKING_USERNAME": "platform",
            "MLFLOW_TRACKING_PASSWORD": f"rehearsal-100%-{secrets.token_hex(6)}"}
 # The nodes' CPython: this machine's build, packed as uv's download of its own release (tests/nodes.py).
 PYTHON = sys.version.split()[0]
-SWEEP = "model={model} corpus=$HOME/data/corpus/wiki1m_for_simcse.txt batch_size=8 max_steps=4 eval_steps=2 " \
-        "log_steps=2 num_workers=1 use_gpu=false"
+SWEEP = " ".join(f"--set {kv}" for kv in ("model={model}", "corpus=$HOME/data/corpus/wiki1m_for_simcse.txt", "batch_size=8",
+                                          "max_steps=4", "eval_steps=2", "log_steps=2", "num_workers=1", "use_gpu=false"))
 
 
 def _copy_of_the_repository(folder: Path) -> Path:
@@ -159,10 +159,12 @@ class Rehearsal:
     def on_head(self, command: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return self.run(f"ray exec $C {shlex.quote(command)}", timeout=timeout)
 
-    def alive_workers(self) -> int:
+    def alive_nodes(self) -> int:
+        """Nodes ``ray status`` on the head lists active or idle (the head is one: Ray's on-premise
+        provider has one node type)."""
         status = self.on_head("ray status").stdout
-        active = status.split("Active:", 1)[-1].split("Pending:", 1)[0]
-        return sum(int(n) for n in re.findall(r"(\d+) local\.cluster\.node", active))
+        alive = status.split("Active:", 1)[-1].split("Pending:", 1)[0]
+        return sum(int(n) for n in re.findall(r"(\d+) local\.cluster\.node", alive))
 
     def mlflow(self):
         from mlflow.tracking import MlflowClient
@@ -213,7 +215,7 @@ def test_ray_up_boots_a_fresh_head_and_its_worker(rehearsal):
     r = rehearsal
     assert r.booted.returncode == 0, _log(r)
     assert "python3-venv" in r.booted.stdout + r.booted.stderr  # the guard fired on the fresh image
-    wait_for("the worker to join", lambda: r.alive_workers() == 1, timeout=1500)
+    wait_for("the worker to join", lambda: r.alive_nodes() == 2, timeout=1500)
     status = r.on_head("ray status").stdout
     assert re.search(r"0\.0/2\.0 CPU", status), status  # the worker's 2; the head offers none
     assert r.mlflow().search_experiments() is not None
@@ -233,7 +235,7 @@ def test_the_data_and_a_model_reach_the_head_through_the_launcher(rehearsal, tin
 
 def test_a_sweep_typed_into_ray_attach_lands_on_the_heads_mlflow_and_the_bucket(rehearsal):
     r = rehearsal
-    typed = (f"cd ~/platform && python -m platform.tune una --num-samples 2 --set "
+    typed = (f"cd ~/platform && python -m platform.tune una --num-samples 2 "
              f"{SWEEP.format(model='$HOME/tiny-bert')}; echo sweep-exit=$?; exit\n")
     proc = r.run("ray attach $C", stdin=typed, timeout=1800)
     assert "sweep-exit=0" in proc.stdout, _log(r)
@@ -248,7 +250,7 @@ def test_ray_up_again_restarts_mlflow_and_ray_and_keeps_the_runs(rehearsal):
     assert again.returncode == 0, _log(r)
     servers = r.on_head("ps -eo args | grep -c '^/home/ubuntu/venv/bin/python[0-9.]* /home/ubuntu/venv/bin/mlflow server'")
     assert servers.stdout.strip().splitlines()[-1].strip() == "1", _log(r)
-    wait_for("the worker to join again", lambda: r.alive_workers() == 1, timeout=600)
+    wait_for("the worker to join again", lambda: r.alive_nodes() == 2, timeout=600)
     _check_runs(r, "una", trials=2)
 
 
@@ -265,11 +267,34 @@ def test_a_sweep_submitted_with_ray_job_submit(rehearsal):
     token = re.search(r"^export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=.*$", text, re.M).group(0)
     submit = re.search(r"^ray job submit .*?(?<!\\)$", text, re.M | re.S).group(0).replace("\\\n", " ")
     submit = submit.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{port}").split(" -- ", 1)[0]
-    entry = f"python -m platform.tune simcse --num-samples 1 --set {SWEEP.format(model=f'/home/{nodes.USER}/tiny-bert')}"
+    entry = f"python -m platform.tune simcse --num-samples 1 {SWEEP.format(model=f'/home/{nodes.USER}/tiny-bert')}"
     entry = entry.replace("$HOME", f"/home/{nodes.USER}")
     proc = r.run(f"{token} && {submit} -- {entry}", timeout=1800)
     assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, _log(r)
     _check_runs(r, "simcse", trials=1)
+
+
+def test_the_tunnel_reaches_mlflow_on_the_heads_private_address(rehearsal):
+    """``platform.cluster tunnel`` (the docs' way to MLflow's UI): the head's address read with
+    ``ray exec`` (its ``\r`` removed), the launcher's key and account, a local port answering."""
+    import urllib.request
+
+    r = rehearsal
+    port = free_port()
+    forward = subprocess.Popen(["python", "-m", "platform.cluster", "tunnel", "--port", str(port)], cwd=r.repo,
+                               env=r.env(), stdout=open(r.base / "tunnel.log", "w"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    r.procs.append(forward)
+
+    def health() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+                return resp.read().strip() == b"OK"
+        except OSError:
+            return False
+
+    wait_for("MLflow through the tunnel", health, timeout=120)
+    assert forward.poll() is None, (r.base / "tunnel.log").read_text()
 
 
 def test_down_backs_the_mlflow_database_up_to_the_bucket(rehearsal):

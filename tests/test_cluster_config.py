@@ -88,7 +88,7 @@ def test_the_mlflow_server_remembers_a_checked_password(tmp_path, monkeypatch):
 
 
 def _env_file(tmp_path, **values):
-    settings = {"CLUSTER_NAME": "platform-test", "SSH_ALLOWED_CIDR": "198.51.100.0/24", "MLFLOW_TRACKING_USERNAME": "platform",
+    settings = {"CLUSTER_NAME": "platform-test", "SSH_ALLOWED_CIDR": "81.2.69.0/24", "MLFLOW_TRACKING_USERNAME": "platform",
                 "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "MLFLOW_ARTIFACTS_DESTINATION": "s3://b/mlflow",
                 "RUNS_URI": "s3://b/runs", **values}
     path = tmp_path / "cluster.env"
@@ -120,6 +120,7 @@ def test_render_puts_the_platforms_group_and_profiles_in_and_validates(tmp_path)
     ({"SSH_ALLOWED_CIDR": "0.0.0.0/0"}, "opens SSH to the whole internet"),
     ({"SSH_ALLOWED_CIDR": "::/0"}, "opens SSH to the whole internet"),
     ({"SSH_ALLOWED_CIDR": "my office"}, "is not an address range"),
+    ({"SSH_ALLOWED_CIDR": "198.51.100.0/24"}, "is a documentation range"),
     ({"SSH_ALLOWED_CIDR": None}, "set SSH_ALLOWED_CIDR"),
     ({"MLFLOW_TRACKING_PASSWORD": "short"}, "at least 12 characters"),
     ({"MLFLOW_TRACKING_PASSWORD": None}, "set MLFLOW_TRACKING_PASSWORD"),
