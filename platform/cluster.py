@@ -117,7 +117,7 @@ def check_settings(values: dict[str, str], source: str, provider: str = "aws") -
     except ValueError:
         raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={values['SSH_ALLOWED_CIDR']!r} is not an address range "
                           "(e.g. your address /32)") from None
-    if any(network.overlaps(ipaddress.ip_network(doc)) for doc in DOCUMENTATION_RANGES if network.version == 4):
+    if network.version == 4 and any(network.subnet_of(ipaddress.ip_network(doc)) for doc in DOCUMENTATION_RANGES):
         raise ConfigError(f"{source}: SSH_ALLOWED_CIDR={network} is a documentation range (cluster.env.example's): "
                           "nobody connects from there; give your network's range (e.g. your address /32)")
     if network.prefixlen == 0 and values.get("SSH_ALLOW_ANYWHERE") != "yes":
@@ -487,6 +487,11 @@ def main(argv=None) -> int:
             print(aws_call("restoring the MLflow database", restore, Path(args.path or HEAD_DB), db_backup_uri(values),
                            region_of(args.config)))
         return 0
+    return launch(args, ray_args, values)
+
+
+def launch(args, ray_args: list[str], values: dict[str, str]) -> int:
+    """``up``, ``down`` and ``render``: the launcher's config rendered for the provider, then Ray's launcher."""
     if args.backup_to:
         s3_location(args.backup_to, "--backup-to")
     if shutil.which("ray") is None:

@@ -35,7 +35,7 @@ import pytest
 
 from tests import nodes
 from platform.run.ray_env import free_port
-from tests.helpers import ROOT, kill_group, wait_for
+from tests.helpers import ROOT, Server, kill_group, wait_for
 
 pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
 
@@ -102,8 +102,6 @@ class Rehearsal:
         return self.nodes[0]
 
     def up(self) -> "Rehearsal":
-        from tests.test_fetch import Server
-
         self.network.up()
         host = self.network.host
         self.s3_port = free_port()
@@ -222,12 +220,17 @@ def test_ray_up_boots_a_fresh_head_and_its_worker(rehearsal):
     print(f"ray up: {r.boot_s:.0f} s")
 
 
-def test_the_data_and_a_model_reach_the_head_through_the_launcher(rehearsal, tiny_model):
+def test_the_data_and_a_model_reach_the_nodes_through_the_launcher(rehearsal, tiny_model):
     r = rehearsal
     fetch = r.run('ray exec $C "cd ~/platform && python -m platform.data fetch senteval --data-dir ~/data && '
                   'python -m platform.data fetch wiki1m --data-dir ~/data"')
     assert fetch.returncode == 0, _log(r)
     copy = r.run(f"ray rsync-up $C {tiny_model}/ /home/{nodes.USER}/tiny-bert/")
+    assert copy.returncode == 0, _log(r)
+    # Nodes share no disk: a model that is a folder, not a hub name, must be on the machine that
+    # trains too (Ray's on-premise launcher knows no workers the head started: the user copies it).
+    ssh = f"ssh -i {r.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
+    copy = r.run(f"rsync -a -e {shlex.quote(ssh)} {tiny_model}/ {nodes.USER}@{r.nodes[1].ip}:tiny-bert/")
     assert copy.returncode == 0, _log(r)
     ls = r.on_head("ls ~/data/downstream/STS ~/tiny-bert")
     assert "STSBenchmark" in ls.stdout and "config.json" in ls.stdout, _log(r)

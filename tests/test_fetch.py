@@ -6,73 +6,10 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.helpers import assert_user_error, run_cli
-
-
-class Server:
-    """Serves ``files`` with HF-style sha256 ETags and Range support; ``mode`` injects faults."""
-
-    def __init__(self, files: dict[str, bytes], host: str = "127.0.0.1"):
-        self.files, self.mode, self.ranges, self.heads = files, "ok", [], 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_HEAD(self):
-                outer.heads += 1
-                self.do_GET(head=True)
-
-            def do_GET(self, head=False):
-                name = self.path.split("/", 2)[-1]  # the path under the mirror's base
-                if name not in outer.files:
-                    self.send_error(404)
-                    return
-                data = outer.files[name]
-                start = 0
-                if "Range" in self.headers:
-                    start = int(self.headers["Range"].split("=")[1].split("-")[0])
-                    outer.ranges.append(start)
-                if start >= len(data):  # as real servers answer: no body, no checksum
-                    self.send_response(416)
-                    self.send_header("Content-Range", f"bytes */{len(data)}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                body = data[start:]
-                self.send_response(206 if start else 200)
-                etag = hashlib.sha256(data).hexdigest() if outer.mode != "bad_etag" else "0" * 64
-                if outer.mode != "no_etag":
-                    self.send_header("X-Linked-Etag", f'"{etag}"')
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if head:
-                    return
-                if outer.mode == "truncate":
-                    self.wfile.write(body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer((host, 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/datasets-for-simcse"
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from tests.helpers import Server, assert_user_error, run_cli
 
 
 WIKI = "".join(f"sentence number {i} of a small wiki copy .\n" for i in range(50_000)).encode()
@@ -219,7 +156,6 @@ def test_clustering_sets_install_pinned_and_load(tmp_path, monkeypatch):
     its pinned sha256 (pinned here to the stand-ins' own), into ``<data>/clustering/<Name>.tsv``,
     where the evaluator reads them."""
     import dataclasses
-    import hashlib
 
     from platform.data import fetch as fetch_module
     from platform.evaluation.clustering import PAPER_SETS, load_labelled
