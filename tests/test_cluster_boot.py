@@ -5,9 +5,10 @@ reaches a head and a worker (``tests/nodes.py``: Debian images, each with its ow
 process space and ``/tmp``) over SSH and runs every command of cluster.yaml, unmodified and
 complete, in its order and wrappers; the head's autoscaler sets the worker up over SSH in turn.
 Then the user's path: the data fetched with ``ray exec``, a model copied with ``ray rsync-up``, a
-sweep typed into the shell ``ray attach`` opens, ``ray up`` again (a re-run restarts MLflow and
-Ray), a sweep submitted with ``ray job submit`` through ``ray dashboard``'s forward, and
-``platform.cluster down``, which backs MLflow's database up to the bucket first. Every run is on
+sweep typed into the shell ``ray attach`` opens, a sweep submitted with ``ray job submit`` through
+``ray dashboard``'s forward, MLflow through ``platform.cluster tunnel``, ``ray up`` again (a
+re-run restarts MLflow and Ray on the head), and ``platform.cluster down``, which backs MLflow's
+database up to the bucket first. Every run is on
 the head's MLflow server, every checkpoint in the bucket; the head offers no CPU, so every trial
 and the generation ran on the worker.
 
@@ -245,18 +246,6 @@ def test_a_sweep_typed_into_ray_attach_lands_on_the_heads_mlflow_and_the_bucket(
     _check_runs(r, "una", trials=2)
 
 
-def test_ray_up_again_restarts_mlflow_and_ray_and_keeps_the_runs(rehearsal):
-    """The start commands run again on a live head (every ``ray up`` does): the old MLflow server is
-    stopped by its pidfile, not by a pattern that matched the command's own shell."""
-    r = rehearsal
-    again = r.cluster_up()
-    assert again.returncode == 0, _log(r)
-    servers = r.on_head("ps -eo args | grep -c '^/home/ubuntu/venv/bin/python[0-9.]* /home/ubuntu/venv/bin/mlflow server'")
-    assert servers.stdout.strip().splitlines()[-1].strip() == "1", _log(r)
-    wait_for("the worker to join again", lambda: r.alive_nodes() == 2, timeout=600)
-    _check_runs(r, "una", trials=2)
-
-
 def test_a_sweep_submitted_with_ray_job_submit(rehearsal):
     """The README's lines: the token read with ``ray exec`` (its pty's ``\\r`` removed), the
     dashboard forwarded by ``ray dashboard``, ``ray job submit`` from the repository."""
@@ -298,6 +287,19 @@ def test_the_tunnel_reaches_mlflow_on_the_heads_private_address(rehearsal):
 
     wait_for("MLflow through the tunnel", health, timeout=120)
     assert forward.poll() is None, (r.base / "tunnel.log").read_text()
+
+
+def test_ray_up_again_restarts_mlflow_and_ray_and_keeps_the_runs(rehearsal):
+    """The start commands run again on a live head (every ``ray up`` does): the old MLflow server is
+    stopped by its pidfile, not by a pattern that matched the command's own shell, and the new one
+    serves the runs. (Ray's on-premise provider forgets the workers its head set up: after this
+    the worker stays out until ``down`` and ``up``; docs/cluster.md says so.)"""
+    r = rehearsal
+    again = r.cluster_up()
+    assert again.returncode == 0, _log(r)
+    servers = r.on_head("ps -eo args | grep -c '^/home/ubuntu/venv/bin/python[0-9.]* /home/ubuntu/venv/bin/mlflow server'")
+    assert servers.stdout.strip().splitlines()[-1].strip() == "1", _log(r)
+    _check_runs(r, "una", trials=2)
 
 
 def test_down_backs_the_mlflow_database_up_to_the_bucket(rehearsal):
