@@ -201,6 +201,12 @@ def named_security_group(ec2, group_id: str) -> str:
     if wide:
         raise ConfigError(f"SECURITY_GROUP_ID={group_id} is open to the internet ({', '.join(wide)}): remove those "
                           "rules or leave SECURITY_GROUP_ID unset for the platform's own group")
+    own = [p for p in group.get("IpPermissions", []) if p.get("IpProtocol") == "-1"
+           and any(pair.get("GroupId") == group_id for pair in p.get("UserIdGroupPairs", []))]
+    if not own:
+        raise ConfigError(f"SECURITY_GROUP_ID={group_id} does not admit its own members: Ray's nodes and MLflow's "
+                          f"database in it could not reach each other; add an inbound rule for all traffic from "
+                          f"{group_id}, or leave SECURITY_GROUP_ID unset for the platform's own group")
     return group_id
 
 

@@ -751,3 +751,22 @@ def test_the_gpu_image_is_the_one_aws_publishes_now(account, tmp_path, cli, monk
     proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path)))
     assert_user_error(proc, "no image parameter /platform-test/no-such-image in us-west-2")
     assert not (tmp_path / ".cluster").exists()
+
+
+def test_a_named_group_whose_nodes_cannot_reach_each_other_is_refused(account, tmp_path, cli, monkeypatch):
+    """Ray's nodes talk on many ports and MLflow's database sits in the same group: a group named in
+    cluster.env must admit all traffic from itself, else one line before anything is made."""
+    monkeypatch.setattr("platform.cluster.settle", lambda access: None)  # EC2's wait for new IAM: not the emulator's
+    vpc = _ec2().describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    group = _ec2().create_security_group(GroupName="ssh-only", Description="x", VpcId=vpc)["GroupId"]
+    _ec2().authorize_security_group_ingress(GroupId=group, IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": CIDR}]}])
+    config = tmp_path / "cluster.yaml"
+    shutil.copy(ROOT / "cluster.yaml", config)
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path, SECURITY_GROUP_ID=group)))
+    assert_user_error(proc, f"SECURITY_GROUP_ID={group} does not admit its own members")
+    assert not (tmp_path / ".cluster").exists()
+    _ec2().authorize_security_group_ingress(GroupId=group, IpPermissions=[
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group}]}])
+    assert "does not admit" not in cli("cluster", "render", "--config", str(config), "--env-file",
+                                       str(_env_file(tmp_path, SECURITY_GROUP_ID=group, MLFLOW_DB="head"))).stderr
