@@ -170,7 +170,7 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
             return getattr(access, PLACEHOLDERS[node])
         return (access.images or {}).get(node, node) if isinstance(node, str) else node
 
-    cfg["available_node_types"] = put_in(cfg["available_node_types"])
+    cfg["available_node_types"] = put_in(own_images(cfg["available_node_types"], values))
     for node in cfg["available_node_types"].values():  # cost allocation: every instance and disk names its cluster
         node["node_config"]["TagSpecifications"] = [{"ResourceType": kind, "Tags": cost_tags(values["CLUSTER_NAME"])}
                                                     for kind in ("instance", "volume")]
@@ -179,6 +179,14 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
     if access.database_uri:
         learnt.update({"MLFLOW_BACKEND_STORE_URI": access.database_uri, DB_PASSWORD: access.password_parameter})
     return write_rendered(cfg, config, learnt, out, values.get("NODE_PYTHON"))
+
+
+def own_images(node_types: dict, values: dict[str, str]) -> dict:
+    """``node_types`` with cluster.env's ``GPU_IMAGE_ID`` as the GPU workers' image, where it names one
+    (a region without AWS's public parameter, an image of your own)."""
+    if values.get("GPU_IMAGE_ID"):
+        node_types["gpu_worker"]["node_config"]["ImageId"] = values["GPU_IMAGE_ID"]
+    return node_types
 
 
 def render_local(config: Path, env_file: Path, out: Path, hosts: Hosts) -> Path:
@@ -236,8 +244,8 @@ def provision_for(config: Path, values: dict[str, str]) -> Access:
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
     access = aws_call("making the cluster's security group and instance profiles", provision, values,
                       values["CLUSTER_NAME"], cfg["provider"]["region"])
-    access.images = aws_call("reading the image IDs AWS publishes", resolve_images, cfg["available_node_types"],
-                             cfg["provider"]["region"])
+    access.images = aws_call("reading the image IDs AWS publishes", resolve_images,
+                             own_images(cfg["available_node_types"], values), cfg["provider"]["region"])
     settle(access)
     return access
 

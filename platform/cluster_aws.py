@@ -311,8 +311,8 @@ def resolve_images(node_types: dict, region: str, session=None) -> dict[str, str
             try:
                 found[image] = ssm.get_parameter(Name=name)["Parameter"]["Value"]
             except ssm.exceptions.ParameterNotFound:
-                raise ConfigError(f"no image parameter {name} in {region}: name an image ID (ImageId: ami-...) in "
-                                  "cluster.yaml for that node type") from None
+                raise ConfigError(f"no image parameter {name} in {region}: name the GPU workers' image in cluster.env "
+                                  "(GPU_IMAGE_ID=ami-...) or an image ID (ImageId: ami-...) in cluster.yaml") from None
     return found
 
 

@@ -79,14 +79,17 @@ def account(aws):
 
 
 def _settings(**extra) -> dict[str, str]:
+    # The emulator has none of AWS's public /aws/service/ parameters (nor may anyone write one): the
+    # GPU workers' image is named here, except where a test resolves it (GPU_IMAGE_ID=None).
     return {"CLUSTER_NAME": "contrastive-platform", "SSH_ALLOWED_CIDR": CIDR, "MLFLOW_TRACKING_USERNAME": "platform",
             "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "RUNS_URI": f"s3://{BUCKET}/runs",
-            "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{BUCKET}/mlflow-artifacts", **extra}
+            "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{BUCKET}/mlflow-artifacts", "GPU_IMAGE_ID": "ami-0fedcba9876543210",
+            **extra}
 
 
 def _env_file(folder: Path, **extra) -> Path:
     path = folder / "cluster.env"
-    path.write_text("".join(f"{k}={v}\n" for k, v in _settings(**extra).items()))
+    path.write_text("".join(f"{k}={v}\n" for k, v in _settings(**extra).items() if v is not None))
     return path
 
 
@@ -741,16 +744,20 @@ def test_the_gpu_image_is_the_one_aws_publishes_now(account, tmp_path, cli, monk
     config.write_text(text.replace(published, "resolve:ssm:/platform-test/gpu-image"))
     boto3.client("ssm", region_name=REGION).put_parameter(Name="/platform-test/gpu-image", Value="ami-0123456789abcdef0",
                                                           Type="String")
-    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path)))
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path, GPU_IMAGE_ID=None)))
     assert proc.returncode == 0, proc.stderr
     nodes = yaml.safe_load((tmp_path / ".cluster" / "cluster.yaml").read_text())["available_node_types"]
     assert nodes["gpu_worker"]["node_config"]["ImageId"] == "ami-0123456789abcdef0"
     assert nodes["head"]["node_config"]["ImageId"].startswith("ami-")
     shutil.rmtree(tmp_path / ".cluster")
     config.write_text(text.replace(published, "resolve:ssm:/platform-test/no-such-image"))
-    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path)))
-    assert_user_error(proc, "no image parameter /platform-test/no-such-image in us-west-2")
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path, GPU_IMAGE_ID=None)))
+    assert_user_error(proc, "no image parameter /platform-test/no-such-image in us-west-2", "GPU_IMAGE_ID=ami-")
     assert not (tmp_path / ".cluster").exists()
+    proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path)))  # named instead
+    assert proc.returncode == 0, proc.stderr
+    nodes = yaml.safe_load((tmp_path / ".cluster" / "cluster.yaml").read_text())["available_node_types"]
+    assert nodes["gpu_worker"]["node_config"]["ImageId"] == "ami-0fedcba9876543210"
 
 
 def test_a_named_group_whose_nodes_cannot_reach_each_other_is_refused(account, tmp_path, cli, monkeypatch):
