@@ -49,7 +49,7 @@ class Access:
     created: bool = False  # something new in IAM: EC2 sees it only after a few seconds
     database_uri: str = ""  # MLflow's backend store when up made it (RDS), without its password
     password_parameter: str = ""  # the SSM parameter that holds that password
-    images: dict = None  # {"resolve:ssm:NAME": the image ID the parameter names now}
+    images: dict | None = None  # {"resolve:ssm:NAME": the image ID the parameter names now}
 
 
 # MLflow's record lives in a managed PostgreSQL outside the head (MLFLOW_DB=rds, the default):
@@ -291,9 +291,6 @@ def mlflow_db(values: dict[str, str]) -> str:
 # database instance and its gp3 storage; automated backups up to the database's size are free.
 DB_MONTHLY_USD = {"db.t4g.micro": 0.016 * 730}
 DB_STORAGE_MONTHLY_USD_PER_GB = 0.115
-RAY_CLUSTER_TAG = "ray-cluster-name"  # Ray's launcher tags every instance it makes with the cluster's name
-
-
 SSM_IMAGE = "resolve:ssm:"  # an ImageId that names an SSM parameter holding the image's ID
 
 
@@ -321,10 +318,11 @@ def terminate_instances(cluster_name: str, region: str, session=None) -> list[st
     by Ray's provider (cache_stopped_nodes: stopped nodes and their disks bill on), of this
     configuration or an older one. Returns their IDs, after AWS has them terminated."""
     import boto3
+    from ray.autoscaler.tags import TAG_RAY_CLUSTER_NAME  # Ray's launcher tags every instance it makes so
 
     ec2 = (session or boto3.session.Session(region_name=region)).client("ec2", region_name=region)
     pages = ec2.get_paginator("describe_instances").paginate(Filters=[
-        {"Name": f"tag:{RAY_CLUSTER_TAG}", "Values": [cluster_name]},
+        {"Name": f"tag:{TAG_RAY_CLUSTER_NAME}", "Values": [cluster_name]},
         {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
     ids = [i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"]]
     if ids:

@@ -145,7 +145,8 @@ def wait_for(what: str, condition, timeout: float = 300.0, proc: subprocess.Pope
 
 
 class Server:
-    """A data mirror (``PLATFORM_DATA_MIRROR``) on ``host``: serves ``files`` with HF-style sha256 ETags and Range support; ``mode`` injects faults."""
+    """A data mirror (``PLATFORM_DATA_MIRROR``) on ``host``: serves ``files`` with HF-style sha256
+    ETags and Range support; ``mode`` injects faults."""
 
     def __init__(self, files: dict[str, bytes], host: str = "127.0.0.1"):
         self.files, self.mode, self.ranges, self.heads = files, "ok", [], 0

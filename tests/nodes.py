@@ -15,6 +15,7 @@ Needs root (namespaces, mounts, chroot, bridges): ``available()`` says why not w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -130,6 +131,12 @@ def _configure(root: Path) -> None:
     (root / "run/sshd").mkdir(parents=True, exist_ok=True)
 
 
+@functools.cache
+def _uid() -> int:
+    """The node account's user id in the image."""
+    return int(_run("chroot", str(image()), "id", "-u", USER).stdout)
+
+
 def wheels() -> Path:
     """The lock's wheels (and the seed packages uv gives a venv), downloaded once per lock."""
     digest = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in LOCK)).hexdigest()[:16]
@@ -224,7 +231,7 @@ class Node:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(mode)
-        uid = int(_run("chroot", str(image()), "id", "-u", USER).stdout)
+        uid = _uid()
         for p in [path, *path.relative_to(self.base / "upper" / "home" / USER).parents]:
             os.chown(self.base / "upper" / "home" / USER / p, uid, uid)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -385,7 +386,7 @@ def test_the_lock_follows_the_hardware_and_a_driver_that_cannot_run_it_is_one_li
     bin_dir = home / "venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$@" >> {home}/pip.log\n')
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {__import__("sys").executable} "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     drivers = tmp_path / "driver-bin"
     drivers.mkdir()
     (drivers / "nvidia-smi").write_text("#!/bin/sh\necho 470.57.02\n")

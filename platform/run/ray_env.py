@@ -418,12 +418,13 @@ def billed_hours(cluster_name: str, since_s: float, until_s: float | None = None
     import datetime
 
     import boto3
+    from ray.autoscaler.tags import TAG_RAY_CLUSTER_NAME
 
     until_s = until_s or time.time()
     totals: dict[str, float] = {"billed_node_hours": 0.0}
     ec2 = boto3.client("ec2")
     pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[{"Name": "tag:ray-cluster-name", "Values": [cluster_name]}])
+        Filters=[{"Name": f"tag:{TAG_RAY_CLUSTER_NAME}", "Values": [cluster_name]}])
     for reservation in (r for page in pages for r in page["Reservations"]):
         for instance in reservation["Instances"]:
             start = instance["LaunchTime"].timestamp()
