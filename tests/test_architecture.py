@@ -381,18 +381,26 @@ class Marks:
             json.dump({i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}, out)
 
 code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-W", "error::pytest.PytestUnknownMarkWarning",
-                    "-m", "scenario"], plugins=[Marks()])
+                    *sys.argv[2:]], plugins=[Marks()])
 sys.exit(int(code))
 """
 
 
-def test_the_scenarios_are_outside_the_fast_tier(tmp_path):
-    """A scenario is also ``e2e`` or ``multinode``: the fast tier (``-m "not e2e and not multinode"``)
-    never runs one. Collected by pytest itself, so that a mark spelt wrong fails here."""
-    found = tmp_path / "marks.json"
-    proc = subprocess.run([sys.executable, "-c", _MARKS_OF_THE_SCENARIOS, str(found)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env=_outside_this_pytest())
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    marks = json.loads(found.read_text())
-    assert len(marks) >= 20 and all("scenario" in m for m in marks.values()), marks
-    assert not [test for test, m in marks.items() if not {"e2e", "multinode"} & set(m)]
+def test_a_bare_pytest_runs_the_fast_tier_and_the_two_commands_run_the_rest(tmp_path):
+    """Two markers make the tiers: a bare ``pytest`` runs neither ``e2e`` nor ``scenario`` tests
+    (pyproject's addopts); the README's test command (``-m "not scenario"``) adds the ``e2e`` ones and
+    its scenario command (``-m scenario``) runs the rest, every test once. Collected by pytest
+    itself, so that a mark spelt wrong fails here."""
+    tiers = {}
+    for name, marks in (("bare", []), ("suite", ["-m", "not scenario"]), ("scenarios", ["-m", "scenario"])):
+        found = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, "-c", _MARKS_OF_THE_SCENARIOS, str(found), *marks], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120, env=_outside_this_pytest())
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        tiers[name] = json.loads(found.read_text())
+    assert len(tiers["bare"]) >= 400 and not [t for t, m in tiers["bare"].items() if {"e2e", "scenario"} & set(m)]
+    assert len(tiers["scenarios"]) >= 20 and all("scenario" in m for m in tiers["scenarios"].values())
+    assert not [t for t, m in tiers["suite"].items() if "scenario" in m]
+    assert set(tiers["bare"]) < set(tiers["suite"]) and not set(tiers["suite"]) & set(tiers["scenarios"])
+    every = {m for tier in tiers.values() for marks in tier.values() for m in marks}
+    assert every <= {"e2e", "scenario", "parametrize", "skipif", "usefixtures", "timeout"}, every

@@ -26,7 +26,7 @@ import yaml
 
 from tests.helpers import ROOT, assert_user_error
 
-pytestmark = pytest.mark.multinode
+pytestmark = pytest.mark.e2e
 
 REGION = "us-west-2"  # cluster.yaml's
 CIDR = "81.2.69.0/24"

@@ -38,7 +38,7 @@ from tests import nodes
 from platform.run.ray_env import free_port
 from tests.helpers import ROOT, Server, kill_group, wait_for
 
-pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
+pytestmark = pytest.mark.scenario
 
 BUCKET = "platform"
 ACCOUNT = {"MLFLOW_TRACKING_USERNAME": "platform",

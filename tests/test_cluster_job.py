@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import ROOT, cluster_head, runs_of, tiny_run_args
 
-pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
+pytestmark = pytest.mark.scenario
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import yaml
 
 from tests.helpers import ROOT, cluster_head, code_map, runs_of, tiny_run_args, wait_for
 
-pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
+pytestmark = pytest.mark.scenario
 
 WORKER_CPUS = 2
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import ROOT, cluster_head, runs_of, sets
 
-pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
+pytestmark = pytest.mark.scenario
 
 
 def test_a_train_whose_cluster_goes_away_ends_failed_in_one_line(tmp_path_factory, _empty_mlflow_db, tiny_model,

@@ -94,7 +94,7 @@ def _dry_run(python_version: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-@pytest.mark.multinode
+@pytest.mark.e2e
 def test_the_gpu_workers_lock_resolves_for_the_nodes_python_and_not_for_the_images():
     """uv resolves cuda.txt from PyPI, as a GPU worker's setup installs it, for the Python the nodes
     state (wheels for CPython 3.11 on manylinux x86_64, every dependency pinned with its hashes);
