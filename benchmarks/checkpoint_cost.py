@@ -58,7 +58,7 @@ def worker(config: dict) -> None:
     import ray.train
 
     from platform.config import TrainConfig
-    from platform.run import checkpoint
+    from platform import checkpoint
     from platform.run.loop import RayTrainRuntime, RunContext
     from platform.tracking.recorder import StepLog
 

@@ -42,8 +42,8 @@ def checkpoint_costs() -> None:
 
     from methods.encoder import Encoder
     from methods.recipe import Recipe
-    from platform.run import checkpoint
-    from platform.run.checkpoint import Position
+    from platform import checkpoint
+    from platform.checkpoint import Position
 
     method = Recipe.named("simcse")
     model = method.build(Encoder.from_pretrained("minilm"))

@@ -63,7 +63,7 @@ def _checkpoint_transfer(topo: Topology) -> tuple[float, float, int]:
     import pyarrow.fs as pafs
 
     from methods.encoder import Encoder
-    from platform.run import checkpoint
+    from platform import checkpoint
 
     os.environ.update(topo.s3_env())
     with tempfile.TemporaryDirectory() as tmp:

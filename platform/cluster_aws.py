@@ -22,8 +22,10 @@ rules and the roles' policies back to what they should be.
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -391,3 +393,34 @@ def settle(access: Access, seconds: float = 15.0) -> None:
     """A new instance profile is refused by EC2 for a few seconds (what Ray's bootstrap waits too)."""
     if access.created:
         time.sleep(seconds)
+
+
+def billed_hours(cluster_name: str, since_s: float, until_s: float | None = None) -> dict[str, float]:
+    """What AWS bills for the cluster's instances over ``[since_s, until_s]``: each instance Ray's
+    launcher tagged with the cluster's name, from its launch (``LaunchTime``, reset when a stopped
+    instance starts again) to its stop or termination (the time in ``StateTransitionReason``) or
+    now; by node type (``ray-user-node-type``). Terminated instances stay listed for about an hour."""
+    import boto3
+    from ray.autoscaler.tags import TAG_RAY_CLUSTER_NAME
+
+    until_s = until_s or time.time()
+    totals: dict[str, float] = {"billed_node_hours": 0.0}
+    ec2 = boto3.client("ec2")
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": f"tag:{TAG_RAY_CLUSTER_NAME}", "Values": [cluster_name]}])
+    for reservation in (r for page in pages for r in page["Reservations"]):
+        for instance in reservation["Instances"]:
+            start = instance["LaunchTime"].timestamp()
+            end = until_s
+            if instance["State"]["Name"] in ("stopping", "stopped", "shutting-down", "terminated"):
+                # "User initiated (2026-11-26 15:00:00 GMT)" (AWS's documented form; the emulator says UTC)
+                when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)",
+                                 instance.get("StateTransitionReason", ""))
+                if when:
+                    end = datetime.datetime.strptime(when[1], "%Y-%m-%d %H:%M:%S").replace(
+                        tzinfo=datetime.timezone.utc).timestamp()
+            hours = max(0.0, min(end, until_s) - max(start, since_s)) / 3600
+            kind = next((tag["Value"] for tag in instance.get("Tags", []) if tag["Key"] == "ray-user-node-type"), "other")
+            totals["billed_node_hours"] += hours
+            totals[f"billed_node_hours/{kind}"] = totals.get(f"billed_node_hours/{kind}", 0.0) + hours
+    return totals

@@ -24,8 +24,8 @@ from platform.evaluation.classifier import CLASSIFIERS
 from platform.evaluation.embedding_cache import EmbeddingStore
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
-from platform.run import checkpoint
-from platform.run.finalize import beside_table, cached_baseline
+from platform import checkpoint
+from platform.run.final_evaluation import beside_table, cached_baseline
 from platform.tracking import recorder, store
 from platform.tracking.recorder import Run
 

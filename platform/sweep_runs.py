@@ -11,19 +11,19 @@ import sys
 import time
 from typing import Any
 
-from platform import settings, storage, sweep_summary
+from platform import checkpoint, cluster_aws, settings, storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
 from platform.errors import ConfigError, UserError
-from platform.run import finalize as final_steps
 from platform.run import ray_env, unit
-from platform.run.fit import FitResult, release
+from platform.checkpoint import exists as checkpoint_exists
+from platform.run.fit import FitResult, finish_fit, release
 from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.tracking.recorder import (BEST, DEV_METRIC, SENDER_TAG, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable,
-                                        checkpoint_exists, winner_key)
+                                        winner_key)
 
 SWEEP_STATE = "platform_sweep.json"
 POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow
@@ -125,7 +125,7 @@ class TrialRuns:
     Tune ends it: FINISHED when its work completed or the scheduler stopped it after a report with
     its best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted.
     Before a run ends, the recorder completes its step metrics and names its best checkpoint from
-    storage (``recorder.finish_fit``); a FINISHED trial keeps its best checkpoint, without
+    storage (``platform.run.fit.finish_fit``); a FINISHED trial keeps its best checkpoint, without
     optimizer state, and nothing else.
 
     A trial Tune ended is closed once the process that sends its points has ended (``ended``,
@@ -215,10 +215,10 @@ class TrialRuns:
                         if r is found and sweep.seeds == 1:
                             recorder.complete_evaluations(sweep.uri, r.info.run_id, self.evaluations.get(trial_id, []),
                                                           POINTS_WAIT_S)
-                        best = recorder.finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
+                        best = finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
                     except TrackingUnavailable as exc:  # the run's end is told; its points stay in its checkpoints
                         print(f"note: {exc}", file=sys.stderr, flush=True)
-                        best = recorder.best_under(fit_folder)
+                        best = checkpoint.best_under(fit_folder)
                     best = best[0] if best else None
                 reason = "completed" if done else outcome
                 extra = {"stopped_by_scheduler": "true"} if reason == "stopped" else None
@@ -322,7 +322,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         raise UserError("no trial produced a checkpoint; see the trials' errors above")
     best = Run(sweep.uri, ranked[0].info.run_id, ranked[0].info.run_name)
     result = unit.read_result(best)
-    step = final_steps.read_state_at(result.checkpoint)["step"]
+    step = checkpoint.read_state_at(result.checkpoint)["step"]
     won = {k: ranked[0].data.params.get(sweep.base.param_key(k)) for k in spec.space}
     recorder.name_best(parent, result.checkpoint, {"best_run_id": best.id, **{f"best.{k}": v for k, v in won.items()}})
     wall, cpu = time.perf_counter(), time.process_time()
@@ -344,7 +344,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         since = parent.info().info.start_time / 1000
         recorder.log_results(parent, ray_env.node_hours(since))
         if settings.get(settings.CLUSTER):  # on a cluster up made: what AWS bills its instances
-            recorder.log_results(parent, ray_env.billed_hours(settings.get(settings.CLUSTER), since))
+            recorder.log_results(parent, cluster_aws.billed_hours(settings.get(settings.CLUSTER), since))
     except Exception as exc:  # noqa: BLE001 - an account of costs never fails the sweep that it accounts
         print(f"note: the sweep's node-hours were not recorded ({' '.join(str(exc).split())[:160]})", flush=True)
     registered = best.info().data.tags.get("registered_model", "")
@@ -356,7 +356,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
 
 
 def best_backbone(checkpoint: str) -> str:
-    return final_steps.read_state_at(checkpoint).get("config", {}).get("model", "?")
+    return checkpoint.read_state_at(checkpoint).get("config", {}).get("model", "?")
 
 
 def comparison_table(scores: dict[str, float], baseline: dict[str, float], backbone: str) -> str:

@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from pathlib import Path
 
 from platform import storage
-from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags, print_config
+from platform.config import TrainConfig, add_run_arguments, build_config, parse_tags, print_config
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import unit
@@ -41,22 +40,9 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 def parse_args(argv=None) -> argparse.Namespace:
     p = command_parser("python -m platform.train", HELP,
                        "python -m platform.train una --set alpha=5 --tag purpose=baseline")
-    p.add_argument("method", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--profile", default=None, help=f"one of {', '.join(available_profiles())} (default: the --config "
-                                                   "file's, else local)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
-                   help="an experiment file: key: value lines with the keys of --set (what --print-config prints); "
-                        "--set values override it")
-    p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="override a config value")
-    p.add_argument("--experiment", default=None, help="the MLflow experiment (default: the method's name)")
+    add_run_arguments(p, sweep=False)
     p.add_argument("--run-name", default=None,
                    help="the MLflow run's name, also its checkpoint folder under output_dir (default: METHOD-TIMESTAMP)")
-    p.add_argument("--tag", dest="tags", action="append", metavar="KEY=VALUE", help="an MLflow tag on the run")
-    p.add_argument("--push-to-hub", metavar="REPO", default=None,
-                   help="once the run has finished, upload its model (with its card) to this Hugging Face Hub "
-                        "repository (NAMESPACE/NAME; needs a token: `hf auth login` or HF_TOKEN)")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="train N times (seeds seed, seed+1, ...) and report every score's mean +- std")
     p.add_argument("--resume", metavar="RUN", default=None,
                    help="continue this run (its MLflow run name or id) from its latest checkpoint; give the same "
                         "--profile, --set and --seeds")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from platform import storage
-from platform.config import METHODS, TrainConfig, available_profiles, build_config, parse_tags
+from platform.config import TrainConfig, add_run_arguments, build_config, parse_tags
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import ray_env, unit
@@ -164,25 +164,12 @@ stop or a crash, with the same arguments."""
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = command_parser("python -m platform.tune", HELP, "python -m platform.tune una --num-samples 8 --tag purpose=alpha-study")
-    p.add_argument("method", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--profile", default=None, help=f"one of {', '.join(available_profiles())} (default: the --config "
-                                                   "file's, else local)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
-                   help="the base configuration as an experiment file (the keys of --set; what train's "
-                        "--print-config prints); --set values override it")
+    add_run_arguments(p, sweep=True)
     p.add_argument("--num-samples", type=int, default=None,
                    help="trials to run (default: the space file's num_samples for this profile)")
-    p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help="override a base config value")
-    p.add_argument("--experiment", default=None, help="the MLflow experiment (default: the method's name)")
-    p.add_argument("--tag", dest="tags", action="append", metavar="KEY=VALUE", help="an MLflow tag on the sweep's run")
-    p.add_argument("--push-to-hub", metavar="REPO", default=None,
-                   help="once the sweep has finished, upload the best trial's model (with its card) to this Hugging "
-                        "Face Hub repository (NAMESPACE/NAME; needs a token: `hf auth login` or HF_TOKEN)")
     p.add_argument("--resume", action="store_true", help="resume this method's most recent sweep (same arguments)")
     p.add_argument("--space", type=Path, default=None, help="a search-space YAML instead of tune_spaces/METHOD.yaml")
     p.add_argument("--grid", default=None, metavar="PARAM", help="run the space file's one-parameter grid for PARAM")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="fit every configuration with N seeds (seed, seed+1, ...); trials are ranked on the mean")
     return p.parse_args(argv)
 
 

@@ -607,7 +607,7 @@ def test_a_sweeps_bill_is_each_instance_from_its_launch_to_its_stop(account, tmp
     from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
 
     from platform.cluster_aws import provision
-    from platform.run.ray_env import billed_hours
+    from platform.cluster_aws import billed_hours
 
     config = _bootstrapped(tmp_path, provision(_settings(), "contrastive-platform", REGION))
     nodes = config["available_node_types"]

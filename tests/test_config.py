@@ -202,3 +202,16 @@ def test_a_profile_that_extends_itself_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "PROFILES_DIR", tmp_path)
     with pytest.raises(ConfigError, match="extends 'a', which extends it back"):
         config.load_profile("a")
+
+
+def test_train_and_tune_read_their_shared_arguments_alike():
+    """One definition of what both commands take: the same command line gives both the same values."""
+    from platform import train, tune
+
+    argv = ["una", "--profile", "local", "--config", "x.yaml", "--set", "lr=1e-5", "--set", "alpha=3",
+            "--experiment", "e", "--tag", "a=b", "--push-to-hub", "me/m", "--seeds", "2"]
+    ran, swept = vars(train.parse_args(argv)), vars(tune.parse_args(argv))
+    shared = {"method", "profile", "config", "sets", "experiment", "tags", "push_to_hub", "seeds"}
+    assert shared <= set(ran) & set(swept)
+    assert {k: ran[k] for k in shared} == {k: swept[k] for k in shared}
+    assert ran["sets"] == ["lr=1e-5", "alpha=3"] and ran["seeds"] == 2

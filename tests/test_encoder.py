@@ -85,7 +85,7 @@ def test_export_folds_mlp_into_pooler(tiny_model):
 def test_sentence_transformers_export_embeds_identically(tiny_model, tmp_path, pooler):
     from sentence_transformers import SentenceTransformer
 
-    from platform.run.finalize import export_sentence_transformers
+    from platform.run.export import export_sentence_transformers
 
     out = export_sentence_transformers(tiny_model, tmp_path / "st", pooler)
     st = SentenceTransformer(str(out), device="cpu")

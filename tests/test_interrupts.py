@@ -53,7 +53,7 @@ def test_a_sweep_whose_driver_is_killed_resumes_truthfully(repo, tiny_model, sma
     the trials' runs RUNNING (nothing can run after SIGKILL). ``--resume`` closes them truthfully
     and continues each trial in its own run from its checkpoint: no run stays RUNNING, every
     FINISHED trial names a checkpoint that exists, and the best run is the best of them."""
-    from platform.tracking.recorder import checkpoint_exists
+    from platform.checkpoint import exists as checkpoint_exists
 
     space = tmp_path / "simcse.yaml"  # both trials at once, no early stopping: both reach the barrier
     space.write_text("search: optuna\nnum_samples: 2\nmax_concurrent_trials: 2\nscheduler: {type: none}\n"
@@ -103,7 +103,7 @@ def test_sigterm_stops_a_train_run_on_ray_as_ctrl_c(repo, tiny_model, small_corp
     5: the run ends KILLED with exit 130, with its metrics up to its last checkpoint, and the best
     checkpoint the recorder decides from storage at the interrupted fit's end. (Ray Train
     continuing a run from storage: the sweeps' resumes.)"""
-    from platform.tracking.recorder import checkpoint_exists
+    from platform.checkpoint import exists as checkpoint_exists
 
     barrier, held = _held(tmp_path, step=5)
     args = ["simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=8, eval_steps=2,

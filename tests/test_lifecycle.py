@@ -141,6 +141,7 @@ def test_points_go_out_as_they_are_logged_and_a_restart_keeps_each_step_once(mlf
     worker restarted from the checkpoint of step 2 re-runs step 3, whose point the dead attempt
     had sent: the restart adopts that point from MLflow and drops the re-run's copy, and the fit's
     end replays its latest checkpoint's points: each step once, whatever was sent twice."""
+    from platform.run.fit import finish_fit
     from platform.tracking import recorder
     from platform.tracking.store import client
 
@@ -165,7 +166,7 @@ def test_points_go_out_as_they_are_logged_and_a_restart_keeps_each_step_once(mlf
     restarted.persisted()
     restarted._sender.shutdown(wait=True)
     # The fit's end: every point of its latest checkpoint again, the best named from storage.
-    assert recorder.finish_fit(mlflow_uri, run.id, str(tmp_path / "fit"), 30) == (str(latest), 50.0)
+    assert finish_fit(mlflow_uri, run.id, str(tmp_path / "fit"), 30) == (str(latest), 50.0)
     assert history() == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0)]
     assert run.info().data.tags["best_checkpoint"] == str(latest)
 
@@ -199,14 +200,14 @@ def test_a_step_waits_on_no_tracking_server(tmp_path):
 def test_the_best_checkpoint_is_the_first_to_reach_the_best_score(tmp_path):
     """Decided from storage, directly against the checkpoints' states: the highest STS-B dev, the
     earliest step on a tie; a folder without a state is not a checkpoint."""
-    from platform.tracking import recorder
+    from platform.checkpoint import best_under
 
     for name, dev, step in (("checkpoint_a", 70.0, 8), ("checkpoint_b", 81.5, 16), ("checkpoint_c", 81.5, 24),
                             ("checkpoint_d", 60.0, 32)):
         _checkpoint(tmp_path / name, dev, step)
     (tmp_path / "checkpoint_e").mkdir()  # an upload cut short: no state
-    assert recorder.best_under(str(tmp_path)) == (str(tmp_path / "checkpoint_b"), 81.5)
-    assert recorder.best_under(str(tmp_path / "nothing-here")) is None
+    assert best_under(str(tmp_path)) == (str(tmp_path / "checkpoint_b"), 81.5)
+    assert best_under(str(tmp_path / "nothing-here")) is None
 
 
 def _saved_run(uri: str, output_dir, config: dict, status: str = "KILLED") -> Run:

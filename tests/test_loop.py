@@ -20,7 +20,7 @@ def test_plain_loop_trains_and_keeps_best_checkpoint(tiny_model, small_corpus, t
     )
     out = train_loop_per_worker(cfg.flat())
     assert out["steps"] == 6 and out["best_step"] in (3, 6)
-    from platform.tracking.recorder import best_under
+    from platform.checkpoint import best_under
 
     best = Path(best_under(str(tmp_path / "local"))[0])
     state = json.loads((best / "state.json").read_text())
@@ -68,7 +68,7 @@ def test_the_checkpoint_policy_writes_the_state_when_due_the_model_when_improved
     state; between them the model when STS-B dev improved, nothing otherwise."""
     import time
 
-    from platform.run.checkpoint import Kept, Policy
+    from platform.checkpoint import Kept, Policy
 
     policy = Policy(minutes=15)
     assert policy.kind(improved=True, epoch=0, last=False) == "model"
@@ -94,7 +94,7 @@ def test_the_checkpoint_policy_writes_the_state_when_due_the_model_when_improved
 def test_between_states_an_evaluation_writes_the_model_only_if_it_improves(tiny_model, small_corpus, tmp_path):
     """The process runtime under the paper profile's policy: what stays at the end is the last
     state and the best model, the best without the optimizer's state unless it is the last."""
-    from platform.tracking.recorder import best_under
+    from platform.checkpoint import best_under
 
     cfg = TrainConfig.build("simcse", "local", {
         "model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 16, "max_steps": 6, "eval_steps": 1,
@@ -112,7 +112,7 @@ def test_between_states_an_evaluation_writes_the_model_only_if_it_improves(tiny_
 def test_pruning_empties_what_is_not_kept_up_to_the_committed_step(tmp_path):
     """A folder Ray Train lists stays, emptied, with a note; a newer one (still uploading) is left
     alone; ``whole`` removes the folders too."""
-    from platform.run.checkpoint import prune
+    from platform.checkpoint import prune
 
     for name in ("checkpoint_00000001_a", "checkpoint_00000002_b", "checkpoint_00000003_c"):
         (tmp_path / name / "model").mkdir(parents=True)
@@ -194,7 +194,7 @@ def test_a_state_keeps_the_loss_scale_and_a_restart_takes_it_back(tmp_path):
     moments are: a restart that began again at 65536 would skip steps the run did not skip."""
     import torch
 
-    from platform.run import checkpoint
+    from platform import checkpoint
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters())

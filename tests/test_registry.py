@@ -18,7 +18,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     from mlflow.tracking import MlflowClient
 
     from methods.encoder import Encoder
-    from platform.run import checkpoint
+    from platform import checkpoint
     from platform.tracking import registry
 
     proc = run_main("train", "simcse", *[a for kv in (
@@ -89,7 +89,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     assert "against the untouched backbone" in proc.stdout and "difference" in proc.stdout
     m = run.data.metrics
     assert m["vs_backbone/delta_sts_avg"] == pytest.approx(m["sts_avg"] - m["vs_backbone/baseline_sts_avg"], abs=1e-6)
-    from platform.run.finalize import baseline_sts
+    from platform.run.final_evaluation import baseline_sts
 
     assert baseline_sts(str(tiny_model), pooler)["avg"] == pytest.approx(m["vs_backbone/baseline_sts_avg"], abs=1e-9)
     assert run.data.tags["smoke"] == champion.tags["smoke"] == "true" and "smoke test" in proc.stdout
@@ -128,7 +128,7 @@ def test_a_corpus_is_named_by_the_lines_read_not_the_limit():
     """The lineage's corpus: the same lines read give the same label whatever ``max_sentences``
     allowed (a limit above the file's length reads the whole file), the number read in it; a run
     recorded before the ``corpus_sentences`` tag keeps the label it had."""
-    from platform.run.finalize import corpus_identity
+    from platform.run.export import corpus_identity
 
     digest = "ab" * 32
     whole = corpus_identity({"corpus": "/data/small.txt", "max_sentences": 0}, digest, "256")
@@ -181,7 +181,7 @@ def test_registration_reaches_the_platforms_default_store(tiny_model, tmp_path, 
     must look in the same store (the README's main job failed at registration otherwise)."""
     import mlflow.tracking._tracking_service.utils as tracking_utils
 
-    from platform.run.finalize import export_sentence_transformers
+    from platform.run.export import export_sentence_transformers
     from platform.tracking import registry
     from platform.tracking.recorder import Run
 

@@ -185,7 +185,7 @@ def test_mean_std_against_direct_computation():
 
 
 def test_progress_line():
-    from platform.run.checkpoint import Position
+    from platform.checkpoint import Position
     from platform.run.loop import progress_line
 
     pos = Position(step=8, train_time_s=20.0, best=78.123)

@@ -73,7 +73,7 @@ def test_a_runs_end_on_cpu_takes_its_local_instances_cpus_and_torch_as_many_thre
     the command started, asks for all its CPUs and torch runs that many threads; otherwise a
     worker's CPUs and threads, also in a worker process that torch was first imported in with more
     (Ray reuses them)."""
-    from platform.run.finalize import on_device
+    from platform.run.final_evaluation import on_device
 
     def _cpus_and_threads() -> tuple[float, int]:  # (local: pickled by value, for workers to run)
         import ray

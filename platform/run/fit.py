@@ -1,7 +1,7 @@
 """One fit of one configuration and seed: Ray Train's ``TorchTrainer`` (DDP workers, every
 evaluation's checkpoint persisted to ``storage_path``) or the training loop in this process
-(``runtime=process``). Its end is the recorder's (``platform.tracking.recorder.finish_fit``): the
-run's step metrics completed from its latest state checkpoint, its best checkpoint decided from storage.
+(``runtime=process``). Its end (``finish_fit``): the run's step metrics completed from its latest state checkpoint, its
+best checkpoint decided from storage.
 
 A fit named like an earlier one in the same storage continues it: Ray Train restores the run of
 that name from its latest state; the process runtime from the latest state under its folder.
@@ -14,13 +14,12 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
-from platform import storage
+from platform import checkpoint, storage
 from platform.config import TrainConfig
 from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
 from platform.data.pipeline import epoch_datasets
 from platform.errors import ClusterError
-from platform.run import checkpoint
 from platform.run.loop import RunContext, train_loop_per_worker
 from platform.tracking import recorder
 from platform.tracking.recorder import Run
@@ -73,10 +72,25 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
         # Interrupted or failed: the run still gets the points and the best checkpoint its storage
         # holds (what --resume continues from), without waiting long for a server that is away.
         with contextlib.suppress(Exception):
-            recorder.finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
+            finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
         raise
-    best = recorder.finish_fit(uri, run_id, folder)
+    best = finish_fit(uri, run_id, folder)
     return FitResult(best[1] if best else None, best[0] if best else None, metrics)
+
+
+def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: float | None = None) -> tuple[str, float] | None:
+    """The end of the fit whose checkpoints are under ``location``: its latest checkpoint's points
+    replayed to ``run_id`` (waiting up to ``seconds``, default ``$PLATFORM_TRACKING_WAIT`` or 600,
+    for a server that is away: ``recorder.TrackingUnavailable`` after that), then its best checkpoint
+    decided from storage and named on the run (``best_checkpoint``). Returns (best, its dev)."""
+    best = checkpoint.best_under(location)
+    if run_id is None:
+        return best
+    latest = checkpoint.latest_under(location)
+    recorder.replay(uri, run_id, checkpoint.load_points(latest) if latest else [], seconds, where=f" ({location})")
+    if best is not None:
+        Run(uri, run_id).set_tags({"best_checkpoint": best[0]})
+    return best
 
 
 def _off_the_main_thread(fn: Callable[[], Any]) -> Any:

@@ -40,9 +40,9 @@ from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
 from platform.data.columns import CorpusData, prepare_corpus, resolve_local_models
 from platform.evaluation.sts import STSEvaluator
-from platform.run import checkpoint
-from platform.run.checkpoint import Position
-from platform.tracking.recorder import BEST, DEV_METRIC, SENDER_TAG, StepLog, load_points
+from platform import checkpoint
+from platform.checkpoint import Position, load_points
+from platform.tracking.recorder import BEST, DEV_METRIC, SENDER_TAG, StepLog
 
 COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
 

@@ -6,9 +6,9 @@ In the order it happens: ``preflight`` (everything that can be checked before Ra
 statistics, once), ``run_configuration`` (each seed fitted by ``platform.run.fit``: in the
 configuration's own MLflow run for one seed, in a run nested under it per seed for several; the
 configuration's run gets the mean and std of every score), and ``finalize`` (the 7 STS tasks on
-every seed's best checkpoint; for ``final="full"`` the best seed's checkpoint exported and
-registered, ``platform.run.finalize``). A configuration run that was interrupted continues where
-its checkpoints left it: finished seeds are read back, the others resume from storage.
+every seed's best checkpoint, ``platform.run.final_evaluation``; for ``final="full"`` the best
+seed's checkpoint exported and registered, ``platform.run.export``). A configuration run that was
+interrupted continues where its checkpoints left it: finished seeds are read back, the others resume from storage.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_co
 from platform.data.columns import (CorpusData, check_given_columns, generate_missing, missing_generations, prepare_corpus,
                                   resolve_local_models, uses_random_mlm)
 from platform.errors import ConfigError, DataError, UserError
-from platform.run import finalize as final_steps
+from platform.run import export, final_evaluation
 from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.tracking import recorder, store
-from platform.tracking.recorder import BEST, Run, checkpoint_exists
+from platform.checkpoint import exists as checkpoint_exists
+from platform.tracking.recorder import BEST, Run
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
 MAX_SEEDS = 100
@@ -276,7 +277,7 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
         with still_working("final evaluation, the 7 STS tasks"):
             result.scores = evaluate_fits(run, result.fits, alone=final == "full")
     with still_working("the untouched backbone's 7 STS tasks (once per backbone and pooler)"):
-        baseline = final_steps.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full",
+        baseline = final_evaluation.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full",
                                                 alone=final == "full")
     if final == "full":
         n = len(result.fits)
@@ -285,14 +286,14 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
         print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
         with still_working("export and registration"):
-            final_steps.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
+            export.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
     return baseline
 
 
 def evaluate_fits(run: Run, fits: list[SeedFit], alone: bool = False) -> dict[str, float]:
     """The 7 STS tasks on every seed's best checkpoint (in the seed's run); for several seeds the
     per-seed table is printed and the means and stds logged on ``run``."""
-    per_seed = [final_steps.evaluate_sts(f.run, f.result.checkpoint, quiet=True, alone=alone) for f in fits]
+    per_seed = [final_evaluation.evaluate_sts(f.run, f.result.checkpoint, quiet=True, alone=alone) for f in fits]
     if len(fits) == 1:
         return per_seed[0]
     scores = mean_std(per_seed)

@@ -1,6 +1,7 @@
 """The run record, in one place: an MLflow run's life (created or reopened by ``--resume``, ended
 with a status that says what happened) and everything that reaches it from a fit (its step
-metrics, the replay that completes them, the best checkpoint, every other number it logs).
+metrics, the replay that completes them, every other number it logs). Which checkpoint is latest
+and best is the checkpoint format's (``platform.checkpoint``).
 
 Statuses:
 - FINISHED: the work completed (or a scheduler ended it after a report) and the best checkpoint
@@ -20,18 +21,15 @@ What a fit sends:
 - A restart from a checkpoint re-runs the steps after it, which the dead attempt had already sent
   (seeded: the same values, at other times): the restarted attempt adopts those points from
   MLflow and drops its own copies, so each step appears once.
-- At a fit's end (its own, the sweep's Tune callback for a trial Tune ended, or ``--resume``),
-  ``finish_fit`` replays the points of the fit's latest checkpoint, waiting for a server that is
-  away: this replay is what a tracking outage costs nothing but time. MLflow stores a point once
-  per (key, step, timestamp, value), so what arrives twice is stored once.
-- ``finish_fit`` also decides the fit's best checkpoint, from storage: the checkpoint with the
-  best STS-B dev (the first to reach it), never a tag that may lag behind it.
+- At a fit's end (``platform.run.fit.finish_fit``), ``replay`` sends the points of the fit's latest
+  checkpoint again, waiting for a server that is away: this replay is what a tracking outage costs
+  nothing but time. MLflow stores a point once per (key, step, timestamp, value), so what arrives
+  twice is stored once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import threading
@@ -40,11 +38,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from platform import settings, storage
+from platform import settings
+from platform.checkpoint import DEV_METRIC
+from platform.checkpoint import exists as checkpoint_exists
 from platform.errors import UserError
 from platform.tracking import store
 
-DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman x100: what checkpoints and runs are selected by
 BEST = "best_" + DEV_METRIC
 END_REASON_TAG = "platform.end_reason"
 STORAGE_TAG = "platform.storage"  # where the run's checkpoints and resumable state live
@@ -79,11 +78,6 @@ def experiment_note(tags: dict[str, str]) -> str:
             f"by STS-B dev (`{BEST}`, Spearman x100). A sweep is a parent run (tag `sweep=true`) with a child run "
             "per trial: its description names the winner and links the view of its trials; its registered "
             "model is under Models.")
-
-
-def checkpoint_exists(location: str | None) -> bool:
-    """Whether a checkpoint (a folder or URI holding ``state.json``) is in storage."""
-    return bool(location) and storage.exists(storage.join(location, "state.json"))
 
 
 def closing_status(outcome: str, checkpoint: str | None, needs_checkpoint: bool = True) -> tuple[str, str]:
@@ -296,7 +290,6 @@ def log_corpus(uri: str, run_id: str, location: str, digest: str, num_sentences:
 # Step metrics
 
 Point = tuple  # (key, value, timestamp in ms, step): one measurement, as MLflow stores it
-POINTS_FILE = "metrics.json"  # in a resumable checkpoint: every point of the run up to its step
 ATTEMPT_TIMEOUT_S = 10.0  # one request to an HTTP server; the replay tries again until its wait ends
 BATCH = 1000  # metrics per log-batch request (MLflow's limit)
 QUIET_S = 30.0  # after a failed live send, how long the sender rests before it tries again
@@ -432,12 +425,6 @@ class StepLog:
             threading.Thread(target=monitor.finish, daemon=True).start()
 
 
-def load_points(location: str) -> list[Point]:
-    """The step metrics kept in the checkpoint at ``location`` (a folder or a storage URI)."""
-    text = storage.read_text(storage.join(location, POINTS_FILE))
-    return [tuple(p) for p in json.loads(text)] if text else []
-
-
 # ------------------------------------------------------------------------------------------------
 # A fit's end
 
@@ -445,51 +432,6 @@ def load_points(location: str) -> list[Point]:
 class TrackingUnavailable(UserError):
     """The tracking server took no delivery until the fit's end and beyond the wait; the run's
     checkpoints (with its points) stay in storage, to be resumed."""
-
-
-def checkpoints_under(location: str) -> list[tuple[dict, str]]:
-    """(state, location) of each checkpoint directly under a fit's storage (Ray Train's
-    ``checkpoint_*`` folders, or the process runtime's ``latest`` and ``best``)."""
-    found = []
-    for name in storage.list_dirs(location):
-        folder = storage.join(location, name)
-        state = storage.read_text(storage.join(folder, "state.json"))
-        if state:
-            found.append((json.loads(state), folder))
-    return found
-
-
-def latest_under(location: str) -> str | None:
-    """The checkpoint with the highest step that keeps the run's points; None when there is none."""
-    found = [(state.get("step", 0), folder) for state, folder in checkpoints_under(location)
-             if storage.exists(storage.join(folder, POINTS_FILE))]
-    return max(found)[1] if found else None
-
-
-def best_under(location: str) -> tuple[str, float] | None:
-    """The checkpoint with the best STS-B dev under a fit's storage (the first step to reach it),
-    and that score; None when no checkpoint was evaluated."""
-    found = [(-float(state[DEV_METRIC]), state.get("step", 0), folder)
-             for state, folder in checkpoints_under(location) if DEV_METRIC in state]
-    if not found:
-        return None
-    dev, _, folder = min(found)
-    return folder, -dev
-
-
-def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: float | None = None) -> tuple[str, float] | None:
-    """The end of the fit whose checkpoints are under ``location``: its latest checkpoint's points
-    replayed to ``run_id`` (waiting up to ``seconds``, default ``$PLATFORM_TRACKING_WAIT`` or 600,
-    for a server that is away: ``TrackingUnavailable`` after that), then its best checkpoint
-    decided from storage and named on the run (``best_checkpoint``). Returns (best, its dev)."""
-    best = best_under(location)
-    if run_id is None:
-        return best
-    latest = latest_under(location)
-    replay(uri, run_id, load_points(latest) if latest else [], seconds, where=f" ({location})")
-    if best is not None:
-        Run(uri, run_id).set_tags({"best_checkpoint": best[0]})
-    return best
 
 
 def complete_evaluations(uri: str, run_id: str, evaluations: list[tuple[int, dict[str, float]]],

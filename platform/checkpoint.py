@@ -35,12 +35,12 @@ import torch
 from methods.encoder import Encoder
 from platform import storage
 from platform.errors import DataError
-from platform.tracking.recorder import POINTS_FILE
 
 STATE = "state.json"
 MODEL = "model"
 TRAIN_STATE = "train_state.pt"
-POINTS = POINTS_FILE  # read back by platform.tracking.recorder
+POINTS = "metrics.json"
+DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman x100: what checkpoints and runs are selected by
 PREFIX = "checkpoint_"
 STATE_KIND, MODEL_KIND = "state", "model"
 
@@ -127,7 +127,7 @@ def prune(location: str, keep: set[str], whole: bool = False, up_to: int | None 
         if whole or ".tmp-" in name:
             storage.remove(folder)
         elif storage.exists(storage.join(folder, STATE)):
-            storage.empty(folder, "removed by the fit's checkpoint policy (platform.run.checkpoint.Kept)\n")
+            storage.empty(folder, "removed by the fit's checkpoint policy (platform.checkpoint.Kept)\n")
 
 
 def save(directory: Path, encoder: Encoder | None, state: dict[str, Any]) -> Path:
@@ -194,3 +194,55 @@ def model_dir(path: str | os.PathLike) -> Path:
 
 def save_points(directory: Path, points: list) -> None:
     (directory / POINTS).write_text(json.dumps([list(p) for p in points]), encoding="utf-8")
+
+
+def load_points(location: str) -> list[tuple]:
+    """The step metrics kept in the checkpoint at ``location`` (a folder or a storage URI)."""
+    text = storage.read_text(storage.join(location, POINTS))
+    return [tuple(p) for p in json.loads(text)] if text else []
+
+
+def exists(location: str | None) -> bool:
+    """Whether a checkpoint (a folder or URI holding ``state.json``) is in storage."""
+    return bool(location) and storage.exists(storage.join(location, STATE))
+
+
+def checkpoints_under(location: str) -> list[tuple[dict, str]]:
+    """(state, location) of each checkpoint directly under a fit's storage (Ray Train's
+    ``checkpoint_*`` folders, or the process runtime's ``latest`` and ``best``)."""
+    found = []
+    for name in storage.list_dirs(location):
+        folder = storage.join(location, name)
+        state = storage.read_text(storage.join(folder, STATE))
+        if state:
+            found.append((json.loads(state), folder))
+    return found
+
+
+def latest_under(location: str) -> str | None:
+    """The checkpoint with the highest step that keeps the run's points; None when there is none."""
+    found = [(state.get("step", 0), folder) for state, folder in checkpoints_under(location)
+             if storage.exists(storage.join(folder, POINTS))]
+    return max(found)[1] if found else None
+
+
+def best_under(location: str) -> tuple[str, float] | None:
+    """The checkpoint with the best STS-B dev under a fit's storage (the first step to reach it),
+    and that score; None when no checkpoint was evaluated."""
+    found = [(-float(state[DEV_METRIC]), state.get("step", 0), folder)
+             for state, folder in checkpoints_under(location) if DEV_METRIC in state]
+    if not found:
+        return None
+    dev, _, folder = min(found)
+    return folder, -dev
+
+
+def read_state_at(location: str) -> dict:
+    """A checkpoint's ``state.json`` at a folder or URI, without copying its weights."""
+    if not storage.is_uri(location):
+        return read_state(location)
+    text = storage.read_text(storage.join(location, STATE))
+    if text is None:
+        with storage.local_copy(location) as folder:
+            return read_state(folder)
+    return json.loads(text)

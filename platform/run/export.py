@@ -1,7 +1,6 @@
-"""After training: the 7 STS tasks on a best checkpoint beside the untouched backbone, and its
-export (Hugging Face and sentence-transformers formats, with its model card, logged to the run)
-and registration (``platform.tracking.registry``). Whatever loads weights runs as a Ray task on
-the run's device (``on_device``); the driver reads the checkpoint's JSON, prints, logs and registers."""
+"""After the final evaluation: a best checkpoint exported (Hugging Face and sentence-transformers
+formats, with its model card, logged to the run) and registered (``platform.tracking.registry``).
+The export loads weights, so it runs on the run's device (``final_evaluation.on_device``)."""
 
 from __future__ import annotations
 
@@ -9,104 +8,16 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from methods.encoder import Encoder
-from platform import settings, storage
+from platform import checkpoint, storage
 from platform.console import short
 from platform.config import TrainConfig, smoke_reason
-from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
-from platform.storage import cache_root, cached, encoder_key, entry_key
-from platform.evaluation.sts import STSEvaluator, format_table, with_mean
-from platform.run import checkpoint
-from platform.run.ray_env import started_here
+from platform.data import SHORT_NAMES, STS_TASKS
+from platform.run.final_evaluation import beside_table, device_of, on_device
 from platform.tracking import recorder, registry
 from platform.tracking.recorder import BEST, DEV_METRIC, Run
 from platform.tracking.store import git_commit, load_code, redact, ui_route
-
-
-# ------------------------------------------------------------------------------------------------
-# Where the model is loaded: a Ray task on the run's device (a GPU node under use_gpu), or this
-# process when the run has no Ray. The driver reads JSON and the data files, never weights.
-
-
-def on_device(fn: Callable[..., Any], *args: Any, device: dict[str, Any], alone: bool = False) -> Any:
-    """``fn(*args)`` as a Ray task that asks for what the run's workers ask (a GPU each under
-    ``use_gpu``, else ``cpus_per_worker`` CPUs), where the run is on Ray; else here. ``alone``:
-    nothing else of the command runs (a run's or a sweep's end); a CPU task on the local instance
-    the command started (nothing else is scheduled there) then asks for all its CPUs: on CPU the
-    7 tasks' encoding is most of a run's end, and a worker's share gives it one thread. Torch runs
-    as many threads as the task has CPUs (``_threads_of_the_task``)."""
-    if device.get("runtime", "ray") != "ray" or not _ray_ready():
-        return fn(*args)
-    import ray
-
-    gpu = bool(device.get("use_gpu"))
-    cpus = float(device.get("cpus_per_worker", 1))
-    if alone and not gpu and started_here():
-        cpus = max(cpus, float(int(ray.cluster_resources().get("CPU", 0))))
-    # "DEFAULT": not inside a Tune trial's placement group, which reserves no CPU or GPU.
-    task = ray.remote(num_gpus=1 if gpu else 0, num_cpus=cpus, max_retries=0, scheduling_strategy="DEFAULT")
-    return ray.get(task(_threads_of_the_task).remote(fn, *args))
-
-
-def _threads_of_the_task(fn: Callable[..., Any], *args: Any) -> Any:
-    """(task) ``fn(*args)`` with torch's threads at the task's ``OMP_NUM_THREADS``: Ray sets it
-    for each task (its CPUs, at least 1) unless the user did, but torch reads it once, when a
-    worker process first imports it, and Ray reuses worker processes between tasks."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(settings.number(settings.OMP_THREADS, 1))))
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _ray_ready() -> bool:
-    try:
-        import ray
-    except ImportError:
-        return False
-    return ray.is_initialized()
-
-
-def device_of(state: dict[str, Any]) -> dict[str, Any]:
-    """The run's device settings, from its checkpoint's ``state.json``."""
-    config = state.get("config", {})
-    return {k: config[k] for k in ("runtime", "use_gpu", "cpus_per_worker") if k in config}
-
-
-def sts_test_pairs() -> dict[str, dict[str, list]]:
-    """The 7 STS tasks' test pairs, read here: a task on another node has no data folder."""
-    root = data_dir()
-    return {t: load_sts(t, root).plain() for t in STS_TASKS}
-
-
-def _on_its_device(encoder: Encoder) -> Encoder:
-    import torch
-
-    return encoder.to("cuda") if torch.cuda.is_available() else encoder
-
-
-def score_checkpoint(location: str, pairs: dict) -> dict[str, float]:
-    """(task) The 7 STS tasks and their mean on the checkpoint at ``location``."""
-    with storage.local_copy(location) as folder:
-        state = checkpoint.read_state(folder)
-        encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
-        return with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
-
-
-def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict]) -> tuple[str, dict[str, float]]:
-    """(task) The untouched backbone's key in the cache (its weights, tokenizer, pooler and device)
-    and its 7-task scores: the cached ones in ``known`` (by entry name), or evaluated now."""
-    encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler))
-    digest = encoder_key(encoder, pooler)
-    found = known.get(entry_key(BASELINE, digest, {"pooler": pooler}))
-    if found is not None:
-        return digest, found
-    return digest, with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
 
 
 def export_model(location: str, uri: str, run_id: str, card: str, results: str, name: str = "model") -> tuple[str | None, str]:
@@ -132,106 +43,6 @@ def export_model(location: str, uri: str, run_id: str, card: str, results: str, 
                                           name=name, card=card), ""
 
 
-# ------------------------------------------------------------------------------------------------
-# The driver's side
-
-
-def evaluate_sts(run: Run, location: str, quiet: bool = False, alone: bool = False) -> dict[str, float]:
-    """The 7 STS tasks and their mean on the checkpoint at ``location`` (a folder or a URI), on
-    the run's device (``alone``: as ``on_device`` says), logged on ``run`` as ``sts_<task>`` at the
-    checkpoint's step; printed unless ``quiet``."""
-    state = read_state_at(location)
-    scores = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state), alone=alone)
-    if not quiet:
-        print(format_table(scores), flush=True)
-    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
-    return scores
-
-
-BASELINE = "baseline_sts"
-
-
-def cached_baselines() -> dict[str, dict[str, float]]:
-    """Every untouched backbone's scores cached on this machine, by cache entry name."""
-    return {p.name: json.loads((p / "scores.json").read_text())
-            for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
-
-
-def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = None, alone: bool = False) -> dict[str, float]:
-    """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
-    model is measured against. A cache entry keyed by the backbone's weights, tokenizer and the
-    pooler (``platform.storage``), so each backbone is evaluated once; on ``device`` (the
-    run's), where the weights are loaded (``alone``: as ``on_device`` says)."""
-    known = cached_baselines()
-    digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, device=device or {}, alone=alone)
-    if entry_key(BASELINE, digest, {"pooler": pooler}) not in known:
-        print(f"evaluated the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
-        cached(BASELINE, digest, {"pooler": pooler}, lambda folder: (folder / "scores.json").write_text(json.dumps(scores)))
-    return scores
-
-
-def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: bool = False,
-                     alone: bool = False) -> dict[str, float]:
-    """The trained model's table beside its backbone's (same pooler) and the difference, printed
-    (unless ``quiet``) and logged on ``run`` (``vs_backbone/baseline_sts_<task>``, ``vs_backbone/delta_sts_<task>``: their own section of MLflow's charts, after the training curves); returns the baseline."""
-    state = read_state_at(location)
-    config = state.get("config", {})
-    backbone, pooler = config.get("model", ""), state["eval_pooler"]
-    baseline = baseline_sts(backbone, pooler, device_of(state), alone)
-    tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
-    lines = beside_table(backbone, baseline, scores)
-    why = smoke_reason(config.get("profile", ""), backbone)
-    if not quiet:
-        print(f"STS (Spearman x100, pooler {pooler}), against the untouched backbone:", flush=True)
-        print("\n".join(lines), flush=True)
-        if why:
-            print(f"note: a smoke test, not a result ({why})", flush=True)
-    recorder.log_results(run, {**{f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks},
-                               **{f"vs_backbone/delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
-    run.set_tags({"baseline": f"{backbone} (pooler {pooler}) STS avg {baseline['avg']:.2f}"} if "avg" in baseline else {})
-    return baseline
-
-
-def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, float]) -> list[str]:
-    """The lines of a model's 7-task table under its untouched backbone's, and the difference."""
-    tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
-    names = [SHORT_NAMES.get(t, t) for t in tasks]
-    width = max(14, len(backbone.split("/")[-1]) + 2)
-    rows = [("", names), (backbone.split("/")[-1][: width], [f"{baseline[t]:.2f}" for t in tasks]),
-            ("trained", [f"{scores[t]:.2f}" + (f" +- {scores[t + '_std']:.2f}" if t + "_std" in scores else "")
-                         for t in tasks]),
-            ("difference", [f"{scores[t] - baseline[t]:+.2f}" for t in tasks])]
-    cols = [max(len(r[1][i]) for r in rows) for i in range(len(tasks))]
-    lines = [f"{label:<{width}}| " + " | ".join(v.rjust(w) for v, w in zip(values, cols)) for label, values in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return lines
-
-
-def cached_baseline(backbone: str, pooler: str) -> dict[str, float] | None:
-    """The untouched backbone's 7-task scores with ``pooler`` when a run has cached them on this
-    machine (this device), else None: nothing is evaluated, and a backbone that cannot be loaded
-    here (a hub model offline) has none."""
-    known = cached_baselines()
-    if not known or not backbone:
-        return None
-    try:
-        encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler))
-    except Exception:  # noqa: BLE001  (not here, not loadable offline: no baseline to show)
-        return None
-    return known.get(entry_key(BASELINE, encoder_key(encoder, pooler), {"pooler": pooler}))
-
-
-def read_state_at(location: str) -> dict:
-    """A checkpoint's ``state.json`` at a folder or URI, without copying its weights."""
-    if not storage.is_uri(location):
-        return checkpoint.read_state(location)
-    text = storage.read_text(storage.join(location, checkpoint.STATE))
-    if text is None:
-        with storage.local_copy(location) as folder:
-            return checkpoint.read_state(folder)
-    return json.loads(text)
-
-
 def export_and_register(run: Run, location: str, scores: dict[str, float], dev: float,
                         tags: dict[str, str] | None = None, baseline: dict[str, float] | None = None,
                         seeds: int = 1, searched: dict[str, str] | None = None) -> None:
@@ -240,7 +51,7 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     (sentence-transformers folder with its model card, which Hugging Face also loads); then a
     version in the Model Registry with ``scores`` and ``dev`` (means over seeds where there are
     several), ``tags`` and a sweep's ``searched`` values, described for a reader of the registry."""
-    state = read_state_at(location)
+    state = checkpoint.read_state_at(location)
     name = registry.registered_name(state["method"], state["recipe"])
     config = state.get("config", {})
     recorded = run.info().data.tags
