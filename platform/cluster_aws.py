@@ -413,7 +413,7 @@ def billed_hours(cluster_name: str, since_s: float, until_s: float | None = None
             start = instance["LaunchTime"].timestamp()
             end = until_s
             if instance["State"]["Name"] in ("stopping", "stopped", "shutting-down", "terminated"):
-                # "User initiated (2026-11-26 15:00:00 GMT)" (AWS's documented form; the emulator says UTC)
+                # "User initiated (YYYY-MM-DD HH:MM:SS GMT)" (AWS's documented form; the emulator says UTC)
                 when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)",
                                  instance.get("StateTransitionReason", ""))
                 if when:

@@ -137,7 +137,7 @@ class TrialRuns:
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
         # Each trial's evaluations as Tune received them ({trial_id: [(step, metrics)]}): what the
-        # recorder completes its run with when the trial ends before its next state (issue 47).
+        # recorder completes its run with when the trial ends before its next state.
         self.evaluations: dict[str, list[tuple[int, dict[str, float]]]] = {}
         # The trials Tune ended whose runs are not closed yet, each with when it stops waiting for
         # its points' sender (a monotonic time: a restored sweep's entries close at its first check).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # The modules that take longest (minutes, mostly Ray Train and Tune starting their processes), in
 # that order, for the suite (the README's test command) and for the scenarios (``-m scenario``),
-# from their sums in a clean clone's `--durations=0` run of each, 2026-11-28; each runs its modules
+# from their sums in a clean clone's `--durations=0` run of each; each runs its modules
 # in parallel processes (pytest-xdist, one module to a process), and handing these out first lets
 # the processes finish together. Modules with tests in both are placed by their share in each.
 SLOWEST_FIRST = ["test_sweep_in_mlflow", "test_seeds", "test_cluster_aws", "test_san_cli", "test_report",
@@ -20,7 +20,7 @@ SCENARIOS_SLOWEST_FIRST = ["test_cluster_boot", "test_multinode", "test_grid", "
 def pytest_configure(config):
     # pytest-xdist >= 3.6 re-sorts --dist loadfile's modules by their number of tests unless told
     # not to, which put the list above last (test_multinode began 12 minutes into a clean clone's
-    # run, 2026-11-28): keep the order pytest_collection_modifyitems gives.
+    # run): keep the order pytest_collection_modifyitems gives.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 

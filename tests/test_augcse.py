@@ -252,7 +252,7 @@ def test_the_projector_normalises_every_row_with_the_reference_rows_statistics()
 
 
 def test_the_projectors_statistics_are_float32_under_low_precision_autocast():
-    """Issue 48: under bf16 autocast (CPU) the hand-written BN of the projector (the DDP path, or a
+    """Under bf16 autocast (CPU) the hand-written BN of the projector (the DDP path, or a
     recipe with negatives) computes its statistics in float32, as nn.BatchNorm1d's kernel does: the
     same running statistics and output as nn.BatchNorm1d, and the fp32 run's within bf16's rounding."""
     from methods.augcse import batch_norm_from

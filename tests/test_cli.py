@@ -205,7 +205,7 @@ def test_credentials_in_the_tracking_uri_are_masked(tiny_model, small_corpus, tm
 
 
 def test_the_end_of_a_sweep_says_what_it_does_every_30_seconds_on_a_terminal():
-    """(Issue 47, item 8.) ``still_working`` beats on a terminal while its block runs, stops with
+    """``still_working`` beats on a terminal while its block runs, stops with
     it, and prints nothing off a terminal (a log file keeps only the lines that say something)."""
     import io
     import time

@@ -289,7 +289,7 @@ def test_the_processes_ray_starts_on_a_node_get_threads_by_their_cpus(tmp_path):
     """Ray's launcher runs every start command as ``source ~/.bashrc; export OMP_NUM_THREADS=1 &&
     (...)`` (``_with_interactive``, the updater's variables before it): a raylet started so gives
     each task, actor and Train worker one OpenMP thread, whatever CPUs it holds (a 2-CPU task on a
-    ``ray start`` made with the variable: 1 thread; without it: 2, measured 2026-11-28). The head's
+    ``ray start`` made with the variable: 1 thread; without it: 2). The head's
     and a worker's ``ray start``, run as the launcher runs them in a throwaway HOME, see it unset,
     so Ray sets each process's threads by its CPUs (``tests/test_shim.py`` checks that on a local
     instance); a value cluster.env gives is kept."""

@@ -1,7 +1,6 @@
-"""The README and the documentation site (issue 49): the site builds with no warning (every internal
-link and anchor checked by MkDocs), the README stays short and its links land, the commands' flags
-and the docs agree, the defaults the docs name are the code's, and every section of the old README
-has a home."""
+"""The README and the documentation site: the site builds with no warning (every internal link and
+anchor checked by MkDocs), the README stays short and its links land, the commands' flags and the
+docs agree, the defaults the docs name are the code's."""
 
 from __future__ import annotations
 
@@ -149,39 +148,6 @@ def test_every_config_key_the_docs_name_exists():
     named |= set(re.findall(r"--set ([a-z_0-9]+)=", text)) - {"key"}  # "--set key=value", the syntax
     assert named, "no config key found in the docs"
     assert named - keys == set()
-
-
-# Where each section of the README before issue 49 went (README.md at 2e5ec27): its page, and a
-# passage of it that is there.
-OLD_SECTIONS = {
-    "Set up and run (a fresh machine, offline, Python 3.11)": ("README.md", "for the sweep"),
-    "Commands": ("docs/commands.md", "python -m platform.augment METHOD --corpus PATH"),
-    "Paper recipes (`--profile paper`)": ("docs/papers.md", "prints every resolved value with"),
-    "UNA (Shu et al.)": ("docs/papers.md", "## UNA (Shu et al.)"),
-    "SAN + HiNCE (Cai et al.)": ("docs/papers.md", "## SAN + HiNCE (Cai et al.)"),
-    "VaSCL (Zhang et al.)": ("docs/papers.md", "## VaSCL (Zhang et al.)"),
-    "AugCSE (Tang et al.)": ("docs/papers.md", "## AugCSE (Tang et al.)"),
-    "Data": ("docs/data.md", "points at a folder with SentEval's layout"),
-    "MLflow": ("docs/mlflow.md", "A tracking outage costs a run nothing."),
-    "On a cluster": ("docs/cluster.md", "describes an AWS cluster for the Ray launcher"),
-    "The cluster on one machine (contributors)": ("docs/development.md", "reproduces this topology on one machine"),
-    "Failures and resuming": ("docs/failures.md", "Checkpoints come in two kinds"),
-    "Environment variables": ("docs/development.md", "## Environment variables"),
-    "Code map": ("docs/development.md", "## Code map"),
-    "Layout": ("docs/development.md", "## Layout"),
-    "Troubleshooting": ("docs/failures.md", "## Troubleshooting"),
-}
-
-
-def test_every_old_section_has_a_home():
-    old = subprocess.run(["git", "show", "2e5ec27:README.md"], cwd=ROOT, capture_output=True, text=True)
-    if old.returncode != 0:
-        pytest.skip("a clone without the README's history")
-    assert set(re.findall(r"^##+ (.+)$", old.stdout, re.M)) == set(OLD_SECTIONS)
-    for heading, (home, passage) in OLD_SECTIONS.items():
-        assert passage in (ROOT / home).read_text(encoding="utf-8"), (heading, home)
-        if not passage.startswith("#"):
-            assert passage in old.stdout, (heading, passage)
 
 
 def test_the_report_folder_is_ignored():

@@ -73,7 +73,7 @@ def grid(tiny_model, small_corpus, tmp_path_factory, mlflow_server):
     sets = {"model": tiny_model, "corpus": corpus, "batch_size": 16, "max_steps": 2, "eval_steps": 1,
             "log_steps": 1, "output_dir": tmp / "runs", "num_workers": 1, "data_pipeline": "local"}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    # Four Ray Train runs: 147 s alone (2026-11-28), ~380 s beside test_multinode (2026-11-29); past 600 s once in CI.
+    # Four Ray Train runs: minutes alone, twice that beside test_multinode; past 600 s once in CI.
     out["proc"] = run_cli("tune", "augcse", "--space", str(space), "--grid", "grl_multiplier", "--seeds", "2", *args,
                           env={"MLFLOW_TRACKING_URI": mlflow_server, **env}, timeout=1200)
     assert out["proc"].returncode == 0, out["proc"].stderr[-3000:]

@@ -136,8 +136,8 @@ def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_i
 
 
 def test_points_go_out_as_they_are_logged_and_a_restart_keeps_each_step_once(mlflow_uri, tmp_path):
-    """Each logged step reaches MLflow at once, from the background sender (issue 47; before, a
-    point waited for the next persisted checkpoint: a scheduler-stopped trial showed none). A
+    """Each logged step reaches MLflow at once, from the background sender, not with the next
+    persisted checkpoint (which a scheduler-stopped trial may never write). A
     worker restarted from the checkpoint of step 2 re-runs step 3, whose point the dead attempt
     had sent: the restart adopts that point from MLflow and drops the re-run's copy, and the fit's
     end replays its latest checkpoint's points: each step once, whatever was sent twice."""
@@ -270,7 +270,7 @@ def test_tune_resume_refuses_a_changed_configuration_and_a_live_driver(tiny_mode
 
 
 def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation(mlflow_uri, tmp_path):
-    """(Issue 47, item 2.) The paper profile's 15 minutes between resumable states: ASHA stops the
+    """The paper profile's 15 minutes between resumable states: ASHA stops the
     trial after its evaluations of steps 8, 16 and 24, its last state is step 8's, and its worker
     was killed while step 24's points were queued. Tune's reports (the sweep callback's
     ``on_trial_result``) complete the run: every evaluation once, the values the worker sent kept."""

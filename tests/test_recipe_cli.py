@@ -166,7 +166,7 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert not set(parent.data.params) & searched
     assert not {k for k in parent.data.metrics if not k.startswith(comparison)} & set(best.data.metrics)
     assert parent.data.tags["searched"].split(",") == sorted(searched, key=parent.data.tags["searched"].split(",").index)
-    # (Issue 47, item 7.) Every trial describes itself in MLflow's UI, values rounded as the console
+    # Every trial describes itself in MLflow's UI, values rounded as the console
     # shows them; the winner adds the 7 tasks against its backbone and its load line.
     from platform.console import short
 
@@ -192,7 +192,7 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     closing = proc.stdout[proc.stdout.index("sweep finished"):]
     for needle in (f"best trial:   trial-{best.data.tags['trial_id']}", "checkpoint:", "models:/recipe-negatives-",
                    f"sweep_summary.csv and plots/ in MLflow run {parent.info.run_id}", "mlflow ui --backend-store-uri",
-                   # (Issue 47, item 7.) The link opens the sweep's trials: searched values and dev score, best first.
+                   # The link opens the sweep's trials: searched values and dev score, best first.
                    f"http://127.0.0.1:5000/#/experiments/{parent.info.experiment_id}/runs?viewStateShareKey="
                    f"sweep-{parent.info.run_id}&workflowType=machine_learning"):
         assert needle in closing, needle

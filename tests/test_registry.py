@@ -44,7 +44,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     assert {f"sts_{t}" for t in ("STS12", "STSBenchmark", "SICKRelatedness", "avg")} <= set(champion.tags)
 
     # The load line the console prints loads the model in a new Python session from the repository
-    # root, whose MLflow would look in ./mlflow.db: the line names the store (issue 47).
+    # root, whose MLflow would look in ./mlflow.db: the line names the store.
     import os
     import re
     import subprocess

@@ -1,4 +1,4 @@
-"""Issue 7 on one machine: ``train`` on a two-node Ray cluster, 2 DDP workers, trains exactly as
+"""Reliability on one machine: ``train`` on a two-node Ray cluster, 2 DDP workers, trains exactly as
 one plain process does, and the run is complete end to end (MLflow, artifacts, the evaluator).
 (A killed node with 2 DDP workers, and a sweep interrupted on the driver and resumed, run on the
 multi-node topology with object storage: tests/test_multinode.py.)"""

@@ -51,7 +51,7 @@ def seeded_runs(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
 
 
 def test_evaluate_prints_the_backbone_beside_a_checkpoint(seeded_runs):
-    """(Issue 47, item 9.) The run cached its backbone's scores at its end: ``evaluate`` on its
+    """The run cached its backbone's scores at its end: ``evaluate`` on its
     checkpoint prints them beside its own, the same numbers the run logged as its baseline."""
     out = seeded_runs["evaluated"].stdout
     assert "against the untouched backbone (pooler cls_before_pooler, from the cache):" in out, out
@@ -222,7 +222,7 @@ def test_a_sweeps_row_sets_its_nodes_hours_beside_its_training(mlflow_uri):
 
 
 def test_the_report_shows_the_untouched_backbone_and_says_smoke(mlflow_uri):
-    """(Issue 47, item 9.) The backbone's row (its 7 tasks with the run's pooler, as the final
+    """The backbone's row (its 7 tasks with the run's pooler, as the final
     evaluation scored it) sits under the rows trained from it, once per backbone; a smoke run (the
     local profile, a sentence-tuned backbone) is named as one, a paper-profile run is not."""
     from mlflow.tracking import MlflowClient

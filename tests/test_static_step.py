@@ -1,5 +1,5 @@
 """The static-shape step (``static_shapes``) and the compiled backbone (``compile``) give the
-eager, longest-row step's loss and gradients for every named recipe (issue 50, item 3)."""
+eager, longest-row step's loss and gradients for every named recipe."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a researcher finds in MLflow after a sweep at the paper profile's checkpoint interval
-(``checkpoint_minutes=15``) in which ASHA stops a trial between two resumable states (issue 47):
+(``checkpoint_minutes=15``) in which ASHA stops a trial between two resumable states:
 the stopped trial's run holds every evaluation it made and every step it trained, its best dev
 score and a description that says how it ended; the link the sweep prints opens MLflow's UI on
 the trials with their searched values and dev score; the registered version's 7-task table is

@@ -233,7 +233,7 @@ def test_bad_params(kw, message):
 
 
 def test_the_perturbation_keeps_its_radius_and_direction_under_low_precision_autocast():
-    """Issue 48: the gradient that finds delta is taken in float32 whatever the caller's autocast
+    """The gradient that finds delta is taken in float32 whatever the caller's autocast
     (under fp16 an unscaled gradient can underflow to zero, and the perturbation would vanish):
     under bf16 autocast (CPU) delta has norm Delta on every row and the fp32 run's direction."""
     torch.manual_seed(0)
