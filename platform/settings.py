@@ -65,6 +65,9 @@ DEFAULTS = {
         r"Dataset \S+ execution finished in", r"PYTHON worker processes have been started on node",
         r"RAW: Lock blocking",
     ]),
+    # The workers' lines name their trial or run themselves: Ray's "(RayTrainWorker pid=...)" prefix,
+    # colour codes in a log file, adds nothing a reader needs.
+    "RAY_DISABLE_WORKER_LOG_PREFIX": "1",
     # Without a terminal Ray Data logs progress as a block of lines: once a minute, not every 10 s.
     "RAY_DATA_NON_TTY_PROGRESS_LOG_INTERVAL": "60",
     # Ray warns about each of its default working_dir excludes that exists; ray_env.EXCLUDES names them all.

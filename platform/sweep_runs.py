@@ -355,8 +355,8 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     return result.checkpoint
 
 
-def best_backbone(checkpoint: str) -> str:
-    return checkpoint.read_state_at(checkpoint).get("config", {}).get("model", "?")
+def best_backbone(location: str) -> str:
+    return checkpoint.read_state_at(location).get("config", {}).get("model", "?")
 
 
 def comparison_table(scores: dict[str, float], baseline: dict[str, float], backbone: str) -> str:

@@ -12,6 +12,8 @@ import dataclasses
 import os
 import time
 
+import torch
+
 from methods.ingredients import AuxTerm, Params, StepOutputs, check
 
 
@@ -19,6 +21,7 @@ from methods.ingredients import AuxTerm, Params, StepOutputs, check
 class BarrierParams(Params):
     barrier_dir: str = ""  # where the armed and blocked files are
     barrier_step: int = 1  # the step (1-based) that waits
+    barrier_backward_s: float = 0.0  # seconds every backward pass sleeps
 
     def validate(self) -> None:
         check([(bool(self.barrier_dir), "aux=barrier needs barrier_dir"),
@@ -37,4 +40,19 @@ class Barrier(AuxTerm):
                 f.write(f"{os.getpid()}\n")
             while os.path.exists(armed):
                 time.sleep(0.1)
-        return out.e["anchor"].sum() * 0.0, {}
+        zero = out.e["anchor"].sum() * 0.0
+        return (SlowBackward.apply(zero, self.params.barrier_backward_s) if self.params.barrier_backward_s else zero), {}
+
+
+class SlowBackward(torch.autograd.Function):
+    """The identity, whose gradient takes ``seconds``: the autograd engine waits in Python."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None

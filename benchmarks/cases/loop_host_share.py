@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
 
-import torch  # noqa: E402
+import torch
 
-from methods.encoder import Encoder  # noqa: E402
-from platform.config import TrainConfig  # noqa: E402
-from platform.data import read_corpus, resolve_corpus  # noqa: E402
-from platform.data.columns import prepare_corpus  # noqa: E402
-from platform.run.loop import RunContext, local_batches, make_optimizer, train_loop_per_worker  # noqa: E402
-from benchmarks.paper_precision import random_bert  # noqa: E402
+from methods.encoder import Encoder
+from platform.config import TrainConfig
+from platform.data import read_corpus, resolve_corpus
+from platform.data.columns import prepare_corpus
+from platform.run.loop import RunContext, local_batches, make_optimizer, train_loop_per_worker
+from benchmarks.common import random_bert
+from benchmarks.harness import Bench, Case
 
 
 def loop_seconds(cfg: TrainConfig, corpus, steps: int) -> float:
@@ -81,8 +78,7 @@ def device_seconds(cfg: TrainConfig, corpus, steps: int, warmup: int) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="tiny | bert-base (random weights) | a model path")
     p.add_argument("--method", default="simcse")
     p.add_argument("--steps", type=int, default=200)
@@ -90,7 +86,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--tokenizer", default="minilm", help="the random models' tokenizer (an uncased BERT vocabulary)")
     p.add_argument("--corpus", default="wiki1m_for_simcse.first11914.txt.gz")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     out = Path(tempfile.mkdtemp())
     model = args.model if args.model not in ("tiny", "bert-base") else random_bert(out / "model", args.model, args.tokenizer)
     cfg = TrainConfig.build(args.method, "paper", {
@@ -107,7 +105,3 @@ def main() -> None:
     print("| loop step (ms) | device step, pre-tokenised, no reads (ms) | host share of the loop's step |")
     print("|---|---|---|")
     print(f"| {loop * 1e3:.2f} | {dev * 1e3:.2f} | {100 * (1 - dev / loop):.0f}% |")
-
-
-if __name__ == "__main__":
-    main()

@@ -22,13 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.modules.pop("platform", None)
+ROOT = Path(__file__).resolve().parents[2]
 
-from methods.recipe import Recipe  # noqa: E402
-from methods.una import fit_tfidf  # noqa: E402
-from platform.data import data_dir, read_corpus  # noqa: E402
+from methods.recipe import Recipe
+from methods.una import fit_tfidf
+from platform.data import data_dir, read_corpus
+from benchmarks.harness import Bench, Case
 
 
 def consume(ds, batch: int = 64, shuffle: bool = False) -> int:
@@ -39,11 +38,12 @@ def consume(ds, batch: int = 64, shuffle: bool = False) -> int:
     return n
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--repeats", type=int, default=2)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     sents: list[str] = []
     for f in sorted((data_dir() / "corpus").glob("*.txt.gz")):
         sents.extend(read_corpus(f))
@@ -72,7 +72,3 @@ def main() -> None:
         print(f"{name}: before (corpus order + 4-batch buffer) {b:,.0f} sentences/s; now (uniform permutation) "
               f"{w:,.0f} sentences/s = {w / b:.2f}x; building the epoch's dataset {statistics.median(build):.2f} s; "
               f"{w / 64:,.0f} batches of 64 per second", flush=True)
-
-
-if __name__ == "__main__":
-    main()

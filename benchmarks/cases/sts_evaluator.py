@@ -7,26 +7,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
-
-import torch  # noqa: E402
-
-from methods.encoder import Encoder  # noqa: E402
-from platform.evaluation.sts import STSEvaluator, format_table, with_mean  # noqa: E402
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+import torch
+
+from methods.encoder import Encoder
+from platform.evaluation.sts import STSEvaluator, format_table, with_mean
+from benchmarks.harness import Bench, Case
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="minilm")
     p.add_argument("--pooler", default="avg")
     p.add_argument("--batch-size", type=int, default=128)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     t0 = time.perf_counter()
     ev = STSEvaluator(batch_size=args.batch_size)
     t_load = time.perf_counter() - t0
@@ -40,7 +37,3 @@ def main() -> None:
     print(f"data load {t_load:.1f}s; {pairs} pairs = {2 * pairs} sentences, {len(ev.sentences)} distinct encoded")
     print(f"encode+score {t_enc:.1f}s: {len(ev.sentences) / t_enc:.0f} distinct sentences/s, "
           f"{2 * pairs / t_enc:.0f} task sentences/s (whole 7-task evaluation)")
-
-
-if __name__ == "__main__":
-    main()

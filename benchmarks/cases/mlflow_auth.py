@@ -25,11 +25,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from benchmarks.harness import Bench, Case
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
+ROOT = Path(__file__).resolve().parents[2]
 
 ACCOUNT = {"MLFLOW_TRACKING_USERNAME": "platform", "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery-staple"}
 
@@ -92,11 +90,12 @@ def one_round(work: Path, template: Path, cached: bool, requests: int) -> tuple[
         proc.wait(timeout=30)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=20, help="search + log_batch pairs per round")
     p.add_argument("--rounds", type=int, default=2)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     from mlflow.tracking import MlflowClient
 
     work = Path(tempfile.mkdtemp(prefix="mlflow-auth-bench-"))
@@ -118,7 +117,3 @@ def main() -> None:
     on = statistics.median(c for c, _ in results[True])
     off = statistics.median(c for c, _ in results[False])
     print(f"  off / on: {off / on:.0f}x the server's CPU per request")
-
-
-if __name__ == "__main__":
-    main()

@@ -26,11 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.modules.pop("platform", None)
+ROOT = Path(__file__).resolve().parents[2]
 
-import torch  # noqa: E402
+import torch
+from benchmarks.harness import Bench, Case
 
 
 def folder_mb(path: Path) -> float:
@@ -140,17 +139,14 @@ def tune_overhead(n: int = 40) -> None:
     print(f"tune: {n} instant trials in {sec:.1f}s = {n / sec * 60:.0f} trials/min ({sec / n:.2f}s per trial)")
 
 
-def main():
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-resume", action="store_true")
     p.add_argument("--only-resume", action="store_true")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     if not args.only_resume:
         checkpoint_costs()
         tune_overhead()
     if not args.skip_resume:
         resume_time()
-
-
-if __name__ == "__main__":
-    main()

@@ -12,28 +12,25 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
-
-import torch  # noqa: E402
-
-from platform.config import TrainConfig  # noqa: E402
-from platform.data import read_corpus, resolve_corpus  # noqa: E402
-from platform.run.loop import train_loop_per_worker  # noqa: E402
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+import torch
+
+from platform.config import TrainConfig
+from platform.data import read_corpus, resolve_corpus
+from platform.run.loop import train_loop_per_worker
+from benchmarks.harness import Bench, Case
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--model", default="minilm")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     cpus = os.cpu_count() or 1
     out = tempfile.mkdtemp()
     cfg = TrainConfig.build(
@@ -61,7 +58,3 @@ def main() -> None:
     mp, mr = statistics.median(plain), statistics.median(ray_times)
     print(f"model={args.model} batch={args.batch_size} steps={args.steps} cpus={cpus} torch_threads={torch.get_num_threads()}")
     print(f"plain loop: {mp:.1f} sentences/s   Ray Train: {mr:.1f} sentences/s   time ratio Ray/plain = {mp / mr:.3f}")
-
-
-if __name__ == "__main__":
-    main()

@@ -19,17 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.modules.pop("platform", None)
+ROOT = Path(__file__).resolve().parents[2]
 
-import torch  # noqa: E402
+import torch
 
-import methods.losses  # noqa: E402
-import methods.vascl  # noqa: E402
-from methods.encoder import Encoder  # noqa: E402
-from methods.recipe import Recipe  # noqa: E402
-from platform.data import data_dir, read_corpus  # noqa: E402
+import methods.losses
+import methods.vascl
+from methods.encoder import Encoder
+from methods.recipe import Recipe
+from platform.data import data_dir, read_corpus
+from benchmarks.harness import Bench, Case
 
 RECIPES = {"simcse": {}, "una": {"alpha": 1}, "san": {}, "augcse": {"augmentations": "4-aug"}, "vascl": {}}
 SHIPPED = methods.losses.full_precision
@@ -102,11 +101,12 @@ def bench(name: str, sentences: list[str], batch_size: int, steps: int) -> dict[
     return {mode: statistics.median(ts) for mode, ts in times.items()}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=5)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     torch.set_num_threads(2)
     sentences = read_corpus(data_dir() / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", limit=args.batch * (args.steps + 1))
     print("| recipe | step, fp32 logits | step, bf16 logits | ratio | loss, no autocast | fp32 logits | bf16 logits |")
@@ -116,7 +116,3 @@ def main() -> None:
         loss = first_losses(name, sentences[: args.batch])
         print(f"| {name} | {t['fp32'] * 1e3:.0f} ms | {t['bf16'] * 1e3:.0f} ms | {t['fp32'] / t['bf16']:.3f} | "
               f"{loss['none']:.4f} | {loss['fp32']:.4f} | {loss['bf16']:.4f} |", flush=True)
-
-
-if __name__ == "__main__":
-    main()

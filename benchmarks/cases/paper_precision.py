@@ -1,12 +1,14 @@
-"""The five recipes' paper profiles on a GPU, each in its paper's precision (issue 48, item 3), and
-the peak memory of the paper batches with and without GradCache (issue 50, item 5).
+"""The five recipes' paper profiles on a GPU, each in its paper's precision, and the peak memory of
+the paper batches with and without GradCache.
 
-Two steps, because the GPU machine has torch and transformers but neither spaCy, nlpaug nor the data:
+Two steps where the GPU machine has torch and transformers but neither spaCy, nlpaug nor the data:
 
     # here (CPU, $PLATFORM_DATA_DIR set): the corpus and every generated column, as Parquet
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/paper_precision.py prepare --out .dev/prepared
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run paper-precision --prepare-to .dev/prepared
     # on the GPU machine: each recipe's paper profile for --steps steps on random bert-base weights
-    python benchmarks/paper_precision.py run --prepared .dev/prepared --steps 200
+    python -m benchmarks run paper-precision --prepared .dev/prepared --steps 200
+
+(Without either, both steps run here, the first into a temporary folder.)
 
 ``prepare`` makes what the driver makes before a run (``prepare_corpus``: SAN's MLM negatives with the
 tiny random MLM in place of bert-base-uncased, which is not offline here; AugCSE's eight augmentations;
@@ -22,7 +24,7 @@ norms were not finite (a step the fp16 scaler skips has an infinite norm), the m
 and last ten steps, the steps the scaler skipped, ms per step and peak GPU memory. Then the GradCache
 rows: the paper batches of VaSCL (1024, fp32) and SimCSE-RoBERTa (512, fp16) for a few steps with
 ``mini_batch_size`` 0 and 128. ``--compile MODE`` runs everything with ``static_shapes`` and that
-``torch.compile`` mode; ``--only`` picks runs.
+``torch.compile`` mode; ``--only`` picks runs (and the recipes prepared).
 """
 
 from __future__ import annotations
@@ -30,22 +32,20 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
 
-import torch  # noqa: E402
+import torch
 
-from platform.config import TrainConfig  # noqa: E402
+from platform.config import TrainConfig
+from benchmarks.common import random_bert
+from benchmarks.harness import Bench, Case
 
 # (recipe, precision override or None for the paper profile's own): the paper
-# precisions (SimCSE and SAN fp16, UNA, AugCSE and VaSCL fp32), then the two GPU-only numerics of
-# issue 48 under fp16 (AugCSE's BatchNorm statistics, VaSCL's inner gradient).
+# precisions (SimCSE and SAN fp16, UNA, AugCSE and VaSCL fp32), then the two GPU-only numerics
+# under fp16 (AugCSE's BatchNorm statistics, VaSCL's inner gradient).
 RUNS = [("simcse", None), ("una", None), ("san", None), ("augcse", None), ("vascl", None),
         ("augcse", "fp16"), ("vascl", "fp16")]
 SAN_MLM = "tiny-random-mlm"  # the generator of SAN's negatives here (bert-base-uncased needs the hub)
@@ -62,7 +62,7 @@ def profile(recipe: str, overrides: dict, prepared: Path | None = None) -> Train
     return TrainConfig.build(recipe, "paper", {**extra, **overrides})
 
 
-def prepare(out: Path, steps: int) -> None:
+def prepare(out: Path, steps: int, only: list[str]) -> None:
     """Each recipe's corpus (enough rows for ``steps`` batches of its paper batch) with its generated
     columns, as ``<recipe>.parquet``."""
     import pyarrow as pa
@@ -80,6 +80,9 @@ def prepare(out: Path, steps: int) -> None:
     shutil.copytree(ensure_tiny_mlm(), out / MLM, dirs_exist_ok=True, ignore=shutil.ignore_patterns("COMPLETE"))
     corpus = resolve_corpus("reuters21578_sentences.txt.gz")
     for recipe in dict.fromkeys(r for r, _ in RUNS):
+        if only and not any(o.split(":")[0] in (recipe, "memory") and (o != "memory" or recipe in ("vascl", "simcse"))
+                            for o in only):
+            continue
         cfg = profile(recipe, {})
         rows = cfg.batch_size * (steps if recipe != "vascl" else max(10, steps // 4)) + cfg.batch_size
         resolve_local_models(cfg.ingredient_params)
@@ -87,29 +90,6 @@ def prepare(out: Path, steps: int) -> None:
         data = prepare_corpus(cfg.build_recipe(), read_corpus(corpus, limit=rows), use_ray=False)
         pq.write_table(pa.table(data.columns), out / f"{recipe}.parquet", compression="zstd")
         print(f"{recipe}: {data.num_sentences} rows, columns {sorted(data.columns)}, {time.perf_counter() - t0:.0f} s")
-
-
-def random_bert(folder: Path, size: str, tokenizer: str | Path | None) -> str:
-    """bert-base (``BertConfig()``) or the tests' tiny BERT (a CPU check of a script), random weights,
-    with ``tokenizer``: a folder (``prepare`` saves one: the GPU machine lacks the MiniLM package), a
-    name ``load_tokenizer`` knows, or None for the packaged MiniLM's (bert-base-uncased's vocabulary)."""
-    from transformers import BertConfig, BertModel
-
-    from methods.encoder import load_tokenizer
-    from methods.errors import BackboneNotFound
-    from platform.data.columns import TINY_BERT
-
-    hint = f"{tokenizer}: no tokenizer there; `paper_precision.py prepare` saves one beside the data"
-    if tokenizer is not None and Path(tokenizer).is_dir() and not (Path(tokenizer) / "tokenizer_config.json").is_file():
-        raise SystemExit(hint)
-    try:
-        tok = load_tokenizer(str(tokenizer) if tokenizer is not None else "minilm")
-    except BackboneNotFound:
-        raise SystemExit(hint) from None
-    torch.manual_seed(0)
-    BertModel(BertConfig(**TINY_BERT) if size == "tiny" else BertConfig()).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
 
 
 def corpus_of(prepared: Path, recipe: str, cfg: TrainConfig):
@@ -150,7 +130,7 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
             if step == steps:
                 break
             if step == 2:  # the first two steps (kernel choice, allocator) are not timed
-                sync()
+                Bench.sync()
                 t0 = time.perf_counter()
             loss, _ = forward_backward(recipe, model, batch, step, cfg.mini_batch_size, autocast, scaler, rt.world)
             scaler.unscale_(optimizer)
@@ -164,7 +144,7 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
             step += 1
         if step == steps:
             break
-    sync()
+    Bench.sync()
     timed = max(step - 2, 1)
     return {"steps": step, "bad_losses": sum(not math.isfinite(x) for x in losses),
             "bad_norms": sum(not math.isfinite(x) for x in norms),
@@ -172,11 +152,6 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
             "skipped": skipped, "scale": scaler.get_scale() if scaler.is_enabled() else None,
             "ms": (time.perf_counter() - t0) / timed * 1e3 if t0 else float("nan"),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if rt.device.type == "cuda" else float("nan")}
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: str, compile_mode: str) -> None:
@@ -221,26 +196,28 @@ def run(prepared: Path, steps: int, memory_steps: int, only: list[str], size: st
             torch.cuda.empty_cache() if gpu else None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("prepare", help="on a CPU with the data: the corpora and generated columns")
-    a.add_argument("--out", type=Path, required=True)
-    a.add_argument("--steps", type=int, default=200)
-    b = sub.add_parser("run", help="on the GPU: each recipe's paper profile")
-    b.add_argument("--prepared", type=Path, required=True)
-    b.add_argument("--steps", type=int, default=200, help="steps per run (VaSCL's batch of 1024: a quarter)")
-    b.add_argument("--memory-steps", type=int, default=6)
-    b.add_argument("--only", nargs="*", default=[], help="these runs only: a recipe (its runs), recipe:precision ('paper' for the profile's), 'memory' (GradCache rows)")
-    b.add_argument("--compile", default="none", help="a torch.compile mode: every run with static_shapes and it")
-    b.add_argument("--model", default="bert-base", choices=["bert-base", "tiny"], help="tiny: a CPU check of the script")
-    args = p.parse_args()
-    if args.command == "prepare":
-        prepare(args.out, args.steps)
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the authors' runs (PyTorch's default)
-        run(args.prepared, args.steps, args.memory_steps, args.only, args.model, args.compile)
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prepare-to", type=Path, default=None, help="only prepare (a CPU with the data): into this folder")
+    p.add_argument("--prepared", type=Path, default=None, help="run from this prepared folder (default: prepare first)")
+    p.add_argument("--steps", type=int, default=200, help="steps per run (VaSCL's batch of 1024: a quarter)")
+    p.add_argument("--memory-steps", type=int, default=6)
+    p.add_argument("--only", nargs="*", default=[], help="these runs only: a recipe (its runs), recipe:precision ('paper' for the profile's), 'memory' (GradCache rows)")
+    p.add_argument("--compile", default="none", help="a torch.compile mode: every run with static_shapes and it")
+    p.add_argument("--model", default="bert-base", choices=["bert-base", "tiny"], help="tiny: a CPU check of the case")
 
 
-if __name__ == "__main__":
-    main()
+def run_case(args: argparse.Namespace, bench: Bench) -> None:
+    if args.prepare_to is not None or args.prepared is None:
+        prepared = args.prepare_to or Path(tempfile.mkdtemp()) / "prepared"
+        with bench.timed("prepare_s"):
+            prepare(prepared, args.steps, args.only)
+        if args.prepare_to is not None:
+            return
+        args.prepared = prepared
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as the authors' runs (PyTorch's default)
+    run(args.prepared, args.steps, args.memory_steps, args.only, args.model, args.compile)
+
+
+CASE = Case("paper-precision", "the five paper profiles in their papers' precision: finite losses, ms/step, peak "
+            "memory; GradCache's memory at the paper batches", arguments, run_case,
+            smoke=["--model", "tiny", "--steps", "2", "--memory-steps", "1", "--only", "simcse", "memory"])

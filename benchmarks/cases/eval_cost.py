@@ -24,23 +24,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
 
-import torch  # noqa: E402
+import torch
 
-from methods.encoder import Encoder  # noqa: E402
-from platform.config import TrainConfig  # noqa: E402
-from platform.evaluation.sts import STSEvaluator  # noqa: E402
-from platform.run.loop import apply_step, compile_backbone, forward_backward, make_optimizer, mixed_precision  # noqa: E402
-from benchmarks.gpu_speed import dev_pairs  # noqa: E402
-from benchmarks.paper_precision import random_bert, sync  # noqa: E402
+from methods.encoder import Encoder
+from platform.config import TrainConfig
+from platform.evaluation.sts import STSEvaluator
+from platform.run.loop import apply_step, compile_backbone, forward_backward, make_optimizer, mixed_precision
+from benchmarks.common import dev_pairs, random_bert
+from benchmarks.harness import Bench, Case
 
 
 @contextlib.contextmanager
@@ -70,7 +66,7 @@ def variant_context(name: str):
     return contextlib.nullcontext()
 
 
-def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_steps: int, variants: list[str]) -> None:
+def measure(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_steps: int, variants: list[str]) -> None:
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     work = Path(tempfile.mkdtemp())
@@ -110,7 +106,7 @@ def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_s
     for name in variants:
         for e in range(1, evals + 1):
             train(train_steps)
-            sync()
+            Bench.sync()
             t0 = time.perf_counter()
             encoder = recipe.export_encoder(model)
             t1 = time.perf_counter()
@@ -123,7 +119,7 @@ def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_s
                     emb = evaluator.encode(encoder, pooler=recipe.eval_pooler())
                 else:
                     emb = encoder.encode(evaluator.sentences, batch_size=cfg.eval_batch_size, pooler=recipe.eval_pooler())
-                sync()
+                Bench.sync()
             t3 = time.perf_counter()
             evaluator.score(emb)
             t4 = time.perf_counter()
@@ -133,18 +129,15 @@ def run(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_s
                   f"{t5 - t0 - (t2 - t1):.3f} |", flush=True)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="bert-base", choices=["bert-base", "tiny"])
     p.add_argument("--tokenizer", default=None, help="a tokenizer folder (default: the packaged MiniLM's)")
     p.add_argument("--compile", default="reduce-overhead", help="a torch.compile mode, or none")
     p.add_argument("--evals", type=int, default=4)
     p.add_argument("--train-steps", type=int, default=20)
     p.add_argument("--variants", nargs="*", default=["as-is", "tokenised once", "width/32", "eager"])
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True  # as gpu_speed.py
-    run(args.model, args.tokenizer, args.compile, args.evals, args.train_steps, args.variants)
-
-
-if __name__ == "__main__":
-    main()
+    measure(args.model, args.tokenizer, args.compile, args.evals, args.train_steps, args.variants)

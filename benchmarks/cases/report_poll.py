@@ -22,21 +22,20 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
+ROOT = Path(__file__).resolve().parents[2]
 
-from platform.settings import TRAIN_POLL as TRAIN_POLL_ENV  # noqa: E402
-from platform.data.columns import build_tiny_bert  # noqa: E402
+from platform.settings import TRAIN_POLL as TRAIN_POLL_ENV
+from platform.data.columns import build_tiny_bert
+from benchmarks.harness import Bench, Case
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--eval-steps", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     work = Path(tempfile.mkdtemp(prefix="poll-bench-"))
     model = build_tiny_bert(work / "tiny-bert")
     corpus = work / "corpus.txt"
@@ -58,7 +57,3 @@ def main() -> None:
     print(f"steps={args.steps} eval_steps={args.eval_steps} ({args.steps // args.eval_steps} reports)  "
           f"median wall time: poll 2 s {slow:.1f} s, poll 0.5 s {fast:.1f} s  ({slow - fast:.1f} s saved, "
           f"ratio {slow / fast:.2f})")
-
-
-if __name__ == "__main__":
-    main()

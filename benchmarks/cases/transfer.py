@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
 
-from methods.encoder import Encoder  # noqa: E402
-from platform.evaluation import classifier  # noqa: E402
-from platform.evaluation.embedding_cache import EmbeddingStore  # noqa: E402
-from platform.evaluation.transfer import TRANSFER_TASKS, task_features, task_sentences  # noqa: E402
+from methods.encoder import Encoder
+from platform.evaluation import classifier
+from platform.evaluation.embedding_cache import EmbeddingStore
+from platform.evaluation.transfer import TRANSFER_TASKS, task_features, task_sentences
+from benchmarks.harness import Bench, Case
 
 SENTEVAL = {"MR": 76.34, "CR": 82.15, "SUBJ": 91.98, "MPQA": 87.50, "SST2": 81.27, "TREC": 90.00, "MRPC": 72.35}
 
@@ -41,14 +37,15 @@ def score(features, kind: str, engine: str, jobs: int):
     return classifier.split(p["train"], p["dev"], p["test"], features.nclasses, cfg, jobs=jobs)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="minilm")
     p.add_argument("--pooler", default="avg")
     p.add_argument("--tasks", nargs="+", default=list(TRANSFER_TASKS))
     p.add_argument("--jobs", type=int, default=2, help="processes for scikit-learn and the serial engine")
     p.add_argument("--serial", nargs="*", default=[], help="tasks to also time with the serial PyTorch engine")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     store = EmbeddingStore(Encoder.from_pretrained(args.model, pooler=args.pooler), args.pooler)
     t = time.perf_counter()
     store.embed([s for task in args.tasks for s in task_sentences(task)])
@@ -75,7 +72,3 @@ def main() -> None:
               + " | ".join("-" if a is None else f"{a:.2f}" for a in tests) + f" | {SENTEVAL.get(task, '-')} |",
               flush=True)
     print("| all | " + " | ".join(f"{s:.1f}" for s in totals) + " |" + " |" * (len(runs) + 1))
-
-
-if __name__ == "__main__":
-    main()

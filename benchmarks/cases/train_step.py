@@ -26,24 +26,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
-    del sys.modules["platform"]
 
-import torch  # noqa: E402
+import torch
 
-from methods.encoder import load_tokenizer  # noqa: E402
-from platform.config import TrainConfig  # noqa: E402
-from platform.data.columns import prepare_corpus  # noqa: E402
-from platform.run.loop import RunContext, compile_backbone, make_optimizer, train_loop_per_worker  # noqa: E402
-from benchmarks.paper_precision import random_bert  # noqa: E402
+from methods.encoder import load_tokenizer
+from platform.config import TrainConfig
+from platform.data.columns import prepare_corpus
+from platform.run.loop import RunContext, compile_backbone, make_optimizer, train_loop_per_worker
+from benchmarks.common import dev_pairs, random_bert, sentences
+from benchmarks.harness import Bench, Case
 
 
 def random_backbone(kind: str, folder: Path, tokenizer: str | None = None) -> str:
@@ -54,26 +49,6 @@ def random_backbone(kind: str, folder: Path, tokenizer: str | None = None) -> st
 
         return str(pretrained_source("minilm")[0])
     return random_bert(folder, kind, tokenizer)
-
-
-def sentences(n: int, tokenizer, seed: int = 0) -> list[str]:
-    """The corpus's first ``n`` sentences, or random words of the vocabulary (8 to 40 of them)."""
-    data = os.environ.get("PLATFORM_DATA_DIR")
-    if data:
-        from platform.data import read_corpus, resolve_corpus
-
-        return read_corpus(resolve_corpus("wiki1m_for_simcse.first11914.txt.gz"), limit=n)
-    words = [w for w in tokenizer.get_vocab() if w.isalpha() and len(w) > 2]
-    rng = random.Random(seed)
-    return [" ".join(rng.choices(words, k=rng.randint(8, 40))) for _ in range(n)]
-
-
-def dev_pairs(tokenizer) -> dict[str, list] | None:
-    """STS-B dev when the data is here (the evaluator reads it), else 1,500 random pairs like it."""
-    if os.environ.get("PLATFORM_DATA_DIR"):
-        return None
-    s = sentences(3000, tokenizer, seed=1)
-    return {"sent1": s[:1500], "sent2": s[1500:], "scores": [random.Random(i).uniform(0, 5) for i in range(1500)]}
 
 
 def loop_wall(cfg: TrainConfig, corpus, dev, steps: int) -> float:
@@ -119,11 +94,11 @@ def device_step(cfg: TrainConfig, steps: int, warmup: int) -> float:
 
     for i in range(warmup):
         step(i)
-    sync()
+    Bench.sync()
     t0 = time.perf_counter()
     for i in range(steps):
         step(i)
-    sync()
+    Bench.sync()
     return (time.perf_counter() - t0) / steps
 
 
@@ -158,13 +133,7 @@ def precision_context(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=dtype) if dtype and device.type == "cuda" else contextlib.nullcontext()
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="bert-base", help="bert-base | tiny (random weights) | minilm (packaged)")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--warmup", type=int, default=30)
@@ -177,7 +146,9 @@ def main() -> None:
     p.add_argument("--tokenizer", default=None, help="the random models' tokenizer: a folder (paper_precision.py prepare "
                    "saves one in .dev/prepared/tokenizer) or a name; default the packaged MiniLM's")
     p.add_argument("--eager-only", action="store_true", help="skip the static+compile variant (minutes of compiling on a CPU)")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
     gpu = torch.cuda.is_available()
     torch.backends.cuda.matmul.allow_tf32 = True
     out = Path(tempfile.mkdtemp())
@@ -238,6 +209,3 @@ def main() -> None:
         if st is not None and f"(a) platform, {name}, no evaluation" in rows:
             print(f"throughput (a) {name} / (b): {st / rows[f'(a) platform, {name}']:.2f} with evaluations, "
                   f"{st / rows[f'(a) platform, {name}, no evaluation']:.2f} without (targets: >= 2 on the GPU, >= 1 on CPU)")
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
-"""VaSCL cost (issue 6): step time vs SimCSE at the same batch, and peak memory at batch 1024.
+"""VaSCL cost: step time vs SimCSE at the same batch, and peak memory at batch 1024.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/vascl_speed.py [--batch 64] [--steps 6] [--memory-batch 1024]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run vascl [--batch 64] [--steps 6] [--memory-batch 1024]
 
 Step time: packaged MiniLM, length 32, interleaved SimCSE / VaSCL steps (forward, backward,
 AdamW), median after one warm-up step. Target ratio <= 1.3 (the extra work is the head, the
@@ -20,15 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.modules.pop("platform", None)
+ROOT = Path(__file__).resolve().parents[2]
 
-import torch  # noqa: E402
+import torch
 
-from methods.encoder import Encoder  # noqa: E402
-from methods.recipe import Recipe  # noqa: E402
-from platform.data import data_dir, read_corpus  # noqa: E402
+from methods.encoder import Encoder
+from methods.recipe import Recipe
+from platform.data import data_dir, read_corpus
+from benchmarks.harness import Bench, Case
 
 
 def sentences(n: int) -> list[str]:
@@ -42,7 +41,7 @@ def one_step(method, model, enc, opt, chunk, step):
     opt.zero_grad(set_to_none=True)
 
 
-def bench_steps(batch: int, steps: int):
+def bench_steps(batch: int, steps: int, bench: Bench):
     sents = sentences(batch * (steps + 1))
     torch.manual_seed(0)
     enc = Encoder.from_pretrained("minilm")
@@ -60,6 +59,7 @@ def bench_steps(batch: int, steps: int):
     a, b = statistics.median(times["simcse"]), statistics.median(times["vascl"])
     print(f"step (minilm, batch {batch}, len 32, CPU, same pooler): SimCSE {a * 1e3:.0f} ms, VaSCL {b * 1e3:.0f} ms, "
           f"ratio {b / a:.2f}", flush=True)
+    bench.ratio("step VaSCL / SimCSE", b / a, "<= 1.3")
 
 
 def memory_child(name: str, batch: int) -> None:
@@ -76,27 +76,30 @@ def memory_child(name: str, batch: int) -> None:
     print(json.dumps({"name": name, "step_mb": (peak - before) / 1024, "peak_mb": peak / 1024, "s": time.perf_counter() - t}))
 
 
-def main():
-    p = argparse.ArgumentParser()
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--memory-batch", type=int, default=1024)
-    p.add_argument("--child", default=None)
-    args = p.parse_args()
-    if args.child:
-        memory_child(args.child, args.memory_batch)
-        return
-    bench_steps(args.batch, args.steps)
-    for name in ("simcse", "vascl"):
-        out = subprocess.run([sys.executable, __file__, "--child", name, "--memory-batch", str(args.memory_batch)],
-                             capture_output=True, text=True, cwd=ROOT)
+
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
+    bench_steps(args.batch, args.steps, bench)
+    for name in ("simcse", "vascl"):  # each in a fresh process: its own peak
+        child = ("import sys; sys.modules.pop('platform', None); from benchmarks.cases.vascl import memory_child; "
+                 f"memory_child({name!r}, {args.memory_batch})")
+        out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=ROOT)
         line = [x for x in out.stdout.splitlines() if x.startswith("{")]
         if not line:
             raise SystemExit(out.stderr[-2000:])
         r = json.loads(line[0])
         print(f"memory, batch {args.memory_batch} ({name}): step adds {r['step_mb']:.0f} MB, peak RSS {r['peak_mb']:.0f} MB, "
               f"step {r['s']:.1f} s", flush=True)
+        bench.figure(f"memory_step_mb_{name}", r["step_mb"])
 
 
-if __name__ == "__main__":
-    main()
+CASE = Case("vascl", "VaSCL's cost: the training step beside SimCSE's at the same batch, and the memory one step "
+            "adds at the paper's batch of 1024", arguments, run,
+            smoke=["--batch", "24", "--steps", "2", "--memory-batch", "24"],
+            meaning="The extra work is the head, the virtual augmentation's gradient through it and one more "
+                    "backward; the memory is what the K-nearest neighbourhood adds at the paper's batch.")

@@ -1,0 +1,1 @@
+"""The benchmark suite: named cases, one harness, a JSON record per run (``python -m benchmarks``)."""

@@ -1,0 +1,50 @@
+"""``python -m benchmarks list | run CASE [ARGS] [--smoke] [--results DIR] | report [--check]``.
+
+``run`` appends one JSON record to ``benchmarks/results/CASE.jsonl`` (``--smoke``: the case's size
+that runs here in seconds; ``--results``: another folder, as the test suite's smokes use);
+``report`` writes RESULTS.md from the records (``--check``: exit 1 when it is stale)."""
+
+import sys
+
+# The standard library's ``platform``, imported at start-up, would shadow the repository's package.
+if "platform" in sys.modules and not hasattr(sys.modules["platform"], "__path__"):
+    del sys.modules["platform"]
+
+from pathlib import Path  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "list":
+        for name in harness.CASES:
+            print(f"{name:20} {harness.load(name).measures}")
+        return 0
+    if command == "run" and rest:
+        smoke = "--smoke" in rest
+        rest = [a for a in rest if a != "--smoke"]
+        results = harness.RESULTS
+        if "--results" in rest:
+            i = rest.index("--results")
+            results, rest = Path(rest[i + 1]), rest[:i] + rest[i + 2:]
+        harness.run(rest[0], rest[1:], smoke, results)
+        return 0
+    if command == "report":
+        text = harness.report()
+        if "--check" in rest:
+            if harness.REPORT.read_text(encoding="utf-8") != text:
+                print("benchmarks/RESULTS.md is stale: run `python -m benchmarks report`", file=sys.stderr)
+                return 1
+            return 0
+        harness.REPORT.write_text(text, encoding="utf-8")
+        print(f"wrote {harness.REPORT}")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""One module per case, each defining ``CASE`` (``benchmarks.harness.Case``)."""

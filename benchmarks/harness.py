@@ -1,0 +1,234 @@
+"""The suite's one harness: a case's arguments and its smoke size, the run (its output teed, its
+markdown tables read back, wall time with the device synchronised, peak memory), the machine it
+ran on, and one JSON record appended per run under ``benchmarks/results/``; RESULTS.md is written
+from those records (``python -m benchmarks report``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import importlib
+import io
+import json
+import os
+import platform as _host  # the repository's package re-exports the standard module
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+REPORT = ROOT / "benchmarks" / "RESULTS.md"
+CASES = ["train-step", "loop-host-share", "ray-train-overhead", "eval-cost", "sts-evaluator", "transfer",
+         "una", "san", "augcse", "vascl", "fp32-logits", "paper-precision", "checkpoint-cost", "reliability",
+         "shuffle", "corpus-1m", "mlflow-auth", "report-poll"]
+PACKAGES = ["torch", "ray", "transformers", "mlflow", "sentence-transformers", "scikit-learn", "scipy", "numpy",
+            "spacy", "nlpaug", "optuna"]
+
+
+@dataclasses.dataclass
+class Case:
+    """A named measurement: ``run(args, bench)`` prints its results (markdown tables are read back
+    into the record) and states the ratios it exists to show with ``bench.ratio``."""
+
+    name: str
+    measures: str  # one line: what the case measures
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, "Bench"], None]
+    smoke: list[str]  # the arguments of a size that runs here in seconds
+    meaning: str = ""  # a short paragraph: what the numbers mean
+
+
+class Bench:
+    """What a case hands the harness besides its printed tables: named figures and ratios."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, float] = {}
+        self.ratios: dict[str, dict[str, Any]] = {}
+
+    def figure(self, name: str, value: float) -> float:
+        self.figures[name] = round(float(value), 6)
+        return value
+
+    def ratio(self, name: str, value: float, target: str = "") -> float:
+        """A ratio the case exists to show, with its target (e.g. ``<= 1.10``) when it has one."""
+        self.ratios[name] = {"value": round(float(value), 4), "target": target}
+        print(f"ratio {name}: {value:.3f}" + (f" (target {target})" if target else ""), flush=True)
+        return value
+
+    @staticmethod
+    def sync() -> None:
+        """Wait for the device: a timing that ends before the GPU does measures nothing."""
+        if "torch" in sys.modules:
+            torch = sys.modules["torch"]
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        """Wall seconds of the block, the device synchronised at both ends, kept as a figure."""
+        self.sync()
+        start = time.perf_counter()
+        yield
+        self.sync()
+        self.figure(name, time.perf_counter() - start)
+
+
+def load(name: str) -> Case:
+    if name not in CASES:
+        raise SystemExit(f"no case {name!r}; `python -m benchmarks list` lists them")
+    return importlib.import_module(f"benchmarks.cases.{name.replace('-', '_')}").CASE
+
+
+def environment() -> dict[str, Any]:
+    """Where a record was measured: commit, machine, Python, torch, CUDA and driver, packages."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    env: dict[str, Any] = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "platform",
+                                                                                   "methods", "benchmarks")),
+                           "host": _host.node(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+                           "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                           "python": sys.version.split()[0], "packages": {}}
+    for name in PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            env["packages"][name] = metadata.version(name)
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        env["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True).stdout.strip().split("\n")[0]
+    env["machine"] = (f"{env['gpu']}, " if env.get("gpu") else "") + f"{env['cores']}-core {env['cpu']}, {env['memory_gib']} GiB"
+    return env
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return " ".join(line.split(":", 1)[1].split())
+    return _host.processor() or _host.machine()
+
+
+def tables_of(text: str) -> list[list[list[str]]]:
+    """The markdown tables in a case's output, as rows of cells (header first, no rule line)."""
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|") and line.rstrip().endswith("|"):
+            cells = [c.strip() for c in line.strip()[1:-1].split("|")]
+            if not all(re.fullmatch(r":?-+:?", c) for c in cells):
+                rows.append(cells)
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, stream) -> None:
+        self.stream, self.buffer_ = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.buffer_.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dict[str, Any]:
+    """One run of a case, its record appended to ``results/<case>.jsonl`` and returned."""
+    case = load(name)
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks run {name}", description=case.measures)
+    case.arguments(parser)
+    args = parser.parse_args([*case.smoke, *argv] if smoke else argv)
+    bench, tee = Bench(), _Tee(sys.stdout)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(tee):
+        case.run(args, bench)
+    Bench.sync()
+    peak = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_children_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    output = tee.buffer_.getvalue()
+    record = {"case": name, "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "smoke": smoke,
+              "command": shlex.join(["python", "-m", "benchmarks", "run", name, *argv, *(["--smoke"] if smoke else [])]),
+              "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "environment": environment(), "wall_s": round(time.perf_counter() - t0, 3), **peak,
+              "figures": bench.figures, "ratios": bench.ratios, "tables": tables_of(output),
+              "lines": [line for line in output.splitlines() if line.strip() and not line.startswith("|")][-40:]}
+    results.mkdir(parents=True, exist_ok=True)
+    with open(results / f"{name}.jsonl", "a", encoding="utf-8") as out:
+        out.write(json.dumps(record) + "\n")
+    print(f"record appended to {results / f'{name}.jsonl'} ({record['wall_s']:.1f} s)", file=sys.stderr)
+    return record
+
+
+def records(results: Path = RESULTS) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(results.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                found.setdefault(record["case"], []).append(record)
+    return found
+
+
+def report(results: Path = RESULTS) -> str:
+    """RESULTS.md: per case, its latest full-size record (figures, ratios, command, machine, date)
+    and its earlier records by date; the smokes only prove that a case runs."""
+    everything = records(results)
+    out = ["# Benchmark results", "",
+           "Written by `python -m benchmarks report` from the records under `benchmarks/results/` (one JSON line",
+           "per run: command, machine, packages, figures); do not edit by hand. Run a case with",
+           "`python -m benchmarks run CASE`, list them with `python -m benchmarks list`.", ""]
+    names = CASES + sorted(set(everything) - set(CASES))
+    for name in names:
+        full = [r for r in everything.get(name, []) if not r.get("smoke")]
+        measures = load(name).measures if name in CASES else "a dropped case: its records are kept"
+        out += [f"## {name}", "", measures, ""]
+        if name in CASES and load(name).meaning:
+            out += [load(name).meaning, ""]
+        if not full:
+            out += ["No full-size record yet.", ""]
+            continue
+        latest = full[-1]
+        out += _render(latest)
+        if len(full) > 1:
+            out += ["Earlier records: " + ", ".join(f"{r['date'][:10]} ({r['environment'].get('machine', '?')})"
+                                                    for r in reversed(full[:-1])) + ".", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _render(record: dict[str, Any]) -> list[str]:
+    env = record.get("environment", {})
+    out = [f"Measured {record['date'][:10]} on {env.get('machine', '?')}"
+           + (f", torch {env['packages']['torch']}" if env.get("packages", {}).get("torch") else "") + ":", "",
+           f"    {record['command']}", ""]
+    if record.get("ratios"):
+        out += ["| ratio | value | target |", "|---|---|---|"]
+        out += [f"| {k} | {v['value']:.3f} | {v.get('target') or ''} |" for k, v in record["ratios"].items()] + [""]
+    for table in record.get("tables", []):
+        width = max(len(row) for row in table)
+        rows = [row + [""] * (width - len(row)) for row in table]
+        out += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * width]
+        out += ["| " + " | ".join(row) + " |" for row in rows[1:]] + [""]
+    if record.get("figures"):
+        out += ["| figure | value |", "|---|---|"]
+        out += [f"| {k} | {v:.4g} |" for k, v in record["figures"].items()] + [""]
+    if record.get("text"):
+        out += [record["text"].strip(), ""]
+    elif record.get("lines"):
+        out += ["```text", *record["lines"][-15:], "```", ""]
+    return out
