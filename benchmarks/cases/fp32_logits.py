@@ -1,12 +1,12 @@
-"""Cost and effect of the float32 similarity logits under bf16 autocast (issue 25), per named recipe.
+"""Cost and effect of the float32 similarity logits under bf16 autocast, per named recipe.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/fp32_logits.py [--batch 64] [--steps 5]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run fp32-logits [--batch 64] [--steps 5]
 
 The GPU path wraps the step in bf16 autocast; CPU autocast casts matmuls the same way, so the CPU
 step shows what the losses' ``full_precision`` costs: each recipe's training step (forward,
 backward, AdamW; packaged MiniLM, length 32) under CPU bf16 autocast with the similarities and
 softmax in float32 (as shipped) and with them left to autocast (``full_precision`` replaced by a
-no-op here, the code before the fix), interleaved, median after one warm-up step. Also the loss
+no-op here), interleaved, median after one warm-up step. Also the loss
 of the first batch in each mode against the same step without autocast (float32 throughout).
 """
 
@@ -36,7 +36,7 @@ SHIPPED = methods.losses.full_precision
 
 @contextlib.contextmanager
 def logits_in(mode: str):
-    """``fp32``: as shipped; ``bf16``: the losses' autocast guard removed (the code before the fix)."""
+    """``fp32``: as shipped; ``bf16``: the losses' autocast guard removed."""
     guard = SHIPPED if mode == "fp32" else (lambda device: contextlib.nullcontext())
     methods.losses.full_precision = methods.vascl.full_precision = guard
     try:
@@ -83,7 +83,7 @@ def first_losses(name: str, sentences: list[str]) -> dict[str, float]:
     return out
 
 
-def bench(name: str, sentences: list[str], batch_size: int, steps: int) -> dict[str, float]:
+def step_times(name: str, sentences: list[str], batch_size: int, steps: int) -> dict[str, float]:
     torch.manual_seed(0)
     encoder = Encoder.from_pretrained("minilm")
     recipe = Recipe.named(name, **RECIPES[name])
@@ -112,7 +112,14 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     print("| recipe | step, fp32 logits | step, bf16 logits | ratio | loss, no autocast | fp32 logits | bf16 logits |")
     print("|---|---|---|---|---|---|---|")
     for name in RECIPES:
-        t = bench(name, sentences, args.batch, args.steps)
+        t = step_times(name, sentences, args.batch, args.steps)
         loss = first_losses(name, sentences[: args.batch])
         print(f"| {name} | {t['fp32'] * 1e3:.0f} ms | {t['bf16'] * 1e3:.0f} ms | {t['fp32'] / t['bf16']:.3f} | "
               f"{loss['none']:.4f} | {loss['fp32']:.4f} | {loss['bf16']:.4f} |", flush=True)
+        bench.ratio(f"{name}: step with fp32 logits / bf16 logits", t["fp32"] / t["bf16"], "~1")
+
+
+CASE = Case("fp32-logits", "what the float32 similarity logits cost under bf16 autocast, per named recipe, and "
+            "their first loss beside fp32 throughout", arguments, run, smoke=["--batch", "20", "--steps", "1"],
+            meaning="The losses compute similarities and softmax in float32 under autocast; a ratio near 1 "
+                    "says that costs nothing, the losses say what bf16 logits would change.")

@@ -12,12 +12,14 @@ only by the runtime that uses them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import importlib.util
 import itertools
 import json
 import logging
+import os
 import pickle
 import shutil
 import sys
@@ -479,6 +481,9 @@ class RayTrainRuntime(Runtime):
             logging.getLogger(spec.origin).setLevel(logging.WARNING)
         self.device = ray.train.torch.get_device()
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
+        # A worker Ray ends mid-fit (a trial the scheduler stopped) exits at once: the interpreter's
+        # finalization would abort a training thread that is inside a backward pass, loudly.
+        atexit.register(_exit_quietly)
 
     def sender_tags(self) -> dict[str, str]:
         """The Ray actor that sends rank 0's points: a sweep ends a trial's run once this actor
@@ -597,6 +602,12 @@ class RayTrainRuntime(Runtime):
 
     def close(self) -> None:
         self._committer.shutdown(wait=True)
+        atexit.unregister(_exit_quietly)
+
+
+def _exit_quietly() -> None:
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(0)
 
 
 def make_runtime(ctx: RunContext, cfg: TrainConfig) -> Runtime:
