@@ -50,3 +50,14 @@ def dev_pairs(tokenizer) -> dict[str, list] | None:
         return None
     s = sentences(3000, tokenizer, seed=1)
     return {"sent1": s[:1500], "sent2": s[1500:], "scores": [random.Random(i).uniform(0, 5) for i in range(1500)]}
+
+
+def model_source(name: str) -> str:
+    """``tiny``: the tests' 2-layer 32-d random BERT (a check of a case in seconds); else the name."""
+    if name != "tiny":
+        return name
+    import tempfile
+
+    from platform.data.columns import build_tiny_bert
+
+    return str(build_tiny_bert(Path(tempfile.mkdtemp()) / "tiny-bert"))

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 REPORT = ROOT / "benchmarks" / "RESULTS.md"
 CASES = ["train-step", "loop-host-share", "ray-train-overhead", "eval-cost", "sts-evaluator", "transfer",
-         "una", "san", "augcse", "vascl", "fp32-logits", "paper-precision", "checkpoint-cost", "reliability",
-         "shuffle", "corpus-1m", "mlflow-auth", "report-poll"]
+         "una", "san", "san-mask-predict", "augcse", "vascl", "fp32-logits", "paper-precision", "checkpoint-cost", "reliability",
+         "shuffle", "corpus-1m", "mlflow-auth", "report-poll", "asha-rungs"]
 PACKAGES = ["torch", "ray", "transformers", "mlflow", "sentence-transformers", "scikit-learn", "scipy", "numpy",
             "spacy", "nlpaug", "optuna"]
 

@@ -1,7 +1,7 @@
-"""A 1M-sentence corpus prepared on a modest head (issue 33, item 7): the driver's peak memory and
-the time of each step a run's driver takes before training, on a fresh cache.
+"""A 1M-sentence corpus prepared on a modest head: the driver's peak memory and the time of each
+step a run's driver takes before training, on a fresh cache.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/corpus_1m.py [--n 1000000] [--cpus 2]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run corpus-1m [--n 1000000] [--cpus 2]
 
 The corpus is the data folder's corpus files repeated up to ``--n`` lines (written to a temporary
 file; each copy of a sentence is its own row). Steps, in this process as the driver runs them,
@@ -120,3 +120,9 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     print("| step | time (s) | driver peak RSS (GiB) | of which private (GiB) |\n|---|---|---|---|")
     for name, seconds, peak, private in rows:
         print(f"| {name} | {seconds:.1f} | {peak:.2f} | {private:.2f} |")
+    bench.figure("driver_peak_rss_gib", max(row[2] for row in rows))
+
+
+CASE = Case("corpus-1m", "a 1M-sentence corpus prepared by a run's driver on a modest head: each step's time and "
+            "the driver's peak memory, on a fresh cache", arguments, run, smoke=["--n", "3000", "--cpus", "2"],
+            meaning="The head runs the drivers: its memory must hold the corpus's preparation, not a copy per step.")

@@ -1,23 +1,21 @@
-"""What one STS-B dev evaluation costs inside a run, piece by piece (issue 50, item 2: "measure what an
-evaluation costs inside a run").
+"""What one STS-B dev evaluation costs inside a run, piece by piece.
 
-    python benchmarks/eval_cost.py --tokenizer .dev/prepared/tokenizer     # GPU: bert-base, bf16 training
-    python benchmarks/eval_cost.py --model tiny --evals 2 --train-steps 2  # a CPU check of the script
+    python -m benchmarks run eval-cost --tokenizer .dev/prepared/tokenizer     # GPU: bert-base, bf16 training
+    python -m benchmarks run eval-cost --model tiny --evals 2 --train-steps 2  # a CPU check
 
 The loop's evaluation (``platform.run.loop.evaluate_and_report``) exports the encoder, encodes STS-B dev's
-3,000 sentences (length-sorted batches of ``eval_batch_size``, fp32, no truncation; since 2026-11-27 the
-``STSEvaluator`` keeps them tokenised from its first evaluation, before that ``Encoder.encode`` tokenised
-every batch each time), scores Spearman, and writes the model when the score improved. Here each piece is timed
+3,000 sentences (length-sorted batches of ``eval_batch_size``, fp32, no truncation; the
+``STSEvaluator`` keeps them tokenised from its first evaluation), scores Spearman, and writes the model when the score improved. Here each piece is timed
 apart, after ``--train-steps`` training steps between evaluations (as a run interleaves them), for the
 backbone eager and compiled as ``static_shapes`` + ``compile`` leave it. Variants of the encoding:
 ``as-is``; ``width/32`` (every batch padded to a multiple of 32 tokens: a few shapes for the compiled
 backbone); ``eager`` (the compiled backbone run eager for the evaluation, ``torch.compiler.set_stance``);
 ``bf16`` (the encoding under bf16 autocast, on a GPU); ``tokenised once`` (``STSEvaluator``'s own path:
-the sentences tokenised at the first evaluation and kept, as a run's evaluator does since 2026-11-27).
+the sentences tokenised at the first evaluation and kept, as a run's evaluator does).
 STS-B dev itself where ``$PLATFORM_DATA_DIR`` is set, else 1,500 random pairs of 8-40 vocabulary words
-(``gpu_speed.dev_pairs``; the GPU machine has no data): what STS-B dev costs, not its score. Random
+(``benchmarks.common.dev_pairs``; the GPU machine has no data): what STS-B dev costs, not its score. Random
 bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's vocabulary) from ``--tokenizer``
-(``paper_precision.py prepare`` saves one) or the packaged MiniLM.
+(the paper-precision case's ``--prepare-to`` saves one) or the packaged MiniLM.
 """
 
 from __future__ import annotations
@@ -141,3 +139,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, bench: Bench) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True  # as gpu_speed.py
     measure(args.model, args.tokenizer, args.compile, args.evals, args.train_steps, args.variants)
+
+
+CASE = Case("eval-cost", "one STS-B dev evaluation inside a run, piece by piece (export, encoding variants, "
+            "scoring, the improved model's write), eager and compiled", arguments, run,
+            smoke=["--model", "tiny", "--evals", "1", "--train-steps", "1", "--compile", "none",
+                   "--variants", "as-is", "tokenised once"],
+            meaning="An evaluation every few hundred steps must cost a small share of training: the pieces "
+                    "say which to make cheaper.")

@@ -1,7 +1,7 @@
 """The training loop's step against the device's own step on the same batches: the share of a step
 the host spends (tokenising the batch, reading values back to Python) while the device waits.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/loop_step.py [--model tiny|bert-base] \\
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run loop-host-share [--model tiny|bert-base] \\
         [--method simcse] [--steps 200] [--batch-size 64]
 
 ``loop``: ``train_loop_per_worker`` as a run calls it (plain process runtime, paper profile's
@@ -105,3 +105,11 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     print("| loop step (ms) | device step, pre-tokenised, no reads (ms) | host share of the loop's step |")
     print("|---|---|---|")
     print(f"| {loop * 1e3:.2f} | {dev * 1e3:.2f} | {100 * (1 - dev / loop):.0f}% |")
+    bench.ratio("loop step / device step", loop / dev, "~1: the host adds nothing")
+
+
+CASE = Case("loop-host-share", "the share of the training loop's step the host spends while the device waits "
+            "(the loop beside the bare device step on the same batches)", arguments, run,
+            smoke=["--steps", "3", "--warmup", "1", "--batch-size", "8"],
+            meaning="Batches arrive tokenised as tensors and the step reads the device only when it logs: "
+                    "a ratio near 1 says the host is off the critical path.")

@@ -8,7 +8,7 @@ sends the same requests (``search_runs``, then a ``log_batch`` of 10 points: wha
 polls and what a trial's point sender posts). The server process's own CPU time is read from
 /proc before and after. Rounds alternate (cache on, off, on, ...) so machine noise hits both.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/mlflow_auth.py [--requests 20] [--rounds 2]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run mlflow-auth [--requests 20] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -116,4 +116,11 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
               f"client wall {wall:7.1f} ms/request")
     on = statistics.median(c for c, _ in results[True])
     off = statistics.median(c for c, _ in results[False])
-    print(f"  off / on: {off / on:.0f}x the server's CPU per request")
+    bench.ratio("server CPU per request, credential cache off / on", off / on, "> 1")
+
+
+CASE = Case("mlflow-auth", "the CPU the cluster's MLflow server spends per request under basic authentication, "
+            "with the platform's credential cache and without it", arguments, run,
+            smoke=["--requests", "2", "--rounds", "1"],
+            meaning="Every trial's point sender and the sweep's driver talk to this server: its CPU per "
+                    "request bounds how many trials one head serves.")

@@ -148,7 +148,7 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
     timed = max(step - 2, 1)
     return {"steps": step, "bad_losses": sum(not math.isfinite(x) for x in losses),
             "bad_norms": sum(not math.isfinite(x) for x in norms),
-            "first": sum(losses[:10]) / len(losses[:10]), "last": sum(losses[-10:]) / len(losses[-10:]),
+            "first": sum(losses[:10]) / max(1, len(losses[:10])), "last": sum(losses[-10:]) / max(1, len(losses[-10:])),
             "skipped": skipped, "scale": scaler.get_scale() if scaler.is_enabled() else None,
             "ms": (time.perf_counter() - t0) / timed * 1e3 if t0 else float("nan"),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if rt.device.type == "cuda" else float("nan")}
@@ -220,4 +220,4 @@ def run_case(args: argparse.Namespace, bench: Bench) -> None:
 
 CASE = Case("paper-precision", "the five paper profiles in their papers' precision: finite losses, ms/step, peak "
             "memory; GradCache's memory at the paper batches", arguments, run_case,
-            smoke=["--model", "tiny", "--steps", "2", "--memory-steps", "1", "--only", "simcse", "memory"])
+            smoke=["--model", "tiny", "--steps", "2", "--only", "simcse"])

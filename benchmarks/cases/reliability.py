@@ -1,7 +1,7 @@
-"""Reliability costs (issue 7): checkpoint save/restore, time to resume after a killed worker,
-Tune's per-trial overhead.
+"""Reliability costs: checkpoint save/restore, time to resume after a killed worker, Tune's
+per-trial overhead.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/reliability.py [--skip-resume]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run reliability [--skip-resume]
 
 - checkpoint: the packaged backbone (MiniLM, 22M parameters) in SimCSE's model after one AdamW
   step: writing a resumable checkpoint (HF export + model/heads + optimizer + scheduler + RNG) and
@@ -36,7 +36,7 @@ def folder_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-def checkpoint_costs() -> None:
+def checkpoint_costs(bench: Bench) -> None:
     from transformers import get_linear_schedule_with_warmup
 
     from methods.encoder import Encoder
@@ -68,15 +68,17 @@ def checkpoint_costs() -> None:
         loads.append(time.perf_counter() - t0)
         size = folder_mb(d)
         shutil.rmtree(d)
+    bench.figure("checkpoint_mib", size)
+    bench.figure("checkpoint_save_s", statistics.median(saves))
+    bench.figure("checkpoint_restore_s", statistics.median(loads))
     print(f"checkpoint (MiniLM + SimCSE head + AdamW): {size:.0f} MiB; save median {statistics.median(saves):.2f}s, "
           f"restore median {statistics.median(loads):.2f}s (5 repeats)")
 
 
-def resume_time() -> None:
+def resume_time(bench: Bench) -> None:
     from mlflow.tracking import MlflowClient
     from ray.cluster_utils import Cluster
 
-    sys.path.insert(0, str(ROOT / "tests"))
     tmp = Path(tempfile.mkdtemp())
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 2})
@@ -111,6 +113,7 @@ def resume_time() -> None:
     after = [m for m in c.get_metric_history(run.info.run_id, "train_loss") if m.timestamp / 1000 > kill_time]
     first = min(after, key=lambda m: m.timestamp)
     resumed = next((line.split("resumed at step")[1].split()[0] for line in out.splitlines() if "resumed at step" in line), "?")
+    bench.figure("resume_s", first.timestamp / 1000 - kill_time)
     print(f"resume: worker killed at step {killed_step}, group restarted from the checkpoint of step {resumed}; "
           f"next new step logged (step {first.step}) "
           f"{first.timestamp / 1000 - kill_time:.1f}s after the kill; run {run.info.status}, exit {proc.returncode}")
@@ -118,7 +121,7 @@ def resume_time() -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def tune_overhead(n: int = 40) -> None:
+def tune_overhead(bench: Bench, n: int = 40) -> None:
     import ray
     from ray import tune
 
@@ -136,17 +139,26 @@ def tune_overhead(n: int = 40) -> None:
         ).fit()
         sec = time.perf_counter() - t0
     ray.shutdown()
+    bench.figure("tune_s_per_trial", sec / n)
     print(f"tune: {n} instant trials in {sec:.1f}s = {n / sec * 60:.0f} trials/min ({sec / n:.2f}s per trial)")
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-resume", action="store_true")
     p.add_argument("--only-resume", action="store_true")
+    p.add_argument("--trials", type=int, default=40, help="Tune's instant trials")
 
 
 def run(args: argparse.Namespace, bench: Bench) -> None:
     if not args.only_resume:
-        checkpoint_costs()
-        tune_overhead()
+        checkpoint_costs(bench)
+        tune_overhead(bench, args.trials)
     if not args.skip_resume:
-        resume_time()
+        resume_time(bench)
+
+
+CASE = Case("reliability", "what reliability costs: a resumable checkpoint's save and restore, the time from a "
+            "killed worker to its group's next step, Tune's overhead per trial", arguments, run,
+            smoke=["--skip-resume", "--trials", "4"],
+            meaning="Checkpoints and restarts are paid in every run that survives a failure; Tune's per-trial "
+                    "overhead bounds how short a trial can usefully be.")

@@ -7,7 +7,7 @@ apart, every report after the first waits for the next poll. Same command, alter
 (2 s, 0.5 s, 2 s, ...) so machine noise hits both; the tiny random BERT of the tests, one worker,
 no final evaluation. Each run starts its own local Ray, as a user's command does.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/report_poll.py [--steps 8] [--eval-steps 2] [--repeats 3]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run report-poll [--steps 8] [--eval-steps 2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -57,3 +57,10 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     print(f"steps={args.steps} eval_steps={args.eval_steps} ({args.steps // args.eval_steps} reports)  "
           f"median wall time: poll 2 s {slow:.1f} s, poll 0.5 s {fast:.1f} s  ({slow - fast:.1f} s saved, "
           f"ratio {slow / fast:.2f})")
+    bench.ratio("wall time, poll 2 s / poll 0.5 s", slow / fast, "> 1")
+
+
+CASE = Case("report-poll", "a short run's wall time with Ray Train's report poll at Ray's default (2 s) and at "
+            "the platform's (0.5 s)", arguments, run, smoke=["--steps", "2", "--eval-steps", "2", "--repeats", "1"],
+            meaning="Each report waits for the controller's next poll: with evaluations a few steps apart the "
+                    "poll interval is paid at every one.")

@@ -1,7 +1,7 @@
-"""SimCSE at the speed of the hardware (issue 50, item 4): three measurements side by side in one run.
+"""SimCSE at the speed of the hardware: three measurements side by side in one run.
 
-    python benchmarks/gpu_speed.py --tokenizer .dev/prepared/tokenizer   # GPU: bert-base (random weights), batch 64, length 32, bf16
-    python benchmarks/gpu_speed.py --model minilm --precision fp32 --steps 30 --warmup 5 --eager-only   # this CPU
+    python -m benchmarks run train-step --tokenizer .dev/prepared/tokenizer   # GPU: bert-base (random weights), batch 64, length 32, bf16
+    python -m benchmarks run train-step --model minilm --precision fp32 --steps 30 --warmup 5 --eager-only   # this CPU
 
 (a) ``platform``: ``train_loop_per_worker`` in the process runtime (no Ray, no MLflow), STS-B dev every
     ``--eval-steps`` steps as a run does, wall-clock per step with the start-up taken out (a short run
@@ -18,8 +18,8 @@ ratios. Without ``$PLATFORM_DATA_DIR`` (the GPU machine has no data) the corpus 
 the tokenizer's vocabulary and STS-B dev of 1,500 random pairs: an evaluation costs what STS-B dev costs;
 its score means nothing. MFU counts 3 x (2 x non-embedding parameters + 4 x layers x length x hidden)
 FLOPs per token, two dropout views per sentence. The GPU machine lacks the packaged MiniLM, whose tokenizer
-(bert-base-uncased's vocabulary) the random models take: ``paper_precision.py prepare`` saves it beside the
-data, and ``--tokenizer`` names that folder (carry it to the machine).
+(bert-base-uncased's vocabulary) the random models take: the paper-precision case's ``--prepare-to`` saves it
+beside the data, and ``--tokenizer`` names that folder (carry it to the machine).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from benchmarks.harness import Bench, Case
 
 def random_backbone(kind: str, folder: Path, tokenizer: str | None = None) -> str:
     """bert-base (BertConfig()'s 12 x 768) or the tests' tiny BERT, random weights, with ``tokenizer``
-    (``paper_precision.random_bert``); or the packaged MiniLM itself (``minilm``)."""
+    (``benchmarks.common.random_bert``); or the packaged MiniLM itself (``minilm``)."""
     if kind == "minilm":
         from methods.encoder import pretrained_source
 
@@ -143,8 +143,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", help="fp32 | fp16 | bf16 (GPU only)")
     p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of the static variant")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
-    p.add_argument("--tokenizer", default=None, help="the random models' tokenizer: a folder (paper_precision.py prepare "
-                   "saves one in .dev/prepared/tokenizer) or a name; default the packaged MiniLM's")
+    p.add_argument("--tokenizer", default=None, help="the random models' tokenizer: a folder (the paper-precision case's "
+                   "--prepare-to saves one in .dev/prepared/tokenizer) or a name; default the packaged MiniLM's")
     p.add_argument("--eager-only", action="store_true", help="skip the static+compile variant (minutes of compiling on a CPU)")
 
 
@@ -207,5 +207,19 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     st = rows.get("(b) sentence-transformers trainer")
     for name in ("eager", "static+compile"):
         if st is not None and f"(a) platform, {name}, no evaluation" in rows:
-            print(f"throughput (a) {name} / (b): {st / rows[f'(a) platform, {name}']:.2f} with evaluations, "
-                  f"{st / rows[f'(a) platform, {name}, no evaluation']:.2f} without (targets: >= 2 on the GPU, >= 1 on CPU)")
+            target = ">= 2 on a GPU" if gpu else ">= 1 on a CPU"
+            bench.ratio(f"throughput (a) {name} / (b), with evaluations", st / rows[f"(a) platform, {name}"], target)
+            bench.ratio(f"throughput (a) {name} / (b), no evaluation", st / rows[f"(a) platform, {name}, no evaluation"],
+                        target)
+    for name in ("eager", "static+compile"):
+        if f"(c) device step, {name}" in rows and f"(a) platform, {name}, no evaluation" in rows:
+            bench.ratio(f"(a) {name}, no evaluation / (c) device step", rows[f"(a) platform, {name}, no evaluation"]
+                        / rows[f"(c) device step, {name}"], "~1")
+
+
+CASE = Case("train-step", "SimCSE's training step at hardware speed: the platform's loop (eager, compiled), "
+            "sentence-transformers' trainer and the bare device step, side by side; MFU on a GPU", arguments, run,
+            smoke=["--model", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--eval-steps", "2",
+                   "--precision", "fp32", "--eager-only"],
+            meaning="The loop against the bare device step says what the platform adds per step; against "
+                    "sentence-transformers' trainer, whether its throughput leads; MFU, how close to the GPU's peak.")

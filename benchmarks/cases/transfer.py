@@ -3,12 +3,12 @@ the same cached embeddings: the PyTorch protocol's batched engine (the default),
 optionally the serial PyTorch engine (one fit at a time, ``--serial``), with each protocol's scores
 beside the numbers SentEval's own engine gives on these embeddings.
 
-    PLATFORM_DATA_DIR=../shared/data python benchmarks/transfer_speed.py \\
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run transfer \\
         [--tasks MR CR ...] [--jobs 2] [--serial TASK ...]
 
 Embeddings come from the platform's embedding store (``$PLATFORM_CACHE_DIR/embeddings``), so only
-the first run encodes. SentEval's numbers: the serial engine (which returns SentEval's numbers
-exactly, tests/test_transfer.py) on these embeddings, 2026-11-22 (benchmarks/RESULTS.md).
+the first run encodes. SentEval's numbers (``SENTEVAL``): the serial engine, which returns SentEval's
+numbers exactly (tests/test_transfer.py), on the packaged backbone's embeddings.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from methods.encoder import Encoder
 from platform.evaluation import classifier
 from platform.evaluation.embedding_cache import EmbeddingStore
 from platform.evaluation.transfer import TRANSFER_TASKS, task_features, task_sentences
+from benchmarks.common import model_source
 from benchmarks.harness import Bench, Case
 
 SENTEVAL = {"MR": 76.34, "CR": 82.15, "SUBJ": 91.98, "MPQA": 87.50, "SST2": 81.27, "TREC": 90.00, "MRPC": 72.35}
@@ -46,7 +47,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, bench: Bench) -> None:
-    store = EmbeddingStore(Encoder.from_pretrained(args.model, pooler=args.pooler), args.pooler)
+    store = EmbeddingStore(Encoder.from_pretrained(model_source(args.model), pooler=args.pooler), args.pooler)
     t = time.perf_counter()
     store.embed([s for task in args.tasks for s in task_sentences(task)])
     print(f"cpus={os.cpu_count()} model={args.model} pooler={args.pooler}; encoded {store.encoded} sentences "
@@ -72,3 +73,12 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
               + " | ".join("-" if a is None else f"{a:.2f}" for a in tests) + f" | {SENTEVAL.get(task, '-')} |",
               flush=True)
     print("| all | " + " | ".join(f"{s:.1f}" for s in totals) + " |" + " |" * (len(runs) + 1))
+    if totals[0]:
+        bench.ratio("classifier time, scikit-learn / batched PyTorch", totals[1] / totals[0], "> 1")
+
+
+CASE = Case("transfer", "SentEval's transfer tasks on a backbone's cached embeddings: the classifier's time with "
+            "the batched PyTorch engine, scikit-learn's and the serial one, with each one's test scores",
+            arguments, run, smoke=["--model", "tiny", "--tasks", "MRPC"],
+            meaning="The batched engine fits every fold and regularisation value as one program; its scores "
+                    "match SentEval's own engine on the same embeddings (tests/test_transfer.py).")
