@@ -13,7 +13,6 @@ import importlib
 import io
 import json
 import os
-import platform as _host  # the repository's package re-exports the standard module
 import re
 import resource
 import shlex
@@ -93,7 +92,7 @@ def environment() -> dict[str, Any]:
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
     env: dict[str, Any] = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "platform",
                                                                                    "methods", "benchmarks")),
-                           "host": _host.node(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+                           "host": os.uname().nodename, "cpu": _cpu_name(), "cores": os.cpu_count(),
                            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
                            "python": sys.version.split()[0], "packages": {}}
     for name in PACKAGES:
@@ -115,7 +114,7 @@ def _cpu_name() -> str:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return " ".join(line.split(":", 1)[1].split())
-    return _host.processor() or _host.machine()
+    return os.uname().machine
 
 
 def tables_of(text: str) -> list[list[list[str]]]:

@@ -183,10 +183,6 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
-def is_checkpoint(path: str | os.PathLike) -> bool:
-    return (Path(path) / STATE).is_file()
-
-
 def model_dir(path: str | os.PathLike) -> Path:
     return Path(path) / MODEL
 
@@ -210,13 +206,8 @@ def exists(location: str | None) -> bool:
 def checkpoints_under(location: str) -> list[tuple[dict, str]]:
     """(state, location) of each checkpoint directly under a fit's storage (Ray Train's
     ``checkpoint_*`` folders, or the process runtime's ``latest`` and ``best``)."""
-    found = []
-    for name in storage.list_dirs(location):
-        folder = storage.join(location, name)
-        state = storage.read_text(storage.join(folder, STATE))
-        if state:
-            found.append((json.loads(state), folder))
-    return found
+    folders = [storage.join(location, name) for name in storage.list_dirs(location)]
+    return [(json.loads(state), folder) for folder in folders if (state := storage.read_text(storage.join(folder, STATE)))]
 
 
 def latest_under(location: str) -> str | None:
@@ -231,10 +222,7 @@ def best_under(location: str) -> tuple[str, float] | None:
     and that score; None when no checkpoint was evaluated."""
     found = [(-float(state[DEV_METRIC]), state.get("step", 0), folder)
              for state, folder in checkpoints_under(location) if DEV_METRIC in state]
-    if not found:
-        return None
-    dev, _, folder = min(found)
-    return folder, -dev
+    return (min(found)[2], -min(found)[0]) if found else None
 
 
 def read_state_at(location: str) -> dict:

@@ -388,7 +388,7 @@ def write_private(path: Path, text: str) -> Path:
 
 # How long the MLflow server trusts a password it has checked. Without it every request (each
 # batch of a trial's points, each poll, each UI call) re-derives the stored hash: ~0.4 CPU-s per
-# request on a 2-core VM, a core's worth for every two or three requests a second (benchmarks/mlflow_auth.py).
+# request on a 2-core VM, a core's worth for every two or three requests a second (benchmark case mlflow-auth).
 # MLflow drops an account's entry when it is changed through the server that serves it; another
 # worker process of that server may accept an old password for up to this long (MLflow's
 # basic_auth.ini suggests 60).

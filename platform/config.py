@@ -506,25 +506,19 @@ def build_config(args) -> "TrainConfig":
 
 
 def add_run_arguments(p, sweep: bool) -> None:
-    """The arguments ``train`` and ``tune`` share: what runs (method, profile, experiment file,
-    ``--set``), where it is recorded, and its seeds; ``sweep``: worded for a sweep's base config."""
+    """The arguments ``train`` and ``tune`` share; ``sweep``: worded for a sweep's base config."""
     what, run = ("the base configuration", "the sweep's run") if sweep else ("the configuration", "the run")
     p.add_argument("method", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--profile", default=None, help=f"one of {', '.join(available_profiles())} (default: the --config "
-                                                   "file's, else local)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
-                   help=f"{what} as an experiment file: key: value lines of the keys of --set, which "
-                        "override it")
+    p.add_argument("--profile", help=f"one of {', '.join(available_profiles())} (default: the --config file's, else local)")
+    p.add_argument("--config", type=Path, metavar="FILE.yaml",
+                   help=f"{what} as an experiment file: key: value lines of the keys of --set, which override it")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", help=f"override a value of {what}")
-    p.add_argument("--experiment", default=None, help="the MLflow experiment (default: the method's name)")
+    p.add_argument("--experiment", help="the MLflow experiment (default: the method's name)")
     p.add_argument("--tag", dest="tags", action="append", metavar="KEY=VALUE", help=f"an MLflow tag on {run}")
-    p.add_argument("--push-to-hub", metavar="REPO", default=None,
-                   help=f"once {'the sweep' if sweep else 'the run'} has finished, upload "
-                        f"{'the best trial' if sweep else 'its'}'s model (with its card) to this Hugging Face Hub "
-                        "repository (NAMESPACE/NAME; needs a token: `hf auth login` or HF_TOKEN)")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="fit every configuration with N seeds (seed, seed+1, ...); trials are ranked on the mean" if sweep
-                   else "train N times (seeds seed, seed+1, ...) and report every score's mean +- std")
+    p.add_argument("--push-to-hub", metavar="REPO", help=f"once {run} has finished, upload its best model (with its "
+                   "card) to this Hugging Face Hub repository (NAMESPACE/NAME; needs `hf auth login` or HF_TOKEN)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N", help="fit every configuration with N seeds (seed, seed+1, "
+                   "...); " + ("trials are ranked on the mean" if sweep else "every score is reported as mean +- std"))
 
 
 def parse_tags(items: list[str] | None) -> dict[str, str]:

@@ -37,7 +37,7 @@ TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"],
 def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
     """(path or name to load, pooler) for any of the accepted MODEL forms."""
     path = Path(model)
-    if checkpoint.is_checkpoint(path):
+    if checkpoint.exists(str(path)):
         state = checkpoint.read_state(path)
         return str(checkpoint.model_dir(path)), pooler or state["eval_pooler"]
     if (path / "modules.json").is_file():  # sentence-transformers folder: the transformer is its first module
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
 def print_beside_backbone(model: str, pooler: str, scores: dict[str, float]) -> None:
     """A training checkpoint's scores beside its untouched backbone's (same pooler), when a run
     cached those on this machine; the 7 tasks all scored, else nothing."""
-    if not checkpoint.is_checkpoint(Path(model)) or set(STS_TASKS) - set(scores):
+    if not checkpoint.exists(str(model)) or set(STS_TASKS) - set(scores):
         return
     backbone = checkpoint.read_state(Path(model)).get("config", {}).get("model", "")
     baseline = cached_baseline(backbone, pooler)

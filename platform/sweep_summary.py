@@ -2,8 +2,8 @@
 STS-B dev, steps, status), printed and logged on the sweep's parent run as an MLflow table and a
 CSV, with plots logged as PNG images: each parameter against the dev score (trials coloured by
 the steps they trained), and Optuna's parameter-importance plot (fANOVA) with its n. Also how
-well each ASHA rung's score predicts the final best (``rung_table``, read by
-``benchmarks/asha_rungs.py``).
+well each ASHA rung's score predicts the final best (``rung_table``, read by the
+benchmark case asha-rungs).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def mlflow_uri(tmp_path, _empty_mlflow_db) -> str:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory, _empty_mlflow_db):
     """A real ``mlflow server`` process (SQLite, local artifacts), one per test module."""
-    from tests.helpers import MlflowServer
+    from tests.services import MlflowServer
 
     base = tmp_path_factory.mktemp("mlflow-server")
     server = MlflowServer(base, new_mlflow_db(_empty_mlflow_db, base / "mlflow.db")).start()

@@ -522,7 +522,7 @@ def test_an_idle_node_is_stopped_and_started_again_with_its_disk(account, tmp_pa
     """Ray's AWS node provider on the rendered config (cache_stopped_nodes): scaling a worker down
     stops its instance instead of terminating it, and the next scale-up of that type starts the
     same instance again (its venv and caches on its disk, the setup's installs no-ops), not a new
-    one that would download the lock's wheels again (benchmarks/boot_bytes.py)."""
+    one that would download the lock's wheels again (benchmarks/results/boot-bytes.jsonl)."""
     from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
 
     from platform.cluster_aws import provision
@@ -559,7 +559,8 @@ def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_c
 
     from platform.cluster import render
     from platform.cluster_aws import provision
-    from tests.helpers import MlflowServer, new_mlflow_db, sets, throwaway_head
+    from tests.helpers import new_mlflow_db, sets
+    from tests.services import MlflowServer, throwaway_head
 
     account_env = {"MLFLOW_TRACKING_USERNAME": "platform", "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery"}
     import tempfile

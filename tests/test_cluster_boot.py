@@ -36,7 +36,8 @@ import pytest
 
 from tests import nodes
 from platform.run.ray_env import free_port
-from tests.helpers import ROOT, Server, kill_group, wait_for
+from tests.helpers import ROOT, kill_group, wait_for
+from tests.services import Server
 
 pytestmark = pytest.mark.scenario
 

@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.helpers import ROOT, throwaway_head
+from tests.helpers import ROOT
+from tests.services import throwaway_head
 
 
 def _config():
@@ -76,7 +77,7 @@ def test_mlflow_runs_with_basic_auth_from_cluster_env(tmp_path):
 
 def test_the_mlflow_server_remembers_a_checked_password(tmp_path, monkeypatch):
     """MLflow's own reader of the file finds the credential cache on (off by default: every request
-    would re-derive the password hash, ~0.4 CPU-s each; benchmarks/mlflow_auth.py)."""
+    would re-derive the password hash, ~0.4 CPU-s each; benchmark case mlflow-auth)."""
     from mlflow.server.auth.config import read_auth_config
 
     from platform.cluster import AUTH_CACHE_TTL_S, write_mlflow_auth

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, cluster_head, runs_of, tiny_run_args
+from tests.helpers import ROOT, runs_of, tiny_run_args
+from tests.services import cluster_head
 
 pytestmark = pytest.mark.scenario
 

@@ -24,7 +24,8 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.helpers import ROOT, cluster_head, code_map, runs_of, tiny_run_args, wait_for
+from tests.helpers import ROOT, code_map, runs_of, tiny_run_args, wait_for
+from tests.services import cluster_head
 
 pytestmark = pytest.mark.scenario
 

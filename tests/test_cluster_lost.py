@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, cluster_head, runs_of, sets
+from tests.helpers import ROOT, runs_of, sets
+from tests.services import cluster_head
 
 pytestmark = pytest.mark.scenario
 

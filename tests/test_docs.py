@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tests.helpers import ROOT, run_main
 
@@ -210,3 +209,47 @@ def test_the_papers_tables_are_the_paper_profiles_values():
                     assert float(flat[key]) == number, (method, key, flat[key], number)
                     checked += 1
     assert checked >= 25, checked
+
+
+def test_the_benchmark_results_page_is_written_from_the_records():
+    """benchmarks/RESULTS.md is ``python -m benchmarks report``'s output for the records in
+    benchmarks/results/: a record added or a case renamed without writing it again fails here."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "report", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    assert "do not edit by hand" in page and "## train-step" in page
+
+
+def _doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_docs_state_the_present_no_commit_and_one_date_a_figure():
+    """How a figure got where it is lives in git and in the benchmark records: the README and the
+    docs name no commit of this repository, and a paragraph (a figure with its date and machine)
+    carries at most one date. (Pins of other repositories, such as a model's revision, are not
+    commits of this one.)"""
+    hexes = re.compile(r"(?<![\w/.@-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/-])")
+    dates = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+    commits, crowded = [], []
+    for path in _doc_files():
+        text = path.read_text(encoding="utf-8")
+        for token in set(hexes.findall(text)):
+            found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{token}^{{commit}}"], cwd=ROOT,
+                                   capture_output=True, text=True)
+            if found.returncode == 0:
+                commits.append(f"{path.name}: {token}")
+        crowded += [f"{path.name}: {p[:80]!r}" for p in re.split(r"\n\s*\n", text) if len(dates.findall(p)) > 1]
+    assert not commits, commits
+    assert not crowded, crowded
+    # The check can fail: a commit of this repository is found when it is named.
+    recent = subprocess.run(["git", "rev-list", "--max-count=50", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.split()
+    named = next(c[:8] for c in recent if hexes.fullmatch(c[:8]))
+    assert hexes.findall(f"measured at {named}.") == [named]
+
+
+def test_every_test_module_the_docs_cite_exists():
+    cited = {m for path in _doc_files() for m in re.findall(r"tests/(test_\w+\.py)", path.read_text(encoding="utf-8"))}
+    assert cited and not [m for m in sorted(cited) if not (ROOT / "tests" / m).is_file()]

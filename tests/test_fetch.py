@@ -9,7 +9,8 @@ import tarfile
 
 import pytest
 
-from tests.helpers import Server, assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli
+from tests.services import Server
 
 
 WIKI = "".join(f"sentence number {i} of a small wiki copy .\n" for i in range(50_000)).encode()

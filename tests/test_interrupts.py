@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (commits_step, kill_group, release_barrier, repo_with_barrier, runs_of, sets, start_cli, steps_of,
-                           wait_for)
+from tests.helpers import commits_step, kill_group, release_barrier, repo_with_barrier, runs_of, sets, start_cli, steps_of, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,8 @@ import torch
 import torch.multiprocessing as mp
 
 from methods.losses import gather_with_grad, info_nce
-from tests.helpers import leave_process_group, slow_info_nce
+from tests.helpers import leave_process_group
+from tests.reference import slow_info_nce
 
 
 @pytest.mark.parametrize("tau", [0.05, 0.5])
@@ -212,7 +213,7 @@ def test_every_loss_is_float32_under_bf16_autocast():
     bf16) equals the float64 computation on the same embeddings within 1e-3 relative."""
     from methods.losses import hince, nt_xent
     from methods.vascl import neighbourhood_loss
-    from tests.helpers import slow_hince, slow_neighbourhood_loss, slow_nt_xent
+    from tests.reference import slow_hince, slow_neighbourhood_loss, slow_nt_xent
 
     z1, z2, z3, z4 = _close_views(0)
     d = [z.double() for z in (z1, z2, z3, z4)]
@@ -265,7 +266,7 @@ def test_ntxent_leaves_out_the_negatives_that_do_not_exist():
     as InfoNCE and HiNCE leave out its column."""
     from methods.losses import Negative, NTXent, Views
     from methods.recipe import SharedParams
-    from tests.helpers import slow_nt_xent
+    from tests.reference import slow_nt_xent
 
     g = torch.Generator().manual_seed(2)
     a, p, n1, n2 = (torch.randn(4, 6, generator=g) for _ in range(4))

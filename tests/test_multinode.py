@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.topology import BUCKET, Topology, available, processes
-from tests.helpers import (ROOT, assert_user_error, commits_step, release_barrier, repo_with_barrier, runs_of, sets,
-                           start_cli, steps_of, wait_for)
+from tests.helpers import ROOT, assert_user_error, commits_step, release_barrier, repo_with_barrier, runs_of, sets, start_cli, steps_of, wait_for
 
 pytestmark = pytest.mark.scenario
 

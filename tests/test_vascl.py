@@ -22,7 +22,8 @@ from methods.vascl import (
     virtual_augmentation_loss,
     virtual_perturbation,
 )
-from tests.helpers import leave_process_group, slow_neighbourhood_loss, slow_nt_xent
+from tests.helpers import leave_process_group
+from tests.reference import slow_neighbourhood_loss, slow_nt_xent
 
 
 def brute_neighbours(e, k):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from pathlib import Path
 

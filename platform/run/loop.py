@@ -483,7 +483,7 @@ class RayTrainRuntime(Runtime):
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
         # A worker Ray ends mid-fit (a trial the scheduler stopped) exits at once: the interpreter's
         # finalization would abort a training thread that is inside a backward pass, loudly.
-        atexit.register(_exit_quietly)
+        atexit.register(os._exit, 0)
 
     def sender_tags(self) -> dict[str, str]:
         """The Ray actor that sends rank 0's points: a sweep ends a trial's run once this actor
@@ -602,12 +602,7 @@ class RayTrainRuntime(Runtime):
 
     def close(self) -> None:
         self._committer.shutdown(wait=True)
-        atexit.unregister(_exit_quietly)
-
-
-def _exit_quietly() -> None:
-    sys.stdout.flush(), sys.stderr.flush()
-    os._exit(0)
+        atexit.unregister(os._exit)
 
 
 def make_runtime(ctx: RunContext, cfg: TrainConfig) -> Runtime:
