@@ -206,8 +206,13 @@ def discriminator_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 
 
 class AugCSE(AuxTerm):
-    """``aux=augcse``: brings the projector g, adds the augmented rows to the shared forward pass
-    and lambda * BCE of the discriminator behind gradient reversal."""
+    """``aux=augcse``: brings the batch-normalised projector g, adds the augmented rows to the shared
+    forward pass and lambda x BCE of a discriminator behind gradient reversal.
+
+    Inputs: each epoch's augmented sentences and their labels, from the ``augmentations`` set.
+    Requires: spaCy's English model and WordNet (``nltk_data``). Combines with: every positives, negatives source and loss; not ``vascl``.
+    Paper: AugCSE (Tang et al., 2022), Sec. 3, Eq. 2-3, App. A.
+    Example: --set aux=augcse --set lambda_disc=0.01 --set augmentations=4-aug"""
 
     name = "augcse"
     Params = AugCSEParams

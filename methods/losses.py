@@ -204,7 +204,13 @@ class InfoNCE(Loss):
     Views: anchors h_i and positives h_i+ (N x d each, all-gathered), and each active source's
     negatives n_k (N x d, row i anchor i's; ``valid`` marks those that exist). Loss, mean over i:
     ``-log e^{sim(h_i, h_i+)/tau} / (sum_j e^{sim(h_i, h_j+)/tau} + sum_k e^{sim(h_i, n_k)/tau})``,
-    sim = cosine, tau = ``temperature``; every valid negative of every source is a column."""
+    sim = cosine, tau = ``temperature``; every valid negative of every source is a column.
+
+    Inputs: anchors and positives; every valid negative of every active source as an extra column.
+    Requires: nothing. Combines with: every positives, negatives source and aux term.
+    Paper: SimCSE (Gao et al., 2021), Eq. 1, 4 and 5.
+    Example: --set loss=infonce --set temperature=0.05
+    """
 
     name = "infonce"
     cites = "Gao et al. (2021), SimCSE, Eq. 1, 4 and 5"
@@ -218,7 +224,13 @@ class SymmetricInfoNCE(Loss):
     """AugCSE's symmetric InfoNCE (Tang et al., 2022, App. A.14; the authors' code with
     ``diff_cse_mode``): CLIP's two directions over the in-batch matrix of anchors and positives
     (N x N, all-gathered), ``(CE(S) + CE(S^T)) / 2`` with ``S_ij = sim(h_i, h_j+)/tau``, sim =
-    cosine, tau = ``temperature``. It has no place for negatives: a recipe with them is refused."""
+    cosine, tau = ``temperature``. It has no place for negatives: a recipe with them is refused.
+
+    Inputs: anchors and positives only.
+    Requires: no negatives source. Combines with: every positives and aux term.
+    Paper: AugCSE (Tang et al., 2022), App. A.14 (CLIP's symmetric loss), and the authors' code.
+    Example: --set aux=augcse --set loss=symmetric
+    """
 
     name = "symmetric"
     cites = "Tang et al. (2022), AugCSE, App. A.14 (CLIP's symmetric loss) and the authors' code"
@@ -247,7 +259,13 @@ class HiNCE(Loss):
     row i anchor i's own; invalid ones masked). Logits of row i:
     ``[sim(h_i, h_j+)/tau1]_j ++ [sim(h_i, h_k-)/tau2]_k``, target i, cross-entropy, mean over i.
     A step on which no source is active (UNA uses its negatives every alpha-th step) has the
-    positive part alone: InfoNCE at tau1."""
+    positive part alone: InfoNCE at tau1.
+
+    Inputs: anchors, positives and each active source's negatives, row i anchor i's own.
+    Requires: a negatives source. Combines with: ``una``, ``san``, every positives and aux term.
+    Paper: SAN + HiNCE (Cai et al.), Eq. 2.
+    Example: --set negatives=san --set loss=hince --set tau2=0.06
+    """
 
     name = "hince"
     Params = HiNCEParams
@@ -270,7 +288,13 @@ class NTXent(Loss):
     Views: anchors and positives (N x d each), and each active source's negatives with a second
     dropout view of them. Positive pairs: (h_i, h_i+) and, for a negative that exists, its two
     views; every other row is a negative. Row r's loss
-    ``-log e^{sim(z_r, z_r')/tau} / sum_{s != r} e^{sim(z_r, z_s)/tau}`` (r' its partner), mean over rows."""
+    ``-log e^{sim(z_r, z_r')/tau} / sum_{s != r} e^{sim(z_r, z_s)/tau}`` (r' its partner), mean over rows.
+
+    Inputs: anchors, positives, and each active source's negatives with a second dropout view.
+    Requires: nothing. Combines with: every positives, negatives source and aux term.
+    Paper: VaSCL (Zhang et al., 2021), Eq. 1; the UNA authors' code (SimCLR's NT-Xent).
+    Example: --set loss=ntxent
+    """
 
     name = "ntxent"
     cites = "Zhang et al. (2021), VaSCL, Eq. 1; Shu et al., UNA, authors' code (SimCLR's NT-Xent)"

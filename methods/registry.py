@@ -8,6 +8,8 @@ come from. ``docs/recipes.md`` shows adding one.
 
 from __future__ import annotations
 
+import re
+
 from methods.ingredients import KINDS, AuxTerm, Ingredient, NegativesSource, Positives, import_by_name
 from methods.losses import Loss
 
@@ -43,3 +45,34 @@ def load(entries: tuple[str, ...]) -> dict[str, dict[str, type[Ingredient]]]:
 
 
 INGREDIENTS = load(REGISTERED)
+
+
+FIELDS = ("Inputs", "Requires", "Paper", "Example")
+
+
+def described(cls: type[Ingredient]) -> dict[str, str]:
+    """An ingredient's docstring in its fields: what it adds (the first paragraph), ``Inputs``,
+    ``Requires`` (with what it combines with), ``Paper`` and ``Example`` (its ``--set`` line)."""
+    paragraphs = [" ".join(p.split()) for p in (cls.__doc__ or "").split("\n\n") if p.strip()]
+    out = {"adds": re.sub(r"^``\w+=\w+``: ", "", paragraphs[0]) if paragraphs else ""}
+    for line in (cls.__doc__ or "").splitlines():
+        key, _, value = line.strip().partition(": ")
+        if key in FIELDS:
+            out[key] = value
+    return out
+
+
+def ingredient_table() -> str:
+    """docs/recipes.md's ingredient table, from the registered ingredients' docstrings."""
+    rows = ["| kind | name | what it adds | inputs | requires; combines with | paper | example |",
+            "|---|---|---|---|---|---|---|"]
+    for kind, found in INGREDIENTS.items():
+        for name, cls in found.items():
+            d = described(cls)
+            rows.append(f"| {kind} | `{name}` | {d['adds']} | {d.get('Inputs', '')} | {d.get('Requires', '')} | "
+                        f"{d.get('Paper', '')} | `{d.get('Example', '')}` |".replace("``", "`"))
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(ingredient_table())

@@ -393,7 +393,13 @@ _GENERATION_KEYS = ("scale", "rounds", "sampling", "top_k", "mlm", "spacy_model"
 
 
 class SAN(NegativesSource):
-    """``negatives=san``: MLM negatives generated once per corpus, encoded with dropout p2."""
+    """``negatives=san``: POS-importance masking filled by a masked LM, generated once per corpus,
+    encoded with their own dropout ``p2``.
+
+    Inputs: the ``san_negative`` column, made once per corpus by ``mlm`` on spaCy's POS tags.
+    Requires: a masked LM (``mlm``) and spaCy's English model. Combines with: ``hince``, ``infonce``, ``ntxent``; not ``symmetric``.
+    Paper: SAN + HiNCE (Cai et al.), Sec. 3, Table 2.
+    Example: --set negatives=san --set p2=0.15 --set rounds=4"""
 
     name = "san"
     Params = SANParams

@@ -449,8 +449,13 @@ def grouped_probabilities(z: np.ndarray, starts: np.ndarray, group: np.ndarray, 
 
 
 class UNA(NegativesSource):
-    """``negatives=una``: fresh TF-IDF negatives every epoch (Ray Data runs ``augment`` on the CPUs),
-    used on every alpha-th batch, encoded in the anchors' forward pass (same dropout)."""
+    """``negatives=una``: TF-IDF term replacement, fresh every epoch (Ray Data runs ``augment`` on the
+    CPUs), used on every alpha-th batch, encoded in the anchors' forward pass (same dropout).
+
+    Inputs: the corpus's TF-IDF table (fitted once, cached) and each epoch's ``una_negative`` column.
+    Requires: a corpus vocabulary wider than the 2r window. Combines with: ``infonce``, ``hince``, ``ntxent``; not ``symmetric``.
+    Paper: UNA (Shu et al.), Sec. 3, Eq. 2-4, Algorithm 1.
+    Example: --set negatives=una --set alpha=5 --set beta=0.5 --set r=3000"""
 
     name = "una"
     Params = UNAParams

@@ -152,7 +152,13 @@ def virtual_augmentation_loss(
 
 class VaSCL(AuxTerm):
     """``aux=vascl``: brings the head h (the recipe's projection, at ``head_lr_scale`` x the
-    learning rate) and adds l_VA over the anchors' view."""
+    learning rate) and adds l_VA: the virtual augmentation of each anchor against its K nearest
+    in-batch neighbours (cosine) and their augmentations (2K).
+
+    Inputs: the anchors' embeddings and their projections through h.
+    Requires: ``k`` smaller than the global batch. Combines with: every positives, negatives source and loss; not ``augcse``.
+    Paper: VaSCL (Zhang et al., 2021), Sec. 3, Eq. 1-5.
+    Example: --set aux=vascl --set k=16 --set delta=15"""
 
     name = "vascl"
     Params = VaSCLParams

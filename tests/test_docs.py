@@ -253,3 +253,30 @@ def test_the_docs_state_the_present_no_commit_and_one_date_a_figure():
 def test_every_test_module_the_docs_cite_exists():
     cited = {m for path in _doc_files() for m in re.findall(r"tests/(test_\w+\.py)", path.read_text(encoding="utf-8"))}
     assert cited and not [m for m in sorted(cited) if not (ROOT / "tests" / m).is_file()]
+
+
+def test_the_ingredient_table_is_written_from_the_ingredients_docstrings():
+    from methods.registry import ingredient_table
+
+    page = _pages()["recipes.md"]
+    block = page.split("<!-- ingredients:", 1)[1].split("\n", 1)[1].split("<!-- /ingredients -->", 1)[0]
+    assert block.strip() == ingredient_table().strip(), "docs/recipes.md: run `python -m methods.registry`"
+
+
+def test_every_ingredient_documents_itself_in_one_form_with_an_example_that_runs():
+    """Each registered ingredient's docstring has every field, and its example's ``--set`` values
+    make a valid configuration of ``recipe`` (what ``python -m platform.train recipe`` builds)."""
+    import shlex
+
+    from methods.registry import FIELDS, INGREDIENTS, described
+    from platform.config import TrainConfig, parse_sets
+
+    for kind, found in INGREDIENTS.items():
+        for name, cls in found.items():
+            fields = described(cls)
+            assert set(FIELDS) <= set(fields) and len(fields["adds"]) > 20, (kind, name, fields)
+            assert "Combines with: " in fields["Requires"], (kind, name)
+            words = shlex.split(fields["Example"])
+            assert words[::2] == ["--set"] * (len(words) // 2) and f"{kind}={name}" in words[1::2], (name, words)
+            cfg = TrainConfig.build("recipe", "local", parse_sets(words[1::2]))
+            assert name in {cfg.recipe.positives, cfg.recipe.loss, *cfg.recipe.negatives, *cfg.recipe.aux}, (name, cfg.recipe)
