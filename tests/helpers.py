@@ -15,6 +15,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Two trials one after the other, lr 1e-3 then 1e-2 (far too large for the tiny BERT): ASHA's rung
+# at the second evaluation compares them and stops the second.
+ASHA_GRID_SPACE = """\
+metric: stsb_dev_spearman
+mode: max
+search: grid
+num_samples: 1
+max_concurrent_trials: 1
+seed: 0
+scheduler: {type: asha, grace_period: 2, reduction_factor: 2}
+space:
+  lr: {grid: [1.0e-3, 1.0e-2]}
+"""
+
 
 # ------------------------------------------------------------------------------------------------
 # Running the commands

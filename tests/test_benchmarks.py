@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.scenario  # about 12 minutes of Ray, Tune and model starts: beside the boot rehearsal
 
 
 def _cases() -> list[str]:

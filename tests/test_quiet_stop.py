@@ -9,21 +9,9 @@ import re
 
 import pytest
 
-from tests.helpers import repo_with_barrier, run_cli, runs_of, sets
+from tests.helpers import ASHA_GRID_SPACE, repo_with_barrier, run_cli, runs_of, sets
 
 pytestmark = pytest.mark.e2e
-
-SPACE = """\
-metric: stsb_dev_spearman
-mode: max
-search: grid
-num_samples: 1
-max_concurrent_trials: 1
-seed: 0
-scheduler: {type: asha, grace_period: 2, reduction_factor: 2}
-space:
-  lr: {grid: [1.0e-3, 1.0e-2]}
-"""
 
 ABORT = re.compile(r"SIGABRT|Fatal Python error|Aborted|\*\*\* .* received|Traceback|Stack \(most recent")
 
@@ -31,7 +19,7 @@ ABORT = re.compile(r"SIGABRT|Fatal Python error|Aborted|\*\*\* .* received|Trace
 def test_a_trial_stopped_mid_backward_prints_no_abort(tiny_model, small_corpus, tmp_path, mlflow_uri):
     repo = repo_with_barrier(tmp_path / "repo")
     space = tmp_path / "space.yaml"
-    space.write_text(SPACE)
+    space.write_text(ASHA_GRID_SPACE)
     # 16 steps, STS-B dev every 2: ASHA stops the second trial at its second evaluation (it falls
     # far below the first), while its worker trains on through 0.4 s backward passes.
     args = sets(model=tiny_model, corpus=small_corpus, batch_size=16, max_steps=16, eval_steps=2, log_steps=1,

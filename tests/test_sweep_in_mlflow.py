@@ -19,28 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli, runs_of, sets, steps_of
+from tests.helpers import ASHA_GRID_SPACE, run_cli, runs_of, sets, steps_of
 
 pytestmark = pytest.mark.e2e
-
-SPACE = """\
-metric: stsb_dev_spearman
-mode: max
-search: grid
-num_samples: 1
-max_concurrent_trials: 1
-seed: 0
-scheduler: {type: asha, grace_period: 2, reduction_factor: 2}
-space:
-  lr: {grid: [1.0e-3, 1.0e-2]}
-"""
 
 
 @pytest.fixture(scope="module")
 def sweep(tiny_model, small_corpus, tmp_path_factory, mlflow_server):
     tmp = tmp_path_factory.mktemp("asha")
     space = tmp / "space.yaml"
-    space.write_text(SPACE)
+    space.write_text(ASHA_GRID_SPACE)
     # 256 sentences at batch 16: 8 steps inside the first epoch, STS-B dev every 2. No Ray Data: the
     # pipeline is not what this module is about (tests/test_shuffle.py and the sweeps elsewhere run it).
     args = sets(model=tiny_model, corpus=small_corpus, batch_size=16, max_steps=8, eval_steps=2, log_steps=1,

@@ -27,6 +27,7 @@ import methods.vascl
 from methods.encoder import Encoder
 from methods.recipe import Recipe
 from platform.data import data_dir, read_corpus
+from benchmarks.common import model_source
 from benchmarks.harness import Bench, Case
 
 RECIPES = {"simcse": {}, "una": {"alpha": 1}, "san": {}, "augcse": {"augmentations": "4-aug"}, "vascl": {}}
@@ -65,26 +66,26 @@ def step(recipe, model, optimizer, batch, autocast: bool) -> float:
     return float(loss.detach())
 
 
-def first_losses(name: str, sentences: list[str]) -> dict[str, float]:
+def first_losses(name: str, sentences: list[str], model: str) -> dict[str, float]:
     """The first batch's loss from one initialisation and one dropout draw: fp32 throughout, and
     under autocast with each kind of logits."""
     out = {}
     for mode, autocast in (("none", False), ("fp32", True), ("bf16", True)):
         torch.manual_seed(0)
-        encoder = Encoder.from_pretrained("minilm")
+        encoder = Encoder.from_pretrained(model)
         recipe = Recipe.named(name, **RECIPES[name])
-        model = recipe.build(encoder).train()
+        built = recipe.build(encoder).train()
         batch = columns(recipe, sentences, encoder)
         torch.manual_seed(1)
         with logits_in(mode if autocast else "fp32"):
             with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-                out[mode] = float(recipe.loss(model, batch, 0)[0].detach())
+                out[mode] = float(recipe.loss(built, batch, 0)[0].detach())
     return out
 
 
-def step_times(name: str, sentences: list[str], batch_size: int, steps: int) -> dict[str, float]:
+def step_times(name: str, sentences: list[str], batch_size: int, steps: int, model_path: str) -> dict[str, float]:
     torch.manual_seed(0)
-    encoder = Encoder.from_pretrained("minilm")
+    encoder = Encoder.from_pretrained(model_path)
     recipe = Recipe.named(name, **RECIPES[name])
     model = recipe.build(encoder).train()
     optimizer = torch.optim.AdamW(recipe.param_groups(model, 1e-5))
@@ -103,22 +104,24 @@ def step_times(name: str, sentences: list[str], batch_size: int, steps: int) -> 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--model", default="minilm", help="a model name or path; tiny: the tests' random 2-layer BERT")
 
 
 def run(args: argparse.Namespace, bench: Bench) -> None:
     torch.set_num_threads(2)
+    model = model_source(args.model)
     sentences = read_corpus(data_dir() / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", limit=args.batch * (args.steps + 1))
     print("| recipe | step, fp32 logits | step, bf16 logits | ratio | loss, no autocast | fp32 logits | bf16 logits |")
     print("|---|---|---|---|---|---|---|")
     for name in RECIPES:
-        t = step_times(name, sentences, args.batch, args.steps)
-        loss = first_losses(name, sentences[: args.batch])
+        t = step_times(name, sentences, args.batch, args.steps, model)
+        loss = first_losses(name, sentences[: args.batch], model)
         print(f"| {name} | {t['fp32'] * 1e3:.0f} ms | {t['bf16'] * 1e3:.0f} ms | {t['fp32'] / t['bf16']:.3f} | "
               f"{loss['none']:.4f} | {loss['fp32']:.4f} | {loss['bf16']:.4f} |", flush=True)
         bench.ratio(f"{name}: step with fp32 logits / bf16 logits", t["fp32"] / t["bf16"], "~1")
 
 
 CASE = Case("fp32-logits", "what the float32 similarity logits cost under bf16 autocast, per named recipe, and "
-            "their first loss beside fp32 throughout", arguments, run, smoke=["--batch", "20", "--steps", "1"],
+            "their first loss beside fp32 throughout", arguments, run, smoke=["--batch", "20", "--steps", "1", "--model", "tiny"],
             meaning="The losses compute similarities and softmax in float32 under autocast; a ratio near 1 "
                     "says that costs nothing, the losses say what bf16 logits would change.")

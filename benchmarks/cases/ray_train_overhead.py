@@ -20,6 +20,7 @@ import torch
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
 from platform.run.loop import RunContext, train_loop_per_worker
+from benchmarks.common import model_source
 from benchmarks.harness import Bench, Case
 
 
@@ -27,7 +28,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--model", default="minilm")
+    p.add_argument("--model", default="minilm", help="a model name or path; tiny: the tests' random 2-layer BERT")
 
 
 def run(args: argparse.Namespace, bench: Bench) -> None:
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     out = tempfile.mkdtemp()
     cfg = TrainConfig.build(
         "simcse", "local",
-        {"model": args.model, "batch_size": args.batch_size, "max_steps": args.steps, "eval_steps": args.steps,
+        {"model": model_source(args.model), "batch_size": args.batch_size, "max_steps": args.steps, "eval_steps": args.steps,
          "num_workers": 1, "cpus_per_worker": cpus, "output_dir": out, "final_eval": False,
          "data_pipeline": "local"},  # the batches read in the worker, as the plain loop reads them
     )
@@ -66,6 +67,6 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
 
 
 CASE = Case("ray-train-overhead", "the training loop's throughput under Ray Train beside the same loop in a plain "
-            "process", arguments, run, smoke=["--steps", "2", "--repeats", "1", "--batch-size", "8"],
+            "process", arguments, run, smoke=["--steps", "2", "--repeats", "1", "--batch-size", "8", "--model", "tiny"],
             meaning="Ray Train's share of a step: what DDP through Ray, its reports and its data path cost "
                     "over the bare loop on the same CPUs.")
