@@ -259,7 +259,7 @@ class Encoder(nn.Module):
     def batches(self, sentences: list[str], batch_size: int = 128, max_len: int | None = None) -> TokenBatches:
         """``sentences`` tokenised for :meth:`encode_batches` (on the CPU): what an evaluator that
         scores the same sentences at every evaluation keeps, since tokenising is about half of
-        encoding them (benchmarks/RESULTS.md, "An evaluation's pieces")."""
+        encoding them (the benchmark case eval-cost)."""
         lengths = [len(s) for s in sentences]
         order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
         chunks = [self.tokenize([sentences[i] for i in order[start : start + batch_size]], max_len=max_len)
