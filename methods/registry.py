@@ -12,8 +12,11 @@ import re
 
 from methods.ingredients import KINDS, AuxTerm, Ingredient, NegativesSource, Positives, import_by_name
 from methods.losses import Loss
+from methods.prompt import EncoderIngredient
 
 REGISTERED = (
+    "methods.prompt:PlainEncoder",
+    "methods.prompt:PromptEncoder",
     "methods.positives:DropoutPositives",
     "methods.positives:ParaphrasePositives",
     "methods.una:UNA",
@@ -26,7 +29,7 @@ REGISTERED = (
     "methods.augcse:AugCSE",
 )
 
-INTERFACES: dict[str, type[Ingredient]] = {"positives": Positives, "negatives": NegativesSource, "loss": Loss,
+INTERFACES: dict[str, type[Ingredient]] = {"encoder": EncoderIngredient, "positives": Positives, "negatives": NegativesSource, "loss": Loss,
                                            "aux": AuxTerm}
 
 

@@ -55,7 +55,7 @@ RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_wor
                           "checkpoint_minutes", "final_eval"})
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")  # torch.compile's, and none
 RUN_TAGS = ("runtime", "num_workers", "use_gpu", "output_dir")  # what finds a run, or accounts its GPU-hours
-RECIPE_KEYS = frozenset({"method", "positives", "negatives", "loss", "aux"})  # the param ``recipe`` (and tags)
+RECIPE_KEYS = frozenset({"method", "encoder", "positives", "negatives", "loss", "aux"})  # the param ``recipe`` (and tags)
 
 
 @dataclasses.dataclass
@@ -203,6 +203,8 @@ class TrainConfig:
         origin = "--set" if method == CUSTOM else f"recipe {method!r} ({NAMED[method].paper})"
         cfg.sources.update({kind: "--set" if kind in kinds else origin for kind in KINDS})
         cfg.sources["pooler"] = ("default: SimCSE's [CLS] + MLP (Sec. 3)" if spec.default_pooler() == "cls"
+                                 else f"default of encoder={spec.encoder} (the template's [MASK])"
+                                 if spec.default_pooler() == "mask"
                                  else f"default of aux={','.join(spec.aux)} (its paper's pooling)")
         cfg.update({k: v for k, v in defaults.items() if k in cfg.fields()}, source=f"recipe {method!r}")
         # What the ingredients' authors use where their papers are silent (``Ingredient.config_defaults``).

@@ -60,7 +60,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     recipe = cfg.build_recipe()
     encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
-    model = rt.wrap(compile_backbone(recipe.build(encoder), cfg.compile))
+    model = rt.wrap(compile_backbone(recipe.build(encoder, cfg.max_len), cfg.compile))
     torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))  # each rank its own masks, from the seed
     steps = total_steps(cfg, rt.num_sentences(recipe))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
