@@ -36,6 +36,13 @@ TRUNCATION = ("sentence", "with_template")
 # PromptBERT's BERT templates (kongds/Prompt-BERT ``run.sh``, unsup-bert).
 PROMPTBERT_ANCHOR = 'This sentence of "{sentence}" means{mask}.'
 PROMPTBERT_POSITIVE = 'This sentence : "{sentence}" means{mask}.'
+# SNCSE's (train_SNCSE.py, s1 / ss1 + s2; the anchor's is also bert_evaluation.py's).
+SNCSE_ANCHOR = 'This sentence : " {sentence} " means {mask} .'
+SNCSE_POSITIVE = 'This sentence of " {sentence} " means {mask} .'
+# CoT-BERT's BERT templates (code-for-BERT/train.py's args_list).
+COTBERT_ANCHOR = 'The sentence of "{sentence}" means {mask} , so it can be summarized as {mask} . '
+COTBERT_POSITIVE = 'The sentence : "{sentence}" means {mask} , so it can be summarized as {mask} . '
+COTBERT_NEGATIVE = 'The sentence : "{sentence}" does not mean {mask} , so it cannot be summarized as {mask} . '
 
 
 def check_template(template: str, name: str = "template") -> None:

@@ -28,7 +28,8 @@ from torch import nn
 from methods.encoder import POOLERS, Encoder, batch_tokens, dropout_override, pad_cat, shared_tokenizer, token_arrays
 from methods.ingredients import KINDS, Draws, Ingredient, InvalidParams, Params, StepOutputs, check, cited
 from methods.losses import Negative, Views, gather_with_grad
-from methods.prompt import EncoderIngredient, PromptEncoder, PromptState
+from methods.prompt import (COTBERT_ANCHOR, COTBERT_NEGATIVE, COTBERT_POSITIVE, SNCSE_ANCHOR, SNCSE_POSITIVE,
+                            EncoderIngredient, PromptEncoder, PromptState)
 from methods.registry import INGREDIENTS
 
 MULTIPLE = ("negatives", "aux")  # kinds that take a comma-separated list (possibly empty)
@@ -148,6 +149,17 @@ NAMED: dict[str, NamedRecipe] = {
     "augcse": NamedRecipe(RecipeSpec(loss="symmetric", aux=("augcse",)), "Tang et al. (2022), AugCSE"),
     # Eq. 1: each of the 2M views classified among the 2M-1 others, i.e. NT-Xent.
     "vascl": NamedRecipe(RecipeSpec(loss="ntxent", aux=("vascl",)), "Zhang et al. (2021), VaSCL"),
+    # The prompt encoder's defaults are PromptBERT's BERT templates and denoising (run.sh, unsup-bert).
+    "promptbert": NamedRecipe(RecipeSpec(encoder="prompt"), "Jiang et al. (2022), PromptBERT, unsupervised"),
+    # train_SNCSE.py (Different_Prompt_Negation): BERT's templates; the RoBERTa profile's are the same text.
+    "sncse": NamedRecipe(RecipeSpec(encoder="prompt", aux=("bml",)), "Wang et al. (2022), SNCSE", params={
+        "template": SNCSE_ANCHOR, "positive_template": SNCSE_POSITIVE, "denoise": "none",
+        "truncation": "with_template", "end_punctuation": True}),
+    # code-for-BERT/train.py: the two-stage templates, the negative template, denoising with [PAD]s.
+    "cotbert": NamedRecipe(RecipeSpec(encoder="prompt", negatives=("template_negative",), loss="cot"),
+                           "Zhang et al. (2023), CoT-BERT", params={
+        "template": COTBERT_ANCHOR, "positive_template": COTBERT_POSITIVE, "negative_template": COTBERT_NEGATIVE,
+        "denoise": "pad"}),
 }
 CUSTOM = "recipe"  # the method name of a recipe put together with --set
 

@@ -21,12 +21,15 @@ REGISTERED = (
     "methods.positives:ParaphrasePositives",
     "methods.una:UNA",
     "methods.san:SAN",
+    "methods.cotbert:TemplateNegatives",
     "methods.losses:InfoNCE",
     "methods.losses:HiNCE",
     "methods.losses:NTXent",
     "methods.losses:SymmetricInfoNCE",
+    "methods.cotbert:CoTLoss",
     "methods.vascl:VaSCL",
     "methods.augcse:AugCSE",
+    "methods.sncse:BML",
 )
 
 INTERFACES: dict[str, type[Ingredient]] = {"encoder": EncoderIngredient, "positives": Positives, "negatives": NegativesSource, "loss": Loss,
