@@ -1,11 +1,11 @@
 """Prompt-based sentence representations: a sentence placed in a template, embedded as the last
 layer's state at the template's [MASK], with the template's own bias removed in training.
 
-- PromptBERT (Jiang et al., 2022, Sec. 4-5): the representation of Eq. 4 (``h = h_[MASK]`` of the
-  template "This sentence : "[X]" means [MASK]."), template positives (Sec. 5.1: the second view is
-  the sentence in another template) and template denoising (Sec. 5.2, Eq. 6:
-  ``h_i - h~_i``, with ``h~_i`` the [MASK] state of the template alone, its positions after the
-  sentence shifted by the sentence's length; the authors' ``get_delta``, with gradient).
+- PromptBERT (Jiang et al., 2022): the representation of Sec. 4 (``h = h_[MASK]`` of a template
+  such as "This sentence : "[X]" means [MASK]."), and Sec. 5's template positives (the second
+  view is the sentence in another template) and template denoising (``h_i - h~_i``, with ``h~_i``
+  the [MASK] state of the template alone, its positions after the sentence shifted by the
+  sentence's length; the authors' ``get_delta``, with gradient).
 - SNCSE (Wang et al., 2022): the same representation with its own templates, the sentence ended by
   " ." when it has no final punctuation, and a length limit that counts the template.
 - CoT-BERT (Zhang et al., 2023, Sec. 3): a two-stage template with two masks, the last one the
@@ -131,7 +131,7 @@ PROMPT_KEYS = ("prompt_mask", "prompt_length", "prompt_template")
 
 
 def mask_states(last_hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """PromptBERT's Eq. 4: each row's last-layer state at its mask."""
+    """PromptBERT's representation (Sec. 4): each row's last-layer state at its mask."""
     return last_hidden[torch.arange(last_hidden.shape[0], device=last_hidden.device), positions]
 
 
@@ -140,7 +140,7 @@ def template_bias(backbone, tokens: TemplateTokens, longest: int, method: str, c
     """``(longest + 1, d)``: row ``n`` is the [MASK] state of the template alone for a sentence of
     ``n`` tokens, which the representation of such a sentence has subtracted (denoising).
 
-    - ``shift`` (PromptBERT, Sec. 5.2, Eq. 6; ``get_delta``): ``[CLS] prefix suffix [SEP]``, the
+    - ``shift`` (PromptBERT, Sec. 5, template denoising; ``get_delta``): ``[CLS] prefix suffix [SEP]``, the
       position ids from the suffix on shifted by ``n``;
     - ``pad`` (CoT-BERT, Sec. 3; ``denoising``): ``[CLS] prefix [PAD]*n suffix [SEP]``, all of it
       attended, default positions.
@@ -226,11 +226,11 @@ class PromptParams(Params):
         "run.sh, unsup-bert: *cls*_This_sentence_of_\"*sent_0*\"_means*mask*.*sep+*)."))
     positive_template: str = cited(PROMPTBERT_POSITIVE, (
         "The positives' template (and every other view's: negatives, aux rows), PromptBERT's template positives "
-        "(Sec. 5.1; run.sh's --mask_embedding_sentence_different_template). Equal to template: no template positives."))
+        "(Sec. 5; run.sh's --mask_embedding_sentence_different_template). Equal to template: no template positives."))
     negative_template: str = cited("", (
         "The template of negatives=template_negative (CoT-BERT's 'does not mean ...'); '' for none."))
     denoise: str = cited("shift", (
-        "Template denoising in training: 'shift' (PromptBERT Sec. 5.2, Eq. 6: the template alone, positions shifted), "
+        "Template denoising in training: 'shift' (PromptBERT Sec. 5: the template alone, positions shifted), "
         "'pad' (CoT-BERT: [PAD]s in place of the sentence), 'none' (SNCSE). Never at evaluation, as the authors."))
     truncation: str = cited("sentence", (
         "How max_len counts: 'sentence' its own tokens (PromptBERT, CoT-BERT: [:max_seq_length]), 'with_template' "
@@ -253,12 +253,12 @@ class PromptEncoder(EncoderIngredient):
 
     Inputs: the sentence (every text column goes through a template).
     Requires: pooler=mask, mlp_only_train. Combines with: every positives, negatives source, loss and aux term.
-    Paper: PromptBERT (Jiang et al., 2022), Sec. 4-5, Eq. 4 and 6; SNCSE's and CoT-BERT's templates by profile.
+    Paper: PromptBERT (Jiang et al., 2022), Sec. 4-5; SNCSE's and CoT-BERT's templates by recipe.
     Example: --set encoder=prompt --set negatives=una --set denoise=shift"""
 
     name = "prompt"
     Params = PromptParams
-    cites = "Jiang et al. (2022), PromptBERT, Sec. 4-5, Eq. 4 and 6"
+    cites = "Jiang et al. (2022), PromptBERT, Sec. 4-5"
     space = "prompt"
     pooler = "mask"
 

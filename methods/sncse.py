@@ -89,14 +89,15 @@ def bidirectional_margin_loss(z1: torch.Tensor, z2: torch.Tensor, z3: torch.Tens
 
 @dataclasses.dataclass
 class BMLParams(Params):
-    alpha: float = cited(0.1, "SNCSE's BML lower margin (train_SNCSE.py: alpha = 0.1)")
-    beta: float = cited(0.3, "SNCSE's BML upper margin (train_SNCSE.py: beta = 0.3)")
+    bml_alpha: float = cited(0.1, "SNCSE's BML lower margin alpha (train_SNCSE.py: alpha = 0.1)")
+    bml_beta: float = cited(0.3, "SNCSE's BML upper margin beta (train_SNCSE.py: beta = 0.3)")
     lambda_bml: float = cited(1e-3, (
         "BML's weight (train_SNCSE.py: 1e-3 for BERT, 5e-4 for RoBERTa: the paper-roberta profile)"))
     spacy_model: str = cited("en_core_web_sm", "the parser of the negation rules (the authors' en_core_web_sm)")
 
     def validate(self) -> None:
-        check([(0 <= self.alpha <= self.beta, f"BML needs 0 <= alpha <= beta, got alpha={self.alpha}, beta={self.beta}"),
+        check([(0 <= self.bml_alpha <= self.bml_beta,
+                f"BML needs 0 <= bml_alpha <= bml_beta, got {self.bml_alpha} and {self.bml_beta}"),
                (self.lambda_bml >= 0, f"lambda_bml must be >= 0, got {self.lambda_bml}")])
 
 
@@ -135,5 +136,6 @@ class BML(AuxTerm):
 
     def forward(self, out: StepOutputs) -> tuple[torch.Tensor, dict[str, Any]]:
         p = self.params
-        bml = global_mean(bidirectional_margin_loss(out.z["anchor"], out.z["positive"], out.z["bml"], p.alpha, p.beta))
+        bml = global_mean(bidirectional_margin_loss(out.z["anchor"], out.z["positive"], out.z["bml"], p.bml_alpha,
+                                                   p.bml_beta))
         return p.lambda_bml * bml, {"bml_loss": bml.detach()}

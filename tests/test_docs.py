@@ -279,4 +279,4 @@ def test_every_ingredient_documents_itself_in_one_form_with_an_example_that_runs
             words = shlex.split(fields["Example"])
             assert words[::2] == ["--set"] * (len(words) // 2) and f"{kind}={name}" in words[1::2], (name, words)
             cfg = TrainConfig.build("recipe", "local", parse_sets(words[1::2]))
-            assert name in {cfg.recipe.positives, cfg.recipe.loss, *cfg.recipe.negatives, *cfg.recipe.aux}, (name, cfg.recipe)
+            assert name in {cfg.recipe.encoder, cfg.recipe.positives, cfg.recipe.loss, *cfg.recipe.negatives, *cfg.recipe.aux}, (name, cfg.recipe)
