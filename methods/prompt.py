@@ -259,7 +259,7 @@ class PromptEncoder(EncoderIngredient):
     name = "prompt"
     Params = PromptParams
     cites = "Jiang et al. (2022), PromptBERT, Sec. 4-5"
-    space = "prompt"
+    space = "promptbert"
     pooler = "mask"
 
     def templates(self) -> list[str]:

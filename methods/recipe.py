@@ -99,7 +99,9 @@ class RecipeSpec:
              "use loss=infonce, hince or ntxent with them"),
             (len(projections) <= 1,
              f"invalid recipe: aux={','.join(projections)} each bring their own projection head; choose one of them"),
-        ])
+        ] + [(issubclass(INGREDIENTS["encoder"][self.encoder], PromptEncoder),
+              f"invalid recipe: negatives={n} is the sentence in a prompt's negative template; it needs encoder=prompt")
+             for n in self.negatives if getattr(INGREDIENTS["negatives"][n], "negative_template", False)])
 
     def describe(self) -> str:
         return ((f"encoder={self.encoder} " if self.encoder != "plain" else "") + f"positives={self.positives} negatives={','.join(self.negatives) or 'none'} loss={self.loss} "
@@ -256,9 +258,9 @@ class Recipe:
             (not prompt or self.shared.mlp_only_train,
              "encoder=prompt evaluates the [MASK] state before the MLP (the authors' --mlp_only_train): "
              "mlp_only_train must be true"),
-        ] + [(prompt and bool(self.encoder.params.negative_template),
-              f"negatives={n.name} is the sentence in the prompt's negative template: it needs encoder=prompt with a "
-              "negative_template") for n in self.negatives if getattr(n, "negative_template", False)])
+        ] + [(bool(self.encoder.params.negative_template),
+              f"negatives={n.name} is the sentence in the prompt's negative template: set negative_template")
+             for n in self.negatives if getattr(n, "negative_template", False)])
 
     @classmethod
     def named(cls, name: str, **values: Any) -> "Recipe":
