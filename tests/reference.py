@@ -55,3 +55,137 @@ def slow_nt_xent(rows, partner, tau):
         den = sum(math.exp(v) for j, v in enumerate(sims) if j != i)
         total += -(sims[partner[i]] - math.log(den))
     return total / len(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# The prompt-based recipes: direct ports of the authors' code, row by row
+
+
+def authors_template(spec: str, tokenizer, roberta: bool = False) -> tuple[str, str]:
+    """PromptBERT's and CoT-BERT's ``train.py``: a ``*cls*_..._*sent_0*_..._*sep+*`` template to
+    its (bs, es) strings."""
+    template = (spec.replace("*mask*", tokenizer.mask_token).replace("*sep+*", "").replace("*cls*", "")
+                .replace("*sent_0*", " "))
+    bs, es = (part.replace("_", " ") for part in template.split(" "))
+    return (bs.strip() if roberta else bs), es
+
+
+def authors_prompt_ids(tokenizer, sentence: str, bs: str, es: str, max_len: int) -> list[int]:
+    """PromptBERT's ``prepare_features`` (CoT-BERT's is the same): ``bs + s[:max_len] + es``."""
+    s = tokenizer.encode(sentence, add_special_tokens=False)[:max_len]
+    return tokenizer.encode(bs)[:-1] + s + tokenizer.encode(es)[1:]
+
+
+def sncse_ids(tokenizer, sentence: str, prefix: str, suffix: str, max_seq_length: int) -> list[int]:
+    """SNCSE's ``prepare_features`` (BERT): " ." after a sentence without final punctuation, its
+    tokens cut to what the template leaves of ``max_seq_length``."""
+    import string
+
+    s1 = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(prefix))
+    s2 = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(suffix))
+    if sentence.strip()[-1] not in list(string.punctuation):
+        sentence = sentence + " ."
+    tokens = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(sentence))[: max_seq_length - len(s1) - len(s2) - 2]
+    return [tokenizer.cls_token_id] + s1 + tokens + s2 + [tokenizer.sep_token_id]
+
+
+def promptbert_delta(backbone, tokenizer, bs: str, es: str, length: int):
+    """PromptBERT's ``get_delta``: the template alone, ``length`` rows, positions after the prefix
+    shifted by the row's index; the [MASK] state of each row."""
+    import torch
+
+    prefix = tokenizer.encode(bs, add_special_tokens=False)
+    template = tokenizer.encode(bs + es)
+    ids = torch.tensor([template] * length)
+    positions = torch.arange(ids.shape[1]).unsqueeze(0).repeat(length, 1)
+    positions[:, len(prefix) + 1:] += torch.arange(length).unsqueeze(-1)
+    hidden = backbone(input_ids=ids, position_ids=positions, return_dict=True).last_hidden_state
+    return hidden[ids == tokenizer.mask_token_id]
+
+
+def cotbert_noise(backbone, tokenizer, bs: str, es: str, total_length: int, mask_num: int):
+    """CoT-BERT's ``denoising``: the template around i [PAD]s (attended) for i in 0..total_length -
+    len(template), padded to ``total_length``; the state at the last of ``mask_num`` masks."""
+    import torch
+
+    b = tokenizer.encode(bs, add_special_tokens=False)
+    e = tokenizer.encode(es, add_special_tokens=False)
+    template = tokenizer.encode(bs + es)
+    pad = tokenizer.pad_token_id
+    ids, mask = [], []
+    for i in range(total_length - len(template) + 1):
+        ids.append([template[0]] + b + [pad] * i + e + [template[-1]] + [pad] * (total_length - len(template) - i))
+        mask.append([1] * (len(template) + i) + [0] * (total_length - len(template) - i))
+    ids, mask = torch.tensor(ids), torch.tensor(mask)
+    hidden = backbone(input_ids=ids, attention_mask=mask, return_dict=True).last_hidden_state
+    return hidden[ids == tokenizer.mask_token_id].view(-1, mask_num, hidden.shape[-1])[:, mask_num - 1]
+
+
+def convert_to_negation(parser, sentence: str) -> str:
+    """SNCSE's ``generate_soft_negative_samples.py``, as the authors wrote it."""
+    special_words = ["am", "is", "was", "are", "were", "can", "could", "will", "would", "shall", "should", "may",
+                     "must", "might"]
+    parsed = parser(sentence)
+    tokens = [str(_) for _ in parsed]
+    deps = [_.dep_ for _ in parsed]
+    tags = [_.tag_ for _ in parsed]
+    lemmas = [_.lemma_ for _ in parsed]
+    if "not" in tokens:
+        index = tokens.index("not")
+        del tokens[index]
+        return " ".join(tokens)
+    flag = 0
+    for dep in deps:
+        if dep == "aux" or dep == "auxpass":
+            flag = 1
+            break
+        if dep == "ROOT":
+            flag = 2
+            break
+    if flag == 1:
+        for i, dep in enumerate(deps):
+            if dep == "aux" or dep == "auxpass":
+                tokens[i] += " not"
+                break
+    elif flag == 2:
+        index = deps.index("ROOT")
+        if tokens[index].lower() in special_words:
+            tokens[index] += " not"
+        elif tags[index] == "VBP":
+            tokens[index] = "do not " + lemmas[index]
+        elif tags[index] == "VBZ":
+            tokens[index] = "does not " + lemmas[index]
+        elif tags[index] == "VBD":
+            tokens[index] = "did not " + lemmas[index]
+        else:
+            tokens.insert(0, "Not")
+    else:
+        tokens.insert(0, "Not")
+    return " ".join(tokens)
+
+
+def slow_bml(z1, z2, z3, alpha, beta):
+    """SNCSE's bidirectional margin loss, row by row with explicit cosines."""
+    def cos(a, b):
+        return float(a @ b) / (math.sqrt(float(a @ a)) * math.sqrt(float(b @ b)))
+
+    terms = []
+    for i in range(len(z1)):
+        d = cos(z1[i], z3[i]) - cos(z1[i], z2[i])
+        terms.append(max(0.0, d + alpha) + max(0.0, -d - beta))
+    return sum(terms) / len(terms)
+
+
+def slow_cot(z1, z2, z3, tau, positive_negatives=True, valid=None):
+    """CoT-BERT Eq. 3 term by term: -log a_ii+ / sum_j (a_ij+ + a_ij- + a_i+j-)."""
+    def a(x, y):
+        return math.exp(float(x @ y) / (math.sqrt(float(x @ x)) * math.sqrt(float(y @ y))) / tau)
+
+    n, total = len(z1), 0.0
+    negatives = [j for j in range(len(z3)) if valid is None or bool(valid[j])]
+    for i in range(n):
+        den = sum(a(z1[i], z2[j]) for j in range(n)) + sum(a(z1[i], z3[j]) for j in negatives)
+        if positive_negatives:
+            den += sum(a(z2[i], z3[j]) for j in negatives)
+        total += -math.log(a(z1[i], z2[i]) / den)
+    return total / n
