@@ -63,6 +63,11 @@ CASES = {
     "augcse_authors": ("augcse", {"augmentations": "12-aug", "fidelity": "authors_code", "grl_multiplier": -10.0}, 0),
     "vascl": ("vascl", {"k": 4}, 3),
     "vascl_authors": ("vascl", {"k": 4, "fidelity": "authors_code"}, 3),
+    "promptbert": ("promptbert", {}, 0),
+    "sncse": ("sncse", {}, 0),
+    "cotbert": ("cotbert", {}, 0),
+    "cotbert_ablations": ("cotbert", {"positive_negatives": False, "denoise": "none"}, 0),
+    "una_with_prompt": ("una", {"alpha": 1, "encoder": "prompt"}, 0),
 }
 
 COLUMNS = {"sentence": SENTENCES, "negative": NEGATIVES, "paraphrase": PARAPHRASES, "augmented": AUGMENTED,
@@ -75,7 +80,7 @@ def recipe_build(method: str, params: dict, encoder):
         params["positives"] = "paraphrase"
     recipe = Recipe.named(method, **params)
     model = recipe.build(encoder)
-    columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES}
+    columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES, "soft_negative": NEGATIVES}
 
     def loss_fn(model, _columns, step):
         # The training loop's path: arrays made in the data pipeline, collated per batch.

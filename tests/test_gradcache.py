@@ -36,7 +36,7 @@ def _step(case: str, tiny_model, dropout: float, mini: int | None, extra: dict |
     model, _ = recipe_build(method, {**params, **(extra or {})}, encoder)
     recipe = _recipe_of(method, {**params, **(extra or {})})
     inputs = recipe.step_inputs(str(encoder.tokenizer.name_or_path), 32)
-    columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES}
+    columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES, "soft_negative": NEGATIVES}
     batch = inputs.nest(inputs.collate(inputs.arrays(columns)))
     model.train()
     torch.manual_seed(2)

@@ -75,7 +75,7 @@ def test_gather_is_identity_without_distributed():
 # Each recipe with its random draws outside the data turned off (dropout, SAN's p2, the
 # discriminator's dropout), so one process and two see the same views.
 DDP_PARAMS = {"simcse": {}, "vascl": {"k": 3}, "una": {"alpha": 1}, "san": {"p2": 0.0},
-              "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}}
+              "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}, "promptbert": {}, "sncse": {}, "cotbert": {}}
 
 
 def _build(model_dir, recipe="simcse"):
@@ -93,12 +93,14 @@ def _batch(method, model_dir, rows: slice):
     columns a recipe's data steps add: UNA's and SAN's negatives (one empty), AugCSE's augmentation."""
     from tests.recipe_reference import COLUMNS, NEGATIVES
 
-    columns = {k: v[rows] for k, v in {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES}.items()}
+    columns = {k: v[rows] for k, v in {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES,
+                                       "soft_negative": NEGATIVES}.items()}
     inputs = method.step_inputs(str(model_dir), 32)
     return inputs.nest(inputs.collate(inputs.arrays(columns)))
 
 
-DDP_CASES = [("simcse", 0), ("vascl", 0), ("una", 0), ("san", 0), ("augcse", 0), ("vascl", 2), ("una", 2), ("augcse", 2)]
+DDP_CASES = [("simcse", 0), ("vascl", 0), ("una", 0), ("san", 0), ("augcse", 0), ("vascl", 2), ("una", 2), ("augcse", 2),
+             ("promptbert", 0), ("sncse", 0), ("cotbert", 0), ("cotbert", 2)]
 
 
 def _worker(rank, world, model_dir, init_file, out_dir):
@@ -175,8 +177,15 @@ def test_ddp_two_workers_equal_one_process(tiny_model, ddp_runs, recipe, mini_ba
         assert float(out["loss"]) == pytest.approx(float(loss.detach()), rel=1e-5)
     # DDP has averaged the gradients: every rank holds the same, equal to the single-process one.
     assert set(outs[0]["grads"]) == set(ref)
+    largest = max(g.abs().max().item() for g in ref.values())
     for name, g in ref.items():
         atol = max(1e-6, 4 * spread[name])
+        if recipe in ("promptbert", "cotbert"):
+            # Denoising subtracts the template's nearly equal [MASK] state from each row's: the
+            # difference is small, its normalisation large, and round-off grows with it (measured:
+            # 2e-4 of a tensor's largest gradient, 5e-6 of the largest of all; the loss equal to the
+            # last bit). A rank missing a share of the template's gradient is off by a whole share.
+            atol = max(atol, 1e-3 * g.abs().max().item(), 2e-5 * largest)
         torch.testing.assert_close(outs[0]["grads"][name], g, rtol=1e-4, atol=atol, msg=name)
         torch.testing.assert_close(outs[1]["grads"][name], g, rtol=1e-4, atol=atol, msg=name)
 
