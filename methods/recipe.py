@@ -131,6 +131,7 @@ class NamedRecipe:
     paper: str
     params: dict = dataclasses.field(default_factory=dict)
     loss_by_fidelity: dict = dataclasses.field(default_factory=dict)
+    source: str = ""  # where ``params`` come from (the authors' script), shown by --print-config
 
     def resolve(self, fidelity: str, kinds: dict[str, Any] | None = None) -> RecipeSpec:
         """The spec for this fidelity, with ``kinds`` (``{"loss": "hince", ...}``) replacing its choices."""
@@ -156,12 +157,13 @@ NAMED: dict[str, NamedRecipe] = {
     # train_SNCSE.py (Different_Prompt_Negation): BERT's templates; the RoBERTa profile's are the same text.
     "sncse": NamedRecipe(RecipeSpec(encoder="prompt", aux=("bml",)), "Wang et al. (2022), SNCSE", params={
         "template": SNCSE_ANCHOR, "positive_template": SNCSE_POSITIVE, "denoise": "none",
-        "truncation": "with_template", "end_punctuation": True}),
+        "truncation": "with_template", "end_punctuation": True},
+        source="Sense-GVT/SNCSE: train_SNCSE.py's prepare_features (Different_Prompt_Negation), bert_evaluation.py"),
     # code-for-BERT/train.py: the two-stage templates, the negative template, denoising with [PAD]s.
     "cotbert": NamedRecipe(RecipeSpec(encoder="prompt", negatives=("template_negative",), loss="cot"),
                            "Zhang et al. (2023), CoT-BERT", params={
         "template": COTBERT_ANCHOR, "positive_template": COTBERT_POSITIVE, "negative_template": COTBERT_NEGATIVE,
-        "denoise": "pad"}),
+        "denoise": "pad"}, source="ZBWpro/CoT-BERT: code-for-BERT/train.py's args_list, models.py's denoising"),
 }
 CUSTOM = "recipe"  # the method name of a recipe put together with --set
 

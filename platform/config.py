@@ -206,7 +206,8 @@ class TrainConfig:
                                  else f"default of encoder={spec.encoder} (the template's [MASK])"
                                  if spec.default_pooler() == "mask"
                                  else f"default of aux={','.join(spec.aux)} (its paper's pooling)")
-        cfg.update({k: v for k, v in defaults.items() if k in cfg.fields()}, source=f"recipe {method!r}")
+        cited_by = f"recipe {method!r}" + (f": {NAMED[method].source}" if method != CUSTOM and NAMED[method].source else "")
+        cfg.update({k: v for k, v in defaults.items() if k in cfg.fields()}, source=cited_by)
         # What the ingredients' authors use where their papers are silent (``Ingredient.config_defaults``).
         cfg.layer_ingredients({c.name: {k: v for k, (v, _) in c.config_defaults.items()} for c in spec.classes()},
                               "ingredient %s")

@@ -42,8 +42,19 @@ PUBLISHED = [
     ("una", "roberta-base", "UNA + paraphrase positives (Shu et al.)", {"Avg.": 78.20}),
     ("san", "bert-base-uncased", "SimCSE + SAN (Cai et al.; their SimCSE: 76.64)", {"Avg.": 77.05}),
     ("san", "roberta-base", "SimCSE + SAN (Cai et al.; their SimCSE: 76.69)", {"Avg.": 76.94}),
-    ("augcse", "bert-base-uncased", "AugCSE (Tang et al., 2022; the best of 5 seeds, App. A.6)", {"Avg.": 77.98}, 5),
+    ("augcse", "bert-base-uncased", "AugCSE (Tang et al., 2022, Table 4; the best of 5 seeds, App. A.6)",
+     dict(zip(TASK_COLUMNS, [71.40, 83.93, 75.59, 83.59, 79.61, 79.61, 72.19, 77.98])), 5),
+    ("augcse", "roberta-base", "AugCSE (Tang et al., 2022, Table 4)",
+     dict(zip(TASK_COLUMNS, [69.30, 82.17, 73.49, 81.82, 81.40, 80.86, 68.77, 76.83]))),
     ("vascl", "roberta-base", "VaSCL (Zhang et al., 2021; their SimCSE: 76.34)", {"Avg.": 76.96}),
+    ("promptbert", "bert-base-uncased", "PromptBERT (Jiang et al., 2022; the authors' README, mean of seeds +- 0.15)",
+     {"Avg.": 78.54}),
+    ("promptbert", "roberta-base", "PromptBERT (Jiang et al., 2022; the authors' README, mean of seeds +- 0.25)",
+     {"Avg.": 79.15}),
+    ("sncse", "bert-base-uncased", "SNCSE (Wang et al., 2022, abstract)", {"Avg.": 78.97}),
+    ("sncse", "roberta-base", "SNCSE (Wang et al., 2022, abstract)", {"Avg.": 79.23}),
+    ("cotbert", "bert-base-uncased", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe)", {"Avg.": 79.40}),
+    ("cotbert", "roberta-base", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe)", {"Avg.": 80.62}),
 ]
 
 

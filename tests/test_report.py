@@ -247,3 +247,20 @@ def test_the_report_shows_the_untouched_backbone_and_says_smoke(mlflow_uri):
     assert "| bert-base-uncased |" in table[1] and f"| {50 + 7:.2f} |" in table[1]
     smoke = next(line for line in md.splitlines() if line.startswith("**Smoke tests, not results**"))
     assert "simcse (minilm): the local profile's short schedule" in smoke and "bert-base-uncased" not in smoke
+
+
+def test_every_published_row_with_its_tasks_averages_to_its_avg_and_the_new_recipes_have_theirs():
+    """Per-task published rows (SimCSE's, AugCSE's Table 4) average to their published average; the
+    prompt-based recipes and AugCSE-RoBERTa-base have reference rows on their backbones."""
+    from platform.report import PUBLISHED, reference_rows
+
+    for method, backbone, label, scores, *_ in PUBLISHED:
+        tasks = [v for k, v in scores.items() if k != "Avg."]
+        if tasks:
+            assert len(tasks) == 7 and statistics.mean(tasks) == pytest.approx(scores["Avg."], abs=0.01), label
+    pairs = [(m, b) for m in ("promptbert", "sncse", "cotbert", "augcse") for b in ("bert-base-uncased", "roberta-base")]
+    frame = pd.DataFrame([{"recipe": m, "backbone": b, "seeds": 1, "Avg.": 70.0, "run_id": f"{m}-{b}"} for m, b in pairs])
+    averages = {(r["backbone"], r["recipe"].split(" (")[0]): r["Avg."] for r in reference_rows(frame)}
+    assert {averages[("bert-base-uncased", name)] for name in ("PromptBERT", "SNCSE", "CoT-BERT")} == {78.54, 78.97, 79.40}
+    assert {averages[("roberta-base", name)] for name in ("PromptBERT", "SNCSE", "CoT-BERT", "AugCSE")} == {
+        79.15, 79.23, 80.62, 76.83}
