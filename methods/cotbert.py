@@ -69,7 +69,7 @@ class CoTLoss(Loss):
     Inputs: anchors, positives and each active source's negatives.
     Requires: a negatives source. Combines with: ``template_negative``, ``una``, ``san``, every positives and aux term.
     Paper: CoT-BERT (Zhang et al., 2023), Eq. 3.
-    Example: --set negatives=template_negative --set loss=cot --set positive_negatives=false"""
+    Example: --set encoder=prompt --set negatives=template_negative --set loss=cot --set positive_negatives=false"""
 
     name = "cot"
     Params = CoTParams

@@ -227,8 +227,9 @@ class PromptParams(Params):
     positive_template: str = cited(PROMPTBERT_POSITIVE, (
         "The positives' template (and every other view's: negatives, aux rows), PromptBERT's template positives "
         "(Sec. 5; run.sh's --mask_embedding_sentence_different_template). Equal to template: no template positives."))
-    negative_template: str = cited("", (
-        "The template of negatives=template_negative (CoT-BERT's 'does not mean ...'); '' for none."))
+    negative_template: str = cited(COTBERT_NEGATIVE, (
+        "The template of negatives=template_negative, and only of it: CoT-BERT's (code-for-BERT/train.py), the one "
+        "negative template the authors wrote."))
     denoise: str = cited("shift", (
         "Template denoising in training: 'shift' (PromptBERT Sec. 5: the template alone, positions shifted), "
         "'pad' (CoT-BERT: [PAD]s in place of the sentence), 'none' (SNCSE). Never at evaluation, as the authors."))
@@ -240,8 +241,7 @@ class PromptParams(Params):
     def validate(self) -> None:
         check_template(self.template, "template")
         check_template(self.positive_template, "positive_template")
-        if self.negative_template:
-            check_template(self.negative_template, "negative_template")
+        check_template(self.negative_template, "negative_template")
         check([(self.denoise in DENOISE, f"denoise must be one of {', '.join(DENOISE)}, got {self.denoise!r}"),
                (self.truncation in TRUNCATION,
                 f"truncation must be one of {', '.join(TRUNCATION)}, got {self.truncation!r}")])
@@ -262,10 +262,10 @@ class PromptEncoder(EncoderIngredient):
     space = "promptbert"
     pooler = "mask"
 
-    def templates(self) -> list[str]:
-        """Anchor, positive and (if any) negative template, by index."""
+    def templates(self, negatives: bool = True) -> list[str]:
+        """Anchor, positive and (with ``negatives``: a source in the negative template) negative template, by index."""
         p = self.params
-        return [p.template, p.positive_template] + ([p.negative_template] if p.negative_template else [])
+        return [p.template, p.positive_template] + ([p.negative_template] if negatives and p.negative_template else [])
 
     def template_of(self, view: str) -> int:
         if view == "anchor":
@@ -296,8 +296,8 @@ class PromptState:
     ids: dict[str, int]  # cls, sep, pad
 
     @classmethod
-    def build(cls, encoder: PromptEncoder, tokenizer: Any, max_len: int) -> "PromptState":
-        tokens = [template_tokens(tokenizer, t) for t in encoder.templates()]
+    def build(cls, encoder: PromptEncoder, tokenizer: Any, max_len: int, negatives: bool = False) -> "PromptState":
+        tokens = [template_tokens(tokenizer, t) for t in encoder.templates(negatives)]
         return cls(tokens, [encoder.budget(t, max_len) for t in tokens], encoder.params.denoise,
                    {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id, "pad": tokenizer.pad_token_id})
 

@@ -260,9 +260,7 @@ class Recipe:
             (not prompt or self.shared.mlp_only_train,
              "encoder=prompt evaluates the [MASK] state before the MLP (the authors' --mlp_only_train): "
              "mlp_only_train must be true"),
-        ] + [(bool(self.encoder.params.negative_template),
-              f"negatives={n.name} is the sentence in the prompt's negative template: set negative_template")
-             for n in self.negatives if getattr(n, "negative_template", False)])
+        ])
 
     @classmethod
     def named(cls, name: str, **values: Any) -> "Recipe":
@@ -352,7 +350,8 @@ class Recipe:
         prompt = None
         if isinstance(self.encoder, PromptEncoder):
             encoder.prompt = self.encoder.pooling()
-            prompt = PromptState.build(self.encoder, encoder.tokenizer, max_len)
+            negatives = any(getattr(n, "negative_template", False) for n in self.negatives)
+            prompt = PromptState.build(self.encoder, encoder.tokenizer, max_len, negatives)
         return RecipeModel(encoder, self.shared.pooler, projection, heads, prompt)
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict]:

@@ -139,7 +139,7 @@ def test_every_config_key_the_docs_name_exists():
     for kind in INGREDIENTS.values():
         for cls in kind.values():
             keys |= {f.name for f in dataclasses.fields(cls.Params)}
-    keys |= {"method", "positives", "negatives", "loss", "aux"}
+    keys |= {"method", "encoder", "positives", "negatives", "loss", "aux"}
     text = _pages()["papers.md"] + _pages()["commands.md"]
     named = set()
     for row in re.findall(r"^\|.*\|\s*([^|]*`[^|]*)\|\s*$", text, re.M):  # the last column of a table row

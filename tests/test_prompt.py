@@ -191,8 +191,6 @@ def test_an_exported_prompt_encoder_embeds_with_its_anchor_template(tiny_model, 
 def test_prompt_recipes_refuse_what_cannot_work():
     with pytest.raises(InvalidParams, match="needs encoder=prompt"):
         Recipe.named("simcse", negatives="template_negative", loss="cot")
-    with pytest.raises(InvalidParams, match="set negative_template"):
-        Recipe.named("promptbert", negatives="template_negative")
     with pytest.raises(InvalidParams, match="pooler=mask"):
         Recipe.named("simcse", pooler="mask")
     with pytest.raises(InvalidParams, match="mlp_only_train"):

