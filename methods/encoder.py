@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.errors import BackboneNotFound, WeightLoadError
+from methods.errors import BackboneNotFound, InvalidParams, WeightLoadError
 from methods.prompt import PROMPT_KEYS, PromptPooling, TemplateTokens, mask_states, template_tokens, wrap
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "mask")
@@ -222,7 +222,10 @@ class Encoder(nn.Module):
         self.prompt = prompt
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, pooler: str = "cls_before_pooler", dropout: float | None = None):
+    def from_pretrained(cls, name_or_path: str, pooler: str = "cls_before_pooler", dropout: float | None = None,
+                        prompt: dict | None = None):
+        """``prompt`` (a ``PromptPooling``'s fields): the template to embed in, instead of the
+        model's own ``prompt.json`` (an untouched backbone measured with a trained model's prompt)."""
         if pooler not in POOLERS:
             raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
         tokenizer = load_tokenizer(name_or_path)
@@ -230,9 +233,12 @@ class Encoder(nn.Module):
         if pooler == "cls" and getattr(backbone, "pooler", None) is None:
             raise ValueError(f"{name_or_path} has no pooler layer, so pooler 'cls' is undefined; use 'cls_before_pooler'")
         prompt_file = Path(resolve_backbone(name_or_path)) / PROMPT_FILE
-        prompt = PromptPooling(**json.loads(prompt_file.read_text())) if prompt_file.is_file() else None
+        if prompt is None and prompt_file.is_file():
+            prompt = json.loads(prompt_file.read_text())
+        prompt = PromptPooling(**prompt) if prompt else None
         if pooler == "mask" and prompt is None:
-            raise ValueError(f"{name_or_path} has no {PROMPT_FILE}, so pooler 'mask' has no template")
+            raise InvalidParams(f"{name_or_path} has no {PROMPT_FILE}, so pooler 'mask' has no template: it embeds "
+                                "models trained with encoder=prompt")
         return cls(backbone, tokenizer, pooler, prompt)
 
     @property

@@ -374,6 +374,10 @@ class Recipe:
         # A prompt's [MASK] state, before the MLP (mlp_only_train) and without denoising, as the authors evaluate.
         return self.shared.pooler
 
+    def eval_prompt(self) -> dict | None:
+        """The template evaluation embeds in (``PromptPooling``'s fields), None without a prompt."""
+        return dataclasses.asdict(self.encoder.pooling()) if self.encoder.pooling() is not None else None
+
     def _projector(self) -> Ingredient | None:
         """The aux term that brings the projection head (at most one: ``RecipeSpec.validate``)."""
         return next((a for a in self.aux if a.brings_projection), None)

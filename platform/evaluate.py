@@ -158,8 +158,9 @@ def print_beside_backbone(model: str, pooler: str, scores: dict[str, float]) -> 
     cached those on this machine; the 7 tasks all scored, else nothing."""
     if not checkpoint.exists(str(model)) or set(STS_TASKS) - set(scores):
         return
-    backbone = checkpoint.read_state(Path(model)).get("config", {}).get("model", "")
-    baseline = cached_baseline(backbone, pooler)
+    state = checkpoint.read_state(Path(model))
+    baseline = cached_baseline(state.get("config", {}).get("model", ""), pooler, state.get("eval_prompt"))
+    backbone = state.get("config", {}).get("model", "")
     if baseline is None:
         print(f"(no cached scores of the untouched backbone {backbone} with pooler {pooler} on this machine: "
               "a run's final evaluation caches them)")

@@ -26,6 +26,7 @@ readers only see complete entries; a killed writer's leftovers are removed by th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -331,6 +332,8 @@ def encoder_key(encoder, pooler: str) -> str:
     else:
         h.update(repr(sorted(tok.get_vocab().items())).encode())
     h.update(f"|{pooler}|{next(encoder.parameters()).device.type}".encode())
+    if getattr(encoder, "prompt", None) is not None:  # the template it embeds sentences in
+        h.update(json.dumps(dataclasses.asdict(encoder.prompt), sort_keys=True).encode())
     return h.hexdigest()
 
 

@@ -184,7 +184,7 @@ def test_an_exported_prompt_encoder_embeds_with_its_anchor_template(tiny_model, 
     torch.testing.assert_close(loaded.encode(SENTENCES), exported.encode(SENTENCES, pooler="mask"))
     assert not torch.allclose(loaded.encode(["two dogs run"]), loaded.encode(["two dogs run ."]) * 0 + 1)
     torch.testing.assert_close(loaded.encode(["two dogs run"]), loaded.encode(["two dogs run ."]))
-    with pytest.raises(ValueError, match="prompt.json"):
+    with pytest.raises(InvalidParams, match="prompt.json"):
         Encoder.from_pretrained(str(tiny_model), pooler="mask")
 
 

@@ -91,10 +91,12 @@ def score_checkpoint(location: str, pairs: dict) -> dict[str, float]:
         return with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
 
 
-def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict]) -> tuple[str, dict[str, float]]:
+def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict],
+                   prompt: dict | None = None) -> tuple[str, dict[str, float]]:
     """(task) The untouched backbone's key in the cache (its weights, tokenizer, pooler and device)
-    and its 7-task scores: the cached ones in ``known`` (by entry name), or evaluated now."""
-    encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler))
+    and its 7-task scores: the cached ones in ``known`` (by entry name), or evaluated now. ``prompt``:
+    the trained model's template (a prompt recipe's backbone is measured in it, as PromptBERT's is)."""
+    encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler, prompt=prompt))
     digest = encoder_key(encoder, pooler)
     found = known.get(entry_key(BASELINE, digest, {"pooler": pooler}))
     if found is not None:
@@ -127,13 +129,15 @@ def cached_baselines() -> dict[str, dict[str, float]]:
             for p in cache_root().glob(f"{BASELINE}-*") if (p / "COMPLETE").is_file() and (p / "scores.json").is_file()}
 
 
-def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = None, alone: bool = False) -> dict[str, float]:
+def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = None, alone: bool = False,
+                 prompt: dict | None = None) -> dict[str, float]:
     """The 7 STS tasks and their mean of the untouched ``backbone`` with ``pooler``: what a trained
     model is measured against. A cache entry keyed by the backbone's weights, tokenizer and the
     pooler (``platform.storage``), so each backbone is evaluated once; on ``device`` (the
     run's), where the weights are loaded (``alone``: as ``on_device`` says)."""
     known = cached_baselines()
-    digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, device=device or {}, alone=alone)
+    digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, prompt, device=device or {},
+                               alone=alone)
     if entry_key(BASELINE, digest, {"pooler": pooler}) not in known:
         print(f"evaluated the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
         cached(BASELINE, digest, {"pooler": pooler}, lambda folder: (folder / "scores.json").write_text(json.dumps(scores)))
@@ -147,7 +151,7 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
     state = checkpoint.read_state_at(location)
     config = state.get("config", {})
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
-    baseline = baseline_sts(backbone, pooler, device_of(state), alone)
+    baseline = baseline_sts(backbone, pooler, device_of(state), alone, state.get("eval_prompt"))
     tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
     lines = beside_table(backbone, baseline, scores)
     why = smoke_reason(config.get("profile", ""), backbone)
@@ -177,7 +181,7 @@ def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, fl
     return lines
 
 
-def cached_baseline(backbone: str, pooler: str) -> dict[str, float] | None:
+def cached_baseline(backbone: str, pooler: str, prompt: dict | None = None) -> dict[str, float] | None:
     """The untouched backbone's 7-task scores with ``pooler`` when a run has cached them on this
     machine (this device), else None: nothing is evaluated, and a backbone that cannot be loaded
     here (a hub model offline) has none."""
@@ -185,7 +189,7 @@ def cached_baseline(backbone: str, pooler: str) -> dict[str, float] | None:
     if not known or not backbone:
         return None
     try:
-        encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler))
+        encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler, prompt=prompt))
     except Exception:  # noqa: BLE001  (not here, not loadable offline: no baseline to show)
         return None
     return known.get(entry_key(BASELINE, encoder_key(encoder, pooler), {"pooler": pooler}))

@@ -231,7 +231,8 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
         kind = rt.policy.kind(improved, pos.epoch, last=pos.step >= steps)
         metrics.update({DEV_METRIC: dev, BEST: pos.best})
         state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, "method": cfg.method,
-                 "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(), "config": cfg.flat()}
+                 "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(),
+                 "eval_prompt": recipe.eval_prompt(), "config": cfg.flat()}
 
         if record:  # the best so far goes with this step's points: sent once a state holding them is persisted
             log({DEV_METRIC: dev, BEST: pos.best, "train_loss_avg": metrics["train_loss_avg"]}, pos.step)
