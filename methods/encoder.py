@@ -293,7 +293,7 @@ class Encoder(nn.Module):
         order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
         chunks = [self.tokenize([sentences[i] for i in order[start : start + batch_size]], max_len=max_len)
                   for start in range(0, len(order), batch_size)]
-        return TokenBatches(self.tokenizer, order, chunks)
+        return TokenBatches(self.tokenizer, order, chunks, self.prompt)
 
     @torch.inference_mode()
     def encode_batches(self, batches: TokenBatches, pooler: str | None = None, normalize: bool = False,
@@ -341,6 +341,7 @@ class TokenBatches:
     tokenizer: Any
     order: list[int]
     chunks: list[dict[str, torch.Tensor]]
+    prompt: PromptPooling | None = None  # the prompt the text was prepared for (SNCSE's final " .")
 
 
 def pad_cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -62,7 +62,7 @@ class STSEvaluator:
     def encode(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None) -> torch.Tensor:
         """The embeddings of ``self.sentences``, from the tokens kept for ``encoder``'s tokenizer."""
         batches = self._batches
-        if batches is None or batches.tokenizer is not encoder.tokenizer:
+        if batches is None or batches.tokenizer is not encoder.tokenizer or batches.prompt != encoder.prompt:
             batches = self._batches = encoder.batches(self.sentences, self.batch_size)
         return encoder.encode_batches(batches, pooler=pooler, progress=progress)
 
