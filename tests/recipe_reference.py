@@ -71,7 +71,7 @@ CASES = {
 }
 
 COLUMNS = {"sentence": SENTENCES, "negative": NEGATIVES, "paraphrase": PARAPHRASES, "augmented": AUGMENTED,
-           "aug_label": AUG_LABELS}
+           "aug_label": AUG_LABELS, "soft_negative": NEGATIVES}
 
 
 def recipe_build(method: str, params: dict, encoder):

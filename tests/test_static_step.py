@@ -58,8 +58,13 @@ def _assert_equal(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_padding_to_max_len_changes_no_loss_or_gradient(case, tiny_model):
+    from methods.recipe import INGREDIENTS, NAMED
+
+    method, params, _ = CASES[case]
+    encoder = INGREDIENTS["encoder"][params.get("encoder", NAMED[method].spec.encoder)]
+    width = encoder().token_width(32)  # a prompt's: 32 of the sentence's own tokens, and [CLS] [SEP]
     static, dynamic = _step(case, tiny_model, True), _step(case, tiny_model, False)
-    assert set(static["widths"].values()) == {32} and max(dynamic["widths"].values()) < 32
+    assert set(static["widths"].values()) == {width} and max(dynamic["widths"].values()) < width
     _assert_equal(static, dynamic)
 
 
