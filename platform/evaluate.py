@@ -1,9 +1,11 @@
-"""``python -m platform.evaluate MODEL [--pooler P] [--tasks ...] [--json OUT]``.
+"""``python -m platform.evaluate MODEL [--pooler P] [--tasks ...] [--benchmark NAME] [--json OUT]``.
 
 MODEL is a Hugging Face model name or directory, a training checkpoint (its ``model/`` folder and
 recorded evaluation pooler are used), a sentence-transformers folder, or the alias ``minilm``.
 Prints the SentEval STS table (Spearman x100 of cosine similarities) and optionally writes JSON;
-``--log-to RUN_ID`` records transfer and clustering scores on a training run for ``platform.report``.
+``--benchmark`` (an MTEB benchmark) and ``mteb:NAME`` tasks run through the ``mteb`` package with
+the same encoder (``platform.evaluation.mteb_tasks``); ``--log-to RUN_ID`` records transfer,
+clustering and MTEB scores on a training run for ``platform.report``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +25,8 @@ from platform.errors import UserError, cli_main
 from platform.evaluation.clustering import CLUSTER_SETS, PAPER_SETS, embed, kmeans_accuracy, load_labelled, protocol
 from platform.evaluation.classifier import CLASSIFIERS
 from platform.evaluation.embedding_cache import EmbeddingStore
+from platform.evaluation.mteb_tasks import PlatformModel, tasks_of
+from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform import checkpoint
@@ -57,12 +62,18 @@ def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
     return model, pooler or "cls_before_pooler"
 
 
+MTEB_PREFIX = "mteb:"
+
+
 def expand_tasks(tasks: list[str]) -> list[str]:
     out: list[str] = []
-    for t in tasks:
+    for t in (x for item in tasks for x in item.split(",") if x):
+        if t.startswith(MTEB_PREFIX):  # checked against mteb's names when the model is loaded
+            out += [t] if t not in out else []
+            continue
         for name in TASK_GROUPS.get(t.lower(), [t]):
             if name not in STS_TASKS and name not in CLUSTER_TASKS and name not in TRANSFER_TASKS:
-                choices = [*TASK_GROUPS, *STS_TASKS, *CLUSTER_TASKS, *TRANSFER_TASKS]
+                choices = [*TASK_GROUPS, *STS_TASKS, *CLUSTER_TASKS, *TRANSFER_TASKS, "mteb:<MTEB task>"]
                 raise UserError(f"unknown task {t!r}; choose from {', '.join(choices)}")
             if name not in out:
                 out.append(name)
@@ -85,9 +96,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = command_parser("python -m platform.evaluate", __doc__, "python -m platform.evaluate runs/una-20261124-101500/best --tasks sts transfer")
     p.add_argument("model")
     p.add_argument("--pooler", choices=POOLERS, default=None, help="default: the checkpoint's, else cls_before_pooler")
-    p.add_argument("--tasks", nargs="+", default=["sts"],
-                   help="task names, or the groups 'sts' (default), 'transfer' (SentEval), 'clustering' (K-means on "
-                        "TREC, offline) and 'clustering-paper' (VaSCL's eight sets: python -m platform.data fetch clustering)")
+    p.add_argument("--tasks", nargs="+", default=None,
+                   help="task names, or the groups 'sts' (default without --benchmark), 'transfer' (SentEval), "
+                        "'clustering' (K-means on TREC, offline) and 'clustering-paper' (VaSCL's eight sets: python -m "
+                        "platform.data fetch clustering); mteb:NAME is an MTEB task (mteb:STS12,mteb:ArguAna)")
+    p.add_argument("--benchmark", default=None, metavar="NAME",
+                   help="an MTEB benchmark, e.g. 'MTEB(eng, v2)' or NanoBEIR; its STS tasks run from the local "
+                        "SentEval files, the rest need the Hugging Face hub")
     p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
     p.add_argument("--log-to", default=None, metavar="RUN_ID",
                    help="record the transfer and clustering scores on this MLflow run (as transfer_<task>, "
@@ -101,6 +116,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="processes fitting scikit-learn's classifiers in parallel (default: one per CPU; same result); "
                         "the PyTorch classifier's fits run as one batched program")
     args = p.parse_args(argv)
+    args.tasks = args.tasks if args.tasks is not None else ([] if args.benchmark else ["sts"])
     for option, value in (("--batch-size", args.batch_size), ("--transfer-jobs", args.transfer_jobs),
                           ("--transfer-limit", args.transfer_limit)):
         if value is not None and value < 1:
@@ -117,6 +133,8 @@ def main(argv=None) -> int:
     sts_tasks = [t for t in tasks if t in STS_TASKS]
     cluster_sets = {t.split(":", 1)[1]: load_labelled(t.split(":", 1)[1]) for t in tasks if t in CLUSTER_TASKS}
     evaluator = STSEvaluator(sts_tasks, batch_size=args.batch_size) if sts_tasks else None  # data errors first
+    mteb_names = [t[len(MTEB_PREFIX):] for t in tasks if t.startswith(MTEB_PREFIX)]
+    mteb_tasks = tasks_of(args.benchmark, mteb_names) if args.benchmark or mteb_names else []  # refusals first
     name, pooler = resolve_model(args.model, args.pooler)
     encoder = Encoder.from_pretrained(name, pooler=pooler)
     transfer_tasks = [t for t in tasks if t in TRANSFER_TASKS]
@@ -146,11 +164,31 @@ def main(argv=None) -> int:
         print(f"clustering {set_name} ({len(texts)} sentences, {labels.max() + 1} classes): K-means accuracy "
               f"{result['accuracy']:.2f} +- {result['std']:.2f} (Hungarian matching, 10 seeds of 10 restarts; "
               f"{protocol(set_name).describe()})")
+    mteb_scores, mteb_folder = run_mteb(args, encoder, pooler, mteb_tasks) if mteb_tasks else ({}, None)
+    scores.update({f"{MTEB_PREFIX}{k}": v for k, v in mteb_scores.items()})
     if args.json_out:
         write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     if args.log_to:
-        log_scores(args.log_to, scores)
+        log_scores(args.log_to, scores, mteb_folder, args.benchmark)
     return 0
+
+
+def run_mteb(args, encoder: Encoder, pooler: str, tasks: list) -> tuple[dict[str, float], Path]:
+    """The MTEB tasks on ``encoder``, named by the model's lineage: a checkpoint's folder, else the
+    model's name, with the digest of its weights, tokenizer, pooler and prompt as its revision."""
+    from platform.storage import cache_root, encoder_key
+
+    digest = encoder_key(encoder, pooler)
+    label = Path(args.model).name if checkpoint.exists(str(args.model)) else str(args.model)
+    model = PlatformModel(encoder, pooler, f"platform/{label}", digest, batch_size=args.batch_size)
+    folder = cache_root() / "mteb" / digest
+    what = args.benchmark or f"{len(tasks)} task(s)"
+    print(f"MTEB {what}: {len(tasks)} task(s) through mteb, model platform/{label} (pooler {pooler})", flush=True)
+    scores = evaluate_mteb(model, tasks, folder)
+    width = max(len(t) for t in scores)
+    print("\n".join(f"{task:<{width}}  {value:6.2f}" for task, value in scores.items()))
+    print(f"mean over {len(scores) - 1} task(s); each task's result: {folder}/<task>.json", flush=True)
+    return scores, folder
 
 
 def print_beside_backbone(model: str, pooler: str, scores: dict[str, float]) -> None:
@@ -169,12 +207,31 @@ def print_beside_backbone(model: str, pooler: str, scores: dict[str, float]) -> 
     print("\n".join(beside_table(backbone, baseline, scores)))
 
 
-def log_scores(run_id: str, scores: dict[str, float]) -> None:
-    """The transfer and clustering scores on an MLflow run (``transfer_<task>``, ``cluster_<set>``)."""
-    logged = {k.replace(":", "_") if k.startswith("cluster:") else f"transfer_{k}": v
-              for k, v in scores.items() if k in TRANSFER_TASKS or k.startswith("cluster:")}
-    recorder.log_results(Run(store.tracking_uri(), run_id), logged)
-    print(f"logged {', '.join(logged) or 'nothing (no transfer or clustering task)'} to MLflow run {run_id}")
+def log_scores(run_id: str, scores: dict[str, float], mteb_folder: Path | None = None,
+               benchmark: str | None = None) -> None:
+    """The transfer, clustering and MTEB scores on an MLflow run (``transfer_<task>``,
+    ``cluster_<set>``, ``mteb_<task>`` and ``mteb_mean``), MTEB's per-task results as the artifacts
+    ``mteb/<task>.json``, and the benchmark's name as the tag ``mteb_benchmark``."""
+    logged = {metric_name(k): v for k, v in scores.items()
+              if k in TRANSFER_TASKS or k.startswith(("cluster:", MTEB_PREFIX))}
+    run = Run(store.tracking_uri(), run_id)
+    recorder.log_results(run, logged)
+    if mteb_folder is not None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(store.tracking_uri())
+        for result in sorted(mteb_folder.glob("*.json")):
+            client.log_artifact(run_id, str(result), artifact_path="mteb")
+        run.set_tags({"mteb_benchmark": benchmark or "tasks"})
+    print(f"logged {', '.join(logged) or 'nothing (no transfer, clustering or MTEB task)'} to MLflow run {run_id}")
+
+
+def metric_name(key: str) -> str:
+    """A score's MLflow metric: ``transfer_<task>``, ``cluster_<set>``, ``mteb_<task>`` (characters
+    MLflow does not take in a name become ``_``)."""
+    if key.startswith(MTEB_PREFIX):
+        return "mteb_" + re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", key[len(MTEB_PREFIX):])
+    return key.replace(":", "_") if key.startswith("cluster:") else f"transfer_{key}"
 
 
 if __name__ == "__main__":
