@@ -165,7 +165,7 @@ def row_of(uri: str, run) -> dict:
     if "best_" + DEV_METRIC + "_std" in m:
         row["STS-B dev std"] = m["best_" + DEV_METRIC + "_std"]
     for key in sorted(m):
-        if key.startswith(("transfer_", "cluster_")):
+        if key.startswith(("transfer_", "cluster_", "mteb_")):
             row[key] = m[key]
     row["wall time (min)"] = _seconds(run) / 60
     row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in leaf_runs(uri, run))
@@ -270,8 +270,25 @@ def markdown(frame, references: list[dict], experiments: list[str]) -> str:
                       "while the sweep ran, the head included: on a cluster `platform.cluster up` made, each "
                       "instance from its launch to its stop (what AWS bills, boot included), else Ray's node table "
                       "(raylet start to end). GPU idle share: the GPU time the nodes offered that no training used."]
+    lines += mteb_section(frame)
     lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
     return "\n".join(lines)
+
+
+def mteb_section(frame) -> list[str]:
+    """The runs' MTEB scores (``platform.evaluate --benchmark ... --log-to RUN``) beside the STS
+    table: each task's main score x100 and their mean, for the runs that have them."""
+    tasks = sorted(c for c in frame.columns if c.startswith("mteb_") and c != "mteb_mean")
+    if not tasks or not frame[tasks].notna().any().any():
+        return []
+    columns = ["recipe", "backbone", *tasks, *(["mteb_mean"] if "mteb_mean" in frame.columns else [])]
+    lines = ["", "MTEB (the `mteb` package: each task's main score x100, cosine Spearman for STS; mean over the "
+                 "tasks run; SICK-R is its whole 9,927-pair set, not SentEval's test split):", "",
+             "| " + " | ".join(c.removeprefix("mteb_") for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for row in frame.to_dict("records"):
+        if any(row.get(t) == row.get(t) and row.get(t) is not None for t in tasks):
+            lines.append("| " + " | ".join(_cell(row, c) for c in columns) + " |")
+    return lines
 
 
 def latex(frame, references: list[dict]) -> str:

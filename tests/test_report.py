@@ -264,3 +264,20 @@ def test_every_published_row_with_its_tasks_averages_to_its_avg_and_the_new_reci
     assert {averages[("bert-base-uncased", name)] for name in ("PromptBERT", "SNCSE", "CoT-BERT")} == {78.54, 78.97, 79.40}
     assert {averages[("roberta-base", name)] for name in ("PromptBERT", "SNCSE", "CoT-BERT", "AugCSE")} == {
         79.15, 79.23, 80.62, 76.83}
+
+
+def test_mteb_scores_get_a_section_of_their_own():
+    """Runs evaluated with MTEB (``platform.evaluate --benchmark ... --log-to``) show their tasks and
+    mean under the STS table; runs without are not listed there, and the STS table keeps its columns."""
+    from platform.report import markdown
+
+    frame = pd.DataFrame([{"recipe": "simcse", "backbone": "b", "seeds": 1, "Avg.": 70.0, "run_id": "r1",
+                           "mteb_STS12": 71.5, "mteb_SICK-R": 66.25, "mteb_mean": 68.875},
+                          {"recipe": "una", "backbone": "b", "seeds": 1, "Avg.": 71.0, "run_id": "r2",
+                           "mteb_STS12": float("nan"), "mteb_SICK-R": float("nan"), "mteb_mean": float("nan")}])
+    md = markdown(frame, [], ["x"])
+    section = md[md.index("MTEB (the `mteb` package"):]
+    assert "| recipe | backbone | SICK-R | STS12 | mean |" in section and "| simcse | b | 66.25 | 71.50 | 68.88 |" in section
+    assert "| una |" not in section.split("Runs:")[0]
+    assert "mteb_" not in md.split("MTEB (")[0]
+    assert "MTEB (" not in markdown(frame.drop(columns=["mteb_STS12", "mteb_SICK-R", "mteb_mean"]), [], ["x"])
