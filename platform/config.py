@@ -52,7 +52,7 @@ def smoke_reason(profile: str, model: str) -> str | None:
 # Where and how a run ran, not what it trained: in the run's config.json, not among its params.
 RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_workers", "use_gpu", "cpus_per_worker",
                           "static_shapes", "compile", "augment_cpus", "max_failures", "data_pipeline", "eval_batch_size", "log_steps",
-                          "checkpoint_minutes", "final_eval"})
+                          "checkpoint_minutes", "final_eval", "final_benchmark"})
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")  # torch.compile's, and none
 RUN_TAGS = ("runtime", "num_workers", "use_gpu", "output_dir")  # what finds a run, or accounts its GPU-hours
 RECIPE_KEYS = frozenset({"method", "encoder", "positives", "negatives", "loss", "aux"})  # the param ``recipe`` (and tags)
@@ -103,6 +103,9 @@ class TrainConfig:
         "improves STS-B dev, as SimCSE's trainer saves it, and nothing otherwise. Step metrics reach MLflow with "
         "each resumable state. 0: the full state at every evaluation."))
     final_eval: bool = cited(True, "the 7 STS tasks on the best checkpoint after training")
+    final_benchmark: str = cited("", (
+        "off: MTEB costs GPU-hours. An MTEB benchmark ('MTEB(eng, v2)', 'NanoBEIR') or comma-separated MTEB task "
+        "names, run through mteb on the best checkpoint after its STS tasks (platform.evaluate --benchmark's)."))
     num_workers: int = cited(1, "Ray Train workers (DDP); the papers train on one GPU")
     use_gpu: bool = cited(True, "one GPU per Train worker, as the papers train")
     cpus_per_worker: float = cited(1.0, "our choice: a Train worker's CPUs (tokenisation, the step's host side)")

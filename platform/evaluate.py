@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ from platform.errors import UserError, cli_main
 from platform.evaluation.clustering import CLUSTER_SETS, PAPER_SETS, embed, kmeans_accuracy, load_labelled, protocol
 from platform.evaluation.classifier import CLASSIFIERS
 from platform.evaluation.embedding_cache import EmbeddingStore
-from platform.evaluation.mteb_tasks import PlatformModel, tasks_of
+from platform.evaluation.mteb_tasks import PlatformModel, metric, tasks_of
 from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
@@ -230,7 +229,7 @@ def metric_name(key: str) -> str:
     """A score's MLflow metric: ``transfer_<task>``, ``cluster_<set>``, ``mteb_<task>`` (characters
     MLflow does not take in a name become ``_``)."""
     if key.startswith(MTEB_PREFIX):
-        return "mteb_" + re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", key[len(MTEB_PREFIX):])
+        return metric(key[len(MTEB_PREFIX):])
     return key.replace(":", "_") if key.startswith("cluster:") else f"transfer_{key}"
 
 

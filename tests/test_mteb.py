@@ -133,3 +133,33 @@ def test_the_command_runs_mteb_tasks_and_logs_them(tiny_model, tmp_path, mlflow_
 ])
 def test_unknown_and_unreachable_mteb_tasks_are_one_line(args, needle, tiny_model, cli):
     assert_user_error(cli("evaluate", str(tiny_model), *args, env={"HF_HUB_OFFLINE": "1"}), needle)
+
+
+@pytest.mark.e2e
+def test_a_run_names_a_final_benchmark_for_its_best_checkpoint(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """``final_benchmark``: after the 7 STS tasks, MTEB on the best checkpoint, logged on the run
+    at the checkpoint's step with each task's result as an artifact; a task the hub must serve is
+    refused offline before anything trains."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers import runs_of, sets
+
+    base = sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=2, eval_steps=2, runtime="process",
+                num_workers=1, output_dir=tmp_path / "runs")
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri, "HF_HUB_OFFLINE": "1"}
+    assert_user_error(run_main("train", "simcse", *base, "--set", "final_benchmark=ArguAna", env=env),
+                      "cannot be reached from here")
+    assert not runs_of(mlflow_uri)[1]
+    proc = run_main("train", "simcse", *base, "--set", "final_benchmark=STS12,STSBenchmark", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "final_benchmark STS12,STSBenchmark: 2 MTEB task(s)" in proc.stdout
+    (run,) = runs_of(mlflow_uri)[1]
+    metrics = run.data.metrics
+    # The same protocol on the same pairs; this tiny model's cosines nearly tie after two steps, so
+    # the round-off of other batches moves a few ranks (measured: 0.02).
+    assert metrics["mteb_STS12"] == pytest.approx(metrics["sts_STS12"], abs=0.1)
+    assert metrics["mteb_mean"] == pytest.approx((metrics["mteb_STS12"] + metrics["mteb_STSBenchmark"]) / 2)
+    assert run.data.tags["mteb_benchmark"] == "STS12,STSBenchmark"
+    client = MlflowClient(mlflow_uri)
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "mteb")) == ["mteb/STS12.json",
+                                                                                      "mteb/STSBenchmark.json"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,11 @@ class PlatformModel:
                 return encoder.encode(texts, batch_size=batch_size, pooler=pooler).numpy().astype(np.float32)
 
         return _Model()
+
+
+def metric(task: str) -> str:
+    """A score's MLflow metric name, ``mteb_<task>`` (characters MLflow does not take become ``_``)."""
+    return "mteb_" + re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", task)
 
 
 def evaluate(model, tasks: list, folder: Path) -> dict[str, float]:

@@ -5,6 +5,8 @@ run's device (``on_device``); the driver reads the checkpoint's JSON, prints and
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 from methods.encoder import Encoder
@@ -12,6 +14,8 @@ from platform import checkpoint, settings, storage
 from platform.config import smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
+from platform.evaluation.mteb_tasks import PlatformModel, metric, tasks_of
+from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run.ray_env import started_here
 from platform.tracking import recorder
@@ -193,3 +197,59 @@ def cached_baseline(backbone: str, pooler: str, prompt: dict | None = None) -> d
     except Exception:  # noqa: BLE001  (not here, not loadable offline: no baseline to show)
         return None
     return known.get(entry_key(BASELINE, encoder_key(encoder, pooler), {"pooler": pooler}))
+
+
+# ------------------------------------------------------------------------------------------------
+# MTEB on the best checkpoint (``final_benchmark``)
+
+
+def benchmark_tasks(spec: str, announce: bool = False) -> list:
+    """``final_benchmark``'s tasks: a benchmark mteb names, else comma-separated task names; an
+    unknown or unreachable one refused in one line. ``announce``: print what it will embed."""
+    import mteb
+
+    names = {b.name for b in mteb.get_benchmarks()}
+    tasks = tasks_of(spec, []) if spec in names else tasks_of(None, [t.strip() for t in spec.split(",") if t.strip()])
+    if announce:
+        texts = chars = 0
+        for task in tasks:
+            stats = task.metadata.descriptive_stats or {}
+            for split in task.metadata.eval_splits:
+                texts += (stats.get(split) or {}).get("num_samples", 0) or 0
+                chars += (stats.get(split) or {}).get("number_of_characters", 0) or 0
+        print(f"final_benchmark {spec}: {len(tasks)} MTEB task(s) after the STS tasks, {texts:,} texts and "
+              f"{chars / 1e6:,.0f} M characters to embed (MTEB(eng, v2): an estimated half hour to an hour of one GPU "
+              "for bert-base)", flush=True)
+    return tasks
+
+
+def score_benchmark(location: str, spec: str) -> tuple[dict[str, float], dict[str, str]]:
+    """(task) MTEB on the checkpoint at ``location``: the scores, and each task's result JSON by file name."""
+    with storage.local_copy(location) as folder, tempfile.TemporaryDirectory() as out:
+        state = checkpoint.read_state(folder)
+        encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
+        model = PlatformModel(encoder, state["eval_pooler"], f"platform/{Path(location).name}",
+                              encoder_key(encoder, state["eval_pooler"]))
+        scores = evaluate_mteb(model, benchmark_tasks(spec), Path(out))
+        return scores, {p.name: p.read_text() for p in Path(out).glob("*.json")}
+
+
+def evaluate_benchmark(run: Run, location: str, alone: bool = True) -> dict[str, float] | None:
+    """``final_benchmark`` (the checkpoint's configuration) on the checkpoint at ``location``, on the
+    run's device: printed, logged on ``run`` (``mteb_<task>``, ``mteb_mean``, the results as
+    ``mteb/<task>.json``, the tag ``mteb_benchmark``). None when the configuration names none."""
+    state = checkpoint.read_state_at(location)
+    spec = state.get("config", {}).get("final_benchmark")
+    if not spec:
+        return None
+    print(f"MTEB {spec} on the best checkpoint ...", flush=True)
+    scores, results = on_device(score_benchmark, location, spec, device=device_of(state), alone=alone)
+    print("\n".join(f"  {task:<24} {value:6.2f}" for task, value in scores.items()), flush=True)
+    recorder.log_results(run, {metric(k): v for k, v in scores.items()}, state["step"])
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in results.items():
+            (Path(tmp) / name).write_text(text)
+        run.log_folder(Path(tmp), "mteb")
+    run.set_tags({"mteb_benchmark": spec})
+    return scores
+

@@ -59,6 +59,8 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     resolve_local_models(cfg.ingredient_params)
     recipe = cfg.build_recipe()
     recipe.preflight()
+    if cfg.final_eval and cfg.final_benchmark:  # unknown or unreachable tasks refused before any training
+        final_evaluation.benchmark_tasks(cfg.final_benchmark, announce=True)
     check_given_columns(recipe, sentences)
     recipe.check_corpus(sentences)
     for line in [n for i in recipe.ingredients for n in i.notes(cfg.batch_size)]:
@@ -287,6 +289,8 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
         print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
         with still_working("export and registration"):
             export.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
+        with still_working("MTEB on the best checkpoint (final_benchmark)"):
+            final_evaluation.evaluate_benchmark(run, result.checkpoint)
     return baseline
 
 
