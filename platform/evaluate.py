@@ -1,7 +1,9 @@
 """``python -m platform.evaluate MODEL [--pooler P] [--tasks ...] [--benchmark NAME] [--json OUT]``.
 
 MODEL is a Hugging Face model name or directory, a training checkpoint (its ``model/`` folder and
-recorded evaluation pooler are used), a sentence-transformers folder, or the alias ``minilm``.
+recorded evaluation pooler are used), a sentence-transformers folder, the alias ``minilm``, an
+MLflow run (``runs:/RUN_ID``: its best checkpoint; the scores are logged on it) or a registered or
+logged model (``models:/NAME/VERSION``, ``models:/m-...``).
 Prints the SentEval STS table (Spearman x100 of cosine similarities) and optionally writes JSON;
 ``--benchmark`` (an MTEB benchmark) and ``mteb:NAME`` tasks run through the ``mteb`` package with
 the same encoder (``platform.evaluation.mteb_tasks``); ``--log-to RUN_ID`` records transfer,
@@ -11,6 +13,7 @@ clustering and MTEB scores on a training run for ``platform.report``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,7 +31,7 @@ from platform.evaluation.mteb_tasks import PlatformModel, metric, tasks_of
 from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
-from platform import checkpoint
+from platform import checkpoint, storage
 from platform.run.final_evaluation import beside_table, cached_baseline
 from platform.tracking import recorder, store
 from platform.tracking.recorder import Run
@@ -126,6 +129,41 @@ def parse_args(argv=None) -> argparse.Namespace:
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        args.model, run_id = reference(args.model, stack)
+        args.log_to = args.log_to or run_id
+        return evaluate(args)
+
+
+def reference(model: str, stack: contextlib.ExitStack) -> tuple[str, str | None]:
+    """``(what resolve_model takes, the run to log on)`` for MLflow references: ``runs:/RUN_ID``
+    (the run's best checkpoint, copied here when it is a URI) and ``models:/...`` (downloaded);
+    other forms unchanged."""
+    if not model.startswith(("runs:/", "models:/")):
+        return model, None
+    from mlflow.exceptions import MlflowException
+
+    uri = store.tracking_uri()
+    try:
+        if model.startswith("runs:/"):
+            run_id = model[len("runs:/"):].strip("/").split("/")[0]
+            best = store.client(uri).get_run(run_id).data.tags.get("best_checkpoint")
+            if not best:
+                raise UserError(f"MLflow run {run_id} names no best checkpoint (tag best_checkpoint): it has not evaluated")
+            return str(stack.enter_context(storage.local_copy(best))), run_id
+        import mlflow.artifacts
+
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="model-")))
+        path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(folder), tracking_uri=uri))
+    except MlflowException as exc:
+        raise UserError(f"{model}: {str(exc).splitlines()[0][:300]}") from None
+    found = [p.parent for p in sorted(path.rglob("modules.json"))]
+    if not found:
+        raise UserError(f"{model} holds no sentence-transformers model (no modules.json)")
+    return str(found[0]), None
+
+
+def evaluate(args) -> int:
     tasks = expand_tasks(args.tasks)
     if args.log_to:
         store.check_run(store.tracking_uri(), args.log_to)  # before minutes of evaluation
@@ -181,8 +219,8 @@ def run_mteb(args, encoder: Encoder, pooler: str, tasks: list) -> tuple[dict[str
     label = Path(args.model).name if checkpoint.exists(str(args.model)) else str(args.model)
     model = PlatformModel(encoder, pooler, f"platform/{label}", digest, batch_size=args.batch_size)
     folder = cache_root() / "mteb" / digest
-    what = args.benchmark or f"{len(tasks)} task(s)"
-    print(f"MTEB {what}: {len(tasks)} task(s) through mteb, model platform/{label} (pooler {pooler})", flush=True)
+    what = f"MTEB {args.benchmark}: " if args.benchmark else "MTEB: "
+    print(f"{what}{len(tasks)} task(s) through mteb, model platform/{label} (pooler {pooler})", flush=True)
     scores = evaluate_mteb(model, tasks, folder)
     width = max(len(t) for t in scores)
     print("\n".join(f"{task:<{width}}  {value:6.2f}" for task, value in scores.items()))

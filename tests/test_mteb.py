@@ -163,3 +163,11 @@ def test_a_run_names_a_final_benchmark_for_its_best_checkpoint(tiny_model, small
     client = MlflowClient(mlflow_uri)
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "mteb")) == ["mteb/STS12.json",
                                                                                       "mteb/STSBenchmark.json"]
+    # The run by reference: its best checkpoint, and the scores logged on it; the registered model too.
+    again = run_main("evaluate", f"runs:/{run.info.run_id}", "--tasks", "mteb:STS16", env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "mteb_STS16" in client.get_run(run.info.run_id).data.metrics
+    registered = run_main("evaluate", "models:/simcse-encoder/1", "--tasks", "STS12", env=env)
+    assert registered.returncode == 0, registered.stderr[-2000:]
+    assert f"{metrics['sts_STS12']:.2f}" in registered.stdout
+
