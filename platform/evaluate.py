@@ -32,6 +32,7 @@ from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform import checkpoint, storage
+from platform.storage import cache_root, encoder_key
 from platform.run.final_evaluation import beside_table, cached_baseline
 from platform.tracking import recorder, store
 from platform.tracking.recorder import Run
@@ -213,8 +214,6 @@ def evaluate(args) -> int:
 def run_mteb(args, encoder: Encoder, pooler: str, tasks: list) -> tuple[dict[str, float], Path]:
     """The MTEB tasks on ``encoder``, named by the model's lineage: a checkpoint's folder, else the
     model's name, with the digest of its weights, tokenizer, pooler and prompt as its revision."""
-    from platform.storage import cache_root, encoder_key
-
     digest = encoder_key(encoder, pooler)
     label = Path(args.model).name if checkpoint.exists(str(args.model)) else str(args.model)
     model = PlatformModel(encoder, pooler, f"platform/{label}", digest, batch_size=args.batch_size)

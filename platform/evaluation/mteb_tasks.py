@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
 import socket
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 
 from methods.encoder import Encoder
 from platform.data import DataError, data_dir, load_sts
+from platform import settings
 from platform.errors import UserError
 
 # mteb's task name -> the platform's STS task (its loader and SentEval files).
@@ -64,7 +64,8 @@ def local_task(name: str, root: Path):
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True") or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+    """False when Hugging Face's offline mode is set or its hub cannot be connected to."""
+    if any((settings.get(name) or "").lower() in ("1", "true", "yes", "on") for name in settings.HF_OFFLINE):
         return False
     try:
         with socket.create_connection(HUB, timeout=timeout):
