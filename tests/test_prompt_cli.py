@@ -40,6 +40,10 @@ def test_a_prompt_recipe_sweeps_and_lands_in_mlflow(method, tiny_model, small_co
     checkpoint = trial.data.tags["best_checkpoint"]
     prompt = json.loads(next((tmp_path / "runs").rglob("prompt.json")).read_text())
     assert prompt["template"] == trial.data.params["prompt.template"]
-    evaluated = run_main("evaluate", checkpoint, "--tasks", "STSBenchmark")
+    evaluated = run_main("evaluate", checkpoint, "--tasks", "STSBenchmark", "mteb:STSBenchmark",
+                         "--json", str(tmp_path / "scores.json"), env={"HF_HUB_OFFLINE": "1"})
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert "pooler mask" in evaluated.stdout
+    # MTEB through the same prompt: its STS-B equals the SentEval protocol's on the same pairs.
+    scores = json.loads((tmp_path / "scores.json").read_text())["scores"]
+    assert scores["mteb:STSBenchmark"] == pytest.approx(scores["STSBenchmark"], abs=0.1)
