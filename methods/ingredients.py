@@ -15,7 +15,7 @@ its keys share one flat namespace with the run's configuration (a key two ingred
 such as ``spacy_model``, is one shared setting). What an ingredient needs from the data pipeline is
 declared with the dataclasses below, never with untyped dicts.
 
-Each kind has its interface: ``methods.prompt.EncoderIngredient``, ``Positives``, ``NegativesSource`` and ``AuxTerm`` below, and
+Each kind has its interface: ``EncoderIngredient``, ``Positives``, ``NegativesSource`` and ``AuxTerm`` below, and
 ``methods.losses.Loss``. An ingredient is a subclass of its kind's interface in a module of its own,
 registered with one line in ``methods/registry.py`` (``docs/recipes.md`` walks through one).
 """
@@ -293,3 +293,39 @@ class AuxTerm(Ingredient):
         """``(term, metrics)`` of a step: the term is added to the loss (identical on every worker);
         metrics as numbers or detached 0-d tensors (read back only when the loop logs)."""
         raise NotImplementedError
+
+
+class EncoderIngredient(Ingredient):
+    """``encoder``: how a sentence becomes the vector the loss sees. ``plain``: the pooler alone;
+    ``prompt``: the template's mask state. ``template_of(view)`` is the index of the template of a
+    step's rows by view (``anchor``, ``positive``: every other row, ``negative``)."""
+
+    kind = "encoder"
+    pooler: ClassVar[str] = ""  # the pooling this encoder fixes ("": the recipe's)
+
+    def template_of(self, view: str) -> int:
+        return 0
+
+    def prepare(self, sentence: str) -> str:
+        return sentence
+
+    def token_width(self, max_len: int) -> int:
+        """The width the data pipeline tokenises each sentence to."""
+        return max_len
+
+    def pooling(self) -> Any:
+        """What evaluation needs to embed as training did (``methods.prompt.PromptPooling``), or None."""
+        return None
+
+
+class PlainEncoder(EncoderIngredient):
+    """``encoder=plain``: the sentence as it is, pooled by ``pooler`` (SimCSE's [CLS] + MLP, or an
+    aux term's pooling).
+
+    Inputs: the sentence.
+    Requires: nothing. Combines with: every positives, negatives source, loss and aux term.
+    Paper: SimCSE (Gao et al., 2021), Sec. 3 and its poolers.
+    Example: --set encoder=plain --set pooler=avg"""
+
+    name = "plain"
+    cites = "Gao et al. (2021), SimCSE, Sec. 3"

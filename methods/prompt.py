@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import string
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from methods.ingredients import Ingredient, InvalidParams, Params, check, cited
+from methods.ingredients import EncoderIngredient, InvalidParams, Params, check, cited
 
 SENTENCE, MASK = "{sentence}", "{mask}"
 DENOISE = ("none", "shift", "pad")
@@ -181,42 +181,7 @@ class PromptPooling:
 
 
 # ------------------------------------------------------------------------------------------------
-# The encoder ingredients
-
-
-class EncoderIngredient(Ingredient):
-    """``encoder``: how a sentence becomes the vector the loss sees. ``plain``: the pooler alone;
-    ``prompt``: the template's mask state. ``template_of(view)`` is the index of the template of a
-    step's rows by view (``anchor``, ``positive``: every other row, ``negative``)."""
-
-    kind = "encoder"
-    pooler: ClassVar[str] = ""  # the pooling this encoder fixes ("": the recipe's)
-
-    def template_of(self, view: str) -> int:
-        return 0
-
-    def prepare(self, sentence: str) -> str:
-        return sentence
-
-    def token_width(self, max_len: int) -> int:
-        """The width the data pipeline tokenises each sentence to."""
-        return max_len
-
-    def pooling(self) -> PromptPooling | None:
-        return None
-
-
-class PlainEncoder(EncoderIngredient):
-    """``encoder=plain``: the sentence as it is, pooled by ``pooler`` (SimCSE's [CLS] + MLP, or an
-    aux term's pooling).
-
-    Inputs: the sentence.
-    Requires: nothing. Combines with: every positives, negatives source, loss and aux term.
-    Paper: SimCSE (Gao et al., 2021), Sec. 3 and its poolers.
-    Example: --set encoder=plain --set pooler=avg"""
-
-    name = "plain"
-    cites = "Gao et al. (2021), SimCSE, Sec. 3"
+# The prompt encoder (``methods.ingredients.EncoderIngredient``'s other kind)
 
 
 @dataclasses.dataclass

@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from methods.encoder import POOLERS, Encoder, batch_tokens, dropout_override, pad_cat, shared_tokenizer, token_arrays
-from methods.ingredients import KINDS, Draws, Ingredient, InvalidParams, Params, StepOutputs, check, cited
+from methods.ingredients import (KINDS, Draws, EncoderIngredient, Ingredient, InvalidParams, Params, StepOutputs, check,
+                                 cited)
 from methods.losses import Negative, Views, gather_with_grad
 from methods.prompt import (COTBERT_ANCHOR, COTBERT_NEGATIVE, COTBERT_POSITIVE, SNCSE_ANCHOR, SNCSE_POSITIVE,
-                            EncoderIngredient, PromptEncoder, PromptState)
+                            PromptEncoder, PromptState)
 from methods.registry import INGREDIENTS
 
 MULTIPLE = ("negatives", "aux")  # kinds that take a comma-separated list (possibly empty)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 
-from methods.ingredients import KINDS, AuxTerm, Ingredient, NegativesSource, Positives, import_by_name
+from methods.ingredients import KINDS, AuxTerm, EncoderIngredient, Ingredient, NegativesSource, Positives, import_by_name
 from methods.losses import Loss
-from methods.prompt import EncoderIngredient
 
 REGISTERED = (
-    "methods.prompt:PlainEncoder",
+    "methods.ingredients:PlainEncoder",
     "methods.prompt:PromptEncoder",
     "methods.positives:DropoutPositives",
     "methods.positives:ParaphrasePositives",
