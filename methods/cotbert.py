@@ -9,8 +9,6 @@ module holds what is CoT-BERT's own. The authors' code: ``models.py`` (``cl_forw
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 
@@ -48,7 +46,7 @@ class TemplateNegatives(NegativesSource):
     name = "template_negative"
     cites = "Zhang et al. (2023), CoT-BERT, Sec. 3"
     column = "sentence"
-    negative_template: ClassVar[bool] = True
+    view = "negative"
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ Poolers follow SimCSE (Gao et al., 2021, Sec. 3 and its ``models.Pooler``):
 - ``avg_first_last``: mean over non-padding tokens of (first transformer layer + last layer) / 2;
   "first" is ``hidden_states[1]``, the output of the first layer, as in SimCSE's ``models.py``.
 - ``mask``: the last layer's state at the [MASK] of a prompt template around the sentence
-  (PromptBERT, Jiang et al., 2022, Eq. 4; ``methods.prompt``): the encoder's ``prompt`` says which
+  (PromptBERT, Jiang et al., 2022, Sec. 4; ``methods.prompt``): the encoder's ``prompt`` says which
   template, and is saved beside the weights (``prompt.json``).
 
 Loading is strict: missing, unexpected or shape-mismatched weights raise ``WeightLoadError``

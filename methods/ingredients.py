@@ -252,6 +252,9 @@ class NegativesSource(Ingredient):
 
     kind = "negatives"
     column: ClassVar[str] = ""
+    # The prompt template its rows go in under encoder=prompt: the positives' ("positive") or the
+    # prompt's negative template ("negative": CoT-BERT's, which needs encoder=prompt).
+    view: ClassVar[str] = "positive"
 
     @property
     def dropout(self) -> float | None:

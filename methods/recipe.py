@@ -102,10 +102,11 @@ class RecipeSpec:
              f"invalid recipe: aux={','.join(projections)} each bring their own projection head; choose one of them"),
         ] + [(issubclass(INGREDIENTS["encoder"][self.encoder], PromptEncoder),
               f"invalid recipe: negatives={n} is the sentence in a prompt's negative template; it needs encoder=prompt")
-             for n in self.negatives if getattr(INGREDIENTS["negatives"][n], "negative_template", False)])
+             for n in self.negatives if INGREDIENTS["negatives"][n].view == "negative"])
 
     def describe(self) -> str:
-        return ((f"encoder={self.encoder} " if self.encoder != "plain" else "") + f"positives={self.positives} negatives={','.join(self.negatives) or 'none'} loss={self.loss} "
+        encoder = f"encoder={self.encoder} " if self.encoder != "plain" else ""  # plain: the names runs had before
+        return (f"{encoder}positives={self.positives} negatives={','.join(self.negatives) or 'none'} loss={self.loss} "
                 f"aux={','.join(self.aux) or 'none'}")
 
     def default_pooler(self) -> str:
@@ -351,7 +352,7 @@ class Recipe:
         prompt = None
         if isinstance(self.encoder, PromptEncoder):
             encoder.prompt = self.encoder.pooling()
-            negatives = any(getattr(n, "negative_template", False) for n in self.negatives)
+            negatives = any(n.view == "negative" for n in self.negatives)
             prompt = PromptState.build(self.encoder, encoder.tokenizer, max_len, negatives)
         return RecipeModel(encoder, self.shared.pooler, projection, heads, prompt)
 
@@ -369,15 +370,17 @@ class Recipe:
         return [{"params": rest, "lr": lr}, {"params": head, "lr": lr * scale}]
 
     def eval_pooler(self) -> str:
-        """The pooler to evaluate with: [CLS] before the MLP when the MLP is training-only."""
+        """The pooler to evaluate with: [CLS] before the MLP when the MLP is training-only; a
+        prompt's [MASK] state (``mask``) is always evaluated before the MLP and without denoising,
+        as the authors evaluate."""
         if self.shared.pooler == "cls" and self.shared.mlp_only_train and self._projector() is None:
             return "cls_before_pooler"
-        # A prompt's [MASK] state, before the MLP (mlp_only_train) and without denoising, as the authors evaluate.
         return self.shared.pooler
 
     def eval_prompt(self) -> dict | None:
         """The template evaluation embeds in (``PromptPooling``'s fields), None without a prompt."""
-        return dataclasses.asdict(self.encoder.pooling()) if self.encoder.pooling() is not None else None
+        pooling = self.encoder.pooling()
+        return dataclasses.asdict(pooling) if pooling is not None else None
 
     def _projector(self) -> Ingredient | None:
         """The aux term that brings the projection head (at most one: ``RecipeSpec.validate``)."""
@@ -473,15 +476,12 @@ class Recipe:
         def view(rows: dict[str, torch.Tensor], role: str) -> dict[str, torch.Tensor]:
             return prompt.wrap(rows, self.encoder.template_of(role)) if prompt is not None else rows
 
-        def of(n) -> str:  # a negatives source in the prompt's negative template (CoT-BERT's)
-            return "negative" if getattr(n, "negative_template", False) else "positive"
-
         roles = ["anchor", "positive"]
         rows = [view(batch["sentence"], "anchor"), view(batch[self.positives.column], "positive")]
         for n in active:
             if n.dropout is None:
                 roles += [f"{n.name}:{i}" for i in range(twice)]
-                rows += [view(batch[n.column], of(n))] * twice
+                rows += [view(batch[n.column], n.view)] * twice
         for a in self.aux:
             extra = a.extra_rows(batch)
             roles += [a.name] * len(extra)
@@ -490,7 +490,7 @@ class Recipe:
         passes = [EncoderPass(pad_cat(rows), roles, size, None)]
         for n in active:
             if n.dropout is not None:
-                passes.append(EncoderPass(pad_cat([view(batch[n.column], of(n))] * twice),
+                passes.append(EncoderPass(pad_cat([view(batch[n.column], n.view)] * twice),
                                           [f"{n.name}:{i}" for i in range(twice)], size, n.dropout))
         return passes
 
