@@ -22,6 +22,7 @@ data pipeline tokenised as plain sentences.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import string
 from typing import Any
 
@@ -89,6 +90,12 @@ def end_with_punctuation(sentence: str) -> str:
     return sentence + " ." if not stripped or stripped[-1] not in string.punctuation else sentence
 
 
+@functools.lru_cache(maxsize=64)
+def _on(ids: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A template's ids as a tensor on ``device``, made once: every step reads them (read-only)."""
+    return torch.tensor(ids, dtype=dtype, device=device)
+
+
 def wrap(inputs: dict[str, torch.Tensor], tokens: TemplateTokens, pad_id: int, budget: int | None = None,
          template: int = 0) -> dict[str, torch.Tensor]:
     """Rows tokenised as plain sentences (``[CLS] s [SEP]``, right-padded) rewritten as
@@ -108,13 +115,13 @@ def wrap(inputs: dict[str, torch.Tensor], tokens: TemplateTokens, pad_id: int, b
     out = torch.full((rows, out_width), pad_id, dtype=ids.dtype, device=ids.device)
     out[:, 0] = ids[:, 0]
     if p:
-        prefix = torch.tensor(tokens.prefix, dtype=ids.dtype, device=ids.device)
+        prefix = _on(tokens.prefix, ids.device, ids.dtype)
         out = torch.where((j >= 1) & (j < 1 + p), prefix[(j - 1).clamp(0, p - 1)], out)
     sentence = (j >= 1 + p) & (j < 1 + p + n[:, None])
     out = torch.where(sentence, ids.gather(1, (j - p).clamp(0, width - 1).expand(rows, -1)), out)
     k = j - 1 - p - n[:, None]
     if s:
-        suffix = torch.tensor(tokens.suffix, dtype=ids.dtype, device=ids.device)
+        suffix = _on(tokens.suffix, ids.device, ids.dtype)
         out = torch.where((k >= 0) & (k < s), suffix[k.clamp(0, s - 1)], out)
     last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None])  # [SEP] / </s>
     out = torch.where(k == s, last.expand(-1, out_width), out)
@@ -147,12 +154,12 @@ def template_bias(backbone, tokens: TemplateTokens, longest: int, method: str, c
 
     Computed with gradient, in the caller's mode (dropout in training), as the authors do."""
     device = next(backbone.parameters()).device
-    base = torch.tensor([cls_id, *tokens.prefix, *tokens.suffix, sep_id], device=device)
     lengths = torch.arange(longest + 1, device=device)
     p = len(tokens.prefix)
     if method == "shift":
-        ids = base.unsqueeze(0).repeat(longest + 1, 1)
-        positions = torch.arange(len(base), device=device).unsqueeze(0) + (torch.arange(len(base), device=device) >= p + 1) * lengths[:, None]
+        ids = _on((cls_id, *tokens.prefix, *tokens.suffix, sep_id), device, torch.long).unsqueeze(0).repeat(longest + 1, 1)
+        j = torch.arange(ids.shape[1], device=device)
+        positions = j.unsqueeze(0) + (j >= p + 1) * lengths[:, None]
         out = backbone(input_ids=ids, position_ids=positions, return_dict=True)
         return out.last_hidden_state[:, 1 + p + tokens.mask_offset]
     if method == "pad":
