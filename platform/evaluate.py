@@ -27,12 +27,12 @@ from platform.errors import UserError, cli_main
 from platform.evaluation.clustering import CLUSTER_SETS, PAPER_SETS, embed, kmeans_accuracy, load_labelled, protocol
 from platform.evaluation.classifier import CLASSIFIERS
 from platform.evaluation.embedding_cache import EmbeddingStore
-from platform.evaluation.mteb_tasks import PlatformModel, metric, tasks_of
+from platform.evaluation.mteb_tasks import metric, mteb_model, tasks_of
 from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform import checkpoint, storage
-from platform.storage import cache_root, encoder_key
+from platform.storage import cache_root
 from platform.run.final_evaluation import beside_table, cached_baseline
 from platform.tracking import recorder, store
 from platform.tracking.recorder import Run
@@ -214,10 +214,9 @@ def evaluate(args) -> int:
 def run_mteb(args, encoder: Encoder, pooler: str, tasks: list) -> tuple[dict[str, float], Path]:
     """The MTEB tasks on ``encoder``, named by the model's lineage: a checkpoint's folder, else the
     model's name, with the digest of its weights, tokenizer, pooler and prompt as its revision."""
-    digest = encoder_key(encoder, pooler)
     label = Path(args.model).name if checkpoint.exists(str(args.model)) else str(args.model)
-    model = PlatformModel(encoder, pooler, f"platform/{label}", digest, batch_size=args.batch_size)
-    folder = cache_root() / "mteb" / digest
+    model = mteb_model(encoder, pooler, label, batch_size=args.batch_size)
+    folder = cache_root() / "mteb" / model.mteb_model_meta.revision
     what = f"MTEB {args.benchmark}: " if args.benchmark else "MTEB: "
     print(f"{what}{len(tasks)} task(s) through mteb, model platform/{label} (pooler {pooler})", flush=True)
     scores = evaluate_mteb(model, tasks, folder)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from methods.encoder import Encoder
-from platform.evaluation.mteb_tasks import LOCAL_STS, PlatformModel, evaluate, local_pairs, tasks_of
+from platform.evaluation.mteb_tasks import LOCAL_STS, evaluate, local_pairs, mteb_model, tasks_of
 from platform.evaluation.sts import STSEvaluator
 from tests.helpers import assert_user_error, run_main
 
@@ -78,7 +78,7 @@ def test_mtebs_sts_on_the_local_files_equals_the_platforms_evaluator(tiny_model,
     encoder = Encoder.from_pretrained(str(tiny_model), pooler="avg")
     shared = [t for t in LOCAL_STS if t != "SICK-R"]
     ours = STSEvaluator([LOCAL_STS[t] for t in shared])(encoder, pooler="avg")
-    theirs = evaluate(PlatformModel(encoder, "avg", "platform/tiny", "test"), tasks_of(None, shared, online=False),
+    theirs = evaluate(mteb_model(encoder, "avg", "tiny"), tasks_of(None, shared, online=False),
                       tmp_path / "mteb")
     for task in shared:
         assert theirs[task] == pytest.approx(ours[LOCAL_STS[task]], abs=0.01), task
@@ -96,7 +96,7 @@ def test_a_retrieval_and_a_clustering_task_from_local_files_land_in_mlflow(tiny_
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     encoder = Encoder.from_pretrained(str(tiny_model), pooler="avg")
-    scores = evaluate(PlatformModel(encoder, "avg", "platform/tiny", "test"), _local_tasks(tmp_path), tmp_path / "out")
+    scores = evaluate(mteb_model(encoder, "avg", "tiny"), _local_tasks(tmp_path), tmp_path / "out")
     assert set(scores) == {"LocalRetrieval", "LocalClustering", "mean"} and all(0 <= v <= 100 for v in scores.values())
     client = MlflowClient(mlflow_uri)
     run = client.create_run(client.create_experiment("mteb-test")).info.run_id

@@ -5,7 +5,7 @@
   are mteb's own task classes with ``load_data`` reading the local files (mteb's documented way to
   run a task on local data); every other task loads from the Hugging Face hub at run time, and is
   refused in one line where the hub cannot be reached.
-- ``PlatformModel``: the encoder with its recipe's pooling (a prompt's [MASK] included), given to
+- ``mteb_model``: the encoder with its recipe's pooling (a prompt's [MASK] included), given to
   mteb with its model metadata and named by its lineage (the weights, tokenizer, pooler and
   prompt digested), so mteb's results cache never serves one checkpoint's scores for another.
 - ``evaluate``: every task's main score (x100) and the mean, each task's result JSON in a folder.
@@ -30,6 +30,7 @@ from methods.encoder import Encoder
 from platform.data import DataError, data_dir, load_sts
 from platform import settings
 from platform.errors import UserError
+from platform.storage import encoder_key
 
 # mteb's task name -> the platform's STS task (its loader and SentEval files).
 LOCAL_STS = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15", "STS16": "STS16",
@@ -110,29 +111,27 @@ def tasks_of(benchmark: str | None, names: list[str], root: Path | None = None, 
     return [local_task(n, root) if n in local else mteb.get_task(n) for n in wanted]
 
 
-class PlatformModel:
-    """The platform's encoder as an mteb model: ``encode`` embeds every text of mteb's batches with
-    the recipe's pooling; ``mteb_model_meta`` names it by its lineage."""
+def mteb_model(encoder: Encoder, pooler: str, label: str, batch_size: int = 128):
+    """The platform's encoder as an mteb model (an ``AbsEncoder``; mteb imported only here):
+    ``encode`` embeds every text of mteb's batches with the recipe's pooling; its metadata names it
+    ``platform/<label>`` at revision ``encoder_key`` (its weights, tokenizer, pooler and prompt)."""
+    from mteb.models import ModelMeta
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ScoringFunction
 
-    def __new__(cls, encoder: Encoder, pooler: str, name: str, revision: str, batch_size: int = 128):
-        from mteb.models import ModelMeta
-        from mteb.models.abs_encoder import AbsEncoder
-        from mteb.models.model_meta import ScoringFunction
+    class PlatformModel(AbsEncoder):
+        def __init__(self):
+            self.model = encoder
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": f"platform/{label}", "revision": encoder_key(encoder, pooler), "embed_dim": encoder.hidden_size,
+                "n_parameters": sum(p.numel() for p in encoder.parameters()), "similarity_fn_name": ScoringFunction.COSINE,
+                "framework": ["PyTorch"], "languages": ["eng-Latn"], "open_weights": True, "use_instructions": False})
 
-        class _Model(AbsEncoder):
-            def __init__(self):
-                self.model = encoder
-                self.mteb_model_meta = ModelMeta.create_empty({
-                    "name": name, "revision": revision, "embed_dim": encoder.hidden_size,
-                    "n_parameters": sum(p.numel() for p in encoder.parameters()), "similarity_fn_name": ScoringFunction.COSINE,
-                    "framework": ["PyTorch"], "languages": ["eng-Latn"], "open_weights": True,
-                    "use_instructions": False})
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            texts = [str(t) for batch in inputs for t in batch["text"]]
+            return encoder.encode(texts, batch_size=batch_size, pooler=pooler).numpy().astype(np.float32)
 
-            def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
-                texts = [str(t) for batch in inputs for t in batch["text"]]
-                return encoder.encode(texts, batch_size=batch_size, pooler=pooler).numpy().astype(np.float32)
-
-        return _Model()
+    return PlatformModel()
 
 
 def metric(task: str) -> str:

@@ -14,7 +14,7 @@ from platform import checkpoint, settings, storage
 from platform.config import smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
-from platform.evaluation.mteb_tasks import PlatformModel, metric, tasks_of
+from platform.evaluation.mteb_tasks import metric, mteb_model, tasks_of
 from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.run.ray_env import started_here
@@ -228,8 +228,7 @@ def score_benchmark(location: str, spec: str) -> tuple[dict[str, float], dict[st
     with storage.local_copy(location) as folder, tempfile.TemporaryDirectory() as out:
         state = checkpoint.read_state(folder)
         encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
-        model = PlatformModel(encoder, state["eval_pooler"], f"platform/{Path(location).name}",
-                              encoder_key(encoder, state["eval_pooler"]))
+        model = mteb_model(encoder, state["eval_pooler"], Path(location).name)
         scores = evaluate_mteb(model, benchmark_tasks(spec), Path(out))
         return scores, {p.name: p.read_text() for p in Path(out).glob("*.json")}
 
