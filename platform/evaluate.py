@@ -252,11 +252,8 @@ def log_scores(run_id: str, scores: dict[str, float], mteb_folder: Path | None =
     run = Run(store.tracking_uri(), run_id)
     recorder.log_results(run, logged)
     if mteb_folder is not None:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(store.tracking_uri())
         for result in sorted(mteb_folder.glob("*.json")):
-            client.log_artifact(run_id, str(result), artifact_path="mteb")
+            run.log_file(result, "mteb")
         run.set_tags({"mteb_benchmark": benchmark or "tasks"})
     print(f"logged {', '.join(logged) or 'nothing (no transfer, clustering or MTEB task)'} to MLflow run {run_id}")
 
