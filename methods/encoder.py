@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from methods.errors import BackboneNotFound, InvalidParams, WeightLoadError
-from methods.prompt import PROMPT_KEYS, PromptPooling, TemplateTokens, mask_states, template_tokens, wrap
+from methods.prompt import (PROMPT_KEYS, PromptPooling, TemplateTokens, joined_rows, mask_states, template_bias,
+                            template_tokens, wrap)
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "mask")
 PROMPT_FILE = "prompt.json"
@@ -245,10 +246,15 @@ class Encoder(nn.Module):
     def hidden_size(self) -> int:
         return self.backbone.config.hidden_size
 
-    def tokenize(self, sentences: list[str], max_len: int | None = None, device=None) -> dict[str, torch.Tensor]:
-        """Pad to the longest sentence; ``max_len=None`` means no truncation (evaluation)."""
-        if self.prompt is not None:
-            sentences = [self.prompt.prepare(s) for s in sentences]
+    def tokenize(self, sentences: list[str], max_len: int | None = None, device=None,
+                 prompt: PromptPooling | None = None) -> dict[str, torch.Tensor]:
+        """Pad to the longest sentence; ``max_len=None`` means no truncation (evaluation).
+        ``prompt`` (default the encoder's): its text rules, and with ``joined`` the whole filled
+        template tokenised as one string, the rows carrying their mask's position."""
+        prompt = prompt or self.prompt
+        if prompt is not None:
+            sentences = [prompt.text(s, self.tokenizer.mask_token) if prompt.joined else prompt.prepare(s)
+                         for s in sentences]
         enc = self.tokenizer(
             list(sentences),
             padding=True,
@@ -256,17 +262,32 @@ class Encoder(nn.Module):
             max_length=max_len,
             return_tensors="pt",
         )
+        enc = dict(enc)
+        if prompt is not None and prompt.joined:
+            enc = joined_rows(enc, self._template(prompt.template), self.tokenizer.mask_token_id)
         return {k: v.to(device) if device is not None else v for k, v in enc.items()}
 
-    def forward(self, inputs: dict[str, torch.Tensor], pooler: str | None = None) -> torch.Tensor:
+    def forward(self, inputs: dict[str, torch.Tensor], pooler: str | None = None,
+                prompt: PromptPooling | None = None) -> torch.Tensor:
+        """Pooled embeddings. With pooler 'mask', rows without a mask position are plain sentences,
+        put in ``prompt``'s template here (default the encoder's), and its ``denoise`` subtracts
+        the template bias in the mode the encoder is in (evaluation: eval mode)."""
         pooler = pooler or self.pooler
         if pooler == "mask":
+            prompt = prompt or self.prompt
             if "prompt_mask" not in inputs:  # sentences as they are: the anchor template, as evaluation
-                if self.prompt is None:
+                if prompt is None:
                     raise ValueError("pooler 'mask' needs the encoder's prompt template")
-                inputs = wrap(inputs, self._template(), self.tokenizer.pad_token_id)
+                inputs = wrap(inputs, self._template(prompt.template), self.tokenizer.pad_token_id)
             out = self.backbone(**{k: v for k, v in inputs.items() if k not in PROMPT_KEYS}, return_dict=True)
-            return mask_states(out.last_hidden_state, inputs["prompt_mask"])
+            e = mask_states(out.last_hidden_state, inputs["prompt_mask"])
+            if prompt is not None and prompt.denoise != "none":
+                lengths = inputs["prompt_length"]
+                bias = template_bias(self.backbone, self._template(prompt.template), int(lengths.max()), prompt.denoise,
+                                     self.tokenizer.cls_token_id, self.tokenizer.sep_token_id,
+                                     self.tokenizer.pad_token_id)
+                e = e - bias[lengths].to(e.dtype)
+            return e
         out = self.backbone(**inputs, output_hidden_states=pooler == "avg_first_last", return_dict=True)
         return pool(
             pooler,
@@ -285,15 +306,18 @@ class Encoder(nn.Module):
         none, as the STS protocol)."""
         return self.encode_batches(self.batches(sentences, batch_size, max_len), pooler, normalize, progress)
 
-    def batches(self, sentences: list[str], batch_size: int = 128, max_len: int | None = None) -> TokenBatches:
+    def batches(self, sentences: list[str], batch_size: int = 128, max_len: int | None = None,
+                prompt: PromptPooling | None = None) -> TokenBatches:
         """``sentences`` tokenised for :meth:`encode_batches` (on the CPU): what an evaluator that
         scores the same sentences at every evaluation keeps, since tokenising is about half of
-        encoding them (the benchmark case eval-cost)."""
+        encoding them (the benchmark case eval-cost). ``prompt``: another stage's rules than the
+        encoder's own (the loop's STS-B dev)."""
+        prompt = prompt or self.prompt
         lengths = [len(s) for s in sentences]
         order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
-        chunks = [self.tokenize([sentences[i] for i in order[start : start + batch_size]], max_len=max_len)
+        chunks = [self.tokenize([sentences[i] for i in order[start : start + batch_size]], max_len=max_len, prompt=prompt)
                   for start in range(0, len(order), batch_size)]
-        return TokenBatches(self.tokenizer, order, chunks, self.prompt)
+        return TokenBatches(self.tokenizer, order, chunks, prompt)
 
     @torch.inference_mode()
     def encode_batches(self, batches: TokenBatches, pooler: str | None = None, normalize: bool = False,
@@ -307,7 +331,8 @@ class Encoder(nn.Module):
         chunks = []
         for inputs in tqdm(batches.chunks, desc=progress, unit=" batches", disable=None if progress else True,
                            leave=False):
-            chunks.append(self({k: v.to(device) for k, v in inputs.items()}, pooler=pooler).float().cpu())
+            chunks.append(self({k: v.to(device) for k, v in inputs.items()}, pooler=pooler, prompt=batches.prompt)
+                          .float().cpu())
         self.train(was_training)
         if not chunks:
             return torch.empty(0, self.hidden_size)
@@ -325,12 +350,11 @@ class Encoder(nn.Module):
             (directory / PROMPT_FILE).write_text(json.dumps(dataclasses.asdict(self.prompt), indent=1) + "\n")
         return directory
 
-    def _template(self) -> TemplateTokens:
-        cached = self.__dict__.get("_template_tokens")
-        if cached is None or cached[0] != self.prompt.template:
-            cached = (self.prompt.template, template_tokens(self.tokenizer, self.prompt.template))
-            self.__dict__["_template_tokens"] = cached
-        return cached[1]
+    def _template(self, template: str) -> TemplateTokens:
+        cached = self.__dict__.setdefault("_template_tokens", {})
+        if template not in cached:
+            cached[template] = template_tokens(self.tokenizer, template)
+        return cached[template]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,7 +365,7 @@ class TokenBatches:
     tokenizer: Any
     order: list[int]
     chunks: list[dict[str, torch.Tensor]]
-    prompt: PromptPooling | None = None  # the prompt the text was prepared for (SNCSE's final " .")
+    prompt: PromptPooling | None = None  # the prompt the text was prepared and tokenised for
 
 
 def pad_cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

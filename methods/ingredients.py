@@ -316,8 +316,9 @@ class EncoderIngredient(Ingredient):
         """The width the data pipeline tokenises each sentence to."""
         return max_len
 
-    def pooling(self) -> Any:
-        """What evaluation needs to embed as training did (``methods.prompt.PromptPooling``), or None."""
+    def pooling(self, stage: str = "test") -> Any:
+        """What evaluation at ``stage`` (``test``, ``dev``) needs to embed as the authors do
+        (``methods.prompt.PromptPooling``), or None."""
         return None
 
 

@@ -182,6 +182,16 @@ class Views:
     positive: torch.Tensor
     negatives: list[Negative]
 
+    def split(self, parts: int) -> list["Views"]:
+        """The views of ``parts`` consecutive, equal groups of rows (the replicas of a step), each
+        with its own rows' negatives only."""
+        def cut(x: torch.Tensor | None) -> list:
+            return list(x.chunk(parts)) if x is not None else [None] * parts
+
+        negatives = [[Negative(z, v, s) for z, v, s in zip(cut(n.z), cut(n.valid), cut(n.second))] for n in self.negatives]
+        return [Views(a, p, [n[i] for n in negatives])
+                for i, (a, p) in enumerate(zip(cut(self.anchor), cut(self.positive)))]
+
 
 class Loss(Ingredient, nn.Module):
     """``loss``: the one contrastive loss of a recipe, ``forward(views) -> scalar`` over the

@@ -17,6 +17,14 @@ before ``{sentence}`` is tokenised as the prefix and the text after it as the su
 special tokens, exactly as the authors' code does; the sentence's own tokens go between them, and
 [CLS]/[SEP] (``<s>``/``</s>``) around all of it. ``wrap`` does this on the device, on batches the
 data pipeline tokenised as plain sentences.
+
+Evaluation follows each author's evaluation code, which differs from their training in three ways
+(``PromptPooling``): PromptBERT's and CoT-BERT's test scripts end a sentence with "." before the
+template is filled; every author's test script tokenises the filled template as one string (the
+same ids as the spliced form on BERT's WordPiece; on a byte-level BPE such as RoBERTa's the
+sentence's first word gets its leading-space token); and PromptBERT scores STS-B dev, which
+selects the checkpoint, on the denoised representation (the bias computed in eval mode, without
+gradient), while its final test is not denoised.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from methods.ingredients import EncoderIngredient, InvalidParams, Params, check,
 SENTENCE, MASK = "{sentence}", "{mask}"
 DENOISE = ("none", "shift", "pad")
 TRUNCATION = ("sentence", "with_template")
+TOKENS = ("joined", "spliced")
 
 # PromptBERT's BERT templates (kongds/Prompt-BERT ``run.sh``, unsup-bert).
 PROMPTBERT_ANCHOR = 'This sentence of "{sentence}" means{mask}.'
@@ -81,6 +90,12 @@ def template_tokens(tokenizer, template: str) -> TemplateTokens:
     if len(masks) != after.count(MASK):
         raise InvalidParams(f"template {template!r}: the tokenizer does not keep its {MASK} tokens whole")
     return TemplateTokens(tuple(prefix), tuple(suffix), masks[-1])
+
+
+def end_with_period(sentence: str) -> str:
+    """PromptBERT's and CoT-BERT's test-time rule (``evaluation.py``'s batcher): "." after a
+    sentence whose last character is not one of ``.?"'``, no space."""
+    return sentence + "." if sentence and sentence[-1] not in ".?\"'" else sentence
 
 
 def end_with_punctuation(sentence: str) -> str:
@@ -134,7 +149,7 @@ def wrap(inputs: dict[str, torch.Tensor], tokens: TemplateTokens, pad_id: int, b
     return wrapped
 
 
-PROMPT_KEYS = ("prompt_mask", "prompt_length", "prompt_template")
+PROMPT_KEYS = ("prompt_mask", "prompt_length", "prompt_template", "prompt_group")
 
 
 def mask_states(last_hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -143,7 +158,7 @@ def mask_states(last_hidden: torch.Tensor, positions: torch.Tensor) -> torch.Ten
 
 
 def template_bias(backbone, tokens: TemplateTokens, longest: int, method: str, cls_id: int, sep_id: int,
-                  pad_id: int) -> torch.Tensor:
+                  pad_id: int, shift_at: int | None = None) -> torch.Tensor:
     """``(longest + 1, d)``: row ``n`` is the [MASK] state of the template alone for a sentence of
     ``n`` tokens, which the representation of such a sentence has subtracted (denoising).
 
@@ -152,6 +167,8 @@ def template_bias(backbone, tokens: TemplateTokens, longest: int, method: str, c
     - ``pad`` (CoT-BERT, Sec. 3; ``denoising``): ``[CLS] prefix [PAD]*n suffix [SEP]``, all of it
       attended, default positions.
 
+    ``shift_at``: the prefix length after which positions shift (default: this template's own;
+    PromptBERT's ``get_delta`` shifts every template's after the anchor's, ``len(cls.bs)``).
     Computed with gradient, in the caller's mode (dropout in training), as the authors do."""
     device = next(backbone.parameters()).device
     lengths = torch.arange(longest + 1, device=device)
@@ -159,7 +176,7 @@ def template_bias(backbone, tokens: TemplateTokens, longest: int, method: str, c
     if method == "shift":
         ids = _on((cls_id, *tokens.prefix, *tokens.suffix, sep_id), device, torch.long).unsqueeze(0).repeat(longest + 1, 1)
         j = torch.arange(ids.shape[1], device=device)
-        positions = j.unsqueeze(0) + (j >= p + 1) * lengths[:, None]
+        positions = j.unsqueeze(0) + (j >= (p if shift_at is None else shift_at) + 1) * lengths[:, None]
         out = backbone(input_ids=ids, position_ids=positions, return_dict=True)
         return out.last_hidden_state[:, 1 + p + tokens.mask_offset]
     if method == "pad":
@@ -176,15 +193,47 @@ def template_bias(backbone, tokens: TemplateTokens, longest: int, method: str, c
 
 @dataclasses.dataclass(frozen=True)
 class PromptPooling:
-    """What an encoder needs to embed a sentence by its prompt at evaluation: the anchor template
-    (no denoising: the authors evaluate without it) and SNCSE's final punctuation. Saved beside
-    the weights (``prompt.json``)."""
+    """How an encoder embeds a sentence by its prompt outside training: the anchor template, then
+    the text and token rules of one stage of the authors' evaluation. Saved beside the weights
+    (``prompt.json``) with the final test's rules; the loop scores STS-B dev with the dev rules.
+
+    - ``end_punctuation``: SNCSE's " ." (training, dev and test);
+    - ``period``: PromptBERT's and CoT-BERT's "." (``end_with_period``; their final test only);
+    - ``joined``: the filled template tokenised as one string (every author's test script), not the
+      sentence's own tokens spliced between the template's (training, and PromptBERT's and CoT-BERT's dev);
+    - ``denoise``: the template bias (``template_bias``) subtracted, in eval mode and without gradient
+      (PromptBERT's dev: ``sentemb_forward`` without ``--mask_embedding_sentence_delta_no_delta_eval``)."""
 
     template: str
     end_punctuation: bool = False
+    period: bool = False
+    joined: bool = False
+    denoise: str = "none"
+
+    def __post_init__(self):
+        check_template(self.template)
+        check([(self.denoise in DENOISE, f"denoise must be one of {', '.join(DENOISE)}, got {self.denoise!r}")])
 
     def prepare(self, sentence: str) -> str:
-        return end_with_punctuation(sentence) if self.end_punctuation else sentence
+        sentence = end_with_punctuation(sentence) if self.end_punctuation else sentence
+        return end_with_period(sentence) if self.period else sentence
+
+    def text(self, sentence: str, mask_token: str) -> str:
+        """The filled template as the authors' test scripts build it (``template.replace(...).strip()``)."""
+        return self.template.replace(MASK, mask_token).replace(SENTENCE, self.prepare(sentence)).strip()
+
+
+def joined_rows(enc: dict[str, torch.Tensor], tokens: TemplateTokens, mask_id: int) -> dict[str, torch.Tensor]:
+    """Rows of whole filled templates (``PromptPooling.text``, tokenised with padding) with the
+    keys ``wrap`` gives: the embedding mask is each row's last mask token (the template's masks
+    follow the sentence), and the sentence's length is the row's tokens less the template's."""
+    ids = enc["input_ids"]
+    j = torch.arange(ids.shape[1], device=ids.device)
+    out = dict(enc)
+    out["prompt_mask"] = torch.where(ids == mask_id, j, -1).max(1).values
+    out["prompt_length"] = (enc["attention_mask"].sum(1) - tokens.length).clamp(min=0)
+    out["prompt_template"] = torch.zeros_like(out["prompt_length"])
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,14 +258,37 @@ class PromptParams(Params):
         "How max_len counts: 'sentence' its own tokens (PromptBERT, CoT-BERT: [:max_seq_length]), 'with_template' "
         "all of them (SNCSE: max_seq_length - len(prefix) - len(suffix) - 2)."))
     end_punctuation: bool = cited(False, "SNCSE's ' .' after a sentence without final punctuation (train and eval)")
+    test_template: str = cited("", (
+        "The template the final test fills, where the authors' test script writes it otherwise than training "
+        "tokenises it: PromptBERT's and CoT-BERT's RoBERTa scripts strip the prefix for training (train.py) but fill "
+        "the unstripped one at test (evaluation.py), a space before the sentence. Empty: template."))
+    test_period: bool = cited(True, (
+        "The final test's text: '.' after a test sentence whose last character is not one of .?\"' before the "
+        "template is filled (PromptBERT's evaluation.py batcher; CoT-BERT's code-for-BERT/evaluation.py the same). "
+        "Their dev scoring in training has no such rule."))
+    test_tokens: str = cited("joined", (
+        "The final test's tokens: 'joined', the filled template tokenised as one string (PromptBERT's and CoT-BERT's "
+        "evaluation.py, SNCSE's *_prediction.py); 'spliced', the sentence's own tokens between the template's, as in "
+        "training. Equal on BERT's WordPiece; on RoBERTa's BPE the sentence's first word gets its leading space."))
+    dev_tokens: str = cited("spliced", (
+        "STS-B dev's tokens (checkpoint selection): 'spliced' (PromptBERT's and CoT-BERT's sentemb_forward wraps the "
+        "dev sentence's ids) or 'joined' (SNCSE selects with bert_evaluation.py / roberta_evaluation.py)."))
+    dev_denoise: bool = cited(True, (
+        "STS-B dev scored on the denoised representation, the bias computed in eval mode without gradient "
+        "(PromptBERT's run.sh trains with --mask_embedding_sentence_delta and without ..._no_delta_eval: "
+        "sentemb_forward subtracts it); the final test never denoises. No effect with denoise=none."))
 
     def validate(self) -> None:
         check_template(self.template, "template")
         check_template(self.positive_template, "positive_template")
         check_template(self.negative_template, "negative_template")
+        if self.test_template:
+            check_template(self.test_template, "test_template")
         check([(self.denoise in DENOISE, f"denoise must be one of {', '.join(DENOISE)}, got {self.denoise!r}"),
                (self.truncation in TRUNCATION,
-                f"truncation must be one of {', '.join(TRUNCATION)}, got {self.truncation!r}")])
+                f"truncation must be one of {', '.join(TRUNCATION)}, got {self.truncation!r}")] +
+              [(getattr(self, key) in TOKENS, f"{key} must be one of {', '.join(TOKENS)}, got {getattr(self, key)!r}")
+               for key in ("test_tokens", "dev_tokens")])
 
 
 class PromptEncoder(EncoderIngredient):
@@ -254,36 +326,61 @@ class PromptEncoder(EncoderIngredient):
     def budget(self, tokens: TemplateTokens, max_len: int) -> int:
         return max_len if self.params.truncation == "sentence" else max(0, max_len - tokens.length)
 
-    def pooling(self) -> PromptPooling:
-        return PromptPooling(self.params.template, self.params.end_punctuation)
+    def pooling(self, stage: str = "test") -> PromptPooling:
+        """How evaluation embeds: the final ``test``'s rules (saved with the model) or ``dev``'s
+        (STS-B dev in training, which selects the checkpoint)."""
+        p = self.params
+        if stage == "dev":
+            return PromptPooling(p.template, p.end_punctuation, joined=p.dev_tokens == "joined",
+                                 denoise=p.denoise if p.dev_denoise else "none")
+        return PromptPooling(p.test_template or p.template, p.end_punctuation, period=p.test_period,
+                             joined=p.test_tokens == "joined")
 
 
 @dataclasses.dataclass
 class PromptState:
-    """A built recipe's prompt, tokenised for its backbone: what ``RecipeModel`` wraps and denoises with."""
+    """A built recipe's prompt, tokenised for its backbone: what ``RecipeModel`` wraps and denoises with.
+
+    ``groups``: the replicas (``SharedParams.replicas``) this worker's rows belong to; each gets a
+    template bias of its own (its own dropout), as each of the authors' DataParallel replicas
+    computes its own. ``shift_at``: PromptBERT's code shifts every template's bias after the
+    anchor's prefix (``fidelity=authors_code``); None: each template after its own."""
 
     tokens: list[TemplateTokens]
     budgets: list[int]
     denoise: str
     ids: dict[str, int]  # cls, sep, pad
+    groups: tuple[int, ...] = (0,)
+    shift_at: int | None = None
 
     @classmethod
-    def build(cls, encoder: PromptEncoder, tokenizer: Any, max_len: int, negatives: bool = False) -> "PromptState":
+    def build(cls, encoder: PromptEncoder, tokenizer: Any, max_len: int, negatives: bool = False,
+              groups: tuple[int, ...] = (0,)) -> "PromptState":
         tokens = [template_tokens(tokenizer, t) for t in encoder.templates(negatives)]
+        shift_at = len(tokens[0].prefix) if encoder.shared is not None and encoder.shared.fidelity == "authors_code" else None
         return cls(tokens, [encoder.budget(t, max_len) for t in tokens], encoder.params.denoise,
-                   {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id, "pad": tokenizer.pad_token_id})
+                   {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id, "pad": tokenizer.pad_token_id},
+                   groups, shift_at)
 
-    def wrap(self, inputs: dict[str, torch.Tensor], template: int) -> dict[str, torch.Tensor]:
-        return wrap(inputs, self.tokens[template], self.ids["pad"], self.budgets[template], template)
+    def wrap(self, inputs: dict[str, torch.Tensor], template: int, groups: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """``inputs`` in template ``template``; ``groups``: each row's replica (default the first)."""
+        rows = wrap(inputs, self.tokens[template], self.ids["pad"], self.budgets[template], template)
+        if len(self.groups) > 1:
+            rows["prompt_group"] = groups if groups is not None else torch.full_like(rows["prompt_length"], self.groups[0])
+        return rows
 
     def denoised(self, backbone, e: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``e`` minus each row's template bias at its sentence's length (``template_bias``)."""
+        """``e`` minus each row's template bias at its sentence's length (``template_bias``), one
+        bias per template and replica."""
         if self.denoise == "none":
             return e
         out = e
         for index, tokens in enumerate(self.tokens):
-            bias = template_bias(backbone, tokens, self.budgets[index], self.denoise, self.ids["cls"], self.ids["sep"],
-                                 self.ids["pad"]).to(e.dtype)
-            rows = (inputs["prompt_template"] == index).unsqueeze(1)
-            out = out - torch.where(rows, bias[inputs["prompt_length"].clamp(max=self.budgets[index])], 0)
+            for group in self.groups:
+                bias = template_bias(backbone, tokens, self.budgets[index], self.denoise, self.ids["cls"],
+                                     self.ids["sep"], self.ids["pad"], self.shift_at).to(e.dtype)
+                rows = inputs["prompt_template"] == index
+                if len(self.groups) > 1:
+                    rows = rows & (inputs["prompt_group"] == group)
+                out = out - torch.where(rows.unsqueeze(1), bias[inputs["prompt_length"].clamp(max=self.budgets[index])], 0)
         return out

@@ -28,9 +28,9 @@ from torch import nn
 from methods.encoder import POOLERS, Encoder, batch_tokens, dropout_override, pad_cat, shared_tokenizer, token_arrays
 from methods.ingredients import (KINDS, Draws, EncoderIngredient, Ingredient, InvalidParams, Params, StepOutputs, check,
                                  cited)
-from methods.losses import Negative, Views, gather_with_grad
+from methods.losses import Negative, Views, gather_with_grad, rank, world_size
 from methods.prompt import (COTBERT_ANCHOR, COTBERT_NEGATIVE, COTBERT_POSITIVE, SNCSE_ANCHOR, SNCSE_POSITIVE,
-                            PromptEncoder, PromptState)
+                            PromptEncoder, PromptPooling, PromptState)
 from methods.registry import INGREDIENTS
 
 MULTIPLE = ("negatives", "aux")  # kinds that take a comma-separated list (possibly empty)
@@ -50,10 +50,16 @@ class SharedParams(Params):
         "Use the MLP in training only and evaluate [CLS] before it (SimCSE, Sec. 6.3, Table 6)."))
     fidelity: str = cited("paper", (
         "'paper' follows the paper; 'authors_code' the authors' released code where the two differ."))
+    replicas: int = cited(1, (
+        "Replica losses per step: the global batch cut into this many consecutive groups of rows, each its own "
+        "contrastive loss with no gather between them (and its own template bias), the step's loss their mean: the "
+        "authors' nn.DataParallel on that many GPUs, whatever devices the run has (CoT-BERT's code-for-BERT/train.py: "
+        "2 GPUs x 128). 1: one loss over the whole global batch (DDP's all-gather)."))
 
     def validate(self) -> None:
         check([
             (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+            (self.replicas >= 1, f"replicas must be >= 1, got {self.replicas}"),
             (self.pooler in POOLERS, f"unknown pooler {self.pooler!r}; choose one of {', '.join(POOLERS)}"),
             (self.fidelity in ("paper", "authors_code"), f"fidelity must be 'paper' or 'authors_code', got {self.fidelity!r}"),
         ])
@@ -159,13 +165,16 @@ NAMED: dict[str, NamedRecipe] = {
     # train_SNCSE.py (Different_Prompt_Negation): BERT's templates; the RoBERTa profile's are the same text.
     "sncse": NamedRecipe(RecipeSpec(encoder="prompt", aux=("bml",)), "Wang et al. (2022), SNCSE", params={
         "template": SNCSE_ANCHOR, "positive_template": SNCSE_POSITIVE, "denoise": "none",
-        "truncation": "with_template", "end_punctuation": True},
-        source="Sense-GVT/SNCSE: train_SNCSE.py's prepare_features (Different_Prompt_Negation), bert_evaluation.py"),
+        "truncation": "with_template", "end_punctuation": True, "test_period": False, "dev_tokens": "joined"},
+        source=("Sense-GVT/SNCSE: train_SNCSE.py's prepare_features (Different_Prompt_Negation); its dev selection "
+                "(bert_evaluation.py, roberta_evaluation.py) and test (*_prediction.py) fill the template as one string")),
     # code-for-BERT/train.py: the two-stage templates, the negative template, denoising with [PAD]s.
     "cotbert": NamedRecipe(RecipeSpec(encoder="prompt", negatives=("template_negative",), loss="cot"),
                            "Zhang et al. (2023), CoT-BERT", params={
         "template": COTBERT_ANCHOR, "positive_template": COTBERT_POSITIVE, "negative_template": COTBERT_NEGATIVE,
-        "denoise": "pad"}, source="ZBWpro/CoT-BERT: code-for-BERT/train.py's args_list, models.py's denoising"),
+        "denoise": "pad", "dev_denoise": False}, source=(
+            "ZBWpro/CoT-BERT: code-for-BERT/train.py's args_list (--mask_embedding_sentence_delta_no_delta_eval: "
+            "dev not denoised), models.py's denoising, code-for-BERT/evaluation.py's test text")),
 }
 CUSTOM = "recipe"  # the method name of a recipe put together with --set
 
@@ -262,6 +271,9 @@ class Recipe:
             (not prompt or self.shared.mlp_only_train,
              "encoder=prompt evaluates the [MASK] state before the MLP (the authors' --mlp_only_train): "
              "mlp_only_train must be true"),
+            (self.shared.replicas == 1 or not self.aux,
+             f"replicas={self.shared.replicas} splits the contrastive loss into replica losses; aux={','.join(spec.aux)} "
+             "sees the whole batch, so the two do not combine: use replicas=1"),
         ])
 
     @classmethod
@@ -341,8 +353,9 @@ class Recipe:
 
     # -- model ----------------------------------------------------------------------------------
 
-    def build(self, encoder: Encoder, max_len: int = 32) -> RecipeModel:
-        """The model a step trains; ``max_len`` is the run's (a prompt's truncation counts by it)."""
+    def build(self, encoder: Encoder, max_len: int = 32, batch_size: int = 0) -> RecipeModel:
+        """The model a step trains; ``max_len`` is the run's (a prompt's truncation counts by it),
+        ``batch_size`` its global batch (with ``replicas``: which replicas this worker's rows are in)."""
         hidden = encoder.hidden_size
         projector = self._projector()
         projection = projector.projection(hidden) if projector else None
@@ -353,8 +366,17 @@ class Recipe:
         if isinstance(self.encoder, PromptEncoder):
             encoder.prompt = self.encoder.pooling()
             negatives = any(n.view == "negative" for n in self.negatives)
-            prompt = PromptState.build(self.encoder, encoder.tokenizer, max_len, negatives)
+            groups = tuple(range(self.shared.replicas))  # the global batch unknown: a bias for each replica
+            if batch_size:
+                groups = tuple(sorted(set(self._replica_rows(batch_size).tolist())))
+            prompt = PromptState.build(self.encoder, encoder.tokenizer, max_len, negatives, groups)
         return RecipeModel(encoder, self.shared.pooler, projection, heads, prompt)
+
+    def _replica_rows(self, batch_size: int) -> torch.Tensor:
+        """The replica of each of this worker's rows of a global batch: rank r holds the global rows
+        ``[r * n, (r + 1) * n)`` (``gather_with_grad``'s order), replica k the rows ``[k * B / R, (k + 1) * B / R)``."""
+        local = batch_size // world_size()
+        return (rank() * local + torch.arange(local)) * self.shared.replicas // batch_size
 
     def param_groups(self, model: nn.Module, lr: float) -> list[dict]:
         """One group at the base learning rate, and the projection's at its aux term's scale
@@ -378,9 +400,13 @@ class Recipe:
         return self.shared.pooler
 
     def eval_prompt(self) -> dict | None:
-        """The template evaluation embeds in (``PromptPooling``'s fields), None without a prompt."""
+        """The template and rules the final test embeds with (``PromptPooling``'s fields), None without a prompt."""
         pooling = self.encoder.pooling()
         return dataclasses.asdict(pooling) if pooling is not None else None
+
+    def dev_prompt(self) -> "PromptPooling | None":
+        """The rules STS-B dev is scored with in training (PromptBERT's: denoised), None without a prompt."""
+        return self.encoder.pooling("dev")
 
     def _projector(self) -> Ingredient | None:
         """The aux term that brings the projection head (at most one: ``RecipeSpec.validate``)."""
@@ -473,8 +499,13 @@ class Recipe:
         active = [n for n in self.negatives if n.active(step)]
         prompt = unwrap(model).prompt
 
+        groups = None
+        if prompt is not None and len(prompt.groups) > 1:  # each row's replica, for its template bias
+            size = batch["sentence"]["input_ids"].shape[0]
+            groups = self._replica_rows(size * world_size()).to(batch["sentence"]["input_ids"].device)
+
         def view(rows: dict[str, torch.Tensor], role: str) -> dict[str, torch.Tensor]:
-            return prompt.wrap(rows, self.encoder.template_of(role)) if prompt is not None else rows
+            return prompt.wrap(rows, self.encoder.template_of(role), groups) if prompt is not None else rows
 
         roles = ["anchor", "positive"]
         rows = [view(batch["sentence"], "anchor"), view(batch[self.positives.column], "positive")]
@@ -510,7 +541,11 @@ class Recipe:
             second = gather_with_grad(z[f"{n.name}:1"]) if twice == 2 else None
             negatives.append(Negative(gather_with_grad(z[f"{n.name}:0"]), valid, second))
         views = Views(gather_with_grad(z["anchor"]), gather_with_grad(z["positive"]), negatives)
-        contrastive = self.loss_fn(views)
+        replicas = self.shared.replicas
+        if replicas == 1:
+            contrastive = self.loss_fn(views)
+        else:  # the authors' DataParallel: each replica's loss over its own rows, then their mean
+            contrastive = torch.stack([self.loss_fn(v) for v in views.split(replicas)]).mean()
         metrics: dict[str, Any] = {"contrastive_loss": contrastive.detach()}  # read back once per log step
         metrics.update({f"{n.name}_negatives": float(n in active) for n in self.negatives})
         total = contrastive

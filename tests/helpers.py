@@ -281,3 +281,40 @@ def code_map() -> dict[str, str]:
     return {path: " ".join(job.split()) for path, job in items}
 
 
+
+
+def byte_level_bpe(folder: Path, texts: list[str], vocab_size: int = 3000) -> Path:
+    """A RoBERTa-style tokenizer (byte-level BPE, ``<s>``/``</s>``/``<pad>``/``<mask>``, the mask
+    token absorbing the space before it) trained here on ``texts`` with the ``tokenizers``
+    package: RoBERTa's leading-space tokens (``Ġword``) without a download."""
+    import json
+
+    from tokenizers import AddedToken, ByteLevelBPETokenizer
+    from transformers import RobertaTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = ByteLevelBPETokenizer(add_prefix_space=False)
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, show_progress=False,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(folder))
+    vocab = json.loads((folder / "vocab.json").read_text())
+    merges = [tuple(line.split()) for line in (folder / "merges.txt").read_text().splitlines()[1:] if line]
+    # vocab=/merges= (transformers 5 builds an empty vocabulary from vocab_file=); RoBERTa's <mask> lstrips.
+    RobertaTokenizerFast(vocab=vocab, merges=merges, mask_token=AddedToken("<mask>", lstrip=True, special=True)
+                         ).save_pretrained(folder)
+    return folder
+
+
+def build_tiny_roberta(folder: Path, texts: list[str]) -> Path:
+    """A randomly initialised 2-layer 32-d RoBERTa (seed 0) with ``byte_level_bpe``'s tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    tok = AutoTokenizer.from_pretrained(byte_level_bpe(folder, texts))
+    config = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=514, pad_token_id=tok.pad_token_id,
+                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        RobertaModel(config).save_pretrained(folder)
+    return folder

@@ -189,3 +189,94 @@ def slow_cot(z1, z2, z3, tau, positive_negatives=True, valid=None):
             den += sum(a(z2[i], z3[j]) for j in negatives)
         total += -math.log(a(z1[i], z2[i]) / den)
     return total / n
+
+
+# ------------------------------------------------------------------------------------------------
+# The prompt recipes' evaluation, as each author's evaluation scripts do it
+
+
+def authors_test_text(recipe: str, spec: str, sentence: str, mask_token: str) -> str:
+    """The string the authors' test script tokenises for one SentEval sentence (its words joined
+    by spaces). PromptBERT's and CoT-BERT's ``evaluation.py`` batcher: the ``*cls*_..._*sep+*``
+    template with ``_`` as spaces, "." after a sentence not ending in one of ``.?"'``, the filled
+    string stripped. SNCSE's ``*_prediction.py``: " ." after a sentence whose stripped last
+    character is not in ``string.punctuation``, then ``spec`` (``prefix{}suffix``) filled as is."""
+    import string
+
+    if recipe == "sncse":
+        if sentence.strip()[-1] not in list(string.punctuation):
+            sentence = sentence + " ."
+        return spec.replace("[MASK]", mask_token).format(sentence)
+    template = spec.replace("*mask*", mask_token).replace("_", " ").replace("*sep+*", "").replace("*cls*", "")
+    if len(sentence) > 0 and sentence[-1] not in '.?"\'':
+        sentence += "."
+    return template.replace("*sent 0*", sentence).strip()
+
+
+def authors_mask_rows(tokenizer, texts: list[str], mask_num: int = 1) -> tuple[dict, list[int]]:
+    """The texts tokenised as one batch (``batch_encode_plus``, padding) and the position of the
+    embedding mask in each row: ``last_hidden[input_ids == mask_token_id]`` viewed as ``(-1,
+    mask_num, d)``, its last (PromptBERT: one mask; CoT-BERT: ``[:, mask_num - 1]``)."""
+    batch = tokenizer.batch_encode_plus(texts, return_tensors="pt", padding=True)
+    positions = []
+    for row in batch["input_ids"].tolist():
+        masks = [i for i, t in enumerate(row) if t == tokenizer.mask_token_id]
+        assert len(masks) == mask_num, (row, masks)
+        positions.append(masks[mask_num - 1])
+    return batch, positions
+
+
+def authors_sts_scores(model, tokenizer, recipe: str, spec: str, tasks: dict, mask_num: int = 1,
+                       batch_size: int = 64) -> dict[str, float]:
+    """SentEval's STS protocol with the authors' batcher, re-derived with plain transformers: each
+    task's pairs embedded as the authors' test script does (``authors_test_text``, one-string
+    tokens, the mask's last-layer state, no denoising), cosine, Spearman x100 over all of a task's
+    pairs (``tasks``: ``{task: (sent1, sent2, gold)}``)."""
+    import numpy as np
+    import torch
+    from scipy.stats import spearmanr
+
+    def embed(sentences):
+        out = []
+        for start in range(0, len(sentences), batch_size):
+            texts = [authors_test_text(recipe, spec, s, tokenizer.mask_token) for s in sentences[start:start + batch_size]]
+            batch, positions = authors_mask_rows(tokenizer, texts, mask_num)
+            with torch.no_grad():
+                hidden = model(**batch, output_hidden_states=True, return_dict=True).last_hidden_state
+            out.append(hidden[torch.arange(len(texts)), torch.tensor(positions)])
+        return torch.cat(out)
+
+    model.eval()
+    scores = {}
+    for task, (sent1, sent2, gold) in tasks.items():
+        a, b = embed(list(sent1)), embed(list(sent2))
+        sims = [float(torch.nn.functional.cosine_similarity(x, y, dim=0)) for x, y in zip(a, b)]
+        scores[task] = float(spearmanr(sims, np.asarray(gold)).statistic * 100)
+    return scores
+
+
+def promptbert_dev_embeddings(model, tokenizer, bs: str, es: str, sentences: list[str]):
+    """PromptBERT's ``CLTrainer.evaluate`` with ``sentemb_forward`` (``--mask_embedding_sentence_delta``,
+    no ``..._no_delta_eval``, ``--mlp_only_train``), one sentence at a time: the sentence
+    tokenised plainly, its ids put between ``bs`` and ``es``; the template alone encoded for 128
+    lengths, positions after ``len(bs) + 1`` shifted by the length, in eval mode without gradient;
+    the [MASK] state minus ``delta[attention_mask.sum() - template_len]``."""
+    import torch
+
+    model.eval()
+    prefix = tokenizer.encode(bs, add_special_tokens=False)
+    suffix = tokenizer.encode(es, add_special_tokens=False)
+    template = tokenizer.encode(bs + es)
+    with torch.no_grad():
+        d_ids = torch.tensor([template]).repeat(128, 1)
+        d_positions = torch.arange(d_ids.shape[1]).unsqueeze(0).repeat(128, 1)
+        d_positions[:, len(prefix) + 1:] += torch.arange(128).unsqueeze(-1)
+        hidden = model(input_ids=d_ids, position_ids=d_positions, return_dict=True).last_hidden_state
+        delta = hidden[d_ids == tokenizer.mask_token_id]
+        out = []
+        for sentence in sentences:
+            ids = tokenizer.encode(sentence)
+            row = [ids[0]] + prefix + ids[1:-1] + suffix + [ids[-1]]
+            state = model(input_ids=torch.tensor([row]), return_dict=True).last_hidden_state[0]
+            out.append(state[row.index(tokenizer.mask_token_id)] - delta[len(row) - len(template)])
+    return torch.stack(out)

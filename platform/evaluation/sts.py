@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.encoder import Encoder, TokenBatches
+from methods.prompt import PromptPooling
 from platform.data import SHORT_NAMES, STS_TASKS, STSPairs, load_sts
 
 def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> float:
@@ -56,14 +57,18 @@ class STSEvaluator:
                  for t, p in tasks.items()]
         return cls(tuple(tasks), batch_size=batch_size, pairs=pairs)
 
-    def __call__(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None) -> dict[str, float]:
-        return self.score(self.encode(encoder, pooler, progress))
+    def __call__(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None,
+                 prompt: PromptPooling | None = None) -> dict[str, float]:
+        return self.score(self.encode(encoder, pooler, progress, prompt))
 
-    def encode(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None) -> torch.Tensor:
-        """The embeddings of ``self.sentences``, from the tokens kept for ``encoder``'s tokenizer."""
+    def encode(self, encoder: Encoder, pooler: str | None = None, progress: str | None = None,
+               prompt: PromptPooling | None = None) -> torch.Tensor:
+        """The embeddings of ``self.sentences``, from the tokens kept for ``encoder``'s tokenizer.
+        ``prompt``: the rules of another stage than the encoder's own (the loop's STS-B dev)."""
+        prompt = prompt or encoder.prompt
         batches = self._batches
-        if batches is None or batches.tokenizer is not encoder.tokenizer or batches.prompt != encoder.prompt:
-            batches = self._batches = encoder.batches(self.sentences, self.batch_size)
+        if batches is None or batches.tokenizer is not encoder.tokenizer or batches.prompt != prompt:
+            batches = self._batches = encoder.batches(self.sentences, self.batch_size, prompt=prompt)
         return encoder.encode_batches(batches, pooler=pooler, progress=progress)
 
     def score(self, emb: torch.Tensor) -> dict[str, float]:

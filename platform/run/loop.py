@@ -60,7 +60,7 @@ def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, An
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     recipe = cfg.build_recipe()
     encoder = Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)
-    model = rt.wrap(compile_backbone(recipe.build(encoder, cfg.max_len), cfg.compile))
+    model = rt.wrap(compile_backbone(recipe.build(encoder, cfg.max_len, cfg.batch_size), cfg.compile))
     torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))  # each rank its own masks, from the seed
     steps = total_steps(cfg, rt.num_sentences(recipe))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
@@ -226,7 +226,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
     write, kind, improved = None, None, False
     if rt.is_chief:
         exported = recipe.export_encoder(model)
-        dev = evaluator(exported, pooler=recipe.eval_pooler())["STSBenchmark"]
+        dev = evaluator(exported, pooler=recipe.eval_pooler(), prompt=recipe.dev_prompt())["STSBenchmark"]
         improved = pos.improve(dev)
         kind = rt.policy.kind(improved, pos.epoch, last=pos.step >= steps)
         metrics.update({DEV_METRIC: dev, BEST: pos.best})
