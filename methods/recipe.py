@@ -65,6 +65,13 @@ class SharedParams(Params):
         ])
 
 
+def check_replicas(spec: "RecipeSpec", shared: SharedParams) -> None:
+    """Replica losses split the contrastive loss only: an aux term sees the whole batch."""
+    check([(shared.replicas == 1 or not spec.aux,
+            f"replicas={shared.replicas} splits the contrastive loss into replica losses; aux={','.join(spec.aux)} "
+            "sees the whole batch, so the two do not combine: use replicas=1")])
+
+
 @dataclasses.dataclass(frozen=True)
 class RecipeSpec:
     """The ingredient names of a recipe, one per kind (negatives and aux: zero or more)."""
@@ -271,10 +278,8 @@ class Recipe:
             (not prompt or self.shared.mlp_only_train,
              "encoder=prompt evaluates the [MASK] state before the MLP (the authors' --mlp_only_train): "
              "mlp_only_train must be true"),
-            (self.shared.replicas == 1 or not self.aux,
-             f"replicas={self.shared.replicas} splits the contrastive loss into replica losses; aux={','.join(spec.aux)} "
-             "sees the whole batch, so the two do not combine: use replicas=1"),
         ])
+        check_replicas(spec, self.shared)
 
     @classmethod
     def named(cls, name: str, **values: Any) -> "Recipe":

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from methods.ingredients import KINDS, InvalidParams, Params, cited, sources_of
-from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams
+from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams, check_replicas
 from platform import settings
 from platform.errors import ConfigError, check_uri
 
@@ -335,6 +335,8 @@ class TrainConfig:
             (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
             (self.max_len >= 2, f"max_len must be >= 2, got {self.max_len}"),
             (self.mini_batch_size >= 0, f"mini_batch_size must be >= 0 (0: one pass), got {self.mini_batch_size}"),
+            (self.batch_size % max(self.shared.replicas, 1) == 0,
+             f"batch_size {self.batch_size} must be a multiple of replicas {self.shared.replicas}"),
             (self.compile in COMPILE_MODES,
              f"compile must be {', '.join(COMPILE_MODES[:-1])} or {COMPILE_MODES[-1]}, got {self.compile!r}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
@@ -367,6 +369,7 @@ class TrainConfig:
         check_uri(self.output_dir)
         try:
             self.shared.validate()
+            check_replicas(self.recipe, self.shared)
             for params in self.params.values():
                 params.validate()
                 params.validate_batch(self.batch_size)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from methods.encoder import POOLERS, Encoder
+from methods.encoder import POOLERS, PROMPT_FILE, Encoder
 from platform.console import command_parser
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main
@@ -62,6 +62,8 @@ def resolve_model(model: str, pooler: str | None) -> tuple[str, str]:
         return str(first), pooler or default
     if path.exists() and not (path / "config.json").is_file():
         raise UserError(f"{model} is not a model directory (no config.json), checkpoint or sentence-transformers folder")
+    if (path / PROMPT_FILE).is_file():  # a prompt recipe's export embeds at its template's [MASK]
+        return model, pooler or "mask"
     return model, pooler or "cls_before_pooler"
 
 

@@ -305,7 +305,7 @@ def byte_level_bpe(folder: Path, texts: list[str], vocab_size: int = 3000) -> Pa
     return folder
 
 
-def build_tiny_roberta(folder: Path, texts: list[str]) -> Path:
+def build_tiny_roberta(folder: Path, texts: list[str], initializer_range: float = 0.02) -> Path:
     """A randomly initialised 2-layer 32-d RoBERTa (seed 0) with ``byte_level_bpe``'s tokenizer."""
     import torch
     from transformers import AutoTokenizer, RobertaConfig, RobertaModel
@@ -313,7 +313,8 @@ def build_tiny_roberta(folder: Path, texts: list[str]) -> Path:
     tok = AutoTokenizer.from_pretrained(byte_level_bpe(folder, texts))
     config = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                            intermediate_size=64, max_position_embeddings=514, pad_token_id=tok.pad_token_id,
-                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                           initializer_range=initializer_range)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         RobertaModel(config).save_pretrained(folder)

@@ -217,7 +217,7 @@ def authors_mask_rows(tokenizer, texts: list[str], mask_num: int = 1) -> tuple[d
     """The texts tokenised as one batch (``batch_encode_plus``, padding) and the position of the
     embedding mask in each row: ``last_hidden[input_ids == mask_token_id]`` viewed as ``(-1,
     mask_num, d)``, its last (PromptBERT: one mask; CoT-BERT: ``[:, mask_num - 1]``)."""
-    batch = tokenizer.batch_encode_plus(texts, return_tensors="pt", padding=True)
+    batch = tokenizer(texts, return_tensors="pt", padding=True)  # batch_encode_plus, which transformers 5 dropped
     positions = []
     for row in batch["input_ids"].tolist():
         masks = [i for i, t in enumerate(row) if t == tokenizer.mask_token_id]

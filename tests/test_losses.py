@@ -75,7 +75,8 @@ def test_gather_is_identity_without_distributed():
 # Each recipe with its random draws outside the data turned off (dropout, SAN's p2, the
 # discriminator's dropout), so one process and two see the same views.
 DDP_PARAMS = {"simcse": {}, "vascl": {"k": 3}, "una": {"alpha": 1}, "san": {"p2": 0.0},
-              "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}, "promptbert": {}, "sncse": {}, "cotbert": {}}
+              "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}, "promptbert": {}, "sncse": {}, "cotbert": {},
+              "cotbert@replicas": {"replicas": 2}}  # recipe@variant: the named recipe with these values
 
 
 def _build(model_dir, recipe="simcse"):
@@ -83,7 +84,7 @@ def _build(model_dir, recipe="simcse"):
     from methods.recipe import Recipe
 
     torch.manual_seed(0)
-    method = Recipe.named(recipe, **DDP_PARAMS[recipe])
+    method = Recipe.named(recipe.split("@")[0], **DDP_PARAMS[recipe])
     encoder = Encoder.from_pretrained(str(model_dir), dropout=0.0)  # no dropout: deterministic views
     return method, encoder, method.build(encoder)
 
@@ -100,7 +101,7 @@ def _batch(method, model_dir, rows: slice):
 
 
 DDP_CASES = [("simcse", 0), ("vascl", 0), ("una", 0), ("san", 0), ("augcse", 0), ("vascl", 2), ("una", 2), ("augcse", 2),
-             ("promptbert", 0), ("sncse", 0), ("cotbert", 0), ("cotbert", 2)]
+             ("promptbert", 0), ("sncse", 0), ("cotbert", 0), ("cotbert", 2), ("cotbert@replicas", 0)]
 
 
 def _worker(rank, world, model_dir, init_file, out_dir):
@@ -180,7 +181,7 @@ def test_ddp_two_workers_equal_one_process(tiny_model, ddp_runs, recipe, mini_ba
     largest = max(g.abs().max().item() for g in ref.values())
     for name, g in ref.items():
         atol = max(1e-6, 4 * spread[name])
-        if recipe in ("promptbert", "cotbert"):
+        if recipe.split("@")[0] in ("promptbert", "cotbert"):
             # Denoising subtracts the template's nearly equal [MASK] state from each row's: the
             # difference is small, its normalisation large, and round-off grows with it (measured:
             # 2e-4 of a tensor's largest gradient, 5e-6 of the largest of all; the loss equal to the
