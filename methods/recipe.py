@@ -9,7 +9,9 @@ aux=vascl``). One training step, for every recipe:
    negatives with a dropout of their own (SAN's p2) get a pass each, after it;
 2. pooling (``pooler``) then the projection: SimCSE's MLP on [CLS] when ``pooler=cls`` (training
    only unless ``mlp_only_train=false``), or the head an aux term brings (VaSCL's h, AugCSE's g);
-3. all-gather over DDP workers, the contrastive loss over the views, plus each aux term.
+3. all-gather over DDP workers, the contrastive loss over the views (with ``replicas`` R, the mean of
+   R losses over consecutive groups of the global batch, as R GPUs under ``nn.DataParallel``),
+   plus each aux term.
 
 Ingredients (``methods.positives``, ``methods.una``, ``methods.san``, ``methods.losses``,
 ``methods.vascl``, ``methods.augcse``) keep their paper's equations; this module only composes them.

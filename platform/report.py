@@ -47,14 +47,18 @@ PUBLISHED = [
     ("augcse", "roberta-base", "AugCSE (Tang et al., 2022, Table 4)",
      dict(zip(TASK_COLUMNS, [69.30, 82.17, 73.49, 81.82, 81.40, 80.86, 68.77, 76.83]))),
     ("vascl", "roberta-base", "VaSCL (Zhang et al., 2021; their SimCSE: 76.34)", {"Avg.": 76.96}),
-    ("promptbert", "bert-base-uncased", "PromptBERT (Jiang et al., 2022; the authors' README, mean of seeds +- 0.15)",
+    ("promptbert", "bert-base-uncased", "PromptBERT (Jiang et al., 2022; the authors' README, mean of seeds +- 0.15; selected on denoised "
+     "dev, tested with evaluation.py's text)",
      {"Avg.": 78.54}),
-    ("promptbert", "roberta-base", "PromptBERT (Jiang et al., 2022; the authors' README, mean of seeds +- 0.25)",
+    ("promptbert", "roberta-base", "PromptBERT (Jiang et al., 2022; the authors' README, mean of seeds +- 0.25; selected on denoised "
+     "dev, tested with evaluation.py's text)",
      {"Avg.": 79.15}),
-    ("sncse", "bert-base-uncased", "SNCSE (Wang et al., 2022, abstract)", {"Avg.": 78.97}),
-    ("sncse", "roberta-base", "SNCSE (Wang et al., 2022, abstract)", {"Avg.": 79.23}),
-    ("cotbert", "bert-base-uncased", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe)", {"Avg.": 79.40}),
-    ("cotbert", "roberta-base", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe)", {"Avg.": 80.62}),
+    ("sncse", "bert-base-uncased", "SNCSE (Wang et al., 2022, abstract; tested as *_prediction.py)", {"Avg.": 78.97}),
+    ("sncse", "roberta-base", "SNCSE (Wang et al., 2022, abstract; tested as *_prediction.py)", {"Avg.": 79.23}),
+    ("cotbert", "bert-base-uncased", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe; 2 x 128 replicas, "
+     "tested with evaluation.py's text)", {"Avg.": 79.40}),
+    ("cotbert", "roberta-base", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe; 2 x 128 replicas, "
+     "tested with evaluation.py's text)", {"Avg.": 80.62}),
 ]
 
 

@@ -89,12 +89,13 @@ def sncse_ids(tokenizer, sentence: str, prefix: str, suffix: str, max_seq_length
     return [tokenizer.cls_token_id] + s1 + tokens + s2 + [tokenizer.sep_token_id]
 
 
-def promptbert_delta(backbone, tokenizer, bs: str, es: str, length: int):
+def promptbert_delta(backbone, tokenizer, bs: str, es: str, length: int, anchor_bs: str | None = None):
     """PromptBERT's ``get_delta``: the template alone, ``length`` rows, positions after the prefix
-    shifted by the row's index; the [MASK] state of each row."""
+    shifted by the row's index; the [MASK] state of each row. The prefix is ``cls.bs``, the
+    anchor's, for every template (``anchor_bs``; default ``bs``)."""
     import torch
 
-    prefix = tokenizer.encode(bs, add_special_tokens=False)
+    prefix = tokenizer.encode(anchor_bs if anchor_bs is not None else bs, add_special_tokens=False)
     template = tokenizer.encode(bs + es)
     ids = torch.tensor([template] * length)
     positions = torch.arange(ids.shape[1]).unsqueeze(0).repeat(length, 1)
@@ -218,9 +219,9 @@ def authors_mask_rows(tokenizer, texts: list[str], mask_num: int = 1) -> tuple[d
     embedding mask in each row: ``last_hidden[input_ids == mask_token_id]`` viewed as ``(-1,
     mask_num, d)``, its last (PromptBERT: one mask; CoT-BERT: ``[:, mask_num - 1]``)."""
     batch = tokenizer(texts, return_tensors="pt", padding=True)  # batch_encode_plus, which transformers 5 dropped
-    positions = []
+    positions, mask_id = [], tokenizer.mask_token_id
     for row in batch["input_ids"].tolist():
-        masks = [i for i, t in enumerate(row) if t == tokenizer.mask_token_id]
+        masks = [i for i, t in enumerate(row) if t == mask_id]
         assert len(masks) == mask_num, (row, masks)
         positions.append(masks[mask_num - 1])
     return batch, positions

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from methods.encoder import Encoder, load_tokenizer, pad_cat
-from methods.prompt import PromptPooling, wrap
+from methods.encoder import Encoder, load_tokenizer
+from methods.prompt import template_bias, wrap
 from methods.recipe import Recipe
 from platform.config import TrainConfig
 from platform.data import STS_TASKS, load_sts
 from platform.evaluation.sts import STSEvaluator
 from tests.helpers import build_tiny_roberta, run_main
-from tests.reference import authors_mask_rows, authors_sts_scores, authors_template, authors_test_text, promptbert_dev_embeddings
+from tests.reference import (authors_mask_rows, authors_sts_scores, authors_template, authors_test_text,
+                             promptbert_delta, promptbert_dev_embeddings)
 
 # The anchor template each author's test script fills, as the script writes it (SNCSE's with {} for the sentence).
 TEST_SPECS = {
@@ -61,8 +62,15 @@ def model_path(backbone: str, tiny_model, tiny_roberta):
     return str(tiny_model if backbone == "bert" else tiny_roberta)
 
 
-def _rows(enc):
-    return [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+def _differing_rows(a: dict, b: dict, pad_id: int) -> torch.Tensor:
+    """Which rows of two right-padded batches hold other tokens (or another length)."""
+    width = max(a["input_ids"].shape[1], b["input_ids"].shape[1])
+
+    def padded(x):
+        ids = torch.where(x["attention_mask"].bool(), x["input_ids"], pad_id)
+        return torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=pad_id)
+
+    return (padded(a) != padded(b)).any(1) | (a["attention_mask"].sum(1) != b["attention_mask"].sum(1))
 
 
 @pytest.mark.parametrize("name,backbone", CASES)
@@ -83,11 +91,12 @@ def test_the_final_test_embeds_the_authors_text_and_tokens(name, backbone, tiny_
         ours = encoder.tokenize(chunk)
         theirs, positions = authors_mask_rows(tok, [authors_test_text(name, TEST_SPECS[(name, backbone)], s, tok.mask_token)
                                                     for s in chunk], MASKS[name])
-        assert _rows(ours) == _rows(theirs)
+        differ = _differing_rows(ours, theirs, tok.pad_token_id)
+        assert not differ.any(), [chunk[i] for i in differ.nonzero()[:3, 0].tolist()]
         assert ours["prompt_mask"].tolist() == positions
         plain = tok([pooling.prepare(s) for s in chunk], padding=True, return_tensors="pt")
         spliced = wrap(dict(plain), encoder._template(pooling.template), tok.pad_token_id)
-        spliced_differ += sum(a != b for a, b in zip(_rows(spliced), _rows(ours)))
+        spliced_differ += int(_differing_rows(spliced, ours, tok.pad_token_id).sum())
     if backbone == "bert":
         assert spliced_differ == 0
     else:
@@ -127,6 +136,27 @@ def test_promptbert_dev_score_is_the_authors_denoised_score(tiny_model, data_roo
     theirs = evaluator.score(theirs_emb)["STSBenchmark"]
     assert ours == pytest.approx(theirs, abs=0.01)
     assert abs(evaluator(exported, pooler="mask")["STSBenchmark"] - theirs) > 0.5
+
+
+def test_authors_code_shifts_each_templates_bias_after_the_anchors_prefix(tiny_model):
+    """PromptBERT's ``get_delta`` shifts the positive template's positions after ``len(cls.bs)``,
+    the anchor's prefix (``fidelity=authors_code``); the paper's denoising shifts each template
+    after its own. A positive template with a longer prefix tells them apart."""
+    tok = load_tokenizer(str(tiny_model))
+    custom = 'In other words , "{sentence}" means{mask}.'
+    bs2, es2 = authors_template('*cls*_In_other_words_,_"*sent_0*"_means*mask*.*sep+*', tok)
+    anchor_bs, _ = authors_template(TEST_SPECS[("promptbert", "bert")], tok)
+    biases = {}
+    for fidelity in ("paper", "authors_code"):
+        recipe = Recipe.named("promptbert", positive_template=custom, fidelity=fidelity)
+        backbone = Encoder.from_pretrained(str(tiny_model), dropout=0.0).backbone.eval()
+        state = recipe.build(Encoder(backbone, tok, "mask")).prompt
+        with torch.no_grad():
+            biases[fidelity] = template_bias(backbone, state.tokens[1], 9, "shift", tok.cls_token_id, tok.sep_token_id,
+                                             tok.pad_token_id, state.shift_at)
+            reference = promptbert_delta(backbone, tok, bs2, es2, 10, anchor_bs if fidelity == "authors_code" else None)
+        torch.testing.assert_close(biases[fidelity], reference, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(biases["paper"][1:], biases["authors_code"][1:], atol=1e-4)
 
 
 SENTENCES = ["A man is playing a guitar.", "two dogs run across the field", "Hi there", "The cat sat on the mat.",

@@ -117,7 +117,8 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
     resolve_local_models(cfg.ingredient_params)
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     recipe = cfg.build_recipe()
-    model = rt.wrap(compile_backbone(recipe.build(Encoder.from_pretrained(cfg.model, dropout=cfg.dropout)), cfg.compile))
+    model = rt.wrap(compile_backbone(recipe.build(Encoder.from_pretrained(cfg.model, dropout=cfg.dropout), cfg.max_len,
+                                                   cfg.batch_size), cfg.compile))
     torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
     autocast, scaler = mixed_precision(cfg.precision, rt.device)
