@@ -50,9 +50,12 @@ def seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[
     import pandas as pd
 
 
-    rows = [{"": f"seed {s}", **{SHORT_NAMES.get(t, t): f"{v:.2f}" for t, v in row.items()}}
+    def f(t: str, v: float) -> str:  # Spearman x100 to the hundredth; alignment and uniformity (about 0..4) finer
+        return f"{v:.2f}" if t in SHORT_NAMES or t == "avg" else f"{v:.4f}"
+
+    rows = [{"": f"seed {s}", **{SHORT_NAMES.get(t, t): f(t, v) for t, v in row.items()}}
             for s, row in zip(seeds, per_seed)]
-    rows.append({"": "mean +- std", **{SHORT_NAMES.get(t, t): f"{scores[t]:.2f} +- {scores[t + '_std']:.2f}"
+    rows.append({"": "mean +- std", **{SHORT_NAMES.get(t, t): f"{f(t, scores[t])} +- {f(t, scores[t + '_std'])}"
                                        for t in per_seed[0]}})
     return format_frame(pd.DataFrame(rows))
 

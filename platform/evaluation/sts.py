@@ -3,6 +3,18 @@
 Cosine similarity of the two sentence embeddings, Spearman correlation with the gold scores, x100.
 STS12-16 in the "all" setting (one correlation over the concatenation of a year's subsets), STS-B
 and SICK-R on their test splits, no truncation. STS-B dev is the checkpoint-selection metric.
+
+The geometry of the embedding space beside it: Wang and Isola's (2020) alignment and uniformity,
+as SimCSE (Gao et al., 2021, Sec. 5 and Fig. 2) measures them on STS-B dev, on L2-normalised
+embeddings f(x), from the embeddings STS-B dev is scored with (no second encoding pass):
+
+- alignment (Wang & Isola, 2020, Eq. 2 with alpha = 2; SimCSE Eq. 2): the mean over positive
+  pairs of ``||f(x) - f(y)||^2``; SimCSE's positives are the STS-B dev pairs with a gold score above
+  4.0. Lower: positives closer.
+- uniformity (Wang & Isola, 2020, Eq. 3 with t = 2; SimCSE Eq. 3): the log of the mean over all
+  pairs i < j of ``exp(-2 ||f(x_i) - f(x_j)||^2)``, over the distinct STS-B dev sentences. Lower:
+  embeddings spread more evenly over the sphere.
+
 Plain PyTorch + SciPy: no Ray or MLflow, so it runs in-process during training and anywhere else.
 """
 
@@ -17,6 +29,32 @@ import torch.nn.functional as F
 from methods.encoder import Encoder, TokenBatches
 from methods.prompt import PromptPooling
 from platform.data import SHORT_NAMES, STS_TASKS, STSPairs, load_sts
+
+POSITIVE_ABOVE = 4.0  # SimCSE Sec. 5: "pairs with scores higher than 4" are positives
+GEOMETRY = ("alignment", "uniformity")  # in the final table beside the tasks
+
+
+def alignment(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Wang & Isola (2020), Eq. 2 (alpha 2): mean ``||f(x) - f(y)||^2`` over the rows of ``a`` and ``b``
+    (positive pairs), after L2 normalisation."""
+    a, b = F.normalize(a.double(), dim=-1), F.normalize(b.double(), dim=-1)
+    return float((a - b).pow(2).sum(-1).mean())
+
+
+def uniformity(x: torch.Tensor, t: float = 2.0) -> float:
+    """Wang & Isola (2020), Eq. 3 (t 2): ``log mean_{i<j} exp(-t ||f(x_i) - f(x_j)||^2)``, after L2
+    normalisation (``torch.pdist`` lists each pair i < j once)."""
+    x = F.normalize(x.double(), dim=-1)
+    return float(torch.pdist(x).pow(2).mul(-t).exp().mean().log())
+
+
+def geometry(emb: torch.Tensor, first: torch.Tensor, second: torch.Tensor, gold: np.ndarray) -> dict[str, float]:
+    """Both measures for the pairs ``(emb[first[k]], emb[second[k]])`` scored ``gold[k]``: alignment
+    over the pairs above ``POSITIVE_ABOVE``, uniformity over the distinct sentences of all pairs."""
+    positive = torch.from_numpy(np.asarray(gold) > POSITIVE_ABOVE)
+    distinct = torch.unique(torch.cat([first, second]))
+    return {"alignment": alignment(emb[first[positive]], emb[second[positive]]), "uniformity": uniformity(emb[distinct])}
+
 
 def spearman_x100(emb1: torch.Tensor, emb2: torch.Tensor, gold: np.ndarray) -> float:
     # Imported here: scipy.stats costs every Ray process that loads the loop, most never score.
@@ -70,6 +108,12 @@ class STSEvaluator:
         if batches is None or batches.tokenizer is not encoder.tokenizer or batches.prompt != prompt:
             batches = self._batches = encoder.batches(self.sentences, self.batch_size, prompt=prompt)
         return encoder.encode_batches(batches, pooler=pooler, progress=progress)
+
+    def geometry(self, emb: torch.Tensor) -> dict[str, float]:
+        """Alignment and uniformity (``platform.evaluation.geometry``) of the first task's pairs, from
+        the embeddings of ``self.sentences``: STS-B dev's, as SimCSE's Sec. 5 measures them."""
+        first, second = self.index[0]
+        return geometry(emb, first, second, self.pairs[0].scores)
 
     def score(self, emb: torch.Tensor) -> dict[str, float]:
         """The tasks' scores from the embeddings of ``self.sentences`` (in that order)."""

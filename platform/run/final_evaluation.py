@@ -16,7 +16,7 @@ from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
 from platform.evaluation.mteb_tasks import metric, mteb_model, tasks_of
 from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
-from platform.evaluation.sts import STSEvaluator, format_table, with_mean
+from platform.evaluation.sts import GEOMETRY, STSEvaluator, format_table, with_mean
 from platform.run.ray_env import started_here
 from platform.tracking import recorder
 from platform.tracking.recorder import Run
@@ -76,9 +76,23 @@ def device_of(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def sts_test_pairs() -> dict[str, dict[str, list]]:
-    """The 7 STS tasks' test pairs, read here: a task on another node has no data folder."""
+    """The 7 STS tasks' test pairs, and STS-B dev's under ``DEV`` (the geometry's pairs), read
+    here: a task on another node has no data folder."""
     root = data_dir()
-    return {t: load_sts(t, root).plain() for t in STS_TASKS}
+    return {**{t: load_sts(t, root).plain() for t in STS_TASKS}, DEV: load_sts("STSBenchmark", root, split="dev").plain()}
+
+
+DEV = "STSBenchmark-dev"
+
+
+def sts_with_geometry(encoder: Encoder, pairs: dict, progress: str) -> dict[str, float]:
+    """The 7 tasks, their mean, and STS-B dev's alignment and uniformity (``pairs[DEV]``, when given)."""
+    tasks = {t: p for t, p in pairs.items() if t != DEV}
+    scores = with_mean(STSEvaluator.from_pairs(tasks)(encoder, progress=progress))
+    if DEV in pairs:
+        dev = STSEvaluator.from_pairs({"STSBenchmark": pairs[DEV]})
+        scores.update(dev.geometry(dev.encode(encoder)))
+    return scores
 
 
 def _on_its_device(encoder: Encoder) -> Encoder:
@@ -92,7 +106,7 @@ def score_checkpoint(location: str, pairs: dict) -> dict[str, float]:
     with storage.local_copy(location) as folder:
         state = checkpoint.read_state(folder)
         encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
-        return with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
+        return sts_with_geometry(encoder, pairs, f"STS, {len(STS_TASKS)} tasks")
 
 
 def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict],
@@ -102,10 +116,10 @@ def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dic
     the trained model's template (a prompt recipe's backbone is measured in it, as PromptBERT's is)."""
     encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler, prompt=prompt))
     digest = encoder_key(encoder, pooler)
-    found = known.get(entry_key(BASELINE, digest, {"pooler": pooler}))
+    found = known.get(entry_key(BASELINE, digest, baseline_params(pooler)))
     if found is not None:
         return digest, found
-    return digest, with_mean(STSEvaluator.from_pairs(pairs)(encoder, progress=f"baseline STS, {len(STS_TASKS)} tasks"))
+    return digest, sts_with_geometry(encoder, pairs, f"baseline STS, {len(STS_TASKS)} tasks")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,6 +141,11 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False, alone: bool = Fal
 BASELINE = "baseline_sts"
 
 
+def baseline_params(pooler: str) -> dict[str, str]:
+    """A baseline cache entry's parameters: the pooler, and what its scores hold (STS-B dev's geometry too)."""
+    return {"pooler": pooler, "holds": "sts+geometry"}
+
+
 def cached_baselines() -> dict[str, dict[str, float]]:
     """Every untouched backbone's scores cached on this machine, by cache entry name."""
     return {p.name: json.loads((p / "scores.json").read_text())
@@ -142,9 +161,9 @@ def baseline_sts(backbone: str, pooler: str, device: dict[str, Any] | None = Non
     known = cached_baselines()
     digest, scores = on_device(score_backbone, backbone, pooler, sts_test_pairs(), known, prompt, device=device or {},
                                alone=alone)
-    if entry_key(BASELINE, digest, {"pooler": pooler}) not in known:
+    if entry_key(BASELINE, digest, baseline_params(pooler)) not in known:
         print(f"evaluated the untouched backbone {backbone} (pooler {pooler}) once, as the baseline", flush=True)
-        cached(BASELINE, digest, {"pooler": pooler}, lambda folder: (folder / "scores.json").write_text(json.dumps(scores)))
+        cached(BASELINE, digest, baseline_params(pooler), lambda folder: (folder / "scores.json").write_text(json.dumps(scores)))
     return scores
 
 
@@ -156,7 +175,7 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
     config = state.get("config", {})
     backbone, pooler = config.get("model", ""), state["eval_pooler"]
     baseline = baseline_sts(backbone, pooler, device_of(state), alone, state.get("eval_prompt"))
-    tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
+    tasks = [t for t in (*STS_TASKS, "avg", *GEOMETRY) if t in scores and t in baseline]
     lines = beside_table(backbone, baseline, scores)
     why = smoke_reason(config.get("profile", ""), backbone)
     if not quiet:
@@ -171,14 +190,16 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
 
 
 def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, float]) -> list[str]:
-    """The lines of a model's 7-task table under its untouched backbone's, and the difference."""
-    tasks = [t for t in (*STS_TASKS, "avg") if t in scores and t in baseline]
-    names = [SHORT_NAMES.get(t, t) for t in tasks]
+    """The lines of a model's 7-task table under its untouched backbone's, and the difference;
+    STS-B dev's alignment and uniformity after the average (lower is better for both)."""
+    tasks = [t for t in (*STS_TASKS, "avg", *GEOMETRY) if t in scores and t in baseline]
+    names = [{"alignment": "align", "uniformity": "unif"}.get(t, SHORT_NAMES.get(t, t)) for t in tasks]
     width = max(14, len(backbone.split("/")[-1]) + 2)
-    rows = [("", names), (backbone.split("/")[-1][: width], [f"{baseline[t]:.2f}" for t in tasks]),
-            ("trained", [f"{scores[t]:.2f}" + (f" +- {scores[t + '_std']:.2f}" if t + "_std" in scores else "")
+    digits = {t: 4 if t in GEOMETRY else 2 for t in tasks}
+    rows = [("", names), (backbone.split("/")[-1][: width], [f"{baseline[t]:.{digits[t]}f}" for t in tasks]),
+            ("trained", [f"{scores[t]:.{digits[t]}f}" + (f" +- {scores[t + '_std']:.{digits[t]}f}" if t + "_std" in scores else "")
                          for t in tasks]),
-            ("difference", [f"{scores[t] - baseline[t]:+.2f}" for t in tasks])]
+            ("difference", [f"{scores[t] - baseline[t]:+.{digits[t]}f}" for t in tasks])]
     cols = [max(len(r[1][i]) for r in rows) for i in range(len(tasks))]
     lines = [f"{label:<{width}}| " + " | ".join(v.rjust(w) for v, w in zip(values, cols)) for label, values in rows]
     lines.insert(1, "-" * len(lines[0]))
@@ -196,7 +217,7 @@ def cached_baseline(backbone: str, pooler: str, prompt: dict | None = None) -> d
         encoder = _on_its_device(Encoder.from_pretrained(backbone, pooler=pooler, prompt=prompt))
     except Exception:  # noqa: BLE001  (not here, not loadable offline: no baseline to show)
         return None
-    return known.get(entry_key(BASELINE, encoder_key(encoder, pooler), {"pooler": pooler}))
+    return known.get(entry_key(BASELINE, encoder_key(encoder, pooler), baseline_params(pooler)))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from platform.data import read_corpus, resolve_corpus
 from platform.data.columns import CorpusData, prepare_corpus, resolve_local_models
 from platform.evaluation.sts import STSEvaluator
 from platform import checkpoint
-from platform.checkpoint import Position, load_points
+from platform.checkpoint import DEV_GEOMETRY, Position, load_points
 from platform.tracking.recorder import BEST, DEV_METRIC, SENDER_TAG, StepLog
 
 COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
@@ -226,16 +226,18 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
     write, kind, improved = None, None, False
     if rt.is_chief:
         exported = recipe.export_encoder(model)
-        dev = evaluator(exported, pooler=recipe.eval_pooler(), prompt=recipe.dev_prompt())["STSBenchmark"]
+        emb = evaluator.encode(exported, pooler=recipe.eval_pooler(), prompt=recipe.dev_prompt())
+        dev = evaluator.score(emb)["STSBenchmark"]
+        geometry = {DEV_GEOMETRY[k]: v for k, v in evaluator.geometry(emb).items()}  # the same embeddings
         improved = pos.improve(dev)
         kind = rt.policy.kind(improved, pos.epoch, last=pos.step >= steps)
-        metrics.update({DEV_METRIC: dev, BEST: pos.best})
+        metrics.update({DEV_METRIC: dev, BEST: pos.best, **geometry})
         state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, "method": cfg.method,
                  "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(),
                  "eval_prompt": recipe.eval_prompt(), "config": cfg.flat()}
 
         if record:  # the best so far goes with this step's points: sent once a state holding them is persisted
-            log({DEV_METRIC: dev, BEST: pos.best, "train_loss_avg": metrics["train_loss_avg"]}, pos.step)
+            log({DEV_METRIC: dev, BEST: pos.best, "train_loss_avg": metrics["train_loss_avg"], **geometry}, pos.step)
 
         def write(folder: Path, name: str) -> None:
             if improved:
