@@ -73,6 +73,7 @@ class Interval:
     p: float | None = None
     method: str = ""
     level: float = LEVEL
+    draws: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)  # the bootstrap's, where kept
 
     def covers(self, value: float) -> bool:
         return self.low <= value <= self.high
@@ -154,7 +155,7 @@ def paired_pairs(sims_a: np.ndarray, sims_b: np.ndarray, gold: np.ndarray, seed:
     shifted = np.abs(res.bootstrap_distribution - observed) >= abs(observed)
     p = float((shifted.sum() + 1) / (len(shifted) + 1))  # the resamples and the observed one
     return Interval(observed, float(res.confidence_interval.low), float(res.confidence_interval.high), len(gold), p,
-                    "paired bootstrap over pairs", level)
+                    "paired bootstrap over pairs", level, res.bootstrap_distribution)
 
 
 def across_seeds(a: dict[int, float], b: dict[int, float], seed: int, resamples: int = RESAMPLES,

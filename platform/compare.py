@@ -1,0 +1,292 @@
+"""``python -m platform.compare A B [C ...]``: is a difference in STS scores evidence?
+
+Each reference is an MLflow run (``runs:/RUN_ID``, or a run's or sweep's name), a registered or
+logged model (``models:/...``) or a checkpoint path; the first is the one the others are
+measured against. For each other one, per task and for the average: the difference (other minus
+first), its 95 % confidence interval, a p-value against no difference, whether it is significant
+after Holm's correction over the 7 tasks, and what it rests on
+(``platform.evaluation.uncertainty``):
+
+- two results with several seeds each: their seeds' scores, paired by seed where both ran the
+  same seeds (exact sign-flip permutation), else unpaired (Welch's t-test);
+- otherwise, one checkpoint each (a run's best): both embedded on the same test pairs, and a
+  paired bootstrap over the pairs.
+
+The table is printed and logged as a run of the ``comparisons`` experiment (CSV, Markdown and a
+forest plot of the differences per task).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import shutil
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+from platform.console import command_parser
+from platform.data import SHORT_NAMES, STS_TASKS
+from platform.errors import UserError, cli_main
+from platform.evaluation import uncertainty
+from platform.tracking import store
+from platform.tracking.recorder import Run
+
+COMPARISONS_EXPERIMENT = "comparisons"
+ROWS = [*STS_TASKS, "avg"]
+
+
+@dataclasses.dataclass
+class Result:
+    """One side of a comparison: its label, backbone, each seed's scores (``seed -> {task: x100}``)
+    and where its best checkpoint is (None: only its scores are known)."""
+
+    label: str
+    backbone: str
+    seeds: dict[int, dict[str, float]]
+    checkpoint: str | None
+    seed: int = 0
+
+
+def _scores(metrics: dict[str, float]) -> dict[str, float]:
+    return {t: metrics[f"sts_{t}"] for t in ROWS if f"sts_{t}" in metrics}
+
+
+def from_run(uri: str, run, label: str) -> Result:
+    """A run's result: a sweep's is its winning configuration's; a run with seeds, its seeds'."""
+    client = store.client(uri)
+    if run.data.tags.get("best_run_id") and run.data.tags.get("sweep") == "true":
+        run = client.get_run(run.data.tags["best_run_id"])
+    seeds = {int(r.data.tags["seed"]): _scores(r.data.metrics)
+             for r in store.child_runs(uri, run.info.run_id, "attributes.status = 'FINISHED'") if "seed" in r.data.tags}
+    if not seeds:
+        seeds = {int(run.data.params.get("seed", 0)): _scores(run.data.metrics)}
+    model = run.data.tags.get("model") or run.data.params.get("model", "")
+    return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get("best_checkpoint"),
+                  int(run.data.params.get("seed", 0) or 0))
+
+
+def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
+    """Any accepted form of a reference, as a ``Result``."""
+    from platform.evaluate import reference as model_reference
+
+    if reference.startswith("runs:/"):
+        uri = store.tracking_uri()
+        run_id = reference[len("runs:/"):].strip("/").split("/")[0]
+        store.check_run(uri, run_id)
+        return from_run(uri, store.client(uri).get_run(run_id), reference)
+    if reference.startswith("models:/") or Path(reference).exists():
+        path, _ = model_reference(reference, stack)
+        label = reference if reference.startswith("models:/") else "/".join(Path(reference).resolve().parts[-2:])
+        return Result(label, _backbone_of(Path(path)), {}, path)
+    uri = store.tracking_uri()
+    runs = store.client(uri).search_runs([e.experiment_id for e in store.client(uri).search_experiments()],
+                                         filter_string=f"attributes.run_name = '{reference}' and attributes.status = 'FINISHED'",
+                                         order_by=["attributes.start_time DESC"], max_results=10)
+    runs = [r for r in runs if store.PARENT_TAG not in r.data.tags]
+    if not runs:
+        raise UserError(f"{reference!r} is no checkpoint path, runs:/ or models:/ reference, nor the name of a finished "
+                        f"run or sweep in {store.redact(uri)}")
+    return from_run(uri, runs[0], reference)
+
+
+def _backbone_of(path: Path) -> str:
+    """A checkpoint's backbone: its training configuration's model where it has one, else unknown ("")."""
+    import json
+
+    from platform import checkpoint
+
+    for folder in (path, path.parent):
+        if checkpoint.exists(str(folder)):
+            model = checkpoint.read_state(folder).get("config", {}).get("model", "")
+            return model.rpartition("@")[0] or model
+    card = path / "platform_run.json"
+    return json.loads(card.read_text()).get("model", "") if card.is_file() else ""
+
+
+def check(results: list[Result]) -> None:
+    """One clear line for what cannot be compared."""
+    if len(results) < 2:
+        raise UserError("compare needs at least two references: the first, then what is measured against it")
+    backbones = {r.backbone for r in results if r.backbone}
+    if len(backbones) > 1:
+        raise UserError(f"the references have different backbones ({', '.join(sorted(backbones))}): a difference "
+                        "between them is the backbones' as much as the recipes'; compare runs of one backbone")
+    for r in results:
+        for seed, scores in r.seeds.items():
+            missing = [t for t in ROWS if t not in scores]
+            if missing:
+                raise UserError(f"{r.label} (seed {seed}) has no score for {', '.join(missing)}: the references must be "
+                                "scored on the same 7 tasks (a run that finished its final evaluation)")
+
+
+def by_seeds(first: Result, other: Result, seed: int, resamples: int) -> dict[str, uncertainty.Interval]:
+    return {t: uncertainty.across_seeds({s: v[t] for s, v in other.seeds.items()},
+                                        {s: v[t] for s, v in first.seeds.items()}, seed, resamples) for t in ROWS}
+
+
+def similarities(checkpoint_path: str) -> dict[str, np.ndarray]:
+    """The cosine similarity of each test pair of the 7 tasks, for a checkpoint."""
+    import torch.nn.functional as F
+
+    from methods.encoder import Encoder
+    from platform.evaluate import resolve_model
+    from platform.evaluation.sts import STSEvaluator
+
+    path, pooler = resolve_model(checkpoint_path, None)
+    encoder = Encoder.from_pretrained(path, pooler=pooler)
+    evaluator = STSEvaluator(STS_TASKS)
+    emb = evaluator.encode(encoder, progress="embedding the 7 STS tasks")
+    return {t: F.cosine_similarity(emb[i1].double(), emb[i2].double(), dim=-1).numpy()
+            for t, (i1, i2) in zip(evaluator.tasks, evaluator.index)}
+
+
+def by_pairs(first: dict[str, np.ndarray], other: dict[str, np.ndarray], seed: int,
+             resamples: int) -> dict[str, uncertainty.Interval]:
+    """Each task's paired bootstrap; the average's from the tasks' resampled differences, draw by
+    draw (the tasks are resampled independently, so their i-th draws make a draw of the average)."""
+    from platform.data import load_sts
+
+    gold = {t: load_sts(t).scores for t in STS_TASKS}
+    out = {t: uncertainty.paired_pairs(other[t], first[t], gold[t], seed + i, resamples) for i, t in enumerate(STS_TASKS)}
+    draws = np.mean([out[t].draws for t in STS_TASKS], axis=0)
+    mean = float(np.mean([out[t].estimate for t in STS_TASKS]))
+    low, high = np.quantile(draws, [(1 - uncertainty.LEVEL) / 2, (1 + uncertainty.LEVEL) / 2])
+    p = float(((np.abs(draws - mean) >= abs(mean)).sum() + 1) / (len(draws) + 1))
+    out["avg"] = uncertainty.Interval(mean, float(low), float(high), sum(out[t].n for t in STS_TASKS), p,
+                                      "paired bootstrap over pairs, tasks resampled independently")
+    return out
+
+
+def table(first: Result, others: list[Result], seed: int, resamples: int):
+    """One row per other reference and task: the difference, its interval, p, Holm's p, significance."""
+    import pandas as pd
+
+    rows, cache = [], {}
+    for other in others:
+        if len(first.seeds) >= 2 and len(other.seeds) >= 2:
+            found = by_seeds(first, other, seed, resamples)
+        else:
+            for r in (first, other):
+                if r.checkpoint is None:
+                    raise UserError(f"{r.label} has one seed and names no checkpoint: nothing to resample")
+                if r.label not in cache:
+                    cache[r.label] = similarities(r.checkpoint)
+            found = by_pairs(cache[first.label], cache[other.label], seed, resamples)
+        adjusted = uncertainty.holm({t: found[t].p for t in STS_TASKS})
+        for task in ROWS:
+            iv = found[task]
+            rows.append({"reference": first.label, "other": other.label, "task": SHORT_NAMES.get(task, task),
+                         "delta": iv.estimate, "ci_low": iv.low, "ci_high": iv.high, "p": iv.p,
+                         "p_holm": adjusted.get(task), "significant": (adjusted.get(task, iv.p) or 1.0) < uncertainty.ALPHA,
+                         "n": iv.n, "method": iv.method})
+    return pd.DataFrame(rows)
+
+
+def markdown(frame, first: Result) -> str:
+    lines = [f"# Against {first.label}", "",
+             "Difference (other minus reference) of Spearman x100, its 95 % confidence interval and p-value against "
+             "no difference; significant: Holm-adjusted p < 0.05 over the 7 tasks (the average: its own p, not "
+             "adjusted). A difference whose interval holds 0 is not evidence of one.", "",
+             "| other | task | Δ | 95 % CI | p | p (Holm) | significant | n | method |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in frame.to_dict("records"):
+        holm = "" if r["p_holm"] is None or (isinstance(r["p_holm"], float) and math.isnan(r["p_holm"])) else f"{r['p_holm']:.3f}"
+        lines.append(f"| {r['other']} | {r['task']} | {r['delta']:+.2f} | [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
+                     f"{r['p']:.3f} | {holm} | {'yes' if r['significant'] else 'no'} | {r['n']} | {r['method']} |")
+    return "\n".join(lines) + "\n"
+
+
+def forest(frame, path: Path, first: Result) -> Path:
+    """A forest plot: each task's difference with its interval, one colour per other reference, 0 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    others = list(dict.fromkeys(frame["other"]))
+    tasks = list(dict.fromkeys(frame["task"]))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(tasks) * max(1, len(others)) + 1.6), dpi=120)
+    step = 0.7 / max(len(others), 1)
+    for k, other in enumerate(others):
+        part = frame[frame["other"] == other]
+        y = [len(tasks) - 1 - tasks.index(t) + (k - (len(others) - 1) / 2) * step for t in part["task"]]
+        ax.errorbar(part["delta"], y, xerr=[part["delta"] - part["ci_low"], part["ci_high"] - part["delta"]],
+                    fmt="o", capsize=3, label=other)
+        for yy, (_, r) in zip(y, part.iterrows()):
+            if r["significant"]:
+                ax.annotate("*", (r["ci_high"], yy), textcoords="offset points", xytext=(4, -4))
+    ax.axvline(0, color="grey", linewidth=1, linestyle="--")
+    ax.set_yticks(range(len(tasks)), list(reversed(tasks)))
+    ax.set_xlabel("difference in Spearman x100  (95 % CI; * significant after Holm)")
+    ax.set_title("\n".join(textwrap.wrap(f"Each task's difference against {first.label}", 70)), fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.4 / len(tasks)), ncol=1)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def log_comparison(uri: str, frame, files: list[Path], references: list[str]) -> str:
+    run = Run.create(uri, COMPARISONS_EXPERIMENT, f"compare-{time.strftime('%Y%m%d-%H%M%S')}",
+                     {"references": " | ".join(references)})
+    with run.closing():
+        run.log_params({f"reference_{i}": r for i, r in enumerate(references)})
+        run.log_table(frame, "comparison.json")
+        for path in files:
+            run.log_file(path)
+        run.complete(None, needs_checkpoint=False)
+    return run.id
+
+
+def parse_args(argv=None):
+    p = command_parser("python -m platform.compare", __doc__, "python -m platform.compare runs:/RUN_A runs:/RUN_B")
+    p.add_argument("references", nargs="+", metavar="REF",
+                   help="runs:/RUN_ID, a run's or sweep's name, models:/..., or a checkpoint path; the first is the reference")
+    p.add_argument("--seed", type=int, default=None, help="the resampling's seed (default: the first run's seed, else 0)")
+    p.add_argument("--resamples", type=int, default=uncertainty.RESAMPLES, help="bootstrap resamples")
+    p.add_argument("--out", type=Path, default=None, help="also write comparison.csv, .md and forest.png to this folder")
+    p.add_argument("--no-log", action="store_true", help=f"do not log the comparison to the {COMPARISONS_EXPERIMENT!r} experiment")
+    return p.parse_args(argv)
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if len(args.references) < 2:
+        raise UserError("compare needs at least two references: the first, then what is measured against it")
+    if args.resamples < 100:
+        raise UserError(f"--resamples must be at least 100 for a 95 % interval, got {args.resamples}")
+    with contextlib.ExitStack() as stack:
+        results = [resolve(r, stack) for r in args.references]
+        check(results)
+        first = results[0]
+        seed = first.seed if args.seed is None else args.seed
+        frame = table(first, results[1:], seed, args.resamples)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "comparison.md").write_text(markdown(frame, first), encoding="utf-8")
+        frame.to_csv(folder / "comparison.csv", index=False)
+        forest(frame, folder / "forest.png", first)
+        files = [folder / n for n in ("comparison.md", "comparison.csv", "forest.png")]
+        print((folder / "comparison.md").read_text(encoding="utf-8"))
+        if args.out:
+            out = args.out.expanduser().resolve()
+            out.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                shutil.copyfile(f, out / f.name)
+            print(f"written: {', '.join(str(out / f.name) for f in files)}")
+        if not args.no_log:
+            uri = store.tracking_uri()
+            store.check_reachable(uri)
+            run_id = log_comparison(uri, frame, files, args.references)
+            print(f"MLflow: {store.redact(uri)} (experiment {COMPARISONS_EXPERIMENT!r}, run {run_id})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
