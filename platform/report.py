@@ -22,6 +22,7 @@ from platform.config import smoke_reason
 from platform.console import command_parser
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
+from platform.evaluation import uncertainty
 from platform.tracking import store
 from platform.tracking.recorder import DEV_METRIC, Run, trial_key
 
@@ -67,9 +68,15 @@ BEST_OF = {(entry[0], entry[1]): entry[4] for entry in PUBLISHED if len(entry) >
 
 def seed_averages(uri: str, run) -> list[float]:
     """The 7-task average of each seed of a result (a sweep's: its winning trial's seeds)."""
+    return list(seed_scores(uri, run).values())
+
+
+def seed_scores(uri: str, run) -> dict[int, float]:
+    """``seed -> 7-task average`` of a result's seeds (a sweep's: its winning trial's), by seed."""
     winner = run.data.tags.get("best_run_id")
     result = store.client(uri).get_run(winner) if winner else run
-    return [leaf.data.metrics["sts_avg"] for leaf in leaf_runs(uri, result) if "sts_avg" in leaf.data.metrics]
+    return {int(leaf.data.tags.get("seed", leaf.data.params.get("seed", i))): leaf.data.metrics["sts_avg"]
+            for i, leaf in enumerate(leaf_runs(uri, result)) if "sts_avg" in leaf.data.metrics}
 
 
 def experiments(uri: str, names: list[str] | None = None) -> list:
@@ -157,8 +164,9 @@ def row_of(uri: str, run) -> dict:
         row[column] = m.get(f"sts_{task}")
         if f"sts_{task}_std" in m:
             row[f"{column} std"] = m[f"sts_{task}_std"]
+    row["seed averages"] = seed_scores(uri, run)  # what the uncertainty sections resample
     if (row["recipe"], row["backbone"]) in BEST_OF:  # the paper's number is a maximum: so is this one
-        per_seed = seed_averages(uri, run)
+        per_seed = list(row["seed averages"].values())
         row["Avg. max"], row["max of seeds"] = (max(per_seed), len(per_seed)) if per_seed else (None, 0)
     row["smoke"] = smoke_reason(run.data.tags.get("profile") or run.data.params.get("profile", ""),
                                 run.data.tags.get("model") or run.data.params.get("model", ""))
@@ -232,7 +240,7 @@ def _cell(row: dict, column: str) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def markdown(frame, references: list[dict], experiments: list[str]) -> str:
+def markdown(frame, references: list[dict], experiments: list[str], published: bool = False) -> str:
     extra = [c for c in frame.columns if c.startswith(("transfer_", "cluster_"))]
     maxima = "Avg. max" in frame.columns and frame["Avg. max"].notna().any()
     columns = ["recipe", "backbone", "seeds", *TASK_COLUMNS, *(["Avg. max"] if maxima else []), "STS-B dev", *extra,
@@ -274,9 +282,66 @@ def markdown(frame, references: list[dict], experiments: list[str]) -> str:
                       "while the sweep ran, the head included: on a cluster `platform.cluster up` made, each "
                       "instance from its launch to its stop (what AWS bills, boot included), else Ray's node table "
                       "(raylet start to end). GPU idle share: the GPU time the nodes offered that no training used."]
+    lines += against_simcse(frame)
+    if published:
+        lines += against_published(frame)
     lines += mteb_section(frame)
     lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
     return "\n".join(lines)
+
+
+def _seeds_of(row: dict) -> dict[int, float]:
+    found = row.get("seed averages")
+    return found if isinstance(found, dict) else {}
+
+
+def against_simcse(frame, seed: int = 0) -> list[str]:
+    """Under the table: each recipe's 7-task average against the SimCSE row of its backbone, the
+    difference with its 95 % interval and p over their seeds (``uncertainty.across_seeds``)."""
+    rows = frame.to_dict("records")
+    baselines = {r["backbone"]: r for r in rows if r["recipe"] == "simcse"}
+    lines = []
+    for row in rows:
+        base = baselines.get(row["backbone"])
+        if base is None or row is base:
+            continue
+        a, b = _seeds_of(row), _seeds_of(base)
+        if len(a) < 2 or len(b) < 2:
+            lines.append(f"- {row['recipe']} ({row['backbone']}): {row['Avg.'] - base['Avg.']:+.2f} against SimCSE, "
+                         f"no interval: {min(len(a), len(b))} seed on one side (train both with --seeds N, N >= 2)")
+            continue
+        iv = uncertainty.across_seeds(a, b, seed)
+        verdict = "a difference" if iv.p < uncertainty.ALPHA else "not evidence of a difference"
+        lines.append(f"- {row['recipe']} ({row['backbone']}): {iv.estimate:+.2f} [{iv.low:+.2f}, {iv.high:+.2f}] against "
+                     f"SimCSE, p = {iv.p:.3f} ({iv.method}, {len(a)} and {len(b)} seeds): {verdict}")
+    if not lines:
+        return []
+    return ["", "Against SimCSE on the same backbone (the 7-task average; 95 % interval and p over the seeds):", "",
+            *lines]
+
+
+def against_published(frame, seed: int = 0) -> list[str]:
+    """For each row with a published average: whether it lies inside the 95 % interval of our
+    seeds' mean (the claim a reproduction checks), or of the best seed for a best-of-N paper."""
+    lines = []
+    for row in frame.to_dict("records"):
+        for method, model, label, scores, *best in PUBLISHED:
+            if (method, model) != (row["recipe"], row["backbone"]) or "Avg." not in scores:
+                continue
+            seeds = list(_seeds_of(row).values())
+            iv = uncertainty.mean_interval(seeds, seed)
+            published = scores["Avg."]
+            if len(seeds) < 2:
+                lines.append(f"- {row['recipe']} ({row['backbone']}) against {label}: {published:.2f} published, "
+                             f"{iv.estimate:.2f} here from one seed: no interval to check it against (--seeds N)")
+                continue
+            inside = iv.covers(published)
+            note = (f"; the paper's is the best of {best[0]} seeds, ours the mean" if best else "")
+            lines.append(f"- {row['recipe']} ({row['backbone']}) against {label}: {published:.2f} published is "
+                         f"{'inside' if inside else 'outside'} [{iv.low:.2f}, {iv.high:.2f}], the 95 % interval of "
+                         f"the mean of our {len(seeds)} seeds ({iv.estimate:.2f}){note}")
+    return ["", "Published averages against our seeds (--against published):", "",
+            *(lines or ["- no row here has a published average on its backbone"])]
 
 
 def mteb_section(frame) -> list[str]:
@@ -354,6 +419,24 @@ def plot(frame, path: Path) -> Path:
     return path
 
 
+def geometry_plot(uri: str, frame, path: Path) -> Path | None:
+    """SimCSE's Fig. 2 of the reported results: each row's best seed (a sweep's winner) over its evaluations."""
+    from platform.sweep_summary import geometry_figure, geometry_trajectories
+
+    trajectories = {}
+    client = store.client(uri)
+    for row in frame.to_dict("records"):
+        run = client.get_run(row["run_id"])
+        result = client.get_run(run.data.tags["best_run_id"]) if run.data.tags.get("best_run_id") else run
+        found = geometry_trajectories(uri, result.info.run_id)
+        best = result.data.tags.get("best_seed")
+        name = next((n for n in found if best and n.endswith(f"seed{best}")), next(iter(found), None))
+        if name:
+            trajectories[f"{row['recipe']} ({row['backbone']})"] = found[name]
+    return geometry_figure(trajectories, path, "Alignment and uniformity on STS-B dev, each result's best seed") \
+        if trajectories else None
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = command_parser("python -m platform.report", __doc__, "python -m platform.report --experiment simcse --experiment una --latex")
     p.add_argument("--experiment", dest="experiments", action="append", metavar="NAME",
@@ -361,6 +444,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("report"),
                    help="folder for report.md, report.csv, report.png (a new or empty one, or an earlier report's)")
     p.add_argument("--latex", action="store_true", help="also write report.tex (a booktabs tabular of the table)")
+    p.add_argument("--against", choices=["published"], default=None,
+                   help="published: say for each row whether its paper's average lies in the 95 %% interval of our seeds' mean")
     p.add_argument("--no-log", action="store_true", help=f"do not log the report to the {REPORTS_EXPERIMENT!r} experiment")
     return p.parse_args(argv)
 
@@ -377,16 +462,18 @@ def main(argv=None) -> int:
     references = reference_rows(frame)
     tmp = storage.staging(out)
     try:
-        (tmp / "report.md").write_text(markdown(frame, references, names), encoding="utf-8")
-        frame.drop(columns=["baseline"]).to_csv(tmp / "report.csv", index=False)
+        (tmp / "report.md").write_text(markdown(frame, references, names, args.against == "published"), encoding="utf-8")
+        frame.drop(columns=["baseline", "seed averages"], errors="ignore").to_csv(tmp / "report.csv", index=False)
         plot(frame, tmp / "report.png")
+        geometry_plot(uri, frame, tmp / "geometry.png")
         if args.latex:
             (tmp / "report.tex").write_text(latex(frame, references), encoding="utf-8")
     except BaseException:
         storage.discard(tmp)
         raise
     storage.install(tmp, out, "platform.report", "choose a new or empty folder for --out")
-    files = [out / "report.md", out / "report.csv", out / "report.png", *([out / "report.tex"] if args.latex else [])]
+    files = [out / "report.md", out / "report.csv", out / "report.png", *([out / "geometry.png"] if (out / "geometry.png").is_file() else []),
+             *([out / "report.tex"] if args.latex else [])]
     print(files[0].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(f) for f in files)}")
     if not args.no_log:

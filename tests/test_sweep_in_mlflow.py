@@ -42,6 +42,19 @@ def sweep(tiny_model, small_corpus, tmp_path_factory, mlflow_server):
             "parent": next(r for r in runs if r.data.tags.get("sweep") == "true"), "tmp": tmp}
 
 
+def test_every_evaluation_holds_its_geometry_and_the_sweep_its_figure(sweep):
+    """Alignment and uniformity reach MLflow with each STS-B dev score, the trial ASHA stopped
+    included; the sweep's parent holds SimCSE's Fig. 2 of its trials."""
+    c = sweep["client"]
+    for trial in (sweep["finished"], sweep["stopped"]):
+        evaluated = steps_of(c, trial.info.run_id, "stsb_dev_spearman")
+        for key in ("stsb_dev_alignment", "stsb_dev_uniformity"):
+            assert steps_of(c, trial.info.run_id, key) == evaluated, (key, trial.data.tags.get("trial_id"))
+        assert trial.data.metrics["stsb_dev_alignment"] >= 0 and trial.data.metrics["stsb_dev_uniformity"] <= 0
+    artifacts = {a.path for a in c.list_artifacts(sweep["parent"].info.run_id, "plots")}
+    assert "plots/geometry.png" in artifacts, artifacts
+
+
 def test_a_trial_asha_stops_between_states_holds_every_evaluation(sweep):
     c, finished, stopped = sweep["client"], sweep["finished"], sweep["stopped"]
     assert stopped.data.tags.get("stopped_by_scheduler") == "true", (stopped.data.tags, sweep["proc"].stdout[-3000:])

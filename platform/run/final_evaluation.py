@@ -181,6 +181,9 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
     if not quiet:
         print(f"STS (Spearman x100, pooler {pooler}), against the untouched backbone:", flush=True)
         print("\n".join(lines), flush=True)
+        if all(k in scores and k in baseline for k in GEOMETRY):
+            print("STS-B dev geometry (Wang & Isola's alignment and uniformity; lower is better for both):", flush=True)
+            print("\n".join(beside_table(backbone, baseline, scores, GEOMETRY)), flush=True)
         if why:
             print(f"note: a smoke test, not a result ({why})", flush=True)
     recorder.log_results(run, {**{f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks},
@@ -189,11 +192,12 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
     return baseline
 
 
-def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, float]) -> list[str]:
-    """The lines of a model's 7-task table under its untouched backbone's, and the difference;
-    STS-B dev's alignment and uniformity after the average (lower is better for both)."""
-    tasks = [t for t in (*STS_TASKS, "avg", *GEOMETRY) if t in scores and t in baseline]
-    names = [{"alignment": "align", "uniformity": "unif"}.get(t, SHORT_NAMES.get(t, t)) for t in tasks]
+def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, float],
+                 columns: tuple[str, ...] = (*STS_TASKS, "avg")) -> list[str]:
+    """The lines of a model's 7-task table under its untouched backbone's, and the difference
+    (``columns``: STS_TASKS and their average, or ``GEOMETRY``)."""
+    tasks = [t for t in columns if t in scores and t in baseline]
+    names = [SHORT_NAMES.get(t, t) for t in tasks]
     width = max(14, len(backbone.split("/")[-1]) + 2)
     digits = {t: 4 if t in GEOMETRY else 2 for t in tasks}
     rows = [("", names), (backbone.split("/")[-1][: width], [f"{baseline[t]:.{digits[t]}f}" for t in tasks]),
