@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.helpers import ROOT, run_main
 
 DOCS = ROOT / "docs"
-COMMANDS = ("train", "tune", "evaluate", "report", "augment", "data", "cluster")
+COMMANDS = ("train", "tune", "evaluate", "report", "compare", "augment", "data", "cluster")
 # Subcommands whose flags live in their own parsers (``python -m platform.data fetch --help``).
 SUBCOMMANDS = {"data": [("fetch",)], "cluster": [("up",), ("down",), ("node-env",)]}
 
