@@ -29,10 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
+from methods.encoder import Encoder
+from platform import checkpoint
 from platform.console import command_parser
-from platform.data import SHORT_NAMES, STS_TASKS
+from platform.data import SHORT_NAMES, STS_TASKS, load_sts
 from platform.errors import UserError, cli_main
+from platform.evaluate import reference as model_reference
+from platform.evaluate import resolve_model
 from platform.evaluation import uncertainty
+from platform.evaluation.sts import STSEvaluator
 from platform.tracking import store
 from platform.tracking.recorder import Run
 
@@ -72,8 +77,6 @@ def from_run(uri: str, run, label: str) -> Result:
 
 def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
     """Any accepted form of a reference, as a ``Result``."""
-    from platform.evaluate import reference as model_reference
-
     if reference.startswith("runs:/"):
         uri = store.tracking_uri()
         run_id = reference[len("runs:/"):].strip("/").split("/")[0]
@@ -97,8 +100,6 @@ def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
 def _backbone_of(path: Path) -> str:
     """A checkpoint's backbone: its training configuration's model where it has one, else unknown ("")."""
     import json
-
-    from platform import checkpoint
 
     for folder in (path, path.parent):
         if checkpoint.exists(str(folder)):
@@ -133,10 +134,6 @@ def similarities(checkpoint_path: str) -> dict[str, np.ndarray]:
     """The cosine similarity of each test pair of the 7 tasks, for a checkpoint."""
     import torch.nn.functional as F
 
-    from methods.encoder import Encoder
-    from platform.evaluate import resolve_model
-    from platform.evaluation.sts import STSEvaluator
-
     path, pooler = resolve_model(checkpoint_path, None)
     encoder = Encoder.from_pretrained(path, pooler=pooler)
     evaluator = STSEvaluator(STS_TASKS)
@@ -149,8 +146,6 @@ def by_pairs(first: dict[str, np.ndarray], other: dict[str, np.ndarray], seed: i
              resamples: int) -> dict[str, uncertainty.Interval]:
     """Each task's paired bootstrap; the average's from the tasks' resampled differences, draw by
     draw (the tasks are resampled independently, so their i-th draws make a draw of the average)."""
-    from platform.data import load_sts
-
     gold = {t: load_sts(t).scores for t in STS_TASKS}
     out = {t: uncertainty.paired_pairs(other[t], first[t], gold[t], seed + i, resamples) for i, t in enumerate(STS_TASKS)}
     draws = np.mean([out[t].draws for t in STS_TASKS], axis=0)

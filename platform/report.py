@@ -23,6 +23,8 @@ from platform.console import command_parser
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.evaluation import uncertainty
+from platform.evaluation.sts import geometry_figure
+from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
 from platform.tracking.recorder import DEV_METRIC, Run, trial_key
 
@@ -421,8 +423,6 @@ def plot(frame, path: Path) -> Path:
 
 def geometry_plot(uri: str, frame, path: Path) -> Path | None:
     """SimCSE's Fig. 2 of the reported results: each row's best seed (a sweep's winner) over its evaluations."""
-    from platform.sweep_summary import geometry_figure, geometry_trajectories
-
     trajectories = {}
     client = store.client(uri)
     for row in frame.to_dict("records"):

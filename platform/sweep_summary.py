@@ -14,9 +14,9 @@ from pathlib import Path
 
 from platform.console import as_number, format_frame, short
 from platform.data import SHORT_NAMES, STS_TASKS
+from platform.run import final_evaluation
 from platform.space import SearchSpace
 from platform.tracking import store
-from platform.checkpoint import DEV_GEOMETRY
 from platform.tracking.recorder import BEST, Run
 
 
@@ -212,7 +212,7 @@ def summarise(parent: Run, results, spec: SearchSpace, total_steps: int) -> list
         parent.log_file(csv)
         for image in plots(frame, spec, Path(tmp)):
             parent.log_file(image, "plots")
-    log_geometry(parent, "Trials' alignment and uniformity on STS-B dev (numbers: steps)")
+    final_evaluation.log_geometry(parent, "Trials' alignment and uniformity on STS-B dev (numbers: steps)")
     return notes
 
 
@@ -334,69 +334,3 @@ def rung_table(histories: dict[str, list[float]], grace: int, factor: float) -> 
         rows.append((rung, len(histories), float(rho), max(at, key=at.get) == winner))
         rung = int(round(rung * factor))
     return rows
-
-
-def geometry_trajectories(uri: str, run_id: str) -> dict[str, list[tuple[int, float, float]]]:
-    """``name -> [(step, alignment, uniformity), ...]`` of each run under ``run_id`` that trained
-    (its seeds' or trials' runs; itself when none is nested), from their STS-B dev evaluations."""
-    client = store.client(uri)
-
-    def leaves(rid: str) -> list:
-        children = store.child_runs(uri, rid)
-        return [leaf for child in children for leaf in leaves(child.info.run_id)] if children else [client.get_run(rid)]
-
-    out = {}
-    for run in leaves(run_id):
-        history = {key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}
-                   for key, name in DEV_GEOMETRY.items()}
-        points = [(step, a, history["uniformity"][step]) for step, a in sorted(history["alignment"].items())
-                  if step in history["uniformity"]]
-        if points:
-            out[run.info.run_name or run.info.run_id[:8]] = points
-    return out
-
-
-def log_geometry(run: Run, title: str = "") -> Path | None:
-    """SimCSE's Fig. 2 of what ``run`` trained (``geometry_trajectories``), logged as ``plots/geometry.png``."""
-    trajectories = geometry_trajectories(run.uri, run.id)
-    if not trajectories:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = geometry_figure(trajectories, Path(tmp) / "geometry.png", title)
-        run.log_file(path, "plots")
-    return path
-
-
-def geometry_figure(trajectories: dict[str, list[tuple[int, float, float]]], path: Path, title: str = "") -> Path:
-    """SimCSE's Fig. 2: uniformity (x) against alignment (y), lower is better on both; each
-    trajectory ``label -> [(step, alignment, uniformity), ...]`` drawn in step order with an arrow
-    to its last evaluation, its first and last steps labelled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=120)
-    for label, points in trajectories.items():
-        points = sorted(points)
-        if not points:
-            continue
-        steps, align, unif = zip(*points)
-        line, = ax.plot(unif, align, marker="o", markersize=3, linewidth=1.2, label=label)
-        if len(points) > 1:
-            ax.annotate("", xy=(unif[-1], align[-1]), xytext=(unif[-2], align[-2]),
-                        arrowprops={"arrowstyle": "->", "color": line.get_color(), "lw": 1.5})
-        for i in {0, len(points) - 1}:
-            ax.annotate(f"{steps[i]}", (unif[i], align[i]), textcoords="offset points", xytext=(4, 4), fontsize=7,
-                        color=line.get_color())
-    ax.set_xlabel("uniformity  (lower: more uniform)")
-    ax.set_ylabel("alignment  (lower: positives closer)")
-    ax.set_title(title or "Alignment and uniformity on STS-B dev (numbers: steps)", fontsize=10)
-    ax.grid(alpha=0.3)
-    if trajectories:
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path

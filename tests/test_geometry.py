@@ -11,8 +11,7 @@ import torch
 
 from methods.encoder import Encoder
 from platform.data import load_sts
-from platform.evaluation.sts import STSEvaluator
-from platform.sweep_summary import geometry_figure
+from platform.evaluation.sts import STSEvaluator, geometry_figure
 
 
 def _slow(emb: torch.Tensor, pairs, index) -> dict[str, float]:

@@ -136,3 +136,38 @@ def format_table(scores: dict[str, float]) -> str:
     head = " | ".join(n.rjust(w) for n, w in zip(names, widths))
     vals = " | ".join(f"{v:.2f}".rjust(w) for v, w in zip(scores.values(), widths))
     return f"{head}\n{'-' * len(head)}\n{vals}"
+
+
+def geometry_figure(trajectories: dict[str, list[tuple[int, float, float]]], path: Path, title: str = "") -> Path:
+    """SimCSE's Fig. 2: uniformity (x) against alignment (y), lower is better on both; each
+    trajectory ``label -> [(step, alignment, uniformity), ...]`` drawn in step order with an arrow
+    to its last evaluation, its first and last steps labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=120)
+    for label, points in trajectories.items():
+        points = sorted(points)
+        if not points:
+            continue
+        steps, align, unif = zip(*points)
+        line, = ax.plot(unif, align, marker="o", markersize=3, linewidth=1.2, label=label)
+        if len(points) > 1:
+            ax.annotate("", xy=(unif[-1], align[-1]), xytext=(unif[-2], align[-2]),
+                        arrowprops={"arrowstyle": "->", "color": line.get_color(), "lw": 1.5})
+        for i in {0, len(points) - 1}:
+            ax.annotate(f"{steps[i]}", (unif[i], align[i]), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=line.get_color())
+    ax.set_xlabel("uniformity  (lower: more uniform)")
+    ax.set_ylabel("alignment  (lower: positives closer)")
+    ax.set_title(title or "Alignment and uniformity on STS-B dev (numbers: steps)", fontsize=10)
+    ax.grid(alpha=0.3)
+    if trajectories:
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -16,9 +16,10 @@ from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
 from platform.evaluation.mteb_tasks import metric, mteb_model, tasks_of
 from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
-from platform.evaluation.sts import GEOMETRY, STSEvaluator, format_table, with_mean
+from platform.checkpoint import DEV_GEOMETRY
+from platform.evaluation.sts import GEOMETRY, STSEvaluator, format_table, geometry_figure, with_mean
 from platform.run.ray_env import started_here
-from platform.tracking import recorder
+from platform.tracking import recorder, store
 from platform.tracking.recorder import Run
 
 
@@ -277,3 +278,37 @@ def evaluate_benchmark(run: Run, location: str, alone: bool = True) -> dict[str,
     run.set_tags({"mteb_benchmark": spec})
     return scores
 
+
+# ------------------------------------------------------------------------------------------------
+# The geometry of what a run trained, drawn
+
+
+def geometry_trajectories(uri: str, run_id: str) -> dict[str, list[tuple[int, float, float]]]:
+    """``name -> [(step, alignment, uniformity), ...]`` of each run under ``run_id`` that trained
+    (its seeds' or trials' runs; itself when none is nested), from their STS-B dev evaluations."""
+    client = store.client(uri)
+
+    def leaves(rid: str) -> list:
+        children = store.child_runs(uri, rid)
+        return [leaf for child in children for leaf in leaves(child.info.run_id)] if children else [client.get_run(rid)]
+
+    out = {}
+    for run in leaves(run_id):
+        history = {key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}
+                   for key, name in DEV_GEOMETRY.items()}
+        points = [(step, a, history["uniformity"][step]) for step, a in sorted(history["alignment"].items())
+                  if step in history["uniformity"]]
+        if points:
+            out[run.info.run_name or run.info.run_id[:8]] = points
+    return out
+
+
+def log_geometry(run: Run, title: str = "") -> Path | None:
+    """SimCSE's Fig. 2 of what ``run`` trained (``geometry_trajectories``), logged as ``plots/geometry.png``."""
+    trajectories = geometry_trajectories(run.uri, run.id)
+    if not trajectories:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = geometry_figure(trajectories, Path(tmp) / "geometry.png", title)
+        run.log_file(path, "plots")
+    return path

@@ -18,7 +18,7 @@ import json
 import time
 
 from methods.encoder import load_tokenizer, max_positions
-from platform import storage, sweep_summary
+from platform import storage
 from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table, still_working
 from platform.data import STS_TASKS, data_dir, load_sts, read_corpus, resolve_corpus
@@ -291,7 +291,7 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
             export.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
         with still_working("MTEB on the best checkpoint (final_benchmark)"):
             final_evaluation.evaluate_benchmark(run, result.checkpoint)
-        sweep_summary.log_geometry(run)
+        final_evaluation.log_geometry(run)
     return baseline
 
 
