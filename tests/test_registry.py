@@ -83,7 +83,9 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
     model_uri = run.data.tags["logged_model"]
     assert champion.source == model_uri and model_uri.startswith("models:/m-")
     assert [o.model_id for o in run.outputs.model_outputs] == [model_uri[len("models:/"):]]
-    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json", "config.json"}
+    # Beside the model, only the run's files: its scores, its configuration and SimCSE's Fig. 2 of it.
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json", "config.json", "plots"}
+    assert {a.path for a in c.list_artifacts(run.info.run_id, "plots")} == {"plots/geometry.png"}
 
     # Against the untouched backbone (same pooler): on the console, on the run, in the model card.
     assert "against the untouched backbone" in proc.stdout and "difference" in proc.stdout
