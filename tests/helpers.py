@@ -319,3 +319,10 @@ def build_tiny_roberta(folder: Path, texts: list[str], initializer_range: float 
         torch.manual_seed(0)
         RobertaModel(config).save_pretrained(folder)
     return folder
+
+
+def recipe_of(name: str, backbone: str):
+    """The named recipe with its paper profile's settings for the backbone (paper: BERT, paper-roberta)."""
+    from platform.config import TrainConfig
+
+    return TrainConfig.build(name, "paper" if backbone == "bert" else "paper-roberta").build_recipe()

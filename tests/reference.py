@@ -195,6 +195,17 @@ def slow_cot(z1, z2, z3, tau, positive_negatives=True, valid=None):
 # ------------------------------------------------------------------------------------------------
 # The prompt recipes' evaluation, as each author's evaluation scripts do it
 
+# The anchor template each author's test script fills, as the script writes it (SNCSE's with {} for the sentence).
+TEST_SPECS = {
+    ("promptbert", "bert"): '*cls*_This_sentence_of_"*sent_0*"_means*mask*.*sep+*',
+    ("promptbert", "roberta"): "*cls*_This_sentence_:_'_*sent_0*_'_means*mask*.*sep+*",
+    ("cotbert", "bert"): '*cls*_The_sentence_of_"*sent_0*"_means_*mask*_,_so_it_can_be_summarized_as_*mask*_._*sep+*',
+    ("cotbert", "roberta"): "*cls*_The_sentence_of_'_*sent_0*_'_means_*mask*_,_so_it_can_be_summarized_as_*mask*_._*sep+*",
+    ("sncse", "bert"): 'This sentence : " {} " means [MASK] .',
+    ("sncse", "roberta"): 'This sentence : " {} " means [MASK] .',
+}
+MASKS = {"promptbert": 1, "cotbert": 2, "sncse": 1}
+
 
 def authors_test_text(recipe: str, spec: str, sentence: str, mask_token: str) -> str:
     """The string the authors' test script tokenises for one SentEval sentence (its words joined

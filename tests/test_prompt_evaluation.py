@@ -7,7 +7,6 @@ checkpoints through ``platform.evaluate`` against the authors' procedure with pl
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -19,20 +18,10 @@ from methods.recipe import Recipe
 from platform.config import TrainConfig
 from platform.data import STS_TASKS, load_sts
 from platform.evaluation.sts import STSEvaluator
-from tests.helpers import build_tiny_roberta, run_main
-from tests.reference import (authors_mask_rows, authors_sts_scores, authors_template, authors_test_text,
+from tests.helpers import build_tiny_roberta, recipe_of
+from tests.reference import (MASKS, TEST_SPECS, authors_mask_rows, authors_template, authors_test_text,
                              promptbert_delta, promptbert_dev_embeddings)
 
-# The anchor template each author's test script fills, as the script writes it (SNCSE's with {} for the sentence).
-TEST_SPECS = {
-    ("promptbert", "bert"): '*cls*_This_sentence_of_"*sent_0*"_means*mask*.*sep+*',
-    ("promptbert", "roberta"): "*cls*_This_sentence_:_'_*sent_0*_'_means*mask*.*sep+*",
-    ("cotbert", "bert"): '*cls*_The_sentence_of_"*sent_0*"_means_*mask*_,_so_it_can_be_summarized_as_*mask*_._*sep+*',
-    ("cotbert", "roberta"): "*cls*_The_sentence_of_'_*sent_0*_'_means_*mask*_,_so_it_can_be_summarized_as_*mask*_._*sep+*",
-    ("sncse", "bert"): 'This sentence : " {} " means [MASK] .',
-    ("sncse", "roberta"): 'This sentence : " {} " means [MASK] .',
-}
-MASKS = {"promptbert": 1, "cotbert": 2, "sncse": 1}
 CASES = sorted(TEST_SPECS)
 
 
@@ -51,11 +40,6 @@ def tiny_roberta(tmp_path_factory, test_sentences):
     """A tiny random RoBERTa whose byte-level BPE was trained here on the test sentences and templates."""
     texts = test_sentences + [authors_test_text(r, TEST_SPECS[(r, "roberta")], "x", "<mask>") for r in MASKS]
     return build_tiny_roberta(tmp_path_factory.mktemp("tiny-roberta"), texts)
-
-
-def recipe_of(name: str, backbone: str) -> Recipe:
-    """The named recipe with its paper profile's settings for the backbone (paper: BERT, paper-roberta)."""
-    return TrainConfig.build(name, "paper" if backbone == "bert" else "paper-roberta").build_recipe()
 
 
 def model_path(backbone: str, tiny_model, tiny_roberta):
@@ -94,12 +78,13 @@ def test_the_final_test_embeds_the_authors_text_and_tokens(name, backbone, tiny_
         differ = _differing_rows(ours, theirs, tok.pad_token_id)
         assert not differ.any(), [chunk[i] for i in differ.nonzero()[:3, 0].tolist()]
         assert ours["prompt_mask"].tolist() == positions
-        plain = tok([pooling.prepare(s) for s in chunk], padding=True, return_tensors="pt")
-        spliced = wrap(dict(plain), encoder._template(pooling.template), tok.pad_token_id)
-        spliced_differ += int(_differing_rows(spliced, ours, tok.pad_token_id).sum())
-    if backbone == "bert":
+        if name == "promptbert":  # the training's spliced form, once per tokenizer
+            plain = tok([pooling.prepare(s) for s in chunk], padding=True, return_tensors="pt")
+            spliced = wrap(dict(plain), encoder._template(pooling.template), tok.pad_token_id)
+            spliced_differ += int(_differing_rows(spliced, ours, tok.pad_token_id).sum())
+    if name == "promptbert" and backbone == "bert":
         assert spliced_differ == 0
-    else:
+    elif name == "promptbert":
         assert spliced_differ > len(test_sentences) // 2
     if name != "sncse":  # the "." rule moves a share of every task's text (SICK-R has no final stops)
         assert sum(pooling.prepare(s) != s for s in test_sentences) > len(test_sentences) // 4
@@ -201,47 +186,3 @@ def test_replicas_take_a_batch_they_divide_and_no_aux_term():
         TrainConfig.build("cotbert", "local", {"batch_size": 9, "replicas": 2, "num_workers": 1})
     with pytest.raises(ConfigError, match="aux=bml"):
         TrainConfig.build("sncse", "local", {"replicas": 2})
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, test_sentences):
-    """Each recipe's exported encoder (its prompt.json beside the weights) on each tiny backbone.
-    Their weights are drawn 10x wider than BERT's init: a tiny random model's STS pairs then have
-    cosines far enough apart that float round-off (batching, padding) moves no Spearman rank."""
-    from transformers import BertConfig, BertModel
-
-    from platform.data.columns import TINY_BERT
-
-    bert = tmp_path_factory.mktemp("wide-bert")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        BertModel(BertConfig(**TINY_BERT, initializer_range=0.2)).save_pretrained(bert)
-    load_tokenizer("minilm").save_pretrained(bert)
-    texts = test_sentences + [authors_test_text(r, TEST_SPECS[(r, "roberta")], "x", "<mask>") for r in MASKS]
-    roberta = build_tiny_roberta(tmp_path_factory.mktemp("wide-roberta"), texts, initializer_range=0.2)
-    out = {}
-    for name, backbone in CASES:
-        recipe = recipe_of(name, backbone)
-        torch.manual_seed(0)
-        model = recipe.build(Encoder.from_pretrained(str(bert if backbone == "bert" else roberta)))
-        out[(name, backbone)] = recipe.export_encoder(model).save_pretrained(tmp_path_factory.mktemp(f"{name}-{backbone}"))
-    return out
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("name,backbone", CASES)
-def test_a_checkpoint_scores_what_the_authors_evaluation_gives(name, backbone, checkpoints, sts_tests, tmp_path):
-    """``python -m platform.evaluate CHECKPOINT`` on a prompt recipe's export gives, on each of the
-    seven tasks, the score of the authors' test procedure re-implemented with plain transformers
-    (their text, one-string tokens, the mask's state, cosine, Spearman over the task's pairs)."""
-    from transformers import AutoModel, AutoTokenizer
-
-    path = checkpoints[(name, backbone)]
-    proc = run_main("evaluate", str(path), "--json", str(tmp_path / "scores.json"))
-    assert proc.returncode == 0, proc.stderr
-    ours = json.loads((tmp_path / "scores.json").read_text())["scores"]
-    tasks = {t: (p.sent1, p.sent2, p.scores) for t, p in sts_tests.items()}
-    theirs = authors_sts_scores(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), name,
-                                TEST_SPECS[(name, backbone)], tasks, MASKS[name])
-    for task in STS_TASKS:
-        assert ours[task] == pytest.approx(theirs[task], abs=0.01), task
