@@ -68,14 +68,16 @@ def test_two_recipes_with_three_seeds_are_compared_by_seed_and_logged(three_seed
 def test_two_checkpoints_are_compared_over_the_test_pairs(three_seeds, tmp_path):
     runs = three_seeds["runs"]
     first, second = (runs[m].data.tags["best_checkpoint"] for m in ("simcse", "una"))
-    proc = run_main("compare", first, second, "--out", str(tmp_path), "--no-log", env=three_seeds["env"])
+    proc = run_main("compare", first, second, "--resamples", "300", "--out", str(tmp_path), "--no-log",
+                    env=three_seeds["env"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     frame = pd.read_csv(tmp_path / "comparison.csv")
     assert list(frame["n"])[:7] == [3108, 1500, 3750, 3000, 1186, 1379, 4927]
     assert frame["method"].str.startswith("paired bootstrap over pairs").all()
     assert (frame["ci_low"] <= frame["delta"]).all() and (frame["delta"] <= frame["ci_high"]).all()
     assert frame["p_holm"].iloc[:7].ge(frame["p"].iloc[:7]).all()
-    again = run_main("compare", first, second, "--out", str(tmp_path / "again"), "--no-log", env=three_seeds["env"])
+    again = run_main("compare", first, second, "--resamples", "300", "--out", str(tmp_path / "again"), "--no-log",
+                     env=three_seeds["env"])
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again" / "comparison.csv"))  # the same seed
 
 

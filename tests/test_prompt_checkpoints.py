@@ -15,7 +15,8 @@ from platform.data import STS_TASKS, load_sts
 from tests.helpers import build_tiny_roberta, recipe_of, run_main
 from tests.reference import MASKS, TEST_SPECS, authors_sts_scores, authors_test_text
 
-pytestmark = pytest.mark.e2e
+# Four whole 7-task evaluations and their slow references: beside the other end-to-end scenarios.
+pytestmark = pytest.mark.scenario
 CASES = [("promptbert", "bert"), ("sncse", "bert"), ("cotbert", "bert"), ("promptbert", "roberta")]
 
 
