@@ -13,7 +13,8 @@ from platform.compare import COMPARISONS_EXPERIMENT, Result, check
 from platform.errors import UserError
 from tests.helpers import assert_user_error, run_main, sets
 
-pytestmark = pytest.mark.e2e
+# Six trainings and two 7-task embeddings: beside the other end-to-end scenarios.
+pytestmark = pytest.mark.scenario
 
 
 @pytest.fixture(scope="module")

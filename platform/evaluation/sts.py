@@ -43,9 +43,13 @@ def alignment(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def uniformity(x: torch.Tensor, t: float = 2.0) -> float:
     """Wang & Isola (2020), Eq. 3 (t 2): ``log mean_{i<j} exp(-t ||f(x_i) - f(x_j)||^2)``, after L2
-    normalisation (``torch.pdist`` lists each pair i < j once)."""
+    normalisation. On unit vectors ``||a - b||^2 = 2 - 2 a.b``: one Gram matrix, whose diagonal
+    (each sentence with itself, exp(0) = 1) is left out and whose pairs count twice."""
     x = F.normalize(x.double(), dim=-1)
-    return float(torch.pdist(x).pow(2).mul(-t).exp().mean().log())
+    n = x.shape[0]
+    gram = (x.float() @ x.float().T).double()  # float32 products (1e-7 of 1), summed in float64
+    total = torch.exp(-t * (2 - 2 * gram).clamp(min=0)).sum() - n
+    return float(torch.log(total / (n * (n - 1))))
 
 
 def geometry(emb: torch.Tensor, first: torch.Tensor, second: torch.Tensor, gold: np.ndarray) -> dict[str, float]:

@@ -87,7 +87,8 @@ DEV = "STSBenchmark-dev"
 
 
 def sts_with_geometry(encoder: Encoder, pairs: dict, progress: str) -> dict[str, float]:
-    """The 7 tasks, their mean, and STS-B dev's alignment and uniformity (``pairs[DEV]``, when given)."""
+    """The 7 tasks, their mean, and STS-B dev's alignment and uniformity (``pairs[DEV]``, when
+    given): an untouched backbone's, which no training evaluated."""
     tasks = {t: p for t, p in pairs.items() if t != DEV}
     scores = with_mean(STSEvaluator.from_pairs(tasks)(encoder, progress=progress))
     if DEV in pairs:
@@ -107,7 +108,11 @@ def score_checkpoint(location: str, pairs: dict) -> dict[str, float]:
     with storage.local_copy(location) as folder:
         state = checkpoint.read_state(folder)
         encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
-        return sts_with_geometry(encoder, pairs, f"STS, {len(STS_TASKS)} tasks")
+        tasks = {t: p for t, p in pairs.items() if t != DEV}
+        scores = with_mean(STSEvaluator.from_pairs(tasks)(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
+        # Its geometry is its STS-B dev evaluation's, kept in its state: no second encoding of dev.
+        scores.update({k: state[DEV_GEOMETRY[k]] for k in GEOMETRY if DEV_GEOMETRY[k] in state})
+        return scores
 
 
 def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict],

@@ -232,7 +232,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
         improved = pos.improve(dev)
         kind = rt.policy.kind(improved, pos.epoch, last=pos.step >= steps)
         metrics.update({DEV_METRIC: dev, BEST: pos.best, **geometry})
-        state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, "method": cfg.method,
+        state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, **geometry, "method": cfg.method,
                  "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(),
                  "eval_prompt": recipe.eval_prompt(), "config": cfg.flat()}
 
