@@ -115,3 +115,17 @@ def cli():
     from tests.helpers import run_main
 
     return run_main
+
+
+@pytest.fixture(scope="session")
+def sts_tests(data_root):
+    """The 7 STS tasks' test pairs, read once."""
+    from platform.data import STS_TASKS, load_sts
+
+    return {t: load_sts(t, data_root) for t in STS_TASKS}
+
+
+@pytest.fixture(scope="session")
+def test_sentences(sts_tests):
+    """Every distinct sentence of the 7 STS test sets, in order of first appearance."""
+    return list(dict.fromkeys(s for p in sts_tests.values() for s in p.sent1 + p.sent2))

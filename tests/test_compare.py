@@ -79,6 +79,7 @@ def test_two_checkpoints_are_compared_over_the_test_pairs(three_seeds, tmp_path)
     assert frame["p_holm"].iloc[:7].ge(frame["p"].iloc[:7]).all()
     again = run_main("compare", first, second, "--resamples", "300", "--out", str(tmp_path / "again"), "--no-log",
                      env=three_seeds["env"])
+    assert again.returncode == 0, again.stderr[-3000:]
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again" / "comparison.csv"))  # the same seed
 
 

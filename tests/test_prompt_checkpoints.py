@@ -11,23 +11,13 @@ import pytest
 import torch
 
 from methods.encoder import Encoder, load_tokenizer
-from platform.data import STS_TASKS, load_sts
+from platform.data import STS_TASKS
 from tests.helpers import build_tiny_roberta, recipe_of, run_main
 from tests.reference import MASKS, TEST_SPECS, authors_sts_scores, authors_test_text
 
 # Four whole 7-task evaluations and their slow references: beside the other end-to-end scenarios.
 pytestmark = pytest.mark.scenario
 CASES = [("promptbert", "bert"), ("sncse", "bert"), ("cotbert", "bert"), ("promptbert", "roberta")]
-
-
-@pytest.fixture(scope="module")
-def sts_tests(data_root):
-    return {t: load_sts(t, data_root) for t in STS_TASKS}
-
-
-@pytest.fixture(scope="module")
-def test_sentences(sts_tests):
-    return list(dict.fromkeys(s for p in sts_tests.values() for s in p.sent1 + p.sent2))
 
 
 @pytest.fixture(scope="module")

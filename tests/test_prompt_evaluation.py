@@ -16,23 +16,12 @@ from methods.encoder import Encoder, load_tokenizer
 from methods.prompt import template_bias, wrap
 from methods.recipe import Recipe
 from platform.config import TrainConfig
-from platform.data import STS_TASKS, load_sts
 from platform.evaluation.sts import STSEvaluator
 from tests.helpers import build_tiny_roberta, recipe_of
 from tests.reference import (MASKS, TEST_SPECS, authors_mask_rows, authors_template, authors_test_text,
                              promptbert_delta, promptbert_dev_embeddings)
 
 CASES = sorted(TEST_SPECS)
-
-
-@pytest.fixture(scope="module")
-def sts_tests(data_root):
-    return {t: load_sts(t, data_root) for t in STS_TASKS}
-
-
-@pytest.fixture(scope="module")
-def test_sentences(sts_tests):
-    return list(dict.fromkeys(s for p in sts_tests.values() for s in p.sent1 + p.sent2))
 
 
 @pytest.fixture(scope="module")
