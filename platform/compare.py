@@ -98,15 +98,12 @@ def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
 
 
 def _backbone_of(path: Path) -> str:
-    """A checkpoint's backbone: its training configuration's model where it has one, else unknown ("")."""
-    import json
-
+    """A checkpoint's backbone: its training configuration's model, else unknown ("": not compared)."""
     for folder in (path, path.parent):
         if checkpoint.exists(str(folder)):
             model = checkpoint.read_state(folder).get("config", {}).get("model", "")
             return model.rpartition("@")[0] or model
-    card = path / "platform_run.json"
-    return json.loads(card.read_text()).get("model", "") if card.is_file() else ""
+    return ""
 
 
 def check(results: list[Result]) -> None:
