@@ -1,7 +1,7 @@
 """A recipe: one choice of positives, negatives, loss and auxiliary terms, and its training step.
 
-The five papers are five named recipes (``NAMED``); any valid combination of ingredients is a
-recipe too (``python -m platform.train recipe --set negatives=una,san --set loss=hince --set
+Each paper is a named recipe (``NAMED``, the one list of them: the commands' help and the README's
+methods table are made from it); any valid combination of ingredients is a recipe too (``python -m platform.train recipe --set negatives=una,san --set loss=hince --set
 aux=vascl``). One training step, for every recipe:
 
 1. one forward pass over [anchors; positives; negatives that share the anchors' dropout; rows an
@@ -149,6 +149,13 @@ class NamedRecipe:
     params: dict = dataclasses.field(default_factory=dict)
     loss_by_fidelity: dict = dataclasses.field(default_factory=dict)
     source: str = ""  # where ``params`` come from (the authors' script), shown by --print-config
+    adds: str = ""  # what it adds to SimCSE, in a line (the README's methods table)
+    keys: tuple[str, ...] = ()  # the parameters that matter most (the same table)
+
+    @property
+    def authors(self) -> str:
+        """``Gao et al. (2021)``: the paper's first part."""
+        return self.paper.split(", ")[0]
 
     def resolve(self, fidelity: str, kinds: dict[str, Any] | None = None) -> RecipeSpec:
         """The spec for this fidelity, with ``kinds`` (``{"loss": "hince", ...}``) replacing its choices."""
@@ -161,29 +168,45 @@ class NamedRecipe:
 
 
 NAMED: dict[str, NamedRecipe] = {
-    "simcse": NamedRecipe(RecipeSpec(), "Gao et al. (2021), SimCSE, unsupervised"),
+    "simcse": NamedRecipe(RecipeSpec(), "Gao et al. (2021), SimCSE, unsupervised",
+                          adds="the baseline: two dropout views, InfoNCE",
+                          keys=("temperature", "dropout", "lr", "batch_size")),
     "una": NamedRecipe(RecipeSpec(negatives=("una",)), "Shu et al., UNA",
-                       loss_by_fidelity={"authors_code": "ntxent"}),  # the authors' 4N x 4N loss
-    "san": NamedRecipe(RecipeSpec(negatives=("san",), loss="hince"), "Cai et al., SAN + HiNCE"),
+                       loss_by_fidelity={"authors_code": "ntxent"},  # the authors' 4N x 4N loss
+                       adds="TF-IDF-driven hard negatives every alpha-th batch; optional paraphrase positives",
+                       keys=("alpha", "beta", "r", "positives=paraphrase")),
+    "san": NamedRecipe(RecipeSpec(negatives=("san",), loss="hince"), "Cai et al., SAN + HiNCE",
+                       adds="POS-importance MLM negatives with their own dropout; HiNCE's tau1/tau2 loss",
+                       keys=("tau2", "p2", "scale")),
     # App. A.14: the contrastive term is symmetric, "similar to CLIP" (the authors' code too).
-    "augcse": NamedRecipe(RecipeSpec(loss="symmetric", aux=("augcse",)), "Tang et al. (2022), AugCSE"),
+    "augcse": NamedRecipe(RecipeSpec(loss="symmetric", aux=("augcse",)), "Tang et al. (2022), AugCSE",
+                          adds="diverse augmentations and an antagonistic discriminator behind gradient reversal; "
+                               "symmetric loss", keys=("lambda_disc", "augmentations", "grl_multiplier")),
     # Eq. 1: each of the 2M views classified among the 2M-1 others, i.e. NT-Xent.
-    "vascl": NamedRecipe(RecipeSpec(loss="ntxent", aux=("vascl",)), "Zhang et al. (2021), VaSCL"),
+    "vascl": NamedRecipe(RecipeSpec(loss="ntxent", aux=("vascl",)), "Zhang et al. (2021), VaSCL",
+                         adds="virtual adversarial augmentation within each instance's K nearest in-batch neighbours",
+                         keys=("delta", "k")),
     # The prompt encoder's defaults are PromptBERT's BERT templates and denoising (run.sh, unsup-bert).
-    "promptbert": NamedRecipe(RecipeSpec(encoder="prompt"), "Jiang et al. (2022), PromptBERT, unsupervised"),
+    "promptbert": NamedRecipe(RecipeSpec(encoder="prompt"), "Jiang et al. (2022), PromptBERT, unsupervised",
+                              adds="the sentence in a template, embedded at its [MASK]; positives in another template; "
+                                   "the template's bias subtracted", keys=("template", "positive_template", "denoise")),
     # train_SNCSE.py (Different_Prompt_Negation): BERT's templates; the RoBERTa profile's are the same text.
     "sncse": NamedRecipe(RecipeSpec(encoder="prompt", aux=("bml",)), "Wang et al. (2022), SNCSE", params={
         "template": SNCSE_ANCHOR, "positive_template": SNCSE_POSITIVE, "denoise": "none",
         "truncation": "with_template", "end_punctuation": True, "test_period": False, "dev_tokens": "joined"},
         source=("Sense-GVT/SNCSE: train_SNCSE.py's prepare_features (Different_Prompt_Negation); its dev selection "
-                "(bert_evaluation.py, roberta_evaluation.py) and test (*_prediction.py) fill the template as one string")),
+                "(bert_evaluation.py, roberta_evaluation.py) and test (*_prediction.py) fill the template as one string"),
+        adds="PromptBERT's representation, each sentence's negation as a soft negative and a bidirectional margin "
+             "loss on it", keys=("lambda_bml", "bml_alpha", "bml_beta")),
     # code-for-BERT/train.py: the two-stage templates, the negative template, denoising with [PAD]s.
     "cotbert": NamedRecipe(RecipeSpec(encoder="prompt", negatives=("template_negative",), loss="cot"),
                            "Zhang et al. (2023), CoT-BERT", params={
         "template": COTBERT_ANCHOR, "positive_template": COTBERT_POSITIVE, "negative_template": COTBERT_NEGATIVE,
         "denoise": "pad", "dev_denoise": False}, source=(
             "ZBWpro/CoT-BERT: code-for-BERT/train.py's args_list (--mask_embedding_sentence_delta_no_delta_eval: "
-            "dev not denoised), models.py's denoising, code-for-BERT/evaluation.py's test text")),
+            "dev not denoised), models.py's denoising, code-for-BERT/evaluation.py's test text"),
+        adds="a two-stage template, the sentence in a negating template as a negative, and a denominator extended "
+             "over it", keys=("positive_negatives", "denoise", "negative_template")),
 }
 CUSTOM = "recipe"  # the method name of a recipe put together with --set
 

@@ -1,8 +1,7 @@
 """The one source of truth for a run's configuration: typed, validated, papers' defaults.
 
-A run is a recipe (``methods.recipe``): a named paper recipe (``simcse``, ``una``, ``san``,
-``augcse``, ``vascl``) or ``recipe``, put together with ``--set positives=... negatives=...
-loss=... aux=...``. Resolution order (later wins): the dataclass defaults below (the SimCSE
+A run is a recipe (``methods.recipe``): a named paper recipe (``methods.recipe.NAMED``) or
+``recipe``, put together with ``--set positives=... negatives=... loss=... aux=...``. Resolution order (later wins): the dataclass defaults below (the SimCSE
 paper's BERT-base values, Gao et al., 2021, Sec. 3 and Appendix A) and each ingredient's
 ``Params`` defaults (its paper), then the profile file ``platform/profiles/<profile>.yaml``: its
 top level, its ``ingredients.<name>`` section for each ingredient of the recipe, its

@@ -15,6 +15,7 @@ import argparse
 import re
 import time
 
+from methods.recipe import NAMED
 from platform import storage
 from platform.config import TrainConfig, add_run_arguments, build_config, parse_tags, print_config
 from platform.console import command_parser
@@ -24,9 +25,9 @@ from platform.run.fit import release
 from platform.tracking import hub, store
 from platform.tracking.recorder import BEST, DEV_METRIC, STORAGE_TAG, Run
 
-HELP = """Train one configuration of a recipe and track it in MLflow.
+HELP = f"""Train one configuration of a recipe and track it in MLflow.
 
-METHOD is a paper's recipe (simcse, una, san, augcse, vascl), or 'recipe' put together with
+METHOD is a paper's recipe ({', '.join(NAMED)}), or 'recipe' put together with
 --set positives=... negatives=... loss=... aux=... . Values come from the recipe's defaults (the
 papers'), then the profile, then the --config file, then --set; --print-config shows each value
 and where it comes from. The best checkpoint by STS-B dev is evaluated on the 7 STS tasks beside

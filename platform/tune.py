@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from methods.recipe import NAMED
 from platform import storage
 from platform.config import TrainConfig, add_run_arguments, build_config, parse_tags
 from platform.console import command_parser
@@ -149,9 +150,9 @@ def interrupted(states: dict[str, str], expected: int) -> bool:
     return len(states) < expected or any(s not in ("TERMINATED", "ERROR") for s in states.values())
 
 
-HELP = """Search a recipe's hyperparameters with Ray Tune and track the sweep in MLflow.
+HELP = f"""Search a recipe's hyperparameters with Ray Tune and track the sweep in MLflow.
 
-METHOD is a paper's recipe (simcse, una, san, augcse, vascl), or 'recipe' put together with
+METHOD is a paper's recipe ({', '.join(NAMED)}), or 'recipe' put together with
 --set positives=... negatives=... loss=... aux=... . The base configuration is built as train
 builds it (recipe defaults, profile, --config file, --set); the search space comes from
 tune_spaces/METHOD.yaml (or --space). Optuna proposes configurations (or --grid PARAM runs the

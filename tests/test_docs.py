@@ -155,12 +155,20 @@ def test_the_report_folder_is_ignored():
     assert proc.returncode == 0
 
 
-# The papers' tables (docs/papers.md): a table's first header cell names its recipe.
-TABLE_METHODS = {"SimCSE": "simcse", "UNA": "una", "SAN": "san", "AugCSE": "augcse", "VaSCL": "vascl"}
 OPTIONS = {"positives=paraphrase"}  # a row naming an option of the recipe, not its default
 
 
+def _table_method(header: str) -> str | None:
+    """The named recipe a papers' table is of: its first header cell starts with the recipe's name
+    (``SAN + HiNCE (Cai et al.)`` is ``san``, ``CoT-BERT (...)`` is ``cotbert``); None for no recipe."""
+    from methods.recipe import NAMED
+
+    word = re.sub(r"[^a-z]", "", header.split()[0].lower()) if header.split() else ""
+    return word if word in NAMED else None
+
+
 def _paper_tables() -> list[tuple[str, list[list[str]]]]:
+    """docs/papers.md's tables, each with its recipe; a table whose header names no recipe fails."""
     tables, method = [], None
     for line in _pages()["papers.md"].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
@@ -168,11 +176,17 @@ def _paper_tables() -> list[tuple[str, list[list[str]]]]:
             method = None
             continue
         if method is None:
-            method = next((m for name, m in TABLE_METHODS.items() if cells[0].startswith(name)), "")
+            method = _table_method(cells[0])
+            assert method, f"docs/papers.md: a table headed {cells[0]!r} names no recipe of methods.recipe.NAMED"
             tables.append((method, []))
-        elif method and not set(cells[0]) <= {"-", ""}:
+        elif not set(cells[0]) <= {"-", ""}:
             tables[-1][1].append(cells)
-    return [(m, rows) for m, rows in tables if m]
+    return tables
+
+
+def test_a_papers_table_is_matched_by_its_header_or_refused():
+    assert _table_method("SAN + HiNCE (Cai et al.)") == "san" and _table_method("CoT-BERT (Zhang et al., 2023)") == "cotbert"
+    assert _table_method("Setting") is None and _table_method("SimCSE-like (ours)") is None
 
 
 def _first_number(text: str):
@@ -187,13 +201,15 @@ def test_the_papers_tables_are_the_paper_profiles_values():
     ``batch_size``, ``lr``), each number is its key's value."""
     from platform.config import TrainConfig
 
+    from methods.recipe import NAMED
+
     tables = _paper_tables()
-    assert {m for m, _ in tables} == set(TABLE_METHODS.values())
+    assert sorted(m for m, _ in tables) == sorted(NAMED)  # one table a recipe
     checked = 0
     for method, rows in tables:
         flat = TrainConfig.build(method, "paper").flat()
         for cells in rows:
-            keys = re.findall(r"`([a-z_0-9]+(?:=[^`]*)?)`", cells[-1])
+            keys = re.findall(r"`([a-z_0-9]+(?:=[^`]*)?)`", re.sub(r"\(.*?\)", "", cells[-1]))  # (notes): options
             if set(keys) & OPTIONS:
                 continue
             for pair in (k for k in keys if "=" in k and k not in OPTIONS):
@@ -280,3 +296,43 @@ def test_every_ingredient_documents_itself_in_one_form_with_an_example_that_runs
             assert words[::2] == ["--set"] * (len(words) // 2) and f"{kind}={name}" in words[1::2], (name, words)
             cfg = TrainConfig.build("recipe", "local", parse_sets(words[1::2]))
             assert name in {cfg.recipe.encoder, cfg.recipe.positives, cfg.recipe.loss, *cfg.recipe.negatives, *cfg.recipe.aux}, (name, cfg.recipe)
+
+
+def test_the_readme_methods_table_is_made_from_the_recipe_table_and_the_published_rows():
+    """README's methods table is ``platform.report.methods_table()``: a recipe added to
+    ``methods.recipe.NAMED`` or a published row changed without the README fails here."""
+    from platform.report import methods_table
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert methods_table() in readme, "README's methods table is stale: paste `python -m platform.report --methods-table`"
+
+
+_NAME = r"`?(?:simcse|una|san|augcse|vascl|promptbert|sncse|cot-?bert)`?(?: \+ HiNCE)?"
+_LIST = re.compile(rf"\b{_NAME}(?:(?:,\s*(?:and\s+|or\s+)?|\s+(?:and|or)\s+){_NAME}){{3,}}", re.I)
+
+
+def _method_lists(text: str) -> list[set[str]]:
+    """Every list of four or more recipe names in ``text`` (fewer: a remark on some of them, such as
+    "SimCSE, SAN and AugCSE train with fp16"), as the set of names it gives."""
+    return [{re.sub(r"[^a-z]", "", n.lower().replace("+ hince", "")) for n in re.findall(_NAME, m.group(0), re.I)}
+            for m in _LIST.finditer(text)]
+
+
+def test_every_list_of_methods_in_the_docs_and_the_help_is_the_whole_recipe_table():
+    """A list of the recipes in the README, the docs, the code or either command's --help names every
+    recipe of ``NAMED``: none goes stale when a recipe is added."""
+    from methods.recipe import NAMED
+
+    assert _method_lists("SimCSE, UNA, SAN + HiNCE and AugCSE") == [{"simcse", "una", "san", "augcse"}]
+    assert _method_lists("fp16 for SimCSE, SAN and AugCSE") == []
+    texts = {"README.md": (ROOT / "README.md").read_text(encoding="utf-8"), **_pages()}
+    texts.update({str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+                  for folder in ("platform", "methods") for p in (ROOT / folder).rglob("*.py")})
+    for command in ("train", "tune"):
+        texts[f"{command} --help"] = run_main(command, "--help").stdout
+    found = 0
+    for where, text in texts.items():
+        for names in _method_lists(text):
+            assert names == set(NAMED), (where, sorted(set(NAMED) - names))
+            found += 1
+    assert found >= 4, found
