@@ -1,5 +1,5 @@
-"""The five named recipes reproduce the losses, metrics and gradients their methods gave before
-they were rebuilt from ingredients (``tests/fixtures/recipe_reference.json``; see
+"""The augmentation papers' named recipes (SimCSE, UNA, SAN, AugCSE, VaSCL: the prompt-based ones came
+after) reproduce the losses, metrics and gradients their methods gave before they were rebuilt from ingredients (``tests/fixtures/recipe_reference.json``; see
 ``tests/recipe_reference.py``), and recipes are validated before anything runs."""
 
 from __future__ import annotations
