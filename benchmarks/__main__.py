@@ -2,7 +2,8 @@
 
 ``run`` appends one JSON record to ``benchmarks/results/CASE.jsonl`` (``--smoke``: the case's size
 that runs here in seconds; ``--results``: another folder, as the test suite's smokes use);
-``report`` writes RESULTS.md from the records (``--check``: exit 1 when it is stale)."""
+``report`` writes RESULTS.md from the records (``--check``: exit 1 when it is stale, or when a record
+belongs to no case, a case has no full-size record, or a record's command is not its case's)."""
 
 import sys
 
@@ -36,10 +37,12 @@ def main(argv: list[str]) -> int:
     if command == "report":
         text = harness.report()
         if "--check" in rest:
+            problems = harness.defects()
             if harness.REPORT.read_text(encoding="utf-8") != text:
-                print("benchmarks/RESULTS.md is stale: run `python -m benchmarks report`", file=sys.stderr)
-                return 1
-            return 0
+                problems.append("benchmarks/RESULTS.md is stale: run `python -m benchmarks report`")
+            for line in problems:
+                print(line, file=sys.stderr)
+            return 1 if problems else 0
         harness.REPORT.write_text(text, encoding="utf-8")
         print(f"wrote {harness.REPORT}")
         return 0

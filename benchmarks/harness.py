@@ -44,6 +44,7 @@ class Case:
     run: Callable[[argparse.Namespace, "Bench"], None]
     smoke: list[str]  # the arguments of a size that runs here in seconds
     meaning: str = ""  # a short paragraph: what the numbers mean
+    gpu: bool = False  # measured on a GPU machine (which has neither Ray nor MLflow): its figures are a GPU's
 
 
 class Bench:
@@ -150,6 +151,7 @@ def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dic
     case.arguments(parser)
     args = parser.parse_args([*case.smoke, *argv] if smoke else argv)
     bench, tee = Bench(), _Tee(sys.stdout)
+    load_before = os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(tee):
@@ -165,6 +167,9 @@ def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dic
               "command": shlex.join(["python", "-m", "benchmarks", "run", name, *argv, *(["--smoke"] if smoke else [])]),
               "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "environment": environment(), "wall_s": round(time.perf_counter() - t0, 3), **peak,
+              # The 1-minute load average (cores busy) before and after: above ~0.5 before, something
+              # else ran beside the case and its timings carry that.
+              "load": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
               "figures": bench.figures, "ratios": bench.ratios, "tables": tables_of(output),
               "lines": [line for line in output.splitlines() if line.strip() and not line.startswith("|")][-40:]}
     results.mkdir(parents=True, exist_ok=True)
@@ -182,6 +187,27 @@ def records(results: Path = RESULTS) -> dict[str, list[dict[str, Any]]]:
                 record = json.loads(line)
                 found.setdefault(record["case"], []).append(record)
     return found
+
+
+def defects(results: Path = RESULTS) -> list[str]:
+    """What makes the records untrue to the suite, one line each: a record of no case, a case with
+    no full-size record, a record whose command is not that case's ``python -m benchmarks run``. A
+    record carried over from before the harness (``imported``) stands only for a GPU case, from a
+    GPU machine, with the command that would re-measure it now."""
+    found, problems = records(results), []
+    for name, recs in found.items():
+        if name not in CASES:
+            problems.append(f"{name}: {len(recs)} record(s) of no case of the suite")
+            continue
+        for r in recs:
+            words = shlex.split(r.get("command", ""))
+            if words[:5] != ["python", "-m", "benchmarks", "run", name]:
+                problems.append(f"{name}: a record ({r['date'][:10]}) whose command is not this case's: {r.get('command')!r}")
+            elif r.get("imported") and not (load(name).gpu and "GPU" in r["environment"].get("machine", "")):
+                problems.append(f"{name}: an imported record ({r['date'][:10]}) of a case that runs here: re-run it")
+    problems += [f"{name}: no full-size record (`python -m benchmarks run {name}`)" for name in CASES
+                 if not any(not r.get("smoke") for r in found.get(name, []))]
+    return problems
 
 
 def report(results: Path = RESULTS) -> str:
@@ -212,9 +238,16 @@ def report(results: Path = RESULTS) -> str:
 
 def _render(record: dict[str, Any]) -> list[str]:
     env = record.get("environment", {})
-    out = [f"Measured {record['date'][:10]} on {env.get('machine', '?')}"
-           + (f", torch {env['packages']['torch']}" if env.get("packages", {}).get("torch") else "") + ":", "",
-           f"    {record['command']}", ""]
+    if record.get("imported"):  # a GPU measurement from before the harness wrote records
+        out = [f"Imported GPU record (not written by the harness): measured {record['date'][:10]} on "
+               f"{env.get('machine', '?')}. The command that re-measures it now, on a GPU machine:", "",
+               f"    {record['command']}", ""]
+    else:
+        load_before = record.get("load", {}).get("before")
+        out = [f"Measured {record['date'][:10]} on {env.get('machine', '?')}"
+               + (f", torch {env['packages']['torch']}" if env.get("packages", {}).get("torch") else "")
+               + (f", load {load_before} before it ran" if load_before is not None else "") + ":", "",
+               f"    {record['command']}", ""]
     if record.get("ratios"):
         out += ["| ratio | value | target |", "|---|---|---|"]
         out += [f"| {k} | {v['value']:.3f} | {v.get('target') or ''} |" for k, v in record["ratios"].items()] + [""]

@@ -146,4 +146,4 @@ CASE = Case("eval-cost", "one STS-B dev evaluation inside a run, piece by piece 
             smoke=["--model", "tiny", "--evals", "1", "--train-steps", "1", "--compile", "none",
                    "--variants", "as-is", "tokenised once"],
             meaning="An evaluation every few hundred steps must cost a small share of training: the pieces "
-                    "say which to make cheaper.")
+                    "say which to make cheaper.", gpu=True)

@@ -112,4 +112,4 @@ CASE = Case("loop-host-share", "the share of the training loop's step the host s
             "(the loop beside the bare device step on the same batches)", arguments, run,
             smoke=["--steps", "3", "--warmup", "1", "--batch-size", "8"],
             meaning="Batches arrive tokenised as tensors and the step reads the device only when it logs: "
-                    "a ratio near 1 says the host is off the critical path.")
+                    "a ratio near 1 says the host is off the critical path.", gpu=True)

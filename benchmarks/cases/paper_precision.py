@@ -222,4 +222,4 @@ def run_case(args: argparse.Namespace, bench: Bench) -> None:
 
 CASE = Case("paper-precision", "the named recipes' paper profiles in their papers' precision: finite losses, ms/step, peak "
             "memory; GradCache's memory at the paper batches", arguments, run_case,
-            smoke=["--model", "tiny", "--steps", "2", "--only", "simcse"])
+            smoke=["--model", "tiny", "--steps", "2", "--only", "simcse"], gpu=True)

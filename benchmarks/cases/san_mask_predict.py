@@ -62,4 +62,4 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
 CASE = Case("san-mask-predict", "SAN's mask-predict with a bert-base-sized MLM: sentences/s and minutes per 1M "
             "negatives (the GPU's share of SAN's generation)", arguments, run,
             smoke=["--size", "tiny", "--n", "64", "--batch", "32"],
-            meaning="Generating SAN's negatives for a 1M-sentence corpus must fit in minutes on one GPU.")
+            meaning="Generating SAN's negatives for a 1M-sentence corpus must fit in minutes on one GPU.", gpu=True)

@@ -222,4 +222,4 @@ CASE = Case("train-step", "SimCSE's training step at hardware speed: the platfor
             smoke=["--model", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--eval-steps", "2",
                    "--precision", "fp32", "--eager-only"],
             meaning="The loop against the bare device step says what the platform adds per step; against "
-                    "sentence-transformers' trainer, whether its throughput leads; MFU, how close to the GPU's peak.")
+                    "sentence-transformers' trainer, whether its throughput leads; MFU, how close to the GPU's peak.", gpu=True)
