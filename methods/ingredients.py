@@ -320,16 +320,3 @@ class EncoderIngredient(Ingredient):
         """What evaluation at ``stage`` (``test``, ``dev``) needs to embed as the authors do
         (``methods.prompt.PromptPooling``), or None."""
         return None
-
-
-class PlainEncoder(EncoderIngredient):
-    """``encoder=plain``: the sentence as it is, pooled by ``pooler`` (SimCSE's [CLS] + MLP, or an
-    aux term's pooling).
-
-    Inputs: the sentence.
-    Requires: nothing. Combines with: every positives, negatives source, loss and aux term.
-    Paper: SimCSE (Gao et al., 2021), Sec. 3 and its poolers.
-    Example: --set encoder=plain --set pooler=avg"""
-
-    name = "plain"
-    cites = "Gao et al. (2021), SimCSE, Sec. 3"

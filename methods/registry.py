@@ -14,7 +14,7 @@ from methods.ingredients import KINDS, AuxTerm, EncoderIngredient, Ingredient, N
 from methods.losses import Loss
 
 REGISTERED = (
-    "methods.ingredients:PlainEncoder",
+    "methods.plain:PlainEncoder",
     "methods.prompt:PromptEncoder",
     "methods.positives:DropoutPositives",
     "methods.positives:ParaphrasePositives",

@@ -28,7 +28,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -219,12 +219,19 @@ def latest_under(location: str) -> str | None:
     return max(found)[1] if found else None
 
 
-def best_under(location: str) -> tuple[str, float] | None:
+class Best(NamedTuple):
+    """A fit's best checkpoint (a folder or URI) and its STS-B dev."""
+
+    checkpoint: str
+    dev: float
+
+
+def best_under(location: str) -> Best | None:
     """The checkpoint with the best STS-B dev under a fit's storage (the first step to reach it),
     and that score; None when no checkpoint was evaluated."""
     found = [(-float(state[DEV_METRIC]), state.get("step", 0), folder)
              for state, folder in checkpoints_under(location) if DEV_METRIC in state]
-    return (min(found)[2], -min(found)[0]) if found else None
+    return Best(min(found)[2], -min(found)[0]) if found else None
 
 
 def read_state_at(location: str) -> dict:

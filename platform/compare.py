@@ -39,7 +39,7 @@ from platform.evaluate import resolve_model
 from platform.evaluation import uncertainty
 from platform.evaluation.sts import STSEvaluator
 from platform.tracking import store
-from platform.tracking.recorder import Run
+from platform.tracking.recorder import BEST_CHECKPOINT_TAG, Run
 
 COMPARISONS_EXPERIMENT = "comparisons"
 ROWS = [*STS_TASKS, "avg"]
@@ -71,7 +71,7 @@ def from_run(uri: str, run, label: str) -> Result:
     if not seeds:
         seeds = {int(run.data.params.get("seed", 0)): _scores(run.data.metrics)}
     model = run.data.tags.get("model") or run.data.params.get("model", "")
-    return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get("best_checkpoint"),
+    return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get(BEST_CHECKPOINT_TAG),
                   int(run.data.params.get("seed", 0) or 0))
 
 

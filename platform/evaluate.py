@@ -35,7 +35,7 @@ from platform import checkpoint, storage
 from platform.storage import cache_root
 from platform.run.final_evaluation import beside_table, cached_baseline
 from platform.tracking import recorder, store
-from platform.tracking.recorder import Run
+from platform.tracking.recorder import BEST_CHECKPOINT_TAG, Run
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
 TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"],
@@ -150,7 +150,7 @@ def reference(model: str, stack: contextlib.ExitStack) -> tuple[str, str | None]
     try:
         if model.startswith("runs:/"):
             run_id = model[len("runs:/"):].strip("/").split("/")[0]
-            best = store.client(uri).get_run(run_id).data.tags.get("best_checkpoint")
+            best = store.client(uri).get_run(run_id).data.tags.get(BEST_CHECKPOINT_TAG)
             if not best:
                 raise UserError(f"MLflow run {run_id} names no best checkpoint (tag best_checkpoint): it has not evaluated")
             return str(stack.enter_context(storage.local_copy(best))), run_id

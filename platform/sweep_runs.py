@@ -22,7 +22,7 @@ from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import SHORT_NAMES, STS_TASKS
-from platform.tracking.recorder import (BEST, DEV_METRIC, SENDER_TAG, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable,
+from platform.tracking.recorder import (BEST, BEST_CHECKPOINT_TAG, DEV_METRIC, SENDER_TAG, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable,
                                         winner_key)
 
 SWEEP_STATE = "platform_sweep.json"
@@ -152,7 +152,7 @@ class TrialRuns:
     def open(self, trial_id: str, config: dict[str, Any]) -> None:
         sweep = self.sweep
         found = trial_runs(sweep.uri, sweep.parent, trial_id)
-        if found and found[0].info.status == "FINISHED" and checkpoint_exists(found[0].data.tags.get("best_checkpoint")):
+        if found and found[0].info.status == "FINISHED" and checkpoint_exists(found[0].data.tags.get(BEST_CHECKPOINT_TAG)):
             return  # the trial reports its result again
         if found:
             Run.reopen(sweep.uri, found[0].info.run_id, in_trial=True)
@@ -209,7 +209,7 @@ class TrialRuns:
                 done = r.data.tags.get(WORK_DONE_TAG) == "true"
                 fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
                 if done or (r is found and sweep.seeds > 1):  # named by the fit's end (a configuration's: its seeds' best)
-                    best = r.data.tags.get("best_checkpoint")
+                    best = r.data.tags.get(BEST_CHECKPOINT_TAG)
                 else:  # Tune ended the fit: the recorder completes it from storage and Tune's reports
                     try:
                         if r is found and sweep.seeds == 1:
@@ -219,7 +219,7 @@ class TrialRuns:
                     except TrackingUnavailable as exc:  # the run's end is told; its points stay in its checkpoints
                         print(f"note: {exc}", file=sys.stderr, flush=True)
                         best = checkpoint.best_under(fit_folder)
-                    best = best[0] if best else None
+                    best = best.checkpoint if best else None
                 reason = "completed" if done else outcome
                 extra = {"stopped_by_scheduler": "true"} if reason == "stopped" else None
                 status = Run(sweep.uri, r.info.run_id).end(reason, best, only_if_running=True, tags=extra)
@@ -307,7 +307,7 @@ def ranked_trials(uri: str, parent: str, metric: str, mode: str) -> list:
     """FINISHED trial runs with a score and a best checkpoint that exists in storage, best first."""
     order = "DESC" if mode == "max" else "ASC"
     runs = store.child_runs(uri, parent, "attributes.status = 'FINISHED'", order_by=[f"metrics.best_{metric} {order}"])
-    return [r for r in runs if f"best_{metric}" in r.data.metrics and checkpoint_exists(r.data.tags.get("best_checkpoint"))]
+    return [r for r in runs if f"best_{metric}" in r.data.metrics and checkpoint_exists(r.data.tags.get(BEST_CHECKPOINT_TAG))]
 
 
 def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
@@ -326,7 +326,8 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     won = {k: ranked[0].data.params.get(sweep.base.param_key(k)) for k in spec.space}
     recorder.name_best(parent, result.checkpoint, {"best_run_id": best.id, **{f"best.{k}": v for k, v in won.items()}})
     wall, cpu = time.perf_counter(), time.process_time()
-    baseline = unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)
+    unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)
+    baseline = result.baseline
     if sweep.base.final_eval:  # the weights were loaded on the run's device, not here
         print(f"the end of the sweep (7 STS tasks, baseline, export, registry): {time.perf_counter() - wall:.1f} s, "
               f"{time.process_time() - cpu:.1f} s of it the driver's CPU", flush=True)

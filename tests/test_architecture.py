@@ -403,3 +403,48 @@ def test_a_bare_pytest_runs_the_fast_tier_and_the_two_commands_run_the_rest(tmp_
     assert set(tiers["bare"]) < set(tiers["suite"]) and not set(tiers["suite"]) & set(tiers["scenarios"])
     every = {m for tier in tiers.values() for marks in tier.values() for m in marks}
     assert every <= {"e2e", "scenario", "parametrize", "skipif", "usefixtures", "timeout"}, every
+
+
+# The project's calls from ``python -m platform.train una`` (the process runtime) down to the loss's
+# ``F.cross_entropy``; the path may shrink, not grow.
+MOST_HOPS_TO_THE_LOSS = 8
+_FIRST_LOSS_STACK = """
+import json, sys, traceback
+import torch.nn.functional as F
+real = F.cross_entropy
+def traced(*args, **kwargs):
+    if not traced.seen:
+        traced.seen = [f"{f.filename}:{f.name}" for f in traceback.extract_stack()[:-1]]
+    return real(*args, **kwargs)
+traced.seen = None
+F.cross_entropy = traced
+from platform import train
+code = train.main(sys.argv[2:])
+json.dump(traced.seen, open(sys.argv[1], "w"))
+sys.exit(code)
+"""
+
+
+@pytest.mark.e2e
+def test_the_path_from_the_command_to_the_loss_is_short(tiny_model, small_corpus, tmp_path, mlflow_uri):
+    """A reader follows ``python -m platform.train una`` to ``F.cross_entropy`` through the project's
+    own functions: counted as the calls between the command's ``main`` and the loss on the stack of
+    its first step (the process runtime; a Ray Train worker starts the same loop), at most
+    ``MOST_HOPS_TO_THE_LOSS``."""
+    from tests.helpers import sets
+
+    out = tmp_path / "stack.json"
+    args = sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=1, eval_steps=1, num_workers=1,
+                runtime="process", final_eval="false", r=100, alpha=1, output_dir=tmp_path / "runs")
+    proc = subprocess.run([sys.executable, "-c", _FIRST_LOSS_STACK, str(out), "una", *args], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri},
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = [f.split(str(ROOT) + "/", 1)[1] for f in json.loads(out.read_text()) if f.startswith(str(ROOT) + "/")
+            and not f.startswith(str(ROOT / ".venv")) and "/tests/" not in f and "<" not in f]
+    start = next(i for i, f in enumerate(ours) if f == "platform/train.py:main")
+    path = [f for f in ours[start:] if not f.endswith(":wrapper")]  # cli_main's wrapper is the command itself
+    assert path[-1].startswith("methods/losses.py:"), path
+    hops = len(path) - 1
+    print(f"{hops} hops over {len({f.split(':')[0] for f in path})} files:\n  " + "\n  ".join(path))
+    assert hops <= MOST_HOPS_TO_THE_LOSS, path

@@ -110,10 +110,6 @@ def test_the_sweep_on_the_head_joins_the_cluster_and_its_trials_finish_on_added_
     assert len(trials) == 2 and all(r.info.status == "FINISHED" for r in trials)
 
 
-# The modules a sweep runs today; the path may shrink, not grow.
-MOST_MODULES_ON_THE_PATH = 29
-
-
 def test_the_code_map_is_what_the_sweep_ran(head, sweep):
     """Every project module with a function the sweep ran, in the driver, its trials, the Train
     workers or Ray Data's tasks, is in the Code map (docs/development.md) with its job in a line, and the map
@@ -126,7 +122,6 @@ def test_the_code_map_is_what_the_sweep_ran(head, sweep):
     mapped = code_map()
     assert set(mapped) == ran, (sorted(ran - set(mapped)), sorted(set(mapped) - ran))
     assert all(len(job) > 10 for job in mapped.values()), mapped
-    assert len(ran) <= MOST_MODULES_ON_THE_PATH, sorted(ran)
 
 
 def test_the_end_of_the_sweep_loads_weights_on_the_workers_not_in_the_driver(head, sweep):

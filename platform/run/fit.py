@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from typing import Any, Callable
 
@@ -67,7 +68,7 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
             ctx.corpus = corpus
             metrics = train_loop_per_worker(ctx)
         else:
-            metrics = _off_the_main_thread(lambda: _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports))
+            metrics = _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports)
     except BaseException:
         # Interrupted or failed: the run still gets the points and the best checkpoint its storage
         # holds (what --resume continues from), without waiting long for a server that is away.
@@ -75,47 +76,51 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
             finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
         raise
     best = finish_fit(uri, run_id, folder)
-    return FitResult(best[1] if best else None, best[0] if best else None, metrics)
+    return FitResult(best.dev if best else None, best.checkpoint if best else None, metrics)
 
 
-def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: float | None = None) -> tuple[str, float] | None:
+def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: float | None = None) -> checkpoint.Best | None:
     """The end of the fit whose checkpoints are under ``location``: its latest checkpoint's points
     replayed to ``run_id`` (waiting up to ``seconds``, default ``$PLATFORM_TRACKING_WAIT`` or 600,
     for a server that is away: ``recorder.TrackingUnavailable`` after that), then its best checkpoint
-    decided from storage and named on the run (``best_checkpoint``). Returns (best, its dev)."""
+    decided from storage and named on the run (``best_checkpoint``)."""
     best = checkpoint.best_under(location)
     if run_id is None:
         return best
     latest = checkpoint.latest_under(location)
     recorder.replay(uri, run_id, checkpoint.load_points(latest) if latest else [], seconds, where=f" ({location})")
     if best is not None:
-        Run(uri, run_id).set_tags({"best_checkpoint": best[0]})
+        recorder.name_best(Run(uri, run_id), best.checkpoint)
     return best
 
 
-def _off_the_main_thread(fn: Callable[[], Any]) -> Any:
-    """``fn()`` in a helper thread while this one waits: Ray Train's ``fit`` takes over SIGINT in
-    the main thread (and then exits the process with status 0); here Ctrl-C and SIGTERM stay a
+def off_the_main_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called in a helper thread while this one waits: Ray Train's ``fit`` takes over SIGINT
+    in the main thread (and then exits the process with status 0); here Ctrl-C and SIGTERM stay a
     ``KeyboardInterrupt`` of this thread, which ends the run KILLED. Its checkpoints stay in storage."""
-    if threading.current_thread() is not threading.main_thread():
-        return fn()
-    box: dict[str, Any] = {}
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)
+        box: dict[str, Any] = {}
 
-    def call() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # handed to the waiting thread
-            box["error"] = exc
+        def call() -> None:
+            try:
+                box["result"] = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the waiting thread
+                box["error"] = exc
 
-    thread = threading.Thread(target=call, name="ray-train-fit", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.2)
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+        thread = threading.Thread(target=call, name="ray-train-fit", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.2)
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+    return wrapper
 
 
+@off_the_main_thread
 def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path: str, name: str,
              tune_reports: bool) -> dict:
     import ray

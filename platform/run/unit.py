@@ -30,7 +30,7 @@ from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.tracking import recorder, store
 from platform.checkpoint import exists as checkpoint_exists
-from platform.tracking.recorder import BEST, Run
+from platform.tracking.recorder import BEST, BEST_CHECKPOINT_TAG, Run
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
 MAX_SEEDS = 100
@@ -175,10 +175,12 @@ class SeedFit:
 
 @dataclasses.dataclass
 class ConfigResult:
-    """A configuration's fits, and its 7-task scores once evaluated (means and stds over seeds)."""
+    """A configuration's fits, its 7-task scores once evaluated (means and stds over seeds), and the
+    untouched backbone's beside them once finalized."""
 
     fits: list[SeedFit]
     scores: dict[str, float] | None = None
+    baseline: dict[str, float] | None = None
 
     @property
     def best(self) -> SeedFit:
@@ -200,8 +202,12 @@ def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage
     them on ``run``, then finalize (``final``: one of ``FINALS``). ``tune_reports``: the first
     seed's evaluations also go to the Tune trial this runs in (what ASHA compares)."""
     values = seed_values(cfg, seeds)
-    fits = [_fit_seed(cfg, corpus, run, seed, len(values), storage_path, name, tune_reports and i == 0, label)
-            for i, seed in enumerate(values)]
+    if len(values) == 1:  # one seed: fitted in the configuration's own run, which its fit names the best of
+        out = fit(cfg, corpus, run, storage_path=storage_path, name=name, tune_reports=tune_reports, label=label)
+        fits = [SeedFit(values[0], run, checked(out, ""))]
+    else:
+        fits = [_fit_seed(cfg, corpus, run, seed, storage_path, name, tune_reports and i == 0, label)
+                for i, seed in enumerate(values)]
     result = ConfigResult(fits)
     if len(fits) > 1:  # one seed: its fit named the run's best checkpoint
         recorder.log_results(run, result.dev)
@@ -210,17 +216,19 @@ def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage
     return result
 
 
-def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int, storage_path: str, name: str,
+def checked(out: FitResult, who: str) -> FitResult:
+    if out.checkpoint is None:
+        raise DataError(f"{who}training finished without a checkpoint (no STS-B dev evaluation ran)")
+    return out
+
+
+def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, storage_path: str, name: str,
               tune_reports: bool, label: str | None) -> SeedFit:
-    if n == 1:
-        out = fit(cfg, corpus, run, storage_path=storage_path, name=name, tune_reports=tune_reports, label=label)
-        if out.checkpoint is None:
-            raise DataError("training finished without a checkpoint (no STS-B dev evaluation ran)")
-        return SeedFit(seed, run, out)
+    """One of several seeds, in a run of its own nested under the configuration's ``run``."""
     scfg = cfg.with_values({"seed": seed}, source="--seeds")
     seed_name = f"{name}-seed{seed}"
     found = _seed_run(run, seed)
-    if found is not None and found.info.status == "FINISHED" and checkpoint_exists(found.data.tags.get("best_checkpoint")):
+    if found is not None and found.info.status == "FINISHED" and checkpoint_exists(found.data.tags.get(BEST_CHECKPOINT_TAG)):
         return SeedFit(seed, Run(run.uri, found.info.run_id, seed_name), _fit_result(found))  # a resumed configuration
     corpus = seed_corpus(cfg, scfg, corpus, generate=not run.in_trial)  # read only for a seed that trains
     seed_run = (Run.reopen(run.uri, found.info.run_id, run.in_trial) if found is not None
@@ -229,10 +237,8 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, n: int,
         if found is None:
             seed_run.log_config(scfg)
             seed_run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
-        out = fit(scfg, corpus, seed_run, storage_path=storage_path, name=seed_name, tune_reports=tune_reports,
-                  label=" ".join(filter(None, [label, f"seed {seed}"])))
-        if out.checkpoint is None:
-            raise DataError(f"seed {seed}: training finished without a checkpoint (no STS-B dev evaluation ran)")
+        out = checked(fit(scfg, corpus, seed_run, storage_path=storage_path, name=seed_name, tune_reports=tune_reports,
+                          label=" ".join(filter(None, [label, f"seed {seed}"]))), f"seed {seed}: ")
         seed_run.complete(out.checkpoint)
     release(out)  # the seed's work is done: it is never trained again
     return SeedFit(seed, seed_run, out)
@@ -247,7 +253,7 @@ def _seed_run(run: Run, seed: int):
 
 
 def _fit_result(mlflow_run) -> FitResult:
-    return FitResult(mlflow_run.data.metrics.get(BEST), mlflow_run.data.tags.get("best_checkpoint"))
+    return FitResult(mlflow_run.data.metrics.get(BEST), mlflow_run.data.tags.get(BEST_CHECKPOINT_TAG))
 
 
 def read_result(run: Run) -> ConfigResult:
@@ -263,15 +269,15 @@ def read_result(run: Run) -> ConfigResult:
     return ConfigResult(fits, table if complete else None)
 
 
-def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str] | None = None) -> dict[str, float] | None:
+def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str] | None = None) -> None:
     """``final``: ``evaluate`` the 7 STS tasks on every seed's best checkpoint (skipped where
     ``result`` holds them already), their means and stds on ``run``; ``full``: also export and
     register the best seed's checkpoint with those numbers (``searched``: a sweep's winning
-    values, for the registered version). Returns the untouched backbone's scores (None: ``none``)."""
+    values, for the registered version). The untouched backbone's scores go to ``result.baseline``."""
     if final not in FINALS:
         raise ValueError(f"final must be one of {FINALS}, got {final!r}")
     if final == "none":
-        return None
+        return
     if result.scores is None:
         if final == "full":  # what the user waits on at the end: said before it starts
             of = f"each of the {len(result.fits)} seeds' best checkpoints" if len(result.fits) > 1 else "the best checkpoint"
@@ -279,8 +285,8 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
         with still_working("final evaluation, the 7 STS tasks"):
             result.scores = evaluate_fits(run, result.fits, alone=final == "full")
     with still_working("the untouched backbone's 7 STS tasks (once per backbone and pooler)"):
-        baseline = final_evaluation.against_baseline(run, result.checkpoint, result.scores, quiet=final != "full",
-                                                alone=final == "full")
+        result.baseline = final_evaluation.against_baseline(run, result.checkpoint, result.scores,
+                                                            quiet=final != "full", alone=final == "full")
     if final == "full":
         n = len(result.fits)
         dev = result.dev
@@ -288,11 +294,11 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
         print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
         with still_working("export and registration"):
-            export.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, baseline, n, searched)
+            export.export_and_register(run, result.checkpoint, result.scores, dev[BEST], tags, result.baseline, n,
+                                       searched)
         with still_working("MTEB on the best checkpoint (final_benchmark)"):
             final_evaluation.evaluate_benchmark(run, result.checkpoint)
         final_evaluation.log_geometry(run)
-    return baseline
 
 
 def evaluate_fits(run: Run, fits: list[SeedFit], alone: bool = False) -> dict[str, float]:

@@ -46,6 +46,7 @@ from platform.tracking import store
 
 BEST = "best_" + DEV_METRIC
 END_REASON_TAG = "platform.end_reason"
+BEST_CHECKPOINT_TAG = "best_checkpoint"  # the run's best checkpoint (a folder or URI): written by name_best only
 STORAGE_TAG = "platform.storage"  # where the run's checkpoints and resumable state live
 WORK_DONE_TAG = "platform.work_done"  # a trial's run whose work completed, for the sweep's callback to end
 # The Ray actor whose process sends the run's step metrics (a Ray Train fit's rank 0, the latest
@@ -523,8 +524,9 @@ def link_to_model(run: Run, model_id: str, keys: list[str]) -> None:
 
 
 def name_best(run: Run, checkpoint: str, tags: dict[str, str] | None = None) -> None:
-    """A configuration's (or a sweep's) best checkpoint, chosen among its fits' (or trials')."""
-    run.set_tags({"best_checkpoint": checkpoint, **(tags or {})})
+    """The one writer of ``best_checkpoint``: a fit's best checkpoint (from its storage), or a
+    configuration's (or a sweep's), chosen among its fits' (or trials')."""
+    run.set_tags({BEST_CHECKPOINT_TAG: checkpoint, **(tags or {})})
 
 
 def _system_metrics(uri: str | None, run_id: str):
