@@ -342,27 +342,27 @@ class Recipe:
         for ingredient in self.ingredients:
             ingredient.check_corpus(sentences)
 
-    def check_statistics(self, states: dict[str, Any]) -> None:
+    def check_statistics(self, statistics: dict[str, Any]) -> None:
         for ingredient in self.with_statistics():
-            ingredient.check_statistics(states[ingredient.name])
+            ingredient.check_statistics(statistics[ingredient.name])
 
-    def space_limits(self, states: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    def space_limits(self, statistics: dict[str, Any]) -> dict[str, tuple[float, float]]:
         limits: dict[str, tuple[float, float]] = {}
         for ingredient in self.with_statistics():
-            limits.update(ingredient.space_limits(states[ingredient.name]))
+            limits.update(ingredient.space_limits(statistics[ingredient.name]))
         return limits
 
     @property
     def augments_per_epoch(self) -> bool:
         return any(i.augments_per_epoch for i in self.ingredients)
 
-    def augment(self, batch: dict[str, Any], states: dict[str, Any], epoch: int) -> dict[str, Any]:
+    def augment(self, batch: dict[str, Any], statistics: dict[str, Any], epoch: int) -> dict[str, Any]:
         """Every epoch's columns (UNA's negatives, AugCSE's drawn augmentation) for a batch whose
         ``row`` column holds its corpus rows: the draws are a function of the seed, epoch and rows."""
         draws = Draws(self.seed, epoch)
         for ingredient in self.ingredients:
             if ingredient.augments_per_epoch:
-                batch = ingredient.augment(batch, states.get(ingredient.name), draws)
+                batch = ingredient.augment(batch, statistics.get(ingredient.name), draws)
         return batch
 
     @property

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     tmp = storage.staging(out)
     t1 = time.perf_counter()
     try:
-        augment_dataset(recipe, corpus.columns, corpus.states).write_parquet(str(tmp))
+        augment_dataset(recipe, corpus.columns, corpus.statistics).write_parquet(str(tmp))
     except BaseException as exc:
         storage.discard(tmp)
         if isinstance(exc, OSError):

@@ -209,7 +209,7 @@ def main(argv=None) -> int:
                       ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in varying.items()), seeds=seeds)
     corpus = unit.prepare(base, sentences, check=False)
     # Searched parameters are checked against the corpus per trial, after clipping the space.
-    spec.clip(base.build_recipe().space_limits(corpus.states))
+    spec.clip(base.build_recipe().space_limits(corpus.statistics))
     if found is not None:  # Tune restores the sweep as it was started
         folder, state = found
         parent = Run.reopen(uri, state["parent_run_id"])

@@ -45,16 +45,16 @@ def test_a_run_restored_at_its_end_reports_its_last_state_once(tiny_model, small
     """A fit continued after it had trained to its end (``--resume`` of a trial cut just after its
     last step) evaluates and reports that state once: Tune expects a result from every trial. Its
     MLflow points are not duplicated."""
-    from platform.run.loop import RunContext
+    from platform.run.loop import WorkerContext
     from platform.tracking.recorder import Run
     from platform.tracking.store import client
 
     cfg = TrainConfig.build("simcse", "local", {"model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8,
                                                 "max_steps": 4, "eval_steps": 2, "runtime": "process", "num_workers": 1})
     run = Run.create(mlflow_uri, "simcse", "fit", {})
-    ctx = RunContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id, run_dir=str(tmp_path / "fit"))
+    ctx = WorkerContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id, run_dir=str(tmp_path / "fit"))
     first = train_loop_per_worker(ctx)
-    again = train_loop_per_worker(RunContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id,
+    again = train_loop_per_worker(WorkerContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id,
                                              run_dir=str(tmp_path / "fit"), resumed=True))
     assert first["steps"] == again["steps"] == 4 and again["best_stsb_dev_spearman"] == first["best_stsb_dev_spearman"]
     history = client(mlflow_uri).get_metric_history(run.id, "stsb_dev_spearman")

@@ -19,7 +19,7 @@ def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow
 
     from methods.encoder import Encoder
     from platform import checkpoint
-    from platform.tracking import registry
+    from platform.tracking import model_registry as registry
 
     proc = run_main("train", "simcse", *[a for kv in (
         f"model={tiny_model}", f"corpus={small_corpus}", "batch_size=8", "max_steps=4", "eval_steps=2",
@@ -148,7 +148,7 @@ def test_a_smoke_model_never_takes_a_real_backbones_champion(mlflow_server, tiny
     lineages are not ranked against each other; each lineage keeps its own best alias."""
     from mlflow.tracking import MlflowClient
 
-    from platform.tracking import registry
+    from platform.tracking import model_registry as registry
 
     c = MlflowClient(mlflow_server)
     run_id = c.create_run(c.create_experiment("like-with-like")).info.run_id
@@ -184,7 +184,7 @@ def test_registration_reaches_the_platforms_default_store(tiny_model, tmp_path, 
     import mlflow.tracking._tracking_service.utils as tracking_utils
 
     from platform.run.export import export_sentence_transformers
-    from platform.tracking import registry
+    from platform.tracking import model_registry as registry
     from platform.tracking.recorder import Run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -201,7 +201,7 @@ def test_registration_reaches_the_platforms_default_store(tiny_model, tmp_path, 
 
 
 def test_registered_names():
-    from platform.tracking.registry import registered_name
+    from platform.tracking.model_registry import registered_name
 
     assert registered_name("una", "positives=dropout negatives=una loss=infonce aux=none") == "una-encoder"
     assert registered_name("recipe", "positives=dropout negatives=una,san loss=hince aux=vascl") == \

@@ -19,7 +19,7 @@ def cache(tmp_path_factory):
 
 def _losses(method: str, seed: int, tiny_model, corpus, out, uri: str, extra=None) -> list[float]:
     from platform.config import TrainConfig
-    from platform.run.loop import RunContext, train_loop_per_worker
+    from platform.run.loop import WorkerContext, train_loop_per_worker
     from platform.tracking.recorder import Run
     from platform.tracking.store import client
 
@@ -28,7 +28,7 @@ def _losses(method: str, seed: int, tiny_model, corpus, out, uri: str, extra=Non
                                               "runtime": "process", "num_workers": 1, "seed": seed,
                                               "output_dir": str(out), **RECIPES[method], **(extra or {})})
     run = Run.create(uri, method, f"seed{seed}", {})
-    train_loop_per_worker(RunContext(cfg=cfg, tracking_uri=uri, run_id=run.id, run_dir=str(out / run.id)))
+    train_loop_per_worker(WorkerContext(cfg=cfg, tracking_uri=uri, run_id=run.id, run_dir=str(out / run.id)))
     return [m.value for m in sorted(client(uri).get_metric_history(run.id, "train_loss"), key=lambda m: m.step)]
 
 

@@ -105,17 +105,17 @@ def test_batched_adam_steps_are_torch_adams():
     import numpy as np
     import torch
 
-    from platform.evaluation import batched
+    from platform.evaluation import classifier_fits
 
     rng = np.random.RandomState(0)
     x = torch.from_numpy(rng.normal(size=(90, 7)).astype(np.float32))
     y = torch.from_numpy(rng.randint(0, 3, size=90))
     onehot = torch.nn.functional.one_hot(y, 3).float()
-    xa = batched.augment(x)
+    xa = classifier_fits.augment(x)
     l2s = [1e-5, 1e-3, 1e-1]
-    w0, b0 = batched._initial_layer(7, 3, 1111)
+    w0, b0 = classifier_fits._initial_layer(7, 3, 1111)
     G = 2
-    fits = batched.AdamFits(w0, b0, torch.tensor([l2s, l2s]), max_steps=40)
+    fits = classifier_fits.AdamFits(w0, b0, torch.tensor([l2s, l2s]), max_steps=40)
     fits.keep[1, 2] = 0.0  # a stopped fit keeps its weights
     fits.all_running = False
     batches = [[rng.permutation(90)[:16] for _ in range(30)], [rng.permutation(90)[:16] for _ in range(30)]]
@@ -146,8 +146,8 @@ def test_batched_adam_steps_are_torch_adams():
             torch.testing.assert_close(fits.b[g, k], layer.bias.detach(), rtol=1e-5, atol=1e-6)
     assert torch.equal(fits.w[1, 2], w0) and torch.equal(fits.b[1, 2], b0) and fits.t.tolist() == [30, 20]
     # The full-batch path (no mask) is the same step.
-    a = batched.AdamFits(w0, b0, torch.tensor([l2s]), max_steps=5)
-    b = batched.AdamFits(w0, b0, torch.tensor([l2s]), max_steps=5)
+    a = classifier_fits.AdamFits(w0, b0, torch.tensor([l2s]), max_steps=5)
+    b = classifier_fits.AdamFits(w0, b0, torch.tensor([l2s]), max_steps=5)
     idx = torch.from_numpy(batches[0][0])[None]
     a.step(xa[idx], onehot[idx])
     b.step(xa[idx], onehot[idx], torch.ones(1, 16, dtype=torch.bool), torch.tensor([True]))

@@ -167,12 +167,12 @@ def test_authors_negatives_are_their_tokens_space_joined(corpus):
 
 
 def test_tfidf_cache_is_keyed_by_the_tokenizer(corpus, tmp_path, monkeypatch):
-    from platform.data.columns import prepared_states
+    from platform.data.columns import corpus_statistics
 
     monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path))
     columns = {"sentence": corpus[:300]}
-    paper = prepared_states(Recipe.named("una", r=20), columns)["una"]
-    authors = prepared_states(Recipe.named("una", r=20, fidelity="authors_code"), columns)["una"]
+    paper = corpus_statistics(Recipe.named("una", r=20), columns)["una"]
+    authors = corpus_statistics(Recipe.named("una", r=20, fidelity="authors_code"), columns)["una"]
     assert "," in authors.index and "," not in paper.index
     assert sorted(p.name.split("-")[2] for p in tmp_path.glob("una-tfidf-*")) == ["nltk", "words"]
 

@@ -61,7 +61,7 @@ def worker(config: dict) -> None:
 
     from platform.config import TrainConfig
     from platform import checkpoint
-    from platform.run.loop import RayTrainRuntime, RunContext
+    from platform.run.loop import RayTrainRuntime, WorkerContext
     from platform.tracking.recorder import StepLog
 
     model, optimizer, schedule = _model_and_optimizer(config.get("size", "bert-base"))
@@ -81,7 +81,7 @@ def worker(config: dict) -> None:
             rows.append({"evaluation": i, "kind": "state", "bytes": size, "blocked_s": time.perf_counter() - t0})
     else:
         cfg = TrainConfig.build("simcse", "paper", {"checkpoint_minutes": 15.0})
-        rt = RayTrainRuntime(RunContext(cfg=cfg, runtime="ray", run_dir=config["fit_folder"]), cfg)
+        rt = RayTrainRuntime(WorkerContext(cfg=cfg, runtime="ray", run_dir=config["fit_folder"]), cfg)
         log = StepLog()
         pos = checkpoint.Position()
         for i, dev in enumerate(devs, 1):

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     timed("AugCSE 8-aug generation", lambda: unit.generate_all(augcse, [], sentences, ""))
     corpus = timed("AugCSE columns from the cache", lambda: unit.prepare(augcse, sentences, generate=False))
     timed("epoch dataset (corpus table to the object store)",
-          lambda: epoch_datasets(augcse.build_recipe(), corpus.columns, corpus.states, 1, 0))
+          lambda: epoch_datasets(augcse.build_recipe(), corpus.columns, corpus.statistics, 1, 0))
     print(f"\nn={args.n:,} sentences, Ray CPUs {args.cpus}, max RSS of the driver over the whole run "
           f"(ru_maxrss): {__import__('resource').getrusage(__import__('resource').RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     print("| step | time (s) | driver peak RSS (GiB) | of which private (GiB) |\n|---|---|---|---|")

@@ -27,7 +27,7 @@ from methods.encoder import Encoder
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
 from platform.data.columns import prepare_corpus
-from platform.run.loop import RunContext, local_batches, make_optimizer, train_loop_per_worker
+from platform.run.loop import WorkerContext, local_batches, make_optimizer, train_loop_per_worker
 from benchmarks.common import random_bert
 from benchmarks.harness import Bench, Case
 
@@ -35,7 +35,7 @@ from benchmarks.harness import Bench, Case
 def loop_seconds(cfg: TrainConfig, corpus, steps: int) -> float:
     cfg = TrainConfig.from_flat({**cfg.flat(), "max_steps": steps, "eval_steps": steps})
     run_dir = tempfile.mkdtemp()  # a fresh run each time, never a resume of the last
-    return train_loop_per_worker(RunContext(cfg=cfg, corpus=corpus, run_dir=run_dir))["train_time_s"]
+    return train_loop_per_worker(WorkerContext(cfg=cfg, corpus=corpus, run_dir=run_dir))["train_time_s"]
 
 
 def device_seconds(cfg: TrainConfig, corpus, steps: int, warmup: int) -> float:

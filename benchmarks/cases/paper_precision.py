@@ -96,12 +96,12 @@ def prepare(out: Path, steps: int, only: list[str]) -> None:
 def corpus_of(prepared: Path, recipe: str, cfg: TrainConfig):
     import pyarrow.parquet as pq
 
-    from platform.data.columns import CorpusData, prepared_states
+    from platform.data.columns import CorpusData, corpus_statistics
     from platform.storage import sentences_digest
 
     table = pq.read_table(prepared / f"{recipe}.parquet")
     columns = {name: table[name] for name in table.column_names}
-    return CorpusData(columns, prepared_states(cfg.build_recipe(), columns),
+    return CorpusData(columns, corpus_statistics(cfg.build_recipe(), columns),
                       sentences_digest(columns["sentence"].to_pylist()))
 
 
@@ -109,11 +109,11 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
     """``steps`` of the loop's step on the process runtime's batches; every loss read back."""
     from methods.encoder import Encoder
     from platform.data.columns import resolve_local_models
-    from platform.run.loop import (RunContext, apply_step, clip_gradients, compile_backbone, forward_backward,
+    from platform.run.loop import (WorkerContext, apply_step, clip_gradients, compile_backbone, forward_backward,
                                    make_optimizer, make_runtime, mixed_precision)
     from methods.ingredients import derive_seed
 
-    rt = make_runtime(RunContext(cfg=cfg, corpus=corpus, run_dir=tempfile.mkdtemp()), cfg)
+    rt = make_runtime(WorkerContext(cfg=cfg, corpus=corpus, run_dir=tempfile.mkdtemp()), cfg)
     resolve_local_models(cfg.ingredient_params)
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     recipe = cfg.build_recipe()

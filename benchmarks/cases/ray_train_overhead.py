@@ -19,7 +19,7 @@ import torch
 
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
-from platform.run.loop import RunContext, train_loop_per_worker
+from platform.run.loop import WorkerContext, train_loop_per_worker
 from benchmarks.common import model_source
 from benchmarks.harness import Bench, Case
 
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     for r in range(args.repeats):
         torch.set_num_threads(cpus)
         plain_cfg = TrainConfig.from_flat({**cfg.flat(), "runtime": "process"})
-        res = train_loop_per_worker(RunContext(cfg=plain_cfg, corpus=CorpusData({"sentence": sentences}, {}),
+        res = train_loop_per_worker(WorkerContext(cfg=plain_cfg, corpus=CorpusData({"sentence": sentences}, {}),
                                                run_dir=tempfile.mkdtemp()))
         plain.append(res["steps"] * args.batch_size / res["train_time_s"])
         result = fit(cfg, CorpusData({"sentence": sentences}, {}), None, storage_path=str(out), name=f"bench-{r}")

@@ -36,7 +36,7 @@ import torch
 from methods.encoder import load_tokenizer
 from platform.config import TrainConfig
 from platform.data.columns import prepare_corpus
-from platform.run.loop import RunContext, compile_backbone, make_optimizer, train_loop_per_worker
+from platform.run.loop import WorkerContext, compile_backbone, make_optimizer, train_loop_per_worker
 from benchmarks.common import dev_pairs, random_bert, sentences
 from benchmarks.harness import Bench, Case
 
@@ -54,7 +54,7 @@ def random_backbone(kind: str, folder: Path, tokenizer: str | None = None) -> st
 def loop_wall(cfg: TrainConfig, corpus, dev, steps: int) -> float:
     cfg = TrainConfig.from_flat({**cfg.flat(), "max_steps": steps})
     t0 = time.perf_counter()
-    train_loop_per_worker(RunContext(cfg=cfg, corpus=corpus, run_dir=tempfile.mkdtemp(), dev=dev))
+    train_loop_per_worker(WorkerContext(cfg=cfg, corpus=corpus, run_dir=tempfile.mkdtemp(), dev=dev))
     return time.perf_counter() - t0
 
 

@@ -67,7 +67,7 @@ sys.path.insert(0, {str(ROOT)!r})
 sys.modules.pop('platform', None)
 import platform
 from methods.recipe import Recipe
-from platform.data.columns import prepared_states
+from platform.data.columns import corpus_statistics
 from platform.data.pipeline import augment_dataset
 from platform.data import data_dir, read_corpus
 from platform.run.ray_env import init_ray
@@ -76,7 +76,7 @@ for f in sorted((data_dir() / 'corpus').glob('*.txt.gz')):
     sents.extend(read_corpus(f))
 sents = (sents * ({n} // len(sents) + 1))[:{n}]
 method = Recipe.named('una')
-state = prepared_states(method, {{'sentence': sents}})
+state = corpus_statistics(method, {{'sentence': sents}})
 init_ray(num_cpus={n_cpus})
 augment_dataset(method, {{'sentence': sents[:20000]}}, state).materialize()  # warm the workers
 t0 = time.perf_counter()

@@ -35,10 +35,10 @@ from platform.errors import DataError
 class CorpusData:
     """What every worker of a run needs from the corpus: the columns (Arrow arrays: a million
     sentences of eight augmentations are ~1 GB as Arrow, several as Python strings) and the
-    statistics states (by ingredient name)."""
+    corpus statistics (by ingredient name: UNA's TF-IDF table)."""
 
     columns: dict[str, Any]
-    states: dict[str, Any]
+    statistics: dict[str, Any]
     digest: str = ""  # sha256 of the sentences: the key of their cached columns (MLflow's dataset digest)
 
     @property
@@ -51,21 +51,21 @@ def prepare_corpus(recipe: Recipe, sentences: list[str], use_ray: bool, use_gpu:
     digest = sentences_digest(sentences)
     columns = corpus_columns(recipe, sentences, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus, digest=digest,
                              generate=generate)
-    return CorpusData(columns, prepared_states(recipe, columns), digest)
+    return CorpusData(columns, corpus_statistics(recipe, columns), digest)
 
 
-def prepared_states(recipe: Recipe, columns: dict[str, Any]) -> dict[str, Any]:
+def corpus_statistics(recipe: Recipe, columns: dict[str, Any]) -> dict[str, Any]:
     """Each ingredient's corpus statistics, through the cache (fitted once per corpus)."""
-    states: dict[str, Any] = {}
+    statistics: dict[str, Any] = {}
     if not recipe.with_statistics():
-        return states
+        return statistics
     text = statistics_input(columns)
     for ingredient in recipe.with_statistics():
         spec = ingredient.statistics()
         folder = cached(spec.kind, sentences_digest(text), {"version": spec.version},
                         lambda tmp, spec=spec: spec.save(spec.fit(text), tmp))
-        states[ingredient.name] = spec.load(folder)
-    return states
+        statistics[ingredient.name] = spec.load(folder)
+    return statistics
 
 
 def corpus_columns(

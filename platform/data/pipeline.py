@@ -27,11 +27,11 @@ class BoundAugment:
 
     The statistics (and the table) travel as object-store references that each worker process
     fetches once (``_fetch``): per-process caches (UNA's word look-up) last across tasks, and
-    Ray Data does not copy the state into its plan at every execution (benchmarks/RESULTS.md).
+    Ray Data does not copy the statistics into its plan at every execution (benchmarks/RESULTS.md).
     """
 
-    def __init__(self, recipe: Recipe, states_ref, corpus_ref=None, epoch: int = 0, inputs: StepInputs | None = None):
-        self.recipe, self.state_ref, self.corpus_ref, self.epoch = recipe, states_ref, corpus_ref, epoch
+    def __init__(self, recipe: Recipe, statistics_ref, corpus_ref=None, epoch: int = 0, inputs: StepInputs | None = None):
+        self.recipe, self.statistics_ref, self.corpus_ref, self.epoch = recipe, statistics_ref, corpus_ref, epoch
         self.inputs = inputs
 
     def __call__(self, batch):
@@ -40,29 +40,29 @@ class BoundAugment:
             batch = {"row": np.asarray(batch["row"]),
                      **{name: rows.column(name).to_numpy(zero_copy_only=False) for name in rows.column_names}}
         if self.recipe.augments_per_epoch:
-            batch = self.recipe.augment(batch, _fetch(self.state_ref), self.epoch)
+            batch = self.recipe.augment(batch, _fetch(self.statistics_ref), self.epoch)
         return self.inputs.arrays(batch) if self.inputs is not None else batch
 
     def __repr__(self) -> str:
         return f"BoundAugment({self.recipe.spec.describe()})"
 
 
-_STATES: dict[str, Any] = {}
+_FETCHED: dict[str, Any] = {}
 _KEEP = 8  # concurrent trials of a sweep share worker processes; each has its own references
 
 
 def _fetch(ref):
     key = ref.hex()
-    if key not in _STATES:
+    if key not in _FETCHED:
         import ray
 
-        while len(_STATES) >= _KEEP:
-            _STATES.pop(next(iter(_STATES)))  # the oldest: a finished run's
-        _STATES[key] = ray.get(ref)
-    return _STATES[key]
+        while len(_FETCHED) >= _KEEP:
+            _FETCHED.pop(next(iter(_FETCHED)))  # the oldest: a finished run's
+        _FETCHED[key] = ray.get(ref)
+    return _FETCHED[key]
 
 
-def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], states: dict[str, Any], batch_size: int = 4096,
+def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], statistics: dict[str, Any], batch_size: int = 4096,
                     num_cpus: float | None = None):
     """The corpus in order -> the recipe's per-epoch columns, one task per block across the CPUs
     (just the corpus rows when nothing is made per epoch): ``platform.augment``'s pipeline."""
@@ -74,12 +74,12 @@ def augment_dataset(recipe: Recipe, columns: dict[str, list[str]], states: dict[
     table = pa.table({"row": np.arange(len(columns["sentence"])), **columns})
     ds = arrow_blocks(table, min(table.num_rows // batch_size, 64))
     if recipe.augments_per_epoch:
-        ds = ds.map_batches(BoundAugment(recipe, ray.put(states)), batch_format="numpy", batch_size=batch_size,
+        ds = ds.map_batches(BoundAugment(recipe, ray.put(statistics)), batch_format="numpy", batch_size=batch_size,
                             num_cpus=num_cpus)
     return ds.drop_columns(["row"])
 
 
-def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[str, Any], epochs: int, seed: int,
+def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], statistics: dict[str, Any], epochs: int, seed: int,
                    batch_size: int = 1024, num_cpus: float | None = None,
                    inputs: StepInputs | None = None) -> dict[str, Any]:
     """``{"train_<epoch>": Dataset}``: each epoch a uniform permutation of the whole corpus,
@@ -96,14 +96,14 @@ def epoch_datasets(recipe: Recipe, columns: dict[str, list[str]], states: dict[s
     _one_operator_context()
     # Training prints one line per evaluation; an epoch's stream is not a task the user waits on.
     ray.data.DataContext.get_current().enable_progress_bars = False
-    corpus_ref, states_ref = ray.put(pa.table(columns)), ray.put(states)
+    corpus_ref, statistics_ref = ray.put(pa.table(columns)), ray.put(statistics)
     n = len(columns["sentence"])
     blocks = max(1, min(n // batch_size, 64))
     out = {}
     for epoch in range(epochs):
         rows = pa.table({"row": epoch_permutation(seed, epoch, n)})
         out[f"train_{epoch}"] = arrow_blocks(rows, blocks).map_batches(
-            BoundAugment(recipe, states_ref, corpus_ref, epoch, inputs), batch_format="numpy", batch_size=batch_size,
+            BoundAugment(recipe, statistics_ref, corpus_ref, epoch, inputs), batch_format="numpy", batch_size=batch_size,
             num_cpus=num_cpus,
         )
     return out

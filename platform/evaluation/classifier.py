@@ -27,7 +27,7 @@ Protocols (``senteval/tools/validation.py``); a score is ``round(100 * accuracy,
 Grids: ``pytorch``: weight decay 10^-5 ... 10^-2; ``sklearn``: C in 2^-2 ... 2^3 (inner k-fold,
 split) and 2^-1 ... 2^5 (k-fold).
 
-Engines for the PyTorch classifier: ``batched`` (the default, ``platform.evaluation.batched``) runs
+Engines for the PyTorch classifier: ``batched`` (the default, ``platform.evaluation.classifier_fits``) runs
 all fits of a grid as one tensor program; ``serial`` runs them one at a time, as SentEval does, and
 is the reference the batched engine is tested against. Every fit is independent and seeds itself,
 so serial and scikit-learn fits run in parallel processes (``jobs``) with results identical to
@@ -41,7 +41,7 @@ import dataclasses
 import os
 
 import numpy as np
-from platform.evaluation import batched
+from platform.evaluation import classifier_fits
 
 CLASSIFIERS = ("pytorch", "sklearn")
 SEED = 1111
@@ -52,7 +52,7 @@ class ClassifierConfig:
     """SentEval's ``params['classifier']`` of the "test" setting, plus which implementation."""
 
     kind: str = "pytorch"
-    engine: str = "batched"  # pytorch only: "batched" (platform.evaluation.batched) or "serial" (one fit at a time)
+    engine: str = "batched"  # pytorch only: "batched" (platform.evaluation.classifier_fits) or "serial" (one fit at a time)
     batch_size: int = 64
     tenacity: int = 5
     epoch_size: int = 4
@@ -163,8 +163,8 @@ def _parallel(calls: list[tuple], jobs: int) -> list:
     The PyTorch classifier's batched engine runs all of them as one program instead."""
     x, y, _, _, nclasses, _, cfg = calls[0][:7]
     if cfg.kind == "pytorch" and cfg.engine == "batched":
-        fits = [batched.Fit(c[2], c[3], c[5], c[7] if len(c) > 7 else None) for c in calls]
-        return batched.fit_and_score(x, y, nclasses, fits, cfg)
+        fits = [classifier_fits.Fit(c[2], c[3], c[5], c[7] if len(c) > 7 else None) for c in calls]
+        return classifier_fits.fit_and_score(x, y, nclasses, fits, cfg)
     if jobs <= 1 or len(calls) == 1:
         import torch
 

@@ -1,5 +1,5 @@
 """After the final evaluation: a best checkpoint exported (Hugging Face and sentence-transformers
-formats, with its model card, logged to the run) and registered (``platform.tracking.registry``).
+formats, with its model card, logged to the run) and registered (``platform.tracking.model_registry``).
 The export loads weights, so it runs on the run's device (``final_evaluation.on_device``)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from platform.console import short
 from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run.final_evaluation import beside_table, device_of, on_device
-from platform.tracking import recorder, registry
+from platform.tracking import model_registry, recorder
 from platform.tracking.recorder import BEST, DEV_METRIC, Run
 from platform.tracking.store import git_commit, load_code, redact, ui_route
 
@@ -38,7 +38,7 @@ def export_model(location: str, uri: str, run_id: str, card: str, results: str, 
             return None, str(exc)
         (st_dir / "README.md").write_text(card, encoding="utf-8")
         config = state.get("config", {})
-        return registry.log_encoder_model(uri, run_id, st_dir, config.get("model", ""), state["step"],
+        return model_registry.log_encoder_model(uri, run_id, st_dir, config.get("model", ""), state["step"],
                                           params={"recipe": state["recipe"], "pooler": state["eval_pooler"]},
                                           name=name, card=card), ""
 
@@ -52,7 +52,7 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     version in the Model Registry with ``scores`` and ``dev`` (means over seeds where there are
     several), ``tags`` and a sweep's ``searched`` values, described for a reader of the registry."""
     state = checkpoint.read_state_at(location)
-    name = registry.registered_name(state["method"], state["recipe"])
+    name = model_registry.registered_name(state["method"], state["recipe"])
     config = state.get("config", {})
     recorded = run.info().data.tags
     corpus = corpus_identity(config, recorded.get("corpus_sha256", ""), recorded.get("corpus_sentences", ""))
@@ -91,28 +91,28 @@ class Registration:
 def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str, float], dev: float,
              tags: dict[str, str] | None = None, about: Registration | None = None) -> None:
     """The logged model ``model_uri`` as a version of ``name``, with its description; the
-    ``champion`` alias moves as ``registry.champion_verdict`` says."""
+    ``champion`` alias moves as ``model_registry.champion_verdict`` says."""
     about = about or Registration()
     config = state.get("config", {})
     version_tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": git_commit(),
-                    **registry.lineage(config.get("model", ""), config.get("profile", ""), about.corpus),
+                    **model_registry.lineage(config.get("model", ""), config.get("profile", ""), about.corpus),
                     "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()},
                     **{f"searched.{k}": str(v) for k, v in about.searched.items()}, **(tags or {})}
     try:
-        version, champion = registry.register_encoder(run.uri, name, model_uri, run.id, dev, version_tags)
-    except registry.RegistryUnavailable as exc:  # e.g. a file store: the model stays logged in the run
+        version, champion = model_registry.register_encoder(run.uri, name, model_uri, run.id, dev, version_tags)
+    except model_registry.RegistryUnavailable as exc:  # e.g. a file store: the model stays logged in the run
         run.set_tags({"registered_model": f"skipped: {exc}"})
         print(f"note: model logged in run {run.id}, not registered ({exc})", flush=True)
         return
-    load = f"models:/{name}@{registry.CHAMPION}" if champion is True else f"models:/{name}/{version}"
-    registry.describe_version(run.uri, name, version, version_description(run, name, version, state, scores, dev,
+    load = f"models:/{name}@{model_registry.CHAMPION}" if champion is True else f"models:/{name}/{version}"
+    model_registry.describe_version(run.uri, name, version, version_description(run, name, version, state, scores, dev,
                                                                           about, load))
     run.set_tags({"registered_model": f"{name}/{version}"})
     run.set_tags({"logged_model": model_uri})
     verdict = "now the champion" if champion is True else f"the champion stays: {champion}"
     print(f"registered {name} version {version} ({DEV_METRIC} {dev:.2f}), {verdict}", flush=True)
     print(f"  load it: python -c \"{load_code(run.uri, f'models:/{name}/{version}')}\""
-          + (f"  (also models:/{name}@{registry.CHAMPION})" if champion is True else ""), flush=True)
+          + (f"  (also models:/{name}@{model_registry.CHAMPION})" if champion is True else ""), flush=True)
 
 
 def corpus_identity(config: dict, digest: str, read: str = "") -> str:

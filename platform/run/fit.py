@@ -21,7 +21,7 @@ from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
 from platform.data.pipeline import epoch_datasets
 from platform.errors import ClusterError
-from platform.run.loop import RunContext, train_loop_per_worker
+from platform.run.loop import WorkerContext, train_loop_per_worker
 from platform.tracking import recorder
 from platform.tracking.recorder import Run
 
@@ -57,7 +57,7 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
     """Train ``cfg`` on ``corpus``, logging to ``run`` (None: print only), checkpoints under
     ``storage_path/name``; ``tune_reports``: every evaluation also goes to the Tune trial this
     runs in; ``label`` prefixes the console line of each evaluation. Returns the best checkpoint."""
-    ctx = RunContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences,
+    ctx = WorkerContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences,
                      tracking_uri=run.uri if run else None, run_id=run.id if run else None, dev=dev_pairs(),
                      label=label, resumed=bool(run and run.resumed))
     folder = storage.join(storage_path, name)  # the fit's checkpoints (Ray Train's run folder, or the loop's)
@@ -121,7 +121,7 @@ def off_the_main_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @off_the_main_thread
-def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path: str, name: str,
+def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_path: str, name: str,
              tune_reports: bool) -> dict:
     import ray
     import ray.train
@@ -136,10 +136,10 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: RunContext, storage_path
     datasets = {}
     if cfg.data_pipeline == "ray":
         recipe = cfg.build_recipe()
-        datasets = epoch_datasets(recipe, corpus.columns, corpus.states, cfg.epochs, cfg.seed, num_cpus=cfg.augment_cpus,
+        datasets = epoch_datasets(recipe, corpus.columns, corpus.statistics, cfg.epochs, cfg.seed, num_cpus=cfg.augment_cpus,
                                   inputs=recipe.step_inputs(cfg.model, cfg.max_len, static=cfg.static_shapes))
     else:  # every worker slices the same global batches: the corpus reaches it through the object store
-        ctx.corpus_ref = ray.put((corpus.columns, corpus.states))
+        ctx.corpus_ref = ray.put((corpus.columns, corpus.statistics))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=ctx.loop_config(),

@@ -2,7 +2,7 @@
 small ``Runtime`` it is written against.
 
 The loop is plain PyTorch; the recipe's ``loss`` is the science (``methods.recipe``) and everything
-here is plumbing around it. Where it runs is chosen once, from the ``RunContext`` the job hands
+here is plumbing around it. Where it runs is chosen once, from the ``WorkerContext`` the job hands
 it: a Ray Train worker (batches from its Ray Data shard, every evaluation reported with a
 resumable checkpoint that Ray persists) or a plain process (a GPU box without Ray, a debugger,
 ``torchrun``: it reads the corpus itself, shards it by rank if ``torch.distributed`` is
@@ -49,10 +49,10 @@ from platform.tracking.recorder import BEST, DEV_METRIC, SENDER_TAG, StepLog
 COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
 
 
-def train_loop_per_worker(config: "dict[str, Any] | RunContext") -> dict[str, Any]:
-    """One worker's training. ``config``: ``RunContext.loop_config()`` (or a flat config, for a
+def train_loop_per_worker(config: "dict[str, Any] | WorkerContext") -> dict[str, Any]:
+    """One worker's training. ``config``: ``WorkerContext.loop_config()`` (or a flat config, for a
     hand call). Returns the steps done, training time, and the best STS-B dev with its step."""
-    ctx = RunContext.of(config)
+    ctx = WorkerContext.of(config)
     cfg = ctx.cfg
     rt = make_runtime(ctx, cfg)
     resolve_local_models(cfg.ingredient_params)
@@ -291,7 +291,7 @@ def progress_line(label: str | None, pos: Position, steps: int, loss: float, dev
 
 
 @dataclasses.dataclass
-class RunContext:
+class WorkerContext:
     """What a training worker gets: the typed configuration and where its run is."""
 
     cfg: TrainConfig
@@ -304,7 +304,7 @@ class RunContext:
     # STS-B dev ({"sent1", "sent2", "scores"} lists) read by the driver: a worker on another node
     # has no data folder. None: rank 0 reads it from $PLATFORM_DATA_DIR.
     dev: dict[str, list] | None = None
-    corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, states)
+    corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, statistics)
     label: str | None = None  # prefixes rank 0's console line per evaluation (a trial's id)
     resumed: bool = False  # the MLflow run was reopened by --resume
 
@@ -316,9 +316,9 @@ class RunContext:
         return {"context": pickle.dumps(plain), "corpus_ref": self.corpus_ref}
 
     @classmethod
-    def of(cls, config: "dict[str, Any] | RunContext") -> "RunContext":
+    def of(cls, config: "dict[str, Any] | WorkerContext") -> "WorkerContext":
         """From ``loop_config()``, the context itself (the process runtime), or a flat config."""
-        if isinstance(config, RunContext):
+        if isinstance(config, WorkerContext):
             return config
         if "context" in config:
             return dataclasses.replace(pickle.loads(config["context"]), corpus_ref=config.get("corpus_ref"))
@@ -331,7 +331,7 @@ class Runtime:
     prunes_whole = True  # checkpoints the fit no longer keeps go whole (Ray Train's must stay listed)
     started_over = False  # a restart with no state to start from: step 0 again
 
-    def __init__(self, ctx: RunContext, cfg: TrainConfig):
+    def __init__(self, ctx: WorkerContext, cfg: TrainConfig):
         self.ctx, self.cfg = ctx, cfg
         self.rank, self.world, self.device = 0, 1, torch.device("cpu")
         self.policy, self.kept = checkpoint.Policy(cfg.checkpoint_minutes), checkpoint.Kept()
@@ -365,7 +365,7 @@ class Runtime:
 
         def made() -> Iterator[dict[str, torch.Tensor]]:
             for batch in local_batches(corpus.columns, self.cfg, self.rank, self.world, epoch):
-                batch = recipe.augment(batch, corpus.states, epoch) if recipe.augments_per_epoch else batch
+                batch = recipe.augment(batch, corpus.statistics, epoch) if recipe.augments_per_epoch else batch
                 flat = inputs.collate(inputs.arrays(batch))
                 yield {k: t.pin_memory() for k, t in flat.items()} if pin else flat
 
@@ -412,7 +412,7 @@ class ProcessRuntime(Runtime):
     """This process (``torch.distributed`` ranks if initialised). Its checkpoints are folders under
     ``run_dir`` (default ``output_dir/local``), each written aside and renamed into place."""
 
-    def __init__(self, ctx: RunContext, cfg: TrainConfig):
+    def __init__(self, ctx: WorkerContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -469,7 +469,7 @@ class RayTrainRuntime(Runtime):
 
     prunes_whole = False
 
-    def __init__(self, ctx: RunContext, cfg: TrainConfig):
+    def __init__(self, ctx: WorkerContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
         import ray.train
         import ray.train.torch
@@ -608,7 +608,7 @@ class RayTrainRuntime(Runtime):
         atexit.unregister(os._exit)
 
 
-def make_runtime(ctx: RunContext, cfg: TrainConfig) -> Runtime:
+def make_runtime(ctx: WorkerContext, cfg: TrainConfig) -> Runtime:
     return RayTrainRuntime(ctx, cfg) if ctx.runtime == "ray" else ProcessRuntime(ctx, cfg)
 
 

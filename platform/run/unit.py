@@ -101,7 +101,7 @@ def prepare(cfg: TrainConfig, sentences: list[str], check: bool = True, generate
     corpus = prepare_corpus(recipe, sentences, use_ray=cfg.runtime == "ray", use_gpu=cfg.use_gpu, cpus=cfg.augment_cpus,
                             generate=generate)
     if check:
-        recipe.check_statistics(corpus.states)
+        recipe.check_statistics(corpus.statistics)
     return corpus
 
 

@@ -1,3 +1,4 @@
-"""MLflow, split by concern: ``store`` (where runs go, the client, look-ups), ``runs`` (a run's
-life: created, logged to, ended with a status that says what happened) and ``registry`` (the
-Model Registry and its ``champion`` alias)."""
+"""MLflow, split by concern: ``store`` (where runs go, the client, look-ups), ``recorder`` (the run
+record: a run's life, created, logged to and ended with a status that says what happened, and every
+point that reaches it), ``model_registry`` (the Model Registry and its ``champion`` alias) and ``hub``
+(``--push-to-hub``)."""
