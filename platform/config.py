@@ -99,8 +99,9 @@ class TrainConfig:
     checkpoint_minutes: float = cited(15.0, (
         "our choice: the full resumable state (model, heads, optimizer, data position) every this many minutes, at "
         "each epoch's first evaluation and at the end; between them an evaluation writes the model only when it "
-        "improves STS-B dev, as SimCSE's trainer saves it, and nothing otherwise. Step metrics reach MLflow with "
-        "each resumable state. 0: the full state at every evaluation."))
+        "improves STS-B dev, as SimCSE's trainer saves it, and nothing otherwise. Step metrics reach MLflow seconds "
+        "after their step, whatever this interval; each resumable state also carries them, for a replay after an "
+        "outage. 0: the full state at every evaluation."))
     final_eval: bool = cited(True, "the 7 STS tasks on the best checkpoint after training")
     final_benchmark: str = cited("", (
         "off: MTEB costs GPU-hours. An MTEB benchmark ('MTEB(eng, v2)', 'NanoBEIR') or comma-separated MTEB task "

@@ -336,3 +336,28 @@ def test_every_list_of_methods_in_the_docs_and_the_help_is_the_whole_recipe_tabl
             assert names == set(NAMED), (where, sorted(set(NAMED) - names))
             found += 1
     assert found >= 4, found
+
+
+def test_every_name_the_glossary_gives_exists():
+    """docs/development.md's glossary: each word's code names (``module.attribute``) resolve, so
+    the glossary cannot outlive a rename."""
+    import importlib
+
+    section = _pages()["development.md"].split("## Glossary", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) >= 20
+    for word, _, where in rows:
+        names = re.findall(r"`([\w.]+)`", where)
+        assert names, word
+        for name in names:
+            parts, obj, i = name.split("."), None, 1
+            while i < len(parts):  # the longest importable prefix is the module
+                try:
+                    obj = importlib.import_module(".".join(parts[:i + 1]))
+                    i += 1
+                except ModuleNotFoundError:
+                    break
+            obj = obj or importlib.import_module(parts[0])
+            for attr in parts[i:]:
+                assert hasattr(obj, attr), f"glossary: {word.strip()!r} names {name}, which does not exist"
+                obj = getattr(obj, attr)
