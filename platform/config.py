@@ -26,7 +26,7 @@ import yaml
 from methods.ingredients import KINDS, InvalidParams, Params, cited, sources_of
 from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams, check_replicas
 from platform import settings
-from platform.errors import ConfigError, check_uri
+from platform.errors import ConfigError, check_uri, one_line
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 METHODS = sorted(NAMED) + [CUSTOM]
@@ -482,7 +482,7 @@ def load_config_file(path: str | Path, method: str, profile: str | None) -> tupl
     except OSError as exc:
         raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: not YAML ({' '.join(str(exc).split())[:160]})") from None
+        raise ConfigError(f"--config {path}: not YAML ({one_line(exc, 160)})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):

@@ -59,6 +59,11 @@ def writable_dir(path, what: str = "output folder") -> Path:
 _CREDENTIALS = re.compile(r"(?<=://)[^\s/@:]*:[^\s/@]*@")
 
 
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line, cut at ``limit`` characters (its type when it has none)."""
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__
+
+
 def redact(text: str) -> str:
     """``text`` with the credentials of every URI in it masked (``s3://***@bucket``)."""
     return _CREDENTIALS.sub("***@", str(text))

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from platform import settings
-from platform.errors import UserError, check_uri, redact, writable_dir
+from platform.errors import UserError, check_uri, one_line, redact, writable_dir
 
 def is_uri(location: str | os.PathLike) -> bool:
     return "://" in str(location)
@@ -63,7 +63,7 @@ def filesystem(location: str, what: str = "output_dir"):
     try:
         return pafs.FileSystem.from_uri(location)
     except Exception as exc:  # unknown scheme, no credentials for the scheme's client
-        raise UserError(f"{what} {redact(location)}: cannot open ({_reason(exc)})") from None
+        raise UserError(f"{what} {redact(location)}: cannot open ({one_line(exc, 300)})") from None
 
 
 def write_text(location: str, text: str) -> None:
@@ -162,7 +162,7 @@ def check_writable(location: str, what: str = "output_dir") -> str:
     if isinstance(outcome[0], UserError):
         raise outcome[0]
     if outcome[0] is not None:
-        raise UserError(f"{what} {location} is not writable ({_reason(outcome[0])})") from None
+        raise UserError(f"{what} {location} is not writable ({one_line(outcome[0], 300)})") from None
     return resolve(location)
 
 
@@ -182,10 +182,6 @@ def local_copy(location: str) -> Iterator[Path]:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _reason(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 # -- folders written whole -------------------------------------------------------------------------

@@ -14,14 +14,15 @@ from typing import Any
 from platform import checkpoint, cluster_aws, settings, storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
-from platform.errors import ConfigError, UserError
+from platform.errors import UserError, one_line
 from platform.run import ray_env, unit
 from platform.checkpoint import exists as checkpoint_exists
+from platform.run.final_evaluation import beside_block
 from platform.run.fit import FitResult, finish_fit, release
 from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
-from platform.data import SHORT_NAMES, STS_TASKS
+from platform.data import STS_TASKS
 from platform.tracking.recorder import (BEST, BEST_CHECKPOINT_TAG, DEV_METRIC, SENDER_TAG, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable,
                                         winner_key)
 
@@ -67,22 +68,11 @@ def resumable_sweep(uri: str, base: TrainConfig, identity: dict[str, Any]) -> tu
     if found is None:
         raise UserError(f"--resume: no earlier {base.method} sweep under {base.output_dir}")
     folder, state = found
-    if "config" not in state:
-        raise UserError(f"--resume: {folder} was started by an older version (no saved configuration); start a new sweep")
     changed = base.differences(state["config"])
     changed += [f"{key} ({state.get(key)} -> {value})" for key, value in identity.items()
                 if key != "config" and json.dumps(state.get(key)) != json.dumps(value)]
-    if changed:
-        raise ConfigError(f"--resume: the sweep in {folder} was started with another configuration: "
-                          f"{', '.join(changed)}; give the same --profile, --set, --space, --grid, --num-samples and "
-                          "--seeds, or start a new sweep without --resume")
-    parent = store.client(uri).get_run(state["parent_run_id"])
-    if parent.info.status == "FINISHED":
-        raise UserError(f"--resume: the sweep in {folder} finished (best run {parent.data.tags.get('best_run_id')}); "
-                        "there is nothing to resume")
-    if parent.info.status == "RUNNING" and store.driver_alive(parent.data.tags.get(store.DRIVER_TAG)):
-        raise UserError(f"--resume: the sweep in {folder} is still running (process "
-                        f"{parent.data.tags[store.DRIVER_TAG].split(':')[1]}); stop it first (Ctrl-C or kill)")
+    unit.check_same(f"the sweep in {folder}", changed, "--profile, --set, --space, --grid, --num-samples and --seeds")
+    unit.check_stopped(f"the sweep in {folder}", store.client(uri).get_run(state["parent_run_id"]))
     return folder, state
 
 
@@ -237,7 +227,7 @@ class TrialRuns:
             run = store.client(sweep.uri).get_run(run_id)
             Run(sweep.uri, run_id).set_tags({store.NOTE_TAG: trial_note(sweep.uri, run, [k for k in searched if k])})
         except Exception as exc:  # noqa: BLE001 - a description never fails the sweep it describes
-            print(f"note: trial run {run_id} was not described ({' '.join(str(exc).split())[:160]})", flush=True)
+            print(f"note: trial run {run_id} was not described ({one_line(exc, 160)})", flush=True)
 
     def close_open(self, states: dict[str, str]) -> None:
         """After the driver stopped (Ctrl-C, SIGTERM) or died (closed by ``--resume``): each trial
@@ -337,7 +327,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in result.scores]
         numbers.update({f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks})
         numbers.update({f"vs_backbone/delta_sts_{t}": result.scores[t] - baseline[t] for t in tasks})
-        parent.log_text(comparison_table(result.scores, baseline, best_backbone(result.checkpoint)),
+        parent.log_text(beside_block(best_backbone(result.checkpoint), baseline, result.scores),
                         "sts_vs_backbone.md")
     recorder.log_results(parent, numbers, step)
     # What the sweep's nodes cost (the report sets it beside the trials' training GPU-hours).
@@ -347,7 +337,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         if settings.get(settings.CLUSTER):  # on a cluster up made: what AWS bills its instances
             recorder.log_results(parent, cluster_aws.billed_hours(settings.get(settings.CLUSTER), since))
     except Exception as exc:  # noqa: BLE001 - an account of costs never fails the sweep that it accounts
-        print(f"note: the sweep's node-hours were not recorded ({' '.join(str(exc).split())[:160]})", flush=True)
+        print(f"note: the sweep's node-hours were not recorded ({one_line(exc, 160)})", flush=True)
     registered = best.info().data.tags.get("registered_model", "")
     parent.set_tags({"registered_model": registered,
                      store.NOTE_TAG: _note(sweep, parent, best, won, registered, result, baseline, notes)})
@@ -358,16 +348,6 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
 
 def best_backbone(location: str) -> str:
     return checkpoint.read_state_at(location).get("config", {}).get("model", "?")
-
-
-def comparison_table(scores: dict[str, float], baseline: dict[str, float], backbone: str) -> str:
-    """The 7 STS tasks of the trained model beside the untouched backbone's, as a Markdown table."""
-    tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in scores]
-    rows = ["| | " + " | ".join(SHORT_NAMES.get(t, t) for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|",
-            "| trained | " + " | ".join(f"{scores[t]:.2f}" for t in tasks) + " |",
-            f"| `{backbone}` (untouched) | " + " | ".join(f"{baseline[t]:.2f}" for t in tasks) + " |",
-            "| difference | " + " | ".join(f"{scores[t] - baseline[t]:+.2f}" for t in tasks) + " |"]
-    return "\n".join(rows) + "\n"
 
 
 def trial_note(uri: str, run, searched: list[str]) -> str:
@@ -400,7 +380,7 @@ def _winner_note(sweep: Sweep, parent: Run, best: Run, registered: str, result, 
              f"**Won the sweep** [{parent.name or parent.id}]({store.ui_route(f'#/experiments/{parent.experiment_id}/runs/{parent.id}')})."]
     if baseline and result.scores:
         lines.append("**STS, 7 tasks** against the untouched backbone:\n\n"
-                     + comparison_table(result.scores, baseline, best_backbone(result.checkpoint)))
+                     + beside_block(best_backbone(result.checkpoint), baseline, result.scores))
     if "/" in registered:
         name, version = registered.split("/", 1)
         lines.append(f"**Load it** in a new Python session: `{store.load_code(sweep.uri, f'models:/{name}/{version}')}`")
@@ -425,7 +405,7 @@ def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, resu
         delta = result.scores["avg"] - baseline["avg"]
         lines.append(f"**STS, 7 tasks (avg):** {result.scores['avg']:.2f}, {delta:+.2f} against the untouched "
                      f"backbone `{backbone}` ({baseline['avg']:.2f}):")
-        lines.append(comparison_table(result.scores, baseline, backbone))
+        lines.append(beside_block(backbone, baseline, result.scores))
     if "/" in registered:
         name, version = registered.split("/", 1)
         lines.append(f"**Registered:** [{name} version {version}]({store.ui_route(f'#/models/{name}/versions/{version}')}); load it in "

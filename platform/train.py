@@ -19,7 +19,7 @@ from methods.recipe import NAMED
 from platform import storage
 from platform.config import TrainConfig, add_run_arguments, build_config, parse_tags, print_config
 from platform.console import command_parser
-from platform.errors import ConfigError, UserError, cli_main
+from platform.errors import UserError, cli_main
 from platform.run import unit
 from platform.run.fit import release
 from platform.tracking import hub, store
@@ -116,20 +116,14 @@ def resumable_run(uri: str, cfg: TrainConfig, seeds: int, name_or_id: str, exper
     name = found.info.run_name
     if store.PARENT_TAG in found.data.tags:
         raise UserError(f"--resume {name_or_id}: run {name} is part of another run (a seed or a trial); resume that one")
-    if found.info.status == "FINISHED":
-        raise UserError(f"--resume {name_or_id}: run {name} finished; there is nothing to resume")
-    if found.info.status == "RUNNING" and store.driver_alive(found.data.tags.get(store.DRIVER_TAG)):
-        raise UserError(f"--resume {name_or_id}: run {name} is still running (process "
-                        f"{found.data.tags[store.DRIVER_TAG].split(':')[1]}); stop it first (Ctrl-C or kill)")
+    unit.check_stopped(f"run {name}", found)
     if STORAGE_TAG not in found.data.tags:
         raise UserError(f"--resume {name_or_id}: run {name} does not say where its checkpoints are; it cannot be resumed")
     state = unit.load_state(found.data.tags[STORAGE_TAG])
     changed = cfg.differences(state["config"])
     if state.get("seeds", 1) != seeds:
         changed.append(f"seeds ({state.get('seeds', 1)} -> {seeds})")
-    if changed:
-        raise ConfigError(f"--resume {name_or_id}: run {name} was started with another configuration: "
-                          f"{', '.join(changed)}; give the same --profile, --set and --seeds, or start a new run")
+    unit.check_same(f"run {name}", changed, "--profile, --set and --seeds")
     return found.info.run_id
 
 

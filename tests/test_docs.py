@@ -299,12 +299,12 @@ def test_every_ingredient_documents_itself_in_one_form_with_an_example_that_runs
 
 
 def test_the_readme_methods_table_is_made_from_the_recipe_table_and_the_published_rows():
-    """README's methods table is ``platform.report.methods_table()``: a recipe added to
+    """README's methods table is ``methods.published.methods_table()``: a recipe added to
     ``methods.recipe.NAMED`` or a published row changed without the README fails here."""
-    from platform.report import methods_table
+    from methods.published import methods_table
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert methods_table() in readme, "README's methods table is stale: paste `python -m platform.report --methods-table`"
+    assert methods_table() in readme, "README's methods table is stale: paste `python -m methods.published`"
 
 
 _NAME = r"`?(?:simcse|una|san|augcse|vascl|promptbert|sncse|cot-?bert)`?(?: \+ HiNCE)?"

@@ -252,7 +252,8 @@ def test_the_report_shows_the_untouched_backbone_and_says_smoke(mlflow_uri):
 def test_every_published_row_with_its_tasks_averages_to_its_avg_and_the_new_recipes_have_theirs():
     """Per-task published rows (SimCSE's, AugCSE's Table 4) average to their published average; the
     prompt-based recipes and AugCSE-RoBERTa-base have reference rows on their backbones."""
-    from platform.report import PUBLISHED, reference_rows
+    from methods.published import PUBLISHED
+    from platform.report import reference_rows
 
     for *_, label, scores in (entry[:4] for entry in PUBLISHED):
         tasks = [v for k, v in scores.items() if k != "Avg."]
@@ -281,3 +282,10 @@ def test_mteb_scores_get_a_section_of_their_own():
     assert "| una |" not in section.split("Runs:")[0]
     assert "mteb_" not in md.split("MTEB (")[0]
     assert "MTEB (" not in markdown(frame.drop(columns=["mteb_STS12", "mteb_SICK-R", "mteb_mean"]), [], ["x"])
+
+
+def test_the_published_columns_are_the_evaluated_tasks_in_order():
+    from methods.published import TASK_COLUMNS
+    from platform.data import SHORT_NAMES, STS_TASKS
+
+    assert TASK_COLUMNS == [SHORT_NAMES[t] for t in STS_TASKS] + ["Avg."]

@@ -14,7 +14,7 @@ from platform import checkpoint, storage
 from platform.console import short
 from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS
-from platform.run.final_evaluation import beside_table, device_of, on_device
+from platform.run.final_evaluation import beside_block, device_of, on_device
 from platform.tracking import model_registry, recorder
 from platform.tracking.recorder import BEST, DEV_METRIC, Run
 from platform.tracking.store import git_commit, load_code, redact, ui_route
@@ -146,9 +146,7 @@ def version_description(run: Run, name: str, version: str, state: dict, scores: 
     if about.baseline and "avg" in scores and "avg" in about.baseline:
         lines.append(f"**STS, 7 tasks (avg):** {scores['avg']:.2f}, {scores['avg'] - about.baseline['avg']:+.2f} "
                      f"against the untouched backbone ({about.baseline['avg']:.2f}):")
-        # Aligned text in a code block: the registry page's Markdown renders tables with no cell
-        # spacing (headers run together, seen in headless Chromium); a code block is aligned anywhere.
-        lines.append("```text\n" + "\n".join(beside_table(backbone, about.baseline, scores)) + "\n```")
+        lines.append(beside_block(backbone, about.baseline, scores).rstrip("\n"))
     why = smoke_reason(config.get("profile", ""), backbone)
     if why:
         lines.append(f"> **Smoke test, not a result:** {why}.")

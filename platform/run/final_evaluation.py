@@ -216,6 +216,12 @@ def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, fl
     return lines
 
 
+def beside_block(backbone: str, baseline: dict[str, float], scores: dict[str, float]) -> str:
+    """``beside_table`` as a Markdown code block (MLflow's descriptions, the registry, the model card):
+    the registry page renders Markdown tables with no cell spacing, a code block is aligned anywhere."""
+    return "```text\n" + "\n".join(beside_table(backbone, baseline, scores)) + "\n```\n"
+
+
 def cached_baseline(backbone: str, pooler: str, prompt: dict | None = None) -> dict[str, float] | None:
     """The untouched backbone's 7-task scores with ``pooler`` when a run has cached them on this
     machine (this device), else None: nothing is evaluated, and a backbone that cannot be loaded

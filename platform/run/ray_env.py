@@ -23,7 +23,7 @@ from pathlib import Path
 
 from platform import settings
 from platform.console import drop_notes
-from platform.errors import ClusterError
+from platform.errors import ClusterError, one_line
 from platform.storage import REPO_ROOT, cache_root
 from platform.tracking.recorder import abandon_open_runs
 from platform.tracking.store import GIT_COMMIT_ENV, git_commit
@@ -261,7 +261,7 @@ def cluster_lost(gcs_address: str, silent_s: float) -> None:
         ended = abandon_open_runs(reason)
         runs = f"; run {', '.join(ended)} ended FAILED" if ended else ""
     except Exception as exc:  # the tracking server went with it (it runs on the head)
-        runs = f"; its runs stay RUNNING in MLflow, which did not answer ({' '.join(str(exc).split())[:100]})"
+        runs = f"; its runs stay RUNNING in MLflow, which did not answer ({one_line(exc, 100)})"
     command = Path(sys.argv[0]).stem if sys.argv else "train"
     again = f"--resume {ended[0]}" if command == "train" and ended else "--resume and the same arguments"
     print(f"error: {reason}{runs}; once a cluster is up, continue with: python -m platform.{command} {again}",

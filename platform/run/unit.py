@@ -321,6 +321,24 @@ def evaluate_fits(run: Run, fits: list[SeedFit], alone: bool = False) -> dict[st
 RUN_STATE = "platform_run.json"
 
 
+def check_stopped(what: str, found) -> None:
+    """``--resume``'s refusals of a run or a sweep (its MLflow run ``found``): finished, or driven by a
+    process still alive."""
+    driver = found.data.tags.get(store.DRIVER_TAG)
+    if found.info.status == "FINISHED":
+        raise UserError(f"--resume: {what} finished; there is nothing to resume")
+    if found.info.status == "RUNNING" and store.driver_alive(driver):
+        raise UserError(f"--resume: {what} is still running (process {driver.split(':')[1]}); stop it first (Ctrl-C or "
+                        "kill)")
+
+
+def check_same(what: str, changed: list[str], give: str) -> None:
+    """``--resume``'s refusal of a run or a sweep started with another configuration (``changed``)."""
+    if changed:
+        raise ConfigError(f"--resume: {what} was started with another configuration: {', '.join(changed)}; give the "
+                          f"same {give}, or start a new one")
+
+
 def save_state(location: str, state: dict) -> None:
     storage.write_text(storage.join(location, RUN_STATE), json.dumps(state, indent=1, default=str))
 

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from platform import settings
-from platform.errors import UserError
+from platform.errors import UserError, one_line
 from platform.tracking import store
 
 ST_FOLDER = "model.sentence_transformer"  # where MLflow's sentence_transformers flavor keeps the model
@@ -75,7 +75,7 @@ def push(uri: str, run_id: str, repo: str) -> str:
                                        commit_message=f"{run.info.run_name}: {run.data.tags.get('recipe', '')}".strip(),
                                        commit_description=f"MLflow run {run_id}, git commit {run.data.tags.get('git_commit', '')}")
     except (HfHubHTTPError, OSError) as exc:
-        raise HubError(f"--push-to-hub {repo}: the upload failed ({' '.join(str(exc).split())[:200]}); the model "
+        raise HubError(f"--push-to-hub {repo}: the upload failed ({one_line(exc, 200)}); the model "
                        f"stays in MLflow as {run.data.tags.get('logged_model')}") from None
     store.client(uri).set_tag(run_id, "hub_repo", str(url))
     store.client(uri).set_tag(run_id, "hub_commit", commit.oid)

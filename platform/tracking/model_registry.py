@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from platform.config import smoke_reason
+from platform.errors import one_line
 from platform.tracking import store
 
 CHAMPION = "champion"
@@ -155,7 +156,7 @@ def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: floa
         c.get_registered_model(name)
     except MlflowException as exc:
         if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
-            raise RegistryUnavailable(" ".join(str(exc).split())[:200]) from None
+            raise RegistryUnavailable(one_line(exc, 200)) from None
         c.create_registered_model(name, description=REGISTERED_DESCRIPTION)
     model_id = model_uri.split("/", 1)[1] if model_uri.startswith("models:/") else None
     version = c.create_model_version(name, model_uri, run_id=run_id, model_id=model_id,

@@ -41,7 +41,7 @@ from typing import Any, Iterator
 from platform import settings
 from platform.checkpoint import DEV_METRIC
 from platform.checkpoint import exists as checkpoint_exists
-from platform.errors import UserError
+from platform.errors import UserError, one_line
 from platform.tracking import store
 
 BEST = "best_" + DEV_METRIC
@@ -225,7 +225,7 @@ class Run:
                         FAILED_HERE[self.id] = self
                 except Exception as lost:  # the tracking server away: the error that ended the work is the one to tell
                     print(f"note: run {self.id} stays RUNNING in MLflow, which could not be told it ended "
-                          f"({' '.join(str(lost).split())[:120]}); --resume of the run closes it", file=sys.stderr)
+                          f"({one_line(lost, 120)}); --resume of the run closes it", file=sys.stderr)
             raise
         finally:
             OPEN.pop(self.id, None)
@@ -449,7 +449,7 @@ def complete_evaluations(uri: str, run_id: str, evaluations: list[tuple[int, dic
         held = {k: {m.step for m in client.get_metric_history(run_id, k)} for k in keys}
     except Exception as exc:  # the server away: the run's checkpoints keep what they hold
         raise TrackingUnavailable(f"MLflow at {store.redact(uri)} did not answer for run {run_id}'s metrics "
-                                  f"({' '.join(str(exc).split())[:200]})") from None
+                                  f"({one_line(exc, 200)})") from None
     now = int(time.time() * 1000)
     points = [(k, v, now, step) for step, numbers in evaluations for k, v in numbers.items() if step not in held[k]]
     replay(uri, run_id, points, seconds, where=" (Tune's reports)")
@@ -469,7 +469,7 @@ def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = N
                 if time.monotonic() + pause > deadline:
                     raise TrackingUnavailable(
                         f"MLflow at {store.redact(uri)} took none of run {run_id}'s last metrics within {seconds:g} s "
-                        f"({' '.join(str(exc).split())[:200]}); the run's checkpoints{where} keep them: resume the "
+                        f"({one_line(exc, 200)}); the run's checkpoints{where} keep them: resume the "
                         "run with --resume once the server is back") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 10.0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from platform import errors, settings
 from platform.console import drop_notes
-from platform.errors import UserError
+from platform.errors import UserError, one_line
 from platform.storage import REPO_ROOT, in_ray_job_copy
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
@@ -169,7 +169,7 @@ def _check_database(uri: str, timeout: float) -> None:
         raise UserError(f"MLflow store {redact(uri)}: its database driver is not installed ({exc.name}); "
                         "pip install the project's dependencies") from None
     except Exception as exc:  # refused, unknown host, authentication: the driver's first line says which
-        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
+        reason = one_line(getattr(exc, "orig", None) or exc)
         raise UserError(f"MLflow store {redact(uri)} is unreachable ({reason}); check MLFLOW_TRACKING_URI") from None
 
 
