@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 from methods.augmentations import AUGMENTATION_SETS, AUGMENTATIONS, load_spacy_parser, require_wordnet
 from platform.data import data_dir, read_corpus

@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 from benchmarks.harness import Bench, Case
 
-ROOT = Path(__file__).resolve().parents[2]
-
 DEVS = [70.0, 72.0, 71.5, 74.0, 73.0, 73.5, 75.0, 74.8]  # improving at evaluations 1, 2, 4, 7
 
 

@@ -32,8 +32,6 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 import psutil
 
 from platform.config import TrainConfig

@@ -16,9 +16,6 @@ import argparse
 import contextlib
 import statistics
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 import torch
 

@@ -27,8 +27,6 @@ import urllib.request
 from pathlib import Path
 from benchmarks.harness import Bench, Case
 
-ROOT = Path(__file__).resolve().parents[2]
-
 ACCOUNT = {"MLFLOW_TRACKING_USERNAME": "platform", "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery-staple"}
 
 

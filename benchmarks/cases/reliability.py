@@ -26,10 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 import torch
-from benchmarks.harness import Bench, Case
+from benchmarks.harness import ROOT, Bench, Case
 
 
 def folder_mb(path: Path) -> float:

@@ -22,11 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 from platform.settings import TRAIN_POLL as TRAIN_POLL_ENV
 from platform.data.columns import build_tiny_bert
-from benchmarks.harness import Bench, Case
+from benchmarks.harness import ROOT, Bench, Case
 
 
 def arguments(p: argparse.ArgumentParser) -> None:

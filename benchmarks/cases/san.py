@@ -17,8 +17,6 @@ import statistics
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 import numpy as np
 import torch
 

@@ -19,9 +19,6 @@ import argparse
 import os
 import statistics
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 from methods.recipe import Recipe
 from methods.una import fit_tfidf

@@ -20,13 +20,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 import numpy as np
 
-from benchmarks.harness import Bench, Case
+from benchmarks.harness import ROOT, Bench, Case
 from methods.ingredients import Draws
 from methods.recipe import Recipe
 from methods.una import UNAParams, fit_tfidf, make_negatives

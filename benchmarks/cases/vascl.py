@@ -18,16 +18,13 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 import torch
 
 from methods.encoder import Encoder
 from methods.recipe import Recipe
 from platform.data import data_dir, read_corpus
-from benchmarks.harness import Bench, Case
+from benchmarks.harness import ROOT, Bench, Case
 
 
 def sentences(n: int) -> list[str]:
