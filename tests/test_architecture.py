@@ -403,6 +403,8 @@ def test_a_bare_pytest_runs_the_fast_tier_and_the_two_commands_run_the_rest(tmp_
     assert set(tiers["bare"]) < set(tiers["suite"]) and not set(tiers["suite"]) & set(tiers["scenarios"])
     every = {m for tier in tiers.values() for marks in tier.values() for m in marks}
     assert every <= {"e2e", "scenario", "parametrize", "skipif", "usefixtures", "timeout"}, every
+    # One tier a test: a scenario is not also e2e (the tier's name says where it runs).
+    assert not [t for tier in tiers.values() for t, m in tier.items() if {"e2e", "scenario"} <= set(m)]
 
 
 # The project's calls from ``python -m platform.train una`` (the process runtime) down to the loss's

@@ -26,8 +26,6 @@ import yaml
 
 from tests.helpers import ROOT, assert_user_error
 
-pytestmark = pytest.mark.e2e
-
 REGION = "us-west-2"  # cluster.yaml's
 CIDR = "81.2.69.0/24"
 BUCKET = "platform-runs"
@@ -125,6 +123,7 @@ def _ingress(group_id: str) -> list[dict]:
     return group["IpPermissions"]
 
 
+@pytest.mark.e2e
 def test_rays_bootstrap_of_the_rendered_config_opens_nothing_and_gives_workers_their_profile(account, tmp_path):
     from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
 
@@ -166,6 +165,7 @@ def _statements(role: str) -> list[dict]:
     return iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]["Statement"]
 
 
+@pytest.mark.e2e
 def test_workers_may_use_the_run_prefix_and_nothing_else(account):
     """Least privilege, read back from IAM: the workers' role has no managed policy and S3 actions
     on RUNS_URI's objects and listing only; the head's adds MLflow's locations, EC2 for the
@@ -191,6 +191,7 @@ def test_workers_may_use_the_run_prefix_and_nothing_else(account):
     assert iam.list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"] == []
 
 
+@pytest.mark.e2e
 def test_a_second_up_puts_the_group_back_and_makes_nothing_twice(account):
     """Someone opened SSH to the internet: the next up removes that rule; nothing is duplicated."""
     from platform.cluster_aws import open_to_internet, provision
@@ -205,6 +206,7 @@ def test_a_second_up_puts_the_group_back_and_makes_nothing_twice(account):
     assert len(_iam().list_roles()["Roles"]) == 2
 
 
+@pytest.mark.e2e
 def test_a_named_group_open_to_the_internet_is_refused(account, tmp_path, cli):
     vpc = _ec2().describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
     group = _ec2().create_security_group(GroupName="wide-open", Description="x", VpcId=vpc)["GroupId"]
@@ -229,6 +231,7 @@ def _mlflow_db(path: Path, runs: int) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_the_head_database_is_backed_up_and_restored_on_a_new_head(account, tmp_path, cli):
     """What ``down`` runs on the head, then the new head's setup: every run and tag is back."""
     from mlflow.tracking import MlflowClient
@@ -257,6 +260,7 @@ def test_the_head_database_is_backed_up_and_restored_on_a_new_head(account, tmp_
     assert_user_error(cli("cluster", "backup-db", str(tmp_path / "none.db"), uri), "no MLflow database at")
 
 
+@pytest.mark.e2e
 def test_down_leaves_the_cluster_up_when_the_database_cannot_be_backed_up(account, tmp_path, cli, monkeypatch):
     """Ray's launcher finds no head to back up from (``ray exec`` fails): ``down`` says so in one
     line and does not run ``ray down``; PostgreSQL's database is outside the cluster."""
@@ -278,6 +282,7 @@ def test_down_leaves_the_cluster_up_when_the_database_cannot_be_backed_up(accoun
                           "--backup-to", "/home/me/mlflow.db", env=env), "--backup-to must be an s3:// location")
 
 
+@pytest.mark.e2e
 def test_the_head_offers_ray_no_cpus_through_rays_own_fill_out_and_start_environment(account, tmp_path):
     """``ray up`` fills a node type's resources from its instance type (``AWSNodeProvider.
     fillout_available_node_types_resources``, inside ``_bootstrap_config``) and its updater exports
@@ -330,6 +335,7 @@ def _recorded_s3(endpoint: str, during) -> list:
     return [r for entry in recorded(text) if is_s3(entry) for r in s3_requests(entry)]
 
 
+@pytest.mark.e2e
 def test_what_the_platform_ray_and_mlflow_ask_of_s3_aws_allows_and_nothing_beyond(account, tmp_path):
     """The S3 requests of the real code on the cluster's locations, recorded by the emulator and
     judged by AWS's rules (tests/aws_policy.py) against the roles ``provision`` wrote: the
@@ -401,6 +407,7 @@ def test_what_the_platform_ray_and_mlflow_ask_of_s3_aws_allows_and_nothing_beyon
     assert allowed(head, mlflow_only) and not allowed(worker, mlflow_only)
 
 
+@pytest.mark.e2e
 def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_path, monkeypatch):
     """Alice's and Bob's clusters (their own CLUSTER_NAME, SSH range and run prefix) in one
     account: each up makes its own group and roles, tagged with its name; Bob's up changes none of
@@ -442,6 +449,7 @@ def test_two_clusters_in_one_account_touch_nothing_of_each_others(account, tmp_p
     assert names == {"platform-alice", "platform-bob"}
 
 
+@pytest.mark.e2e
 def test_mlflows_database_is_a_managed_postgresql_that_outlives_the_head(account, tmp_path, cli):
     """``up`` makes MLflow's PostgreSQL on RDS once (a second up finds it): in the cluster's group,
     not public, encrypted, deletion-protected, backed up daily for a week, tagged; its password only
@@ -493,6 +501,7 @@ def test_mlflows_database_is_a_managed_postgresql_that_outlives_the_head(account
     assert proc.returncode == 0 and not (home / "mlflow" / "mlflow.db").exists(), proc.stderr  # nothing on the head
 
 
+@pytest.mark.e2e
 def test_rays_autoscaler_puts_gpu_trials_on_gpu_nodes_and_cpu_work_on_cpu_nodes(account, tmp_path):
     """The node types as ``ray up`` fills them from AWS's instance types, given to Ray's own
     demand scheduler (v1's ``get_nodes_for``; v2 has the same rule, AUTOSCALER_CONSERVE_GPU_NODES):
@@ -518,6 +527,7 @@ def test_rays_autoscaler_puts_gpu_trials_on_gpu_nodes_and_cpu_work_on_cpu_nodes(
     assert add([{"CPU": 1}] * 40) == {"cpu_worker": 2, "gpu_worker": 1}
 
 
+@pytest.mark.e2e
 def test_an_idle_node_is_stopped_and_started_again_with_its_disk(account, tmp_path):
     """Ray's AWS node provider on the rendered config (cache_stopped_nodes): scaling a worker down
     stops its instance instead of terminating it, and the next scale-up of that type starts the
@@ -601,6 +611,7 @@ def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_c
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.mark.e2e
 def test_a_sweeps_bill_is_each_instance_from_its_launch_to_its_stop(account, tmp_path):
     """What the sweep's end records on a cluster ``up`` made: the hours AWS bills each instance Ray's
     launcher tagged with the cluster's name (launch to stop, or to the end of the accounted span),
@@ -635,6 +646,7 @@ def test_a_sweeps_bill_is_each_instance_from_its_launch_to_its_stop(account, tmp
                                                       + bill["billed_node_hours/cpu_worker"])
 
 
+@pytest.mark.e2e
 def test_down_terminates_every_instance_of_the_cluster_and_says_what_stays_billed(account, tmp_path, cli):
     """Ray's provider stops nodes (cache_stopped_nodes), the head's too in ``ray down``, and their
     disks bill on: ``down`` terminates every instance of the cluster, running or stopped, of this
@@ -673,6 +685,7 @@ def test_down_terminates_every_instance_of_the_cluster_and_says_what_stays_bille
     assert boto3.client("rds", region_name=REGION).describe_db_instances()["DBInstances"] == []  # nothing made
 
 
+@pytest.mark.e2e
 def test_code_on_the_head_can_touch_only_this_clusters_instances(account, tmp_path):
     """The head's role, read back from IAM and judged by AWS's evaluation rules (tests/aws_policy.py,
     conditions included): what Ray's AWS provider does there (describe, launch into the cluster's
@@ -731,6 +744,7 @@ def test_code_on_the_head_can_touch_only_this_clusters_instances(account, tmp_pa
     assert _iam().list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"] == []
 
 
+@pytest.mark.e2e
 def test_the_gpu_image_is_the_one_aws_publishes_now(account, tmp_path, cli, monkeypatch):
     """cluster.yaml names the GPU workers' image by the public SSM parameter AWS keeps current for
     the Deep Learning Base GPU AMI; ``up`` (render) puts in the ID it holds in the cluster's region,
@@ -761,6 +775,7 @@ def test_the_gpu_image_is_the_one_aws_publishes_now(account, tmp_path, cli, monk
     assert nodes["gpu_worker"]["node_config"]["ImageId"] == "ami-0fedcba9876543210"
 
 
+@pytest.mark.e2e
 def test_a_named_group_whose_nodes_cannot_reach_each_other_is_refused(account, tmp_path, cli, monkeypatch):
     """Ray's nodes talk on many ports and MLflow's database sits in the same group: a group named in
     cluster.env must admit all traffic from itself, else one line before anything is made."""

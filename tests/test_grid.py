@@ -90,7 +90,6 @@ def _seed_runs(c, run):
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_augment_caches_each_augmentation_on_its_own(grid):
     """One cache entry per augmentation: a set sharing seven of them generates only the missing one."""
     df = grid["eight"]
@@ -104,13 +103,11 @@ def test_augment_caches_each_augmentation_on_its_own(grid):
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_a_sweep_regenerates_nothing_the_cache_holds(grid):
     assert {k: grid["after"].get(k) for k in grid["before"]} == grid["before"]
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_every_grid_value_trains_each_seed_in_a_run_of_its_own(grid):
     """Each value's run nests one run per seed, holds every score's mean and std over them, and
     the seeds' metrics are those of the value (AugCSE's discriminator logged every step)."""
@@ -132,7 +129,6 @@ def test_every_grid_value_trains_each_seed_in_a_run_of_its_own(grid):
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_the_grid_table_is_the_papers_with_the_spread_over_seeds(grid):
     """Rows = values, columns = the 7 tasks and their mean, and the mean's std; the seeds' 7-task
     tables are printed once per value (the best value is not evaluated again)."""
@@ -156,7 +152,6 @@ def test_the_grid_table_is_the_papers_with_the_spread_over_seeds(grid):
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_the_best_value_by_mean_dev_is_the_sweeps_result(grid):
     """Trials ranked on the mean over seeds: the best value's means on the parent, its best seed
     registered (the champion), the sweep summary sorted by the mean."""
@@ -201,7 +196,6 @@ def test_the_hidden_by_html_check_can_fail():  # the fast tier
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_mlflows_ui_tells_which_trial_won_and_how_to_load_it(grid):
     """What MLflow's web UI reads, through its own REST endpoints: a training experiment (not GenAI)
     with a description and a saved view of the sweep's trials; a sort by the dev score that lists

@@ -14,8 +14,6 @@ import pytest
 
 from tests.helpers import commits_step, kill_group, release_barrier, repo_with_barrier, runs_of, sets, start_cli, steps_of, wait_for
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
@@ -160,6 +158,7 @@ def test_a_killed_train_run_resumes_from_its_latest_checkpoint(repo, tiny_model,
         assert not left & set(dead), (left, dead)
 
 
+@pytest.mark.e2e
 def test_an_evaluation_is_in_mlflow_before_the_next_one_whatever_the_checkpoint_interval(tiny_model, small_corpus,
                                                                                         tmp_path, mlflow_uri):
     """The paper profile's 15 minutes between resumable states: a run's first STS-B dev point is in

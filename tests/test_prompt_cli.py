@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import run_cli, run_main, runs_of, sets
 
-pytestmark = [pytest.mark.scenario, pytest.mark.e2e]
+pytestmark = pytest.mark.scenario
 
 CASES = {
     "promptbert": [],

@@ -46,7 +46,6 @@ def test_ray_address_local_keeps_a_private_ray_and_a_dead_recorded_cluster_is_pa
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_a_local_start_whose_raylet_misses_rays_30_seconds_is_made_again(tmp_path):
     """Ray gives a new node's raylet a hard-coded 30 s to register with its GCS
     (``ray/_private/node.py``); on the 2-core CI VM under the suite a command's local start once

@@ -123,7 +123,6 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
 
 
 @pytest.mark.scenario
-@pytest.mark.e2e
 def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """The issue's example: UNA's and SAN's negatives under HiNCE with VaSCL's term, 2 trials. It is
     also UNA's, SAN's and VaSCL's sweep: their spaces, caches, tags and metrics are checked here."""

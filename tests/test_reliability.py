@@ -15,7 +15,7 @@ import torch
 
 from tests.helpers import ROOT, run_cli, run_main, runs_of, sets
 
-pytestmark = [pytest.mark.e2e, pytest.mark.scenario]
+pytestmark = pytest.mark.scenario
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import runs_of, sets, start_cli, steps_of, wait_for
 from tests.services import MlflowServer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.scenario]
+pytestmark = pytest.mark.scenario
 
 STEPS, EVAL = 30, 5
 
