@@ -185,6 +185,11 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+def resume_from(path: str | os.PathLike) -> str | None:
+    """The state checkpoint a model checkpoint names (``resume_from``): where a restart starts."""
+    return json.loads((Path(path) / STATE).read_text(encoding="utf-8")).get("resume_from")
+
+
 def model_dir(path: str | os.PathLike) -> Path:
     return Path(path) / MODEL
 

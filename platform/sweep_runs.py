@@ -272,7 +272,7 @@ def release_fit(fit_folder: str, best: str) -> None:
     """A finished trial's fit keeps its best checkpoint, without optimizer state, and nothing else."""
     keep = storage.resolve(best)
     for name in storage.list_dirs(fit_folder):
-        if name.startswith("checkpoint_") and storage.resolve(storage.join(fit_folder, name)) != keep:
+        if name.startswith(checkpoint.PREFIX) and storage.resolve(storage.join(fit_folder, name)) != keep:
             storage.remove(storage.join(fit_folder, name))
     release(FitResult(None, best))
 

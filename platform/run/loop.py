@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import itertools
-import json
 import logging
 import os
 import pickle
@@ -539,7 +538,7 @@ class RayTrainRuntime(Runtime):
         latest = found.path.rstrip("/").rsplit("/", 1)[1]
         with found.as_directory() as directory:
             if not (Path(directory) / checkpoint.TRAIN_STATE).is_file():
-                name = json.loads((Path(directory) / checkpoint.STATE).read_text()).get("resume_from")
+                name = checkpoint.resume_from(directory)
                 if not name:  # Ray Train restarted the fit before its first state: weights only so far
                     self.started_over = True
                     if self.is_chief and self.ctx.run_dir:
