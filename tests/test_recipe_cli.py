@@ -4,9 +4,10 @@ combination of the issue sweeps on Ray with 2 trials, and invalid recipes are re
 
 from __future__ import annotations
 
-import re
 import itertools
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pyarrow as pa
@@ -15,7 +16,8 @@ import pytest
 
 from methods.ingredients import InvalidParams
 from methods.recipe import INGREDIENTS, MULTIPLE, RecipeSpec
-from tests.helpers import ROOT, assert_user_error, repo_with_ingredient, run_cli, run_main, runs_of, sets, steps_of
+from tests.helpers import (ROOT, assert_user_error, new_mlflow_db, repo_with_ingredient, run_cli, run_main, runs_of, sets,
+                           steps_of)
 
 # Each row: encoder, positives, negatives, loss, aux. Together they hold every combinable pair
 # (checked below): a greedy cover of the valid recipes' pairs.
@@ -122,28 +124,41 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
         assert len(c.get_metric_history(run.info.run_id, extra)) == 2
 
 
-@pytest.mark.scenario
-def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_model, small_corpus, tmp_path, mlflow_uri):
+# A line of the platform's own from one of Ray's processes: a trial's evaluation.
+OWN_LINE = r"\[trial \w+\] "
+
+
+@pytest.fixture(scope="module")
+def recipe_sweep(tiny_model, small_corpus, tmp_path_factory, _empty_mlflow_db):
     """The issue's example: UNA's and SAN's negatives under HiNCE with VaSCL's term, 2 trials. It is
-    also UNA's, SAN's and VaSCL's sweep: their spaces, caches, tags and metrics are checked here."""
+    also UNA's, SAN's and VaSCL's sweep: their spaces, caches, tags and metrics are checked on it."""
+    tmp = tmp_path_factory.mktemp("recipe-sweep")
+    uri = new_mlflow_db(_empty_mlflow_db, tmp / "mlflow.db")
     sets = {"model": tiny_model, "corpus": small_corpus, "batch_size": 64, "max_steps": 2, "eval_steps": 1,
-            "log_steps": 1, "output_dir": tmp_path / "runs", "max_sentences": 128, "num_workers": 1}
+            "log_steps": 1, "output_dir": tmp / "runs", "max_sentences": 128, "num_workers": 1}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     proc = run_cli("tune", "recipe", "--set", "negatives=una,san", "--set", "loss=hince", "--set", "aux=vascl",
-                   "--num-samples", "2", *args,
-                   env={"MLFLOW_TRACKING_URI": mlflow_uri, "PLATFORM_CACHE_DIR": str(tmp_path / "cache")})
+                   "--num-samples", "2", *args, env={"MLFLOW_TRACKING_URI": uri, "PLATFORM_CACHE_DIR": str(tmp / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    c, runs = runs_of(mlflow_uri, "recipe")
+    c, runs = runs_of(uri, "recipe")
     parents = [r for r in runs if r.data.tags.get("sweep") == "true"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(parents) == 1 and len(children) == 2
-    assert all(r.info.status == "FINISHED" for r in runs), ([(r.info.run_name, r.info.status, r.data.tags.get("platform.end_reason")) for r in runs], proc.stdout[-4000:], proc.stderr[-4000:])
-    want = "positives=dropout negatives=una,san loss=hince aux=vascl"
-    assert all(r.data.tags["recipe"] == want for r in runs)
-    # The union of UNA's, SAN's (with HiNCE's tau2), VaSCL's and SimCSE's spaces, recorded on the parent.
+    best = next(r for r in children if r.info.run_id == parents[0].data.tags["best_run_id"])
     searched = {k.split(".", 1)[1] for k in parents[0].data.params if k.startswith("space.")}
-    assert {"alpha", "beta", "r", "tau2", "p2", "scale", "delta", "k", "head_lr_scale", "lr", "temperature"} == searched
-    for child in children:
+    return SimpleNamespace(proc=proc, client=c, runs=runs, parent=parents[0], children=children, best=best,
+                           searched=searched, tmp=tmp, corpus=small_corpus, want="positives=dropout negatives=una,san loss=hince aux=vascl")
+
+
+@pytest.mark.scenario
+def test_a_recipe_sweep_records_the_recipe_and_searches_the_union_of_its_spaces(recipe_sweep):
+    s = recipe_sweep
+    c, proc = s.client, s.proc
+    assert all(r.info.status == "FINISHED" for r in s.runs), [(r.info.run_name, r.info.status) for r in s.runs]
+    assert all(r.data.tags["recipe"] == s.want for r in s.runs)
+    # The union of UNA's, SAN's (with HiNCE's tau2), VaSCL's and SimCSE's spaces, recorded on the parent.
+    assert {"alpha", "beta", "r", "tau2", "p2", "scale", "delta", "k", "head_lr_scale", "lr", "temperature"} == s.searched
+    for child in s.children:
         assert 1e-6 <= float(child.data.params["lr"]) <= 1e-4 and int(child.data.params["vascl.k"]) in (8, 16, 32)
         assert 0.3 <= float(child.data.params["una.beta"]) <= 0.8 and int(child.data.params["una.alpha"]) in (1, 3, 5, 7, 9)
         assert float(child.data.params["hince.tau2"]) in (0.05, 0.06, 0.07, 0.08, 0.09, 0.1)
@@ -155,15 +170,23 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     # SAN: every scale the space holds generated once, in one pass before the first trial started.
     assert "generating before the trials: san_negative for scale=10|20|30|40 (4 generation(s) of 128" in proc.stdout
     assert proc.stdout.index("generated in") < proc.stdout.index("] started:")
-    assert len(list((tmp_path / "cache").glob("gen-san_negative-*"))) == 4
-    assert "best.sts_avg" in parents[0].data.metrics  # the best trial's 7-task table on the parent
-    assert parents[0].data.tags["best_run_id"] in {r.info.run_id for r in children}
+    assert len(list((s.tmp / "cache").glob("gen-san_negative-*"))) == 4
+    for run in s.runs:  # the corpus as every run's MLflow dataset input
+        (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
+        assert dataset.name == s.corpus.name and dataset.digest == run.data.tags["corpus_sha256"][:32]
+        assert run.data.tags["corpus_sentences"] == "128"
 
-    # The parent is not a trial: the winner's values are its best.* tags (its params are the recipe
-    # and the space), its numbers best.* metrics at the best checkpoint's step, once each; its
-    # description links the best run, the trials' view and the registered version.
-    parent = parents[0]
-    best = next(r for r in children if r.info.run_id == parent.data.tags["best_run_id"])
+
+@pytest.mark.scenario
+def test_a_sweeps_parent_holds_its_winner_under_best_keys_and_describes_it(recipe_sweep):
+    """The parent is not a trial: the winner's values are its best.* tags (its params are the recipe
+    and the space), its numbers best.* metrics at the best checkpoint's step, once each; its
+    description links the best run, the trials' view and the registered version."""
+    from platform.console import short
+
+    s = recipe_sweep
+    c, parent, best, searched = s.client, s.parent, s.best, s.searched
+    assert "best.sts_avg" in parent.data.metrics  # the best trial's 7-task table on the parent
     assert {k: parent.data.tags[f"best.{k}"] for k in searched} == {k: param(best, k) for k in searched}
     comparison = ("vs_backbone/baseline_sts_", "vs_backbone/delta_sts_")  # the backbone's table: on the parent and on the winner
     assert not set(parent.data.params) & searched
@@ -171,9 +194,7 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     assert parent.data.tags["searched"].split(",") == sorted(searched, key=parent.data.tags["searched"].split(",").index)
     # Every trial describes itself in MLflow's UI, values rounded as the console
     # shows them; the winner adds the 7 tasks against its backbone and its load line.
-    from platform.console import short
-
-    for child in children:
+    for child in s.children:
         note = child.data.tags["mlflow.note.content"]
         assert f"`lr={short(child.data.params['lr'])}`" in note, note
         evaluations = len(c.get_metric_history(child.info.run_id, "stsb_dev_spearman"))
@@ -191,6 +212,12 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
     # Links open MLflow's UI in its model-training mode (3.17 defaults to GenAI and reads the link's workflowType).
     assert f"runs/{best.info.run_id}?workflowType=machine_learning)" in note
     assert "#/models/recipe-negatives-una-san-loss-hince-aux-vascl-encoder/versions/1?workflowType=machine_learning" in note
+
+
+@pytest.mark.scenario
+def test_a_sweeps_console_is_its_own_lines_and_a_closing_block(recipe_sweep):
+    s = recipe_sweep
+    proc, parent, best = s.proc, s.parent, s.best
     # The closing block: where everything is and how to browse it.
     closing = proc.stdout[proc.stdout.index("sweep finished"):]
     for needle in (f"best trial:   trial-{best.data.tags['trial_id']}", "checkpoint:", "models:/recipe-negatives-",
@@ -201,67 +228,58 @@ def test_recipe_sweep_on_ray_records_the_recipe_and_searches_the_union(tiny_mode
         assert needle in closing, needle
     assert "against the untouched backbone" in proc.stdout
     # One line per trial start and end in the runs' own words, no Tune status boxes; short overall.
-    for child in children:
+    for child in s.children:
         tid = child.data.tags["trial_id"]
         assert f"[trial {tid}] started: " in proc.stdout
         assert re.search(rf"\[trial {tid}\] FINISHED( \(stopped early by the scheduler\))?, best stsb_dev_spearman", proc.stdout)
-    assert "Trial status" not in proc.stdout and "╭" not in proc.stdout, proc.stdout
-    assert len(proc.stdout.splitlines()) < 120, proc.stdout
-
-    # The console: each trial's evaluations as one line each from its rank 0, no Ray Data
-    # progress bars from inside trials; the corpus as every run's MLflow dataset input.
-    for child in children:
-        tid = child.data.tags["trial_id"]
+        # Each evaluation as one line from the trial's rank 0.
         assert re.search(rf"\[trial {tid}\] step 1/2  loss \d+\.\d+  stsb_dev_spearman \d+\.\d+ \(best ", proc.stdout)
-    from_ray_processes = [line for line in (proc.stdout + proc.stderr).splitlines() if "pid=" in line]
-    assert not any("Running Dataset" in line or "logging_progress" in line for line in from_ray_processes)
-    assert not any("Reporting training result" in line or "Checkpoint successfully created" in line
-                   for line in from_ray_processes)  # Ray Train's per-report INFO lines
-    # Ray's notes that are not the user's to act on: placement, Ray Data's execution notes, its
-    # own deprecations, start-up and packaging (stay in Ray's session logs).
-    for internal in ("Requesting resources", "world_rank=", "PreemptionWatcher", "RayDeprecationWarning",
-                     "Progress bars disabled", "Starting execution of Dataset", "Token authentication is enabled",
-                     "is now ignored by default", "Pushing file package", "Started a local Ray instance",
-                     "warnings.warn("):  # a warning's second line, its first one skipped
-        assert internal not in proc.stdout + proc.stderr, internal
+    assert len(proc.stdout.splitlines()) < 120, proc.stdout
     assert re.search(r"^Ray: a local instance, \d+ CPUs, dashboard http://", proc.stdout, re.M)
-    for run in runs:
-        (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
-        assert dataset.name == small_corpus.name and dataset.digest == run.data.tags["corpus_sha256"][:32]
-        assert run.data.tags["corpus_sentences"] == "128"
+    # What Ray's processes print is the platform's own lines (the trials' evaluations); Ray's own
+    # notes stay in its session logs.
+    from_ray_processes = [line for line in (proc.stdout + proc.stderr).splitlines() if "pid=" in line]
+    assert from_ray_processes and all(re.search(OWN_LINE, line) for line in from_ray_processes), [
+        line for line in from_ray_processes if not re.search(OWN_LINE, line)]
 
-    # The sweep's summary: every trial in a table (console, MLflow table, CSV) and plots as PNGs.
-    assert "sweep: 2 trials" in proc.stdout
-    for child in children:
-        assert child.data.tags["trial_id"] in proc.stdout
-    parent_id = parents[0].info.run_id
-    folder = Path(c.download_artifacts(parent_id, "", str(tmp_path / "parent-artifacts")))
-    table = pd.read_csv(folder / "sweep_summary.csv")
-    assert len(table) == 2 and searched <= set(table.columns)
-    assert {"trial_id", "best_stsb_dev_spearman", "steps", "status"} <= set(table.columns)
-    assert set(table["trial_id"]) == {r.data.tags["trial_id"] for r in children}
-    assert table["best_stsb_dev_spearman"].tolist() == sorted(table["best_stsb_dev_spearman"], reverse=True)
-    assert (folder / "sweep_summary.json").is_file()
+
+@pytest.mark.scenario
+def test_a_sweeps_summary_is_a_table_a_csv_and_plots(recipe_sweep):
+    """Every trial in a table (console, MLflow table, CSV) and plots as PNGs."""
     from PIL import Image
 
+    s = recipe_sweep
+    assert "sweep: 2 trials" in s.proc.stdout
+    for child in s.children:
+        assert child.data.tags["trial_id"] in s.proc.stdout
+    folder = Path(s.client.download_artifacts(s.parent.info.run_id, "", str(s.tmp / "parent-artifacts")))
+    table = pd.read_csv(folder / "sweep_summary.csv")
+    assert len(table) == 2 and s.searched <= set(table.columns)
+    assert {"trial_id", "best_stsb_dev_spearman", "steps", "status"} <= set(table.columns)
+    assert set(table["trial_id"]) == {r.data.tags["trial_id"] for r in s.children}
+    assert table["best_stsb_dev_spearman"].tolist() == sorted(table["best_stsb_dev_spearman"], reverse=True)
+    assert (folder / "sweep_summary.json").is_file()
     with Image.open(folder / "plots" / "params_vs_stsb_dev_spearman.png") as image:
         assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 100
     # Two trials: no importance plot, and the sweep says why.
     assert not (folder / "plots" / "param_importance.png").exists()
-    assert "Parameter importance not computed: 2 trial(s)" in parents[0].data.tags["mlflow.note.content"]
+    assert "Parameter importance not computed: 2 trial(s)" in s.parent.data.tags["mlflow.note.content"]
 
+
+@pytest.mark.scenario
+def test_a_finished_sweep_keeps_each_trials_best_checkpoint_and_registers_its_winner(recipe_sweep):
+    s = recipe_sweep
     # Disk that matches need: each FINISHED trial keeps its best checkpoint, without optimizer state.
-    states = list((tmp_path / "runs").rglob("state.json"))
-    assert len(states) == 2 and not list((tmp_path / "runs").rglob("train_state.pt"))
+    states = list((s.tmp / "runs").rglob("state.json"))
+    assert len(states) == 2 and not list((s.tmp / "runs").rglob("train_state.pt"))
     model_bytes = sum(f.stat().st_size for f in states[0].parent.rglob("*") if f.is_file())
-    total = sum(f.stat().st_size for f in (tmp_path / "runs").rglob("*") if f.is_file())
+    total = sum(f.stat().st_size for f in (s.tmp / "runs").rglob("*") if f.is_file())
     assert total < 2 * model_bytes + 2 * 2**20, (total, model_bytes)  # + Tune's own state
-
     # The best trial's encoder in the Model Registry, champion as the first version.
     name = "recipe-negatives-una-san-loss-hince-aux-vascl-encoder"
-    champion = c.get_model_version_by_alias(name, "champion")
-    assert str(champion.version) == "1" and champion.run_id == parents[0].data.tags["best_run_id"]
-    assert champion.tags["recipe"] == want and "sts_avg" in champion.tags
+    champion = s.client.get_model_version_by_alias(name, "champion")
+    assert str(champion.version) == "1" and champion.run_id == s.parent.data.tags["best_run_id"]
+    assert champion.tags["recipe"] == s.want and "sts_avg" in champion.tags
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,12 @@ when STS-B dev improves, and the champion loads and embeds as the project's enco
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -12,115 +18,145 @@ from tests.helpers import run_main
 pytestmark = pytest.mark.e2e
 
 
-def test_run_registers_its_encoder_and_champion_moves_only_on_improvement(mlflow_server, tiny_model, small_corpus,
-                                                                           tmp_path):
-    import mlflow
+@pytest.fixture(scope="module")
+def registered(mlflow_server, tiny_model, small_corpus, tmp_path_factory):
+    """One ``train`` run to the end: its best checkpoint exported, logged and registered."""
     from mlflow.tracking import MlflowClient
 
-    from methods.encoder import Encoder
-    from platform import checkpoint
-    from platform.tracking import model_registry as registry
-
+    tmp = tmp_path_factory.mktemp("registered")
     proc = run_main("train", "simcse", *[a for kv in (
         f"model={tiny_model}", f"corpus={small_corpus}", "batch_size=8", "max_steps=4", "eval_steps=2",
-        "runtime=process", "num_workers=1", f"output_dir={tmp_path / 'runs'}") for a in ("--set", kv)],
+        "runtime=process", "num_workers=1", f"output_dir={tmp / 'runs'}") for a in ("--set", kv)],
         env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "registered simcse-encoder version 1" in proc.stdout and "now the champion" in proc.stdout
-
     c = MlflowClient(mlflow_server)
     champion = c.get_model_version_by_alias("simcse-encoder", "champion")
-    assert champion.version == "1"
     run = c.get_run(champion.run_id)
-    assert run.data.tags["registered_model"] == "simcse-encoder/1"
+    fresh = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return SimpleNamespace(proc=proc, client=c, champion=champion, run=run, uri=mlflow_server, tmp=tmp, fresh=fresh,
+                           model_uri=run.data.tags["logged_model"], sentences=["A man is playing a guitar.",
+                                                                                "Two dogs run through a field of grass."])
+
+
+def _our_embeddings(r) -> np.ndarray:
+    """The best checkpoint's embeddings of ``r.sentences`` as the project's encoder gives them."""
+    from methods.encoder import Encoder
+    from platform import checkpoint
+
+    best = r.run.data.tags["best_checkpoint"]
+    pooler = checkpoint.read_state(best)["eval_pooler"]
+    return Encoder.from_pretrained(str(checkpoint.model_dir(best)), pooler=pooler).encode(r.sentences).numpy()
+
+
+def _card(r) -> str:
+    import mlflow
+
+    folder = mlflow.artifacts.download_artifacts(r.model_uri, dst_path=str(r.tmp / "logged"), tracking_uri=r.uri)
+    return open(f"{folder}/model.sentence_transformer/README.md").read()
+
+
+def test_a_run_registers_its_encoder_as_the_first_champion_with_its_scores(registered):
+    r = registered
+    assert "registered simcse-encoder version 1" in r.proc.stdout and "now the champion" in r.proc.stdout
+    assert r.champion.version == "1" and r.run.data.tags["registered_model"] == "simcse-encoder/1"
     # The run's link opens MLflow's UI in its model-training mode; MLflow's own "View run" lines are off.
-    assert (f"browse it: open {mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
-            "?workflowType=machine_learning in a browser") in proc.stdout
-    assert "View run" not in proc.stdout + proc.stderr
-    dev = float(champion.tags["stsb_dev_spearman"])
-    assert dev == pytest.approx(run.data.metrics["best_stsb_dev_spearman"], abs=1e-4)
-    assert champion.tags["git_commit"] == run.data.tags["git_commit"] != "unknown"
-    assert champion.tags["recipe"].startswith("positives=dropout")
-    assert {f"sts_{t}" for t in ("STS12", "STSBenchmark", "SICKRelatedness", "avg")} <= set(champion.tags)
+    assert (f"browse it: open {r.uri}/#/experiments/{r.run.info.experiment_id}/runs/{r.run.info.run_id}"
+            "?workflowType=machine_learning in a browser") in r.proc.stdout
+    assert "View run" not in r.proc.stdout + r.proc.stderr
+    dev = float(r.champion.tags["stsb_dev_spearman"])
+    assert dev == pytest.approx(r.run.data.metrics["best_stsb_dev_spearman"], abs=1e-4)
+    assert r.champion.tags["git_commit"] == r.run.data.tags["git_commit"] != "unknown"
+    assert r.champion.tags["recipe"].startswith("positives=dropout")
+    assert {f"sts_{t}" for t in ("STS12", "STSBenchmark", "SICKRelatedness", "avg")} <= set(r.champion.tags)
 
-    # The load line the console prints loads the model in a new Python session from the repository
-    # root, whose MLflow would look in ./mlflow.db: the line names the store.
-    import os
-    import re
-    import subprocess
-    import sys
 
+def test_the_printed_load_line_loads_the_model_in_a_new_session(registered):
+    """The load line the console prints loads the model in a new Python session from the repository
+    root, whose MLflow would look in ./mlflow.db: the line names the store."""
     from tests.helpers import ROOT
 
-    (code,) = re.findall(r'load it: python -c "(.+?)"', proc.stdout)
-    fresh = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    r = registered
+    (code,) = re.findall(r'load it: python -c "(.+?)"', r.proc.stdout)
     loaded = subprocess.run([sys.executable, "-c", code + "; print(model.encode(['a cat']).shape)"], cwd=ROOT,
-                            env=fresh, capture_output=True, text=True, timeout=300)
+                            env=r.fresh, capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0 and "(1, 32)" in loaded.stdout, loaded.stderr[-2000:]
     assert not (ROOT / "mlflow.db").exists()  # nothing looked in MLflow's default store
-    description = c.get_model_version("simcse-encoder", "1").description
-    assert f"mlflow.set_tracking_uri({mlflow_server!r})" in description
+    description = r.client.get_model_version("simcse-encoder", "1").description
+    assert f"mlflow.set_tracking_uri({r.uri!r})" in description
 
-    # The serve line of the README, in a fresh process: the model answers /invocations.
-    _serve_as_the_readme_writes_it(mlflow_server, fresh)
 
-    # The champion embeds as the project's encoder does (the evaluator's embeddings).
-    mlflow.set_tracking_uri(mlflow_server)
+def test_the_readmes_serve_line_answers_invocations(registered):
+    _serve_as_the_readme_writes_it(registered.uri, registered.fresh)
+
+
+def test_the_champion_embeds_as_the_encoder_and_names_what_serving_it_needs(registered):
+    import mlflow
+
+    r = registered
+    mlflow.set_tracking_uri(r.uri)
     model = mlflow.sentence_transformers.load_model("models:/simcse-encoder@champion")
-    sentences = ["A man is playing a guitar.", "Two dogs run through a field of grass."]
-    best = run.data.tags["best_checkpoint"]
-    pooler = checkpoint.read_state(best)["eval_pooler"]
-    ours = Encoder.from_pretrained(str(checkpoint.model_dir(best)), pooler=pooler).encode(sentences)
-    np.testing.assert_allclose(model.encode(sentences), ours.numpy(), rtol=1e-4, atol=1e-5)
-
+    np.testing.assert_allclose(model.encode(r.sentences), _our_embeddings(r), rtol=1e-4, atol=1e-5)
     # What it needs to be served elsewhere: the flavor's packages, pinned, and MLflow.
     reqs = mlflow.artifacts.download_artifacts("models:/simcse-encoder@champion/requirements.txt",
-                                               dst_path=str(tmp_path / "reqs"))
+                                               dst_path=str(r.tmp / "reqs"))
     names = {line.split("==")[0] for line in open(reqs).read().split()}
     assert names == {"mlflow", "sentence-transformers", "transformers", "torch"}, names
 
-    # The model is stored once, as the run's logged model, which the version points to.
-    model_uri = run.data.tags["logged_model"]
-    assert champion.source == model_uri and model_uri.startswith("models:/m-")
-    assert [o.model_id for o in run.outputs.model_outputs] == [model_uri[len("models:/"):]]
-    # Beside the model, only the run's files: its scores, its configuration and SimCSE's Fig. 2 of it.
-    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json", "config.json", "plots"}
-    assert {a.path for a in c.list_artifacts(run.info.run_id, "plots")} == {"plots/geometry.png"}
 
-    # Against the untouched backbone (same pooler): on the console, on the run, in the model card.
-    assert "against the untouched backbone" in proc.stdout and "difference" in proc.stdout
-    m = run.data.metrics
-    assert m["vs_backbone/delta_sts_avg"] == pytest.approx(m["sts_avg"] - m["vs_backbone/baseline_sts_avg"], abs=1e-6)
+def test_the_model_is_stored_once_as_the_runs_logged_model(registered):
+    r = registered
+    assert r.champion.source == r.model_uri and r.model_uri.startswith("models:/m-")
+    assert [o.model_id for o in r.run.outputs.model_outputs] == [r.model_uri[len("models:/"):]]
+    # Beside the model, only the run's files: its scores, its configuration and SimCSE's Fig. 2 of it.
+    assert {a.path for a in r.client.list_artifacts(r.run.info.run_id)} == {"sts_results.json", "config.json", "plots"}
+    assert {a.path for a in r.client.list_artifacts(r.run.info.run_id, "plots")} == {"plots/geometry.png"}
+
+
+def test_the_run_the_card_and_the_console_set_the_model_beside_its_backbone(registered, tiny_model, small_corpus):
+    """Against the untouched backbone (same pooler): on the console, on the run, in the model card."""
+    from platform import checkpoint
     from platform.run.final_evaluation import baseline_sts
 
+    r = registered
+    assert "against the untouched backbone" in r.proc.stdout and "difference" in r.proc.stdout
+    m = r.run.data.metrics
+    assert m["vs_backbone/delta_sts_avg"] == pytest.approx(m["sts_avg"] - m["vs_backbone/baseline_sts_avg"], abs=1e-6)
+    pooler = checkpoint.read_state(r.run.data.tags["best_checkpoint"])["eval_pooler"]
     assert baseline_sts(str(tiny_model), pooler)["avg"] == pytest.approx(m["vs_backbone/baseline_sts_avg"], abs=1e-9)
-    assert run.data.tags["smoke"] == champion.tags["smoke"] == "true" and "smoke test" in proc.stdout
-    folder = mlflow.artifacts.download_artifacts(model_uri, dst_path=str(tmp_path / "logged"))
-    card = open(f"{folder}/model.sentence_transformer/README.md").read()
-    mlmodel = open(f"{folder}/MLmodel").read()
+    assert r.run.data.tags["smoke"] == r.champion.tags["smoke"] == "true" and "smoke test" in r.proc.stdout
+    card = _card(r)
+    mlmodel = open(next((r.tmp / "logged").rglob("MLmodel"))).read()
     assert f"source_model_name: {tiny_model}" in mlmodel and "/tmp" not in mlmodel.replace(str(tiny_model), "")
     read = len(small_corpus.read_text().splitlines())  # 256 lines, under the local profile's max_sentences (2048)
     for field in (f"base_model: {tiny_model}", f"corpus: `{small_corpus.name} sha256:", f" ({read} sentences)`",
                   "`max_steps`: `4`", "| difference |",
-                  "Gao et al. (2021), SimCSE", run.data.tags["git_commit"], "Smoke test, not a result"):
+                  "Gao et al. (2021), SimCSE", r.run.data.tags["git_commit"], "Smoke test, not a result"):
         assert field in card, field
 
-    # What --push-to-hub uploads: the sentence-transformers folder with the card, loadable as is.
+
+def test_push_to_hub_uploads_the_loadable_folder_with_its_card(registered):
     from sentence_transformers import SentenceTransformer
 
     from platform.tracking import hub
 
-    upload = hub.model_folder(mlflow_server, run.info.run_id, tmp_path / "hub")
-    assert (upload / "README.md").read_text() == card and (upload / "modules.json").is_file()
-    np.testing.assert_allclose(SentenceTransformer(str(upload), device="cpu").encode(sentences), ours.numpy(),
+    r = registered
+    upload = hub.model_folder(r.uri, r.run.info.run_id, r.tmp / "hub")
+    assert (upload / "README.md").read_text() == _card(r) and (upload / "modules.json").is_file()
+    np.testing.assert_allclose(SentenceTransformer(str(upload), device="cpu").encode(r.sentences), _our_embeddings(r),
                                rtol=1e-4, atol=1e-5)
 
-    # Like with like: a worse version of the same lineage does not take the alias; a better one does.
+
+def test_the_champion_alias_moves_only_to_a_better_version_of_its_lineage(registered):
+    """Like with like: a worse version of the same lineage does not take the alias; a better one does."""
+    from platform.tracking import model_registry as registry
+
+    r = registered
+    c, champion, dev = r.client, r.champion, float(r.champion.tags["stsb_dev_spearman"])
     same = {k: champion.tags[k] for k in ("backbone", "profile", "corpus", "smoke")}
-    worse, verdict = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev - 1, same)
+    worse, verdict = registry.register_encoder(r.uri, "simcse-encoder", r.model_uri, champion.run_id, dev - 1, same)
     assert verdict == f"better STS-B dev: {dev:.2f}"
     assert c.get_model_version_by_alias("simcse-encoder", "champion").version == "1"
-    better, verdict = registry.register_encoder(mlflow_server, "simcse-encoder", model_uri, champion.run_id, dev + 1, same)
+    better, verdict = registry.register_encoder(r.uri, "simcse-encoder", r.model_uri, champion.run_id, dev + 1, same)
     assert verdict is True and c.get_model_version_by_alias("simcse-encoder", "champion").version == str(better)
     assert str(worse) == "2" and str(better) == "3"
     assert c.get_model_version_by_alias("simcse-encoder", registry.lineage_alias(same)).version == "3"
