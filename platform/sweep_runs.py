@@ -15,10 +15,9 @@ from platform import checkpoint, cluster_aws, settings, storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
 from platform.errors import UserError, one_line
-from platform.run import ray_env, unit
+from platform.run import final_evaluation, ray_env, unit
 from platform.checkpoint import exists as checkpoint_exists
-from platform.run.final_evaluation import beside_block
-from platform.run.fit import FitResult, finish_fit, release
+from platform.run.fit import FitResult, release
 from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
@@ -115,7 +114,7 @@ class TrialRuns:
     Tune ends it: FINISHED when its work completed or the scheduler stopped it after a report with
     its best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted.
     Before a run ends, the recorder completes its step metrics and names its best checkpoint from
-    storage (``platform.run.fit.finish_fit``); a FINISHED trial keeps its best checkpoint, without
+    storage (``recorder.finish_fit``); a FINISHED trial keeps its best checkpoint, without
     optimizer state, and nothing else.
 
     A trial Tune ended is closed once the process that sends its points has ended (``ended``,
@@ -205,7 +204,7 @@ class TrialRuns:
                         if r is found and sweep.seeds == 1:
                             recorder.complete_evaluations(sweep.uri, r.info.run_id, self.evaluations.get(trial_id, []),
                                                           POINTS_WAIT_S)
-                        best = finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
+                        best = recorder.finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
                     except TrackingUnavailable as exc:  # the run's end is told; its points stay in its checkpoints
                         print(f"note: {exc}", file=sys.stderr, flush=True)
                         best = checkpoint.best_under(fit_folder)
@@ -225,7 +224,7 @@ class TrialRuns:
         try:
             searched = (store.client(sweep.uri).get_run(sweep.parent).data.tags.get("searched") or "").split(",")
             run = store.client(sweep.uri).get_run(run_id)
-            Run(sweep.uri, run_id).set_tags({store.NOTE_TAG: trial_note(sweep.uri, run, [k for k in searched if k])})
+            Run(sweep.uri, run_id).set_tags({store.NOTE_TAG: sweep_summary.trial_note(sweep.uri, run, [k for k in searched if k])})
         except Exception as exc:  # noqa: BLE001 - a description never fails the sweep it describes
             print(f"note: trial run {run_id} was not described ({one_line(exc, 160)})", flush=True)
 
@@ -327,7 +326,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in result.scores]
         numbers.update({f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks})
         numbers.update({f"vs_backbone/delta_sts_{t}": result.scores[t] - baseline[t] for t in tasks})
-        parent.log_text(beside_block(best_backbone(result.checkpoint), baseline, result.scores),
+        parent.log_text(final_evaluation.beside_block(sweep_summary.best_backbone(result.checkpoint), baseline, result.scores),
                         "sts_vs_backbone.md")
     recorder.log_results(parent, numbers, step)
     # What the sweep's nodes cost (the report sets it beside the trials' training GPU-hours).
@@ -340,75 +339,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         print(f"note: the sweep's node-hours were not recorded ({one_line(exc, 160)})", flush=True)
     registered = best.info().data.tags.get("registered_model", "")
     parent.set_tags({"registered_model": registered,
-                     store.NOTE_TAG: _note(sweep, parent, best, won, registered, result, baseline, notes)})
-    best.set_tags({store.NOTE_TAG: _winner_note(sweep, parent, best, registered, result, baseline, list(spec.space))})
+                     store.NOTE_TAG: sweep_summary.sweep_note(sweep.uri, parent, best, won, registered, result, baseline, notes)})
+    best.set_tags({store.NOTE_TAG: sweep_summary.winner_note(sweep.uri, parent, best, registered, result, baseline, list(spec.space))})
     sweep_summary.closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)
     return result.checkpoint
-
-
-def best_backbone(location: str) -> str:
-    return checkpoint.read_state_at(location).get("config", {}).get("model", "?")
-
-
-def trial_note(uri: str, run, searched: list[str]) -> str:
-    """A trial run's description (Markdown in MLflow's UI): its searched values, its best STS-B dev
-    and at which step, the steps it trained, and how it ended."""
-    params = run.data.params
-    values = ", ".join(f"`{k}={short(params[key])}`" for k in searched
-                       for key in (k, *[p for p in params if p.endswith(f".{k}")]) if key in params)
-    c = store.client(uri)
-    dev = c.get_metric_history(run.info.run_id, DEV_METRIC)
-    trained = max((m.step for m in c.get_metric_history(run.info.run_id, "train_loss")), default=0)
-    ended = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "interrupted (resumable with --resume)"}.get(
-        run.info.status, run.info.status.lower())
-    if run.data.tags.get("stopped_by_scheduler") == "true":
-        ended = "stopped early by the scheduler (ASHA); its best checkpoint is kept"
-    lines = [f"**Trial {run.data.tags.get('trial_id', '')}** of a sweep: {values or 'no searched value'}."]
-    if dev:
-        top = max(dev, key=lambda m: (m.value, -m.step))
-        lines.append(f"**Best STS-B dev** (Spearman x100): {top.value:.2f} at step {top.step}, "
-                     f"{len(dev)} evaluation(s).")
-    lines.append(f"**Trained:** {trained} steps. **Ended:** {ended}.")
-    return "\n\n".join(lines)
-
-
-def _winner_note(sweep: Sweep, parent: Run, best: Run, registered: str, result, baseline, searched: list[str]) -> str:
-    """The winning trial's description: its own note, then the 7 tasks against the backbone, the
-    sweep it won and the line that loads it."""
-    info = best.info()
-    lines = [trial_note(sweep.uri, info, searched),
-             f"**Won the sweep** [{parent.name or parent.id}]({store.ui_route(f'#/experiments/{parent.experiment_id}/runs/{parent.id}')})."]
-    if baseline and result.scores:
-        lines.append("**STS, 7 tasks** against the untouched backbone:\n\n"
-                     + beside_block(best_backbone(result.checkpoint), baseline, result.scores))
-    if "/" in registered:
-        name, version = registered.split("/", 1)
-        lines.append(f"**Load it** in a new Python session: `{store.load_code(sweep.uri, f'models:/{name}/{version}')}`")
-    return "\n\n".join(lines)
-
-
-def _note(sweep: Sweep, parent: Run, best: Run, won: dict, registered: str, result, baseline, notes: list[str]) -> str:
-    """The parent run's description (Markdown in MLflow's UI): the winner and by how much, the
-    comparison with the backbone, where the trials and the model are, how to load it."""
-    experiment = parent.experiment_id
-    dev = result.dev
-    spread = f" ± {dev[BEST + '_std']:.2f} over {len(result.fits)} seeds" if BEST + "_std" in dev else ""
-    view = store.ui_route(store.view_route(experiment, sweep_summary.view_key(parent.id)))
-    lines = [f"**Best trial:** [{best.name}]({store.ui_route(f'#/experiments/{experiment}/runs/{best.id}')}) with "
-             + (", ".join(f"`{k}={short(v)}`" for k, v in won.items()) or "no searched value") + ".",
-             # Second: MLflow's UI folds a description after its first few lines.
-             f"**Trials:** [the view of this sweep's trials]({view}) (searched values and {DEV_METRIC}, best first); "
-             "`sweep_summary.csv` and `plots/` in the artifacts.",
-             f"**STS-B dev** (Spearman x100): {dev[BEST]:.2f}{spread}."]
-    if baseline and result.scores:
-        backbone = best_backbone(result.checkpoint)
-        delta = result.scores["avg"] - baseline["avg"]
-        lines.append(f"**STS, 7 tasks (avg):** {result.scores['avg']:.2f}, {delta:+.2f} against the untouched "
-                     f"backbone `{backbone}` ({baseline['avg']:.2f}):")
-        lines.append(beside_block(backbone, baseline, result.scores))
-    if "/" in registered:
-        name, version = registered.split("/", 1)
-        lines.append(f"**Registered:** [{name} version {version}]({store.ui_route(f'#/models/{name}/versions/{version}')}); load it in "
-                     f"a new Python session with `{store.load_code(sweep.uri, f'models:/{name}/{version}')}`.")
-    lines += [f"*{note}*" for note in notes]
-    return "\n\n".join(lines)

@@ -3,7 +3,8 @@ STS-B dev, steps, status), printed and logged on the sweep's parent run as an ML
 CSV, with plots logged as PNG images: each parameter against the dev score (trials coloured by
 the steps they trained), and Optuna's parameter-importance plot (fANOVA) with its n. Also how
 well each ASHA rung's score predicts the final best (``rung_table``, read by the
-benchmark case asha-rungs).
+benchmark case asha-rungs). And the sweep's descriptions in MLflow's UI: each trial's, the
+winner's and the parent's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from platform import checkpoint
+from platform.checkpoint import DEV_METRIC
 from platform.console import as_number, format_frame, short
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run import final_evaluation
@@ -334,3 +337,75 @@ def rung_table(histories: dict[str, list[float]], grace: int, factor: float) -> 
         rows.append((rung, len(histories), float(rho), max(at, key=at.get) == winner))
         rung = int(round(rung * factor))
     return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# The sweep's descriptions in MLflow's UI (Markdown)
+
+
+def best_backbone(location: str) -> str:
+    return checkpoint.read_state_at(location).get("config", {}).get("model", "?")
+
+
+def trial_note(uri: str, run, searched: list[str]) -> str:
+    """A trial run's description (Markdown in MLflow's UI): its searched values, its best STS-B dev
+    and at which step, the steps it trained, and how it ended."""
+    params = run.data.params
+    values = ", ".join(f"`{k}={short(params[key])}`" for k in searched
+                       for key in (k, *[p for p in params if p.endswith(f".{k}")]) if key in params)
+    c = store.client(uri)
+    dev = c.get_metric_history(run.info.run_id, DEV_METRIC)
+    trained = max((m.step for m in c.get_metric_history(run.info.run_id, "train_loss")), default=0)
+    ended = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "interrupted (resumable with --resume)"}.get(
+        run.info.status, run.info.status.lower())
+    if run.data.tags.get("stopped_by_scheduler") == "true":
+        ended = "stopped early by the scheduler (ASHA); its best checkpoint is kept"
+    lines = [f"**Trial {run.data.tags.get('trial_id', '')}** of a sweep: {values or 'no searched value'}."]
+    if dev:
+        top = max(dev, key=lambda m: (m.value, -m.step))
+        lines.append(f"**Best STS-B dev** (Spearman x100): {top.value:.2f} at step {top.step}, "
+                     f"{len(dev)} evaluation(s).")
+    lines.append(f"**Trained:** {trained} steps. **Ended:** {ended}.")
+    return "\n\n".join(lines)
+
+
+def winner_note(uri: str, parent: Run, best: Run, registered: str, result, baseline, searched: list[str]) -> str:
+    """The winning trial's description: its own note, then the 7 tasks against the backbone, the
+    sweep it won and the line that loads it."""
+    info = best.info()
+    lines = [trial_note(uri, info, searched),
+             f"**Won the sweep** [{parent.name or parent.id}]({store.ui_route(f'#/experiments/{parent.experiment_id}/runs/{parent.id}')})."]
+    if baseline and result.scores:
+        lines.append("**STS, 7 tasks** against the untouched backbone:\n\n"
+                     + final_evaluation.beside_block(best_backbone(result.checkpoint), baseline, result.scores))
+    if "/" in registered:
+        name, version = registered.split("/", 1)
+        lines.append(f"**Load it** in a new Python session: `{store.load_code(uri, f'models:/{name}/{version}')}`")
+    return "\n\n".join(lines)
+
+
+def sweep_note(uri: str, parent: Run, best: Run, won: dict, registered: str, result, baseline, notes: list[str]) -> str:
+    """The parent run's description (Markdown in MLflow's UI): the winner and by how much, the
+    comparison with the backbone, where the trials and the model are, how to load it."""
+    experiment = parent.experiment_id
+    dev = result.dev
+    spread = f" ± {dev[BEST + '_std']:.2f} over {len(result.fits)} seeds" if BEST + "_std" in dev else ""
+    view = store.ui_route(store.view_route(experiment, view_key(parent.id)))
+    lines = [f"**Best trial:** [{best.name}]({store.ui_route(f'#/experiments/{experiment}/runs/{best.id}')}) with "
+             + (", ".join(f"`{k}={short(v)}`" for k, v in won.items()) or "no searched value") + ".",
+             # Second: MLflow's UI folds a description after its first few lines.
+             f"**Trials:** [the view of this sweep's trials]({view}) (searched values and {DEV_METRIC}, best first); "
+             "`sweep_summary.csv` and `plots/` in the artifacts.",
+             f"**STS-B dev** (Spearman x100): {dev[BEST]:.2f}{spread}."]
+    if baseline and result.scores:
+        backbone = best_backbone(result.checkpoint)
+        delta = result.scores["avg"] - baseline["avg"]
+        lines.append(f"**STS, 7 tasks (avg):** {result.scores['avg']:.2f}, {delta:+.2f} against the untouched "
+                     f"backbone `{backbone}` ({baseline['avg']:.2f}):")
+        lines.append(final_evaluation.beside_block(backbone, baseline, result.scores))
+    if "/" in registered:
+        name, version = registered.split("/", 1)
+        lines.append(f"**Registered:** [{name} version {version}]({store.ui_route(f'#/models/{name}/versions/{version}')}); load it in "
+                     f"a new Python session with `{store.load_code(uri, f'models:/{name}/{version}')}`.")
+    lines += [f"*{note}*" for note in notes]
+    return "\n\n".join(lines)

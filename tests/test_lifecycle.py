@@ -141,7 +141,7 @@ def test_points_go_out_as_they_are_logged_and_a_restart_keeps_each_step_once(mlf
     worker restarted from the checkpoint of step 2 re-runs step 3, whose point the dead attempt
     had sent: the restart adopts that point from MLflow and drops the re-run's copy, and the fit's
     end replays its latest checkpoint's points: each step once, whatever was sent twice."""
-    from platform.run.fit import finish_fit
+    from platform.tracking.recorder import finish_fit
     from platform.tracking import recorder
     from platform.tracking.store import client
 

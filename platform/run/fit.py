@@ -1,6 +1,6 @@
 """One fit of one configuration and seed: Ray Train's ``TorchTrainer`` (DDP workers, every
 evaluation's checkpoint persisted to ``storage_path``) or the training loop in this process
-(``runtime=process``). Its end (``finish_fit``): the run's step metrics completed from its latest state checkpoint, its
+(``runtime=process``). Its end (``recorder.finish_fit``): the run's step metrics completed from its latest state checkpoint, its
 best checkpoint decided from storage.
 
 A fit named like an earlier one in the same storage continues it: Ray Train restores the run of
@@ -73,25 +73,10 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
         # Interrupted or failed: the run still gets the points and the best checkpoint its storage
         # holds (what --resume continues from), without waiting long for a server that is away.
         with contextlib.suppress(Exception):
-            finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
+            recorder.finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
         raise
-    best = finish_fit(uri, run_id, folder)
+    best = recorder.finish_fit(uri, run_id, folder)
     return FitResult(best.dev if best else None, best.checkpoint if best else None, metrics)
-
-
-def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: float | None = None) -> checkpoint.Best | None:
-    """The end of the fit whose checkpoints are under ``location``: its latest checkpoint's points
-    replayed to ``run_id`` (waiting up to ``seconds``, default ``$PLATFORM_TRACKING_WAIT`` or 600,
-    for a server that is away: ``recorder.TrackingUnavailable`` after that), then its best checkpoint
-    decided from storage and named on the run (``best_checkpoint``)."""
-    best = checkpoint.best_under(location)
-    if run_id is None:
-        return best
-    latest = checkpoint.latest_under(location)
-    recorder.replay(uri, run_id, checkpoint.load_points(latest) if latest else [], seconds, where=f" ({location})")
-    if best is not None:
-        recorder.name_best(Run(uri, run_id), best.checkpoint)
-    return best
 
 
 def off_the_main_thread(fn: Callable[..., Any]) -> Callable[..., Any]:

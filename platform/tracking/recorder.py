@@ -21,7 +21,7 @@ What a fit sends:
 - A restart from a checkpoint re-runs the steps after it, which the dead attempt had already sent
   (seeded: the same values, at other times): the restarted attempt adopts those points from
   MLflow and drops its own copies, so each step appears once.
-- At a fit's end (``platform.run.fit.finish_fit``), ``replay`` sends the points of the fit's latest
+- At a fit's end (``finish_fit``), ``replay`` sends the points of the fit's latest
   checkpoint again, waiting for a server that is away: this replay is what a tracking outage costs
   nothing but time. MLflow stores a point once per (key, step, timestamp, value), so what arrives
   twice is stored once.
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from platform import settings
-from platform.checkpoint import DEV_METRIC
+from platform.checkpoint import DEV_METRIC, Best, best_under, latest_under, load_points
 from platform.checkpoint import exists as checkpoint_exists
 from platform.errors import UserError, one_line
 from platform.tracking import store
@@ -521,6 +521,21 @@ def link_to_model(run: Run, model_id: str, keys: list[str]) -> None:
     have = client.get_run(run.id).data.metrics
     last = [max(client.get_metric_history(run.id, k), key=lambda m: (m.step, m.timestamp)) for k in keys if k in have]
     client.log_batch(run.id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id) for m in last])
+
+
+def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: float | None = None) -> Best | None:
+    """The end of the fit whose checkpoints are under ``location``: its latest checkpoint's points
+    replayed to ``run_id`` (waiting up to ``seconds``, default ``$PLATFORM_TRACKING_WAIT`` or 600,
+    for a server that is away: ``TrackingUnavailable`` after that), then its best checkpoint
+    decided from storage and named on the run (``best_checkpoint``)."""
+    best = best_under(location)
+    if run_id is None:
+        return best
+    latest = latest_under(location)
+    replay(uri, run_id, load_points(latest) if latest else [], seconds, where=f" ({location})")
+    if best is not None:
+        name_best(Run(uri, run_id), best.checkpoint)
+    return best
 
 
 def name_best(run: Run, checkpoint: str, tags: dict[str, str] | None = None) -> None:
