@@ -204,7 +204,7 @@ def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage
     values = seed_values(cfg, seeds)
     if len(values) == 1:  # one seed: fitted in the configuration's own run, which its fit names the best of
         out = fit(cfg, corpus, run, storage_path=storage_path, name=name, tune_reports=tune_reports, label=label)
-        fits = [SeedFit(values[0], run, checked(out, ""))]
+        fits = [SeedFit(values[0], run, require_checkpoint(out, ""))]
     else:
         fits = [_fit_seed(cfg, corpus, run, seed, storage_path, name, tune_reports and i == 0, label)
                 for i, seed in enumerate(values)]
@@ -216,7 +216,8 @@ def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage
     return result
 
 
-def checked(out: FitResult, who: str) -> FitResult:
+def require_checkpoint(out: FitResult, who: str) -> FitResult:
+    """A fit that ended without evaluating has nothing to finalize: a data error (``who``: which seed)."""
     if out.checkpoint is None:
         raise DataError(f"{who}training finished without a checkpoint (no STS-B dev evaluation ran)")
     return out
@@ -237,8 +238,9 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, storage
         if found is None:
             seed_run.log_config(scfg)
             seed_run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
-        out = checked(fit(scfg, corpus, seed_run, storage_path=storage_path, name=seed_name, tune_reports=tune_reports,
-                          label=" ".join(filter(None, [label, f"seed {seed}"]))), f"seed {seed}: ")
+        out = fit(scfg, corpus, seed_run, storage_path=storage_path, name=seed_name, tune_reports=tune_reports,
+                  label=" ".join(filter(None, [label, f"seed {seed}"])))
+        require_checkpoint(out, f"seed {seed}: ")
         seed_run.complete(out.checkpoint)
     release(out)  # the seed's work is done: it is never trained again
     return SeedFit(seed, seed_run, out)
