@@ -229,6 +229,8 @@ def report(results: Path = RESULTS) -> str:
             out += ["No full-size record yet.", ""]
             continue
         latest = full[-1]
+        if name in CASES and load(name).gpu and "GPU" not in latest.get("environment", {}).get("machine", ""):
+            out += [f"A GPU case with no GPU record yet; on a GPU machine: `python -m benchmarks run {name}`.", ""]
         out += _render(latest)
         if len(full) > 1:
             out += ["Earlier records: " + ", ".join(f"{r['date'][:10]} ({r['environment'].get('machine', '?')})"

@@ -351,12 +351,17 @@ DRIVER_NOTES = {
     "ray.data._internal.execution.streaming_executor": ("Starting execution of Dataset", "Execution plan of Dataset"),
     "ray.data._internal.progress": ("Progress bars for operators disabled", "[dataset]: A new progress UI",
                                     "Progress will be logged because stdout"),
+    # Its progress, logged in place of the bar when stdout is no terminal: every record ("" is in each).
+    "ray.data._internal.progress.logging_progress": ("",),
+    # Tune timing the sweep's own callback (which asks MLflow and Ray whether a trial's sender ended).
+    "ray.tune.utils.util": ("`callbacks.on_step_begin` operation took",),
 }
 
 
 def quiet_driver_loggers() -> None:
     """The driver's share of a quiet console: Ray's notice that a local instance uses token
-    authentication (its default), and Ray Data's notes around a dataset's progress bar."""
+    authentication (its default), Ray Data's notes around a dataset's progress bar and the progress
+    it logs in its place when stdout is no terminal, and Tune's timing of the sweep's callback."""
     drop_notes(DRIVER_NOTES)
 
 
