@@ -189,6 +189,12 @@ def records(results: Path = RESULTS) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+def on_gpu(record: dict[str, Any]) -> bool:
+    """Measured on a GPU: the harness names the device (``gpu``); an imported record says so in its machine."""
+    env = record.get("environment", {})
+    return bool(env.get("gpu")) or "GPU" in env.get("machine", "")
+
+
 def defects(results: Path = RESULTS) -> list[str]:
     """What makes the records untrue to the suite, one line each: a record of no case, a case with
     no full-size record, a record whose command is not that case's ``python -m benchmarks run``. A
@@ -203,8 +209,9 @@ def defects(results: Path = RESULTS) -> list[str]:
             words = shlex.split(r.get("command", ""))
             if words[:5] != ["python", "-m", "benchmarks", "run", name]:
                 problems.append(f"{name}: a record ({r['date'][:10]}) whose command is not this case's: {r.get('command')!r}")
-            elif r.get("imported") and not (load(name).gpu and "GPU" in r["environment"].get("machine", "")):
-                problems.append(f"{name}: an imported record ({r['date'][:10]}) of a case that runs here: re-run it")
+            elif r.get("imported") and not (load(name).gpu and on_gpu(r)):
+                problems.append(f"{name}: an imported record ({r['date'][:10]}) that is not a GPU case's GPU "
+                                "measurement: re-run it with the harness")
     problems += [f"{name}: no full-size record (`python -m benchmarks run {name}`)" for name in CASES
                  if not any(not r.get("smoke") for r in found.get(name, []))]
     return problems
@@ -229,7 +236,7 @@ def report(results: Path = RESULTS) -> str:
             out += ["No full-size record yet.", ""]
             continue
         latest = full[-1]
-        if name in CASES and load(name).gpu and "GPU" not in latest.get("environment", {}).get("machine", ""):
+        if name in CASES and load(name).gpu and not on_gpu(latest):
             out += [f"A GPU case with no GPU record yet; on a GPU machine: `python -m benchmarks run {name}`.", ""]
         out += _render(latest)
         if len(full) > 1:
