@@ -348,7 +348,8 @@ def dashboard_of(context) -> str:
 
 DRIVER_NOTES = {
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
-    "ray.data._internal.execution.streaming_executor": ("Starting execution of Dataset", "Execution plan of Dataset"),
+    "ray.data._internal.execution.streaming_executor": ("Starting execution of Dataset", "Execution plan of Dataset",
+                                                        "execution finished in"),
     "ray.data._internal.progress": ("Progress bars for operators disabled", "[dataset]: A new progress UI",
                                     "Progress will be logged because stdout"),
     # Its progress, logged in place of the bar when stdout is no terminal: every record ("" is in each).
