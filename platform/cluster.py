@@ -70,7 +70,9 @@ NODE_PYTHON_DEFAULT = "3.11.18"  # the nodes' CPython as cluster.yaml states it;
 PROVIDER = "PLATFORM_CLUSTER_PROVIDER"  # in UP_FILE: local (your machines) or, absent, aws
 MLFLOW_DBS = ("rds", "head")
 # IAM role names take 64 characters; "-worker" and "-head" are added to the name.
-CLUSTER_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
+# RDS's rule for the database identifier it names, within IAM's and EC2's: no hyphen at the end
+# or twice in a row (checked before up makes anything).
+CLUSTER_NAME = re.compile(r"(?=.{1,40}$)[a-z](?:-?[a-z0-9])*")
 # What both providers run of cluster.yaml: the commands, in Ray's order, and what is synced.
 SHARED = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
           "head_start_ray_commands", "worker_start_ray_commands", "file_mounts", "rsync_exclude", "cluster_synced_files",
@@ -132,7 +134,8 @@ def check_common(values: dict[str, str], source: str) -> None:
                           f"{NODE_PYTHON_DEFAULT} (the lock is resolved for 3.11)")
     if not CLUSTER_NAME.fullmatch(values["CLUSTER_NAME"]):
         raise ConfigError(f"{source}: CLUSTER_NAME={values['CLUSTER_NAME']!r} must be 1-40 lowercase letters, digits and "
-                          "hyphens, starting with a letter (it names IAM roles and the security group)")
+                          "single hyphens, starting with a letter and not ending with a hyphen (it names IAM roles, the "
+                          "security group and MLflow's RDS database)")
     if values.get("MLFLOW_DB") and values["MLFLOW_DB"] not in MLFLOW_DBS:
         raise ConfigError(f"{source}: MLFLOW_DB={values['MLFLOW_DB']!r} must be one of {', '.join(MLFLOW_DBS)} (rds: a "
                           "managed PostgreSQL that outlives the head, the default; head: SQLite on the head's disk)")

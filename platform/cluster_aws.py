@@ -266,7 +266,7 @@ def provision(values: dict[str, str], cluster_name: str, region: str, session=No
                                                tags=cost_tags(cluster_name))
     head_arn = values.get("HEAD_INSTANCE_PROFILE_ARN")
     if not head_arn:
-        worker_role = worker_arn.replace(":instance-profile/", ":role/")
+        worker_role = profile_role(iam, worker_arn)
         head_policy = bucket_policy({**runs, "MLFLOW_ARTIFACTS_DESTINATION": values["MLFLOW_ARTIFACTS_DESTINATION"],
                                      "MLFLOW_DB_BACKUP": db_backup_uri(values)})
         head_policy.append({"Effect": "Allow", "Action": ["iam:PassRole"], "Resource": worker_role})
@@ -278,6 +278,15 @@ def provision(values: dict[str, str], cluster_name: str, region: str, session=No
         head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, tags=cost_tags(cluster_name))
         created = created or made
     return Access(group_id, head_arn, worker_arn, created, database_uri, parameter)
+
+
+def profile_role(iam, profile_arn: str) -> str:
+    """The ARN of the role an instance profile holds: what the head may pass to the workers it
+    launches. Read from IAM: a console-made pair's role has its own name and path."""
+    roles = iam.get_instance_profile(InstanceProfileName=profile_arn.rsplit("/", 1)[-1])["InstanceProfile"]["Roles"]
+    if not roles:
+        raise ConfigError(f"instance profile {profile_arn} holds no role: add the workers' role to it")
+    return roles[0]["Arn"]
 
 
 def mlflow_db(values: dict[str, str]) -> str:

@@ -12,6 +12,7 @@ server on loopback, EC2, IAM with AWS's managed policies, S3), read back through
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -189,6 +190,23 @@ def test_workers_may_use_the_run_prefix_and_nothing_else(account):
                                                                      "mlflow-db/mlflow.db", "mlflow-db/mlflow.db/*")}
     # EC2 for the autoscaler is the head's own statements (the cluster's instances only), no managed policy.
     assert iam.list_attached_role_policies(RoleName="contrastive-platform-head")["AttachedPolicies"] == []
+
+
+@pytest.mark.e2e
+def test_the_head_may_pass_the_role_a_named_worker_profile_holds(account):
+    """A console-made pair: the profile and its role have other names, and the role a path. The
+    head's ``iam:PassRole`` names that role as IAM has it, or every worker launch is refused."""
+    from platform.cluster_aws import provision
+
+    iam = _iam()
+    role = iam.create_role(RoleName="lab-ec2-workers", Path="/lab/", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                                                "Action": "sts:AssumeRole"}]}))["Role"]
+    profile = iam.create_instance_profile(InstanceProfileName="gpu-nodes")["InstanceProfile"]
+    iam.add_role_to_instance_profile(InstanceProfileName="gpu-nodes", RoleName="lab-ec2-workers")
+    provision(_settings(WORKER_INSTANCE_PROFILE_ARN=profile["Arn"]), "contrastive-platform", REGION)
+    passes = [st for st in _statements("contrastive-platform-head") if st["Action"] == ["iam:PassRole"]]
+    assert passes[0]["Resource"] == role["Arn"] == "arn:aws:iam::123456789012:role/lab/lab-ec2-workers"
 
 
 @pytest.mark.e2e

@@ -132,6 +132,9 @@ def test_render_puts_the_platforms_group_and_profiles_in_and_validates(tmp_path)
     ({"MLFLOW_DB_BACKUP": "/home/me/mlflow.db"}, "MLFLOW_DB_BACKUP must be an s3:// location"),
     ({"CLUSTER_NAME": None}, "set CLUSTER_NAME"),
     ({"CLUSTER_NAME": "Alice's cluster"}, "must be 1-40 lowercase letters"),
+    ({"CLUSTER_NAME": "alice-"}, "not ending with a hyphen"),  # RDS refuses it, after the group and the password
+    ({"CLUSTER_NAME": "a--b"}, "single hyphens"),
+    ({"CLUSTER_NAME": "a" * 41}, "must be 1-40"),
 ])
 def test_cluster_env_mistakes_are_one_line(values, needle, tmp_path, cli):
     proc = cli("cluster", "render", "--env-file", str(_env_file(tmp_path, **values)))
