@@ -194,7 +194,6 @@ def model_dir(path: str | os.PathLike) -> Path:
     return Path(path) / MODEL
 
 
-
 def save_points(directory: Path, points: list) -> None:
     (directory / POINTS).write_text(json.dumps([list(p) for p in points]), encoding="utf-8")
 

@@ -52,7 +52,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
