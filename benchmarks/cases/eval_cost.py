@@ -42,7 +42,7 @@ def padded_to(multiple: int):
     """``Encoder.tokenize`` padding every batch to a multiple of ``multiple`` tokens."""
     original = Encoder.tokenize
 
-    def tokenize(self, sentences, max_len=None, device=None):
+    def tokenize(self, sentences, max_len=None, device=None, prompt=None):  # a plain encoder's: no prompt
         enc = self.tokenizer(list(sentences), padding=True, pad_to_multiple_of=multiple,
                              truncation=max_len is not None, max_length=max_len, return_tensors="pt")
         return {k: v.to(device) if device is not None else v for k, v in enc.items()}
