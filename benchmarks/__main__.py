@@ -1,7 +1,8 @@
-"""``python -m benchmarks list | run CASE [ARGS] [--smoke] [--results DIR] | report [--check]``.
+"""``python -m benchmarks list | run CASE [ARGS] [--smoke] [--results DIR] | report [--check] [--results DIR]``.
 
 ``run`` appends one JSON record to ``benchmarks/results/CASE.jsonl`` (``--smoke``: the case's size
-that runs here in seconds; ``--results``: another folder, as the test suite's smokes use);
+that runs here in seconds; ``--results``: another folder, as the test suite uses, whose page is
+``DIR/RESULTS.md``);
 ``report`` writes RESULTS.md from the records (``--check``: exit 1 when it is stale, or when a record
 belongs to no case, a case has no full-size record, or a record's command is not its case's)."""
 
@@ -25,26 +26,25 @@ def main(argv: list[str]) -> int:
         for name in harness.CASES:
             print(f"{name:20} {harness.load(name).measures}")
         return 0
+    results = harness.RESULTS
+    if "--results" in rest:
+        i = rest.index("--results")
+        results, rest = Path(rest[i + 1]), rest[:i] + rest[i + 2:]
     if command == "run" and rest:
         smoke = "--smoke" in rest
-        rest = [a for a in rest if a != "--smoke"]
-        results = harness.RESULTS
-        if "--results" in rest:
-            i = rest.index("--results")
-            results, rest = Path(rest[i + 1]), rest[:i] + rest[i + 2:]
-        harness.run(rest[0], rest[1:], smoke, results)
+        harness.run(rest[0], [a for a in rest[1:] if a != "--smoke"], smoke, results)
         return 0
     if command == "report":
-        text = harness.report()
+        text, page = harness.report(results), harness.REPORT if results == harness.RESULTS else results / "RESULTS.md"
         if "--check" in rest:
-            problems = harness.defects()
-            if harness.REPORT.read_text(encoding="utf-8") != text:
-                problems.append("benchmarks/RESULTS.md is stale: run `python -m benchmarks report`")
+            problems = harness.defects(results)
+            if not page.is_file() or page.read_text(encoding="utf-8") != text:
+                problems.append(f"{page} is stale: run `python -m benchmarks report`")
             for line in problems:
                 print(line, file=sys.stderr)
             return 1 if problems else 0
-        harness.REPORT.write_text(text, encoding="utf-8")
-        print(f"wrote {harness.REPORT}")
+        page.write_text(text, encoding="utf-8")
+        print(f"wrote {page}")
         return 0
     print(__doc__, file=sys.stderr)
     return 2

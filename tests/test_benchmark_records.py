@@ -1,11 +1,22 @@
 """``python -m benchmarks report --check``: the records under ``benchmarks/results/`` are the suite's
-measurements. Each of the three defects a record can have is refused, in one line naming it."""
+measurements. Each of the three defects a record can have is refused, in one line naming it; run as
+a user runs it, on a folder of records written here (``--results``)."""
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
+import sys
 
-from benchmarks import harness
+from tests.helpers import ROOT
+
+
+@functools.cache
+def _cases() -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "list"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    return [line.split()[0] for line in proc.stdout.splitlines()]
 
 
 def _record(case: str, command: str | None = None, **extra) -> dict:
@@ -19,42 +30,60 @@ def _write(folder, records: list[dict]) -> None:
             out.write(json.dumps(r) + "\n")
 
 
-def _complete(folder) -> None:
-    _write(folder, [_record(case) for case in harness.CASES])
+def _check(folder, *extra: dict) -> list[str]:
+    """The defects ``report --check`` prints for the folder (its page written first, then
+    ``extra`` records added): [] when it passes."""
+    report = [sys.executable, "-m", "benchmarks", "report", "--results", str(folder)]
+    subprocess.run(report, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    _write(folder, list(extra))
+    if extra:  # the page again, so that only the records' defects remain
+        subprocess.run(report, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    proc = subprocess.run([*report, "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == (1 if lines else 0), proc.stderr
+    return lines
 
 
 def test_a_record_of_every_case_and_nothing_else_passes(tmp_path):
-    _complete(tmp_path)
-    assert harness.defects(tmp_path) == []
+    _write(tmp_path, [_record(case) for case in _cases()])
+    assert len(_cases()) >= 15 and _check(tmp_path) == []
+
+
+def test_a_stale_page_is_refused(tmp_path):
+    _write(tmp_path, [_record(case) for case in _cases()])
+    _check(tmp_path)
+    _write(tmp_path, [_record("una")])
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "report", "--check", "--results", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip() == f"{tmp_path / 'RESULTS.md'} is stale: run `python -m benchmarks report`"
 
 
 def test_a_record_of_no_case_is_refused(tmp_path):
-    _complete(tmp_path)
-    _write(tmp_path, [_record("gpu-step")])
-    assert harness.defects(tmp_path) == ["gpu-step: 1 record(s) of no case of the suite"]
+    _write(tmp_path, [_record(case) for case in _cases()])
+    assert _check(tmp_path, _record("gpu-step")) == ["gpu-step: 1 record(s) of no case of the suite"]
 
 
 def test_a_case_with_no_full_size_record_is_refused(tmp_path):
-    _write(tmp_path, [_record(case) for case in harness.CASES if case != "una"] + [_record("una", smoke=True)])
-    assert harness.defects(tmp_path) == ["una: no full-size record (`python -m benchmarks run una`)"]
+    _write(tmp_path, [_record(case) for case in _cases() if case != "una"] + [_record("una", smoke=True)])
+    assert _check(tmp_path) == ["una: no full-size record (`python -m benchmarks run una`)"]
 
 
 def test_a_record_whose_command_is_not_its_cases_is_refused(tmp_path):
-    _complete(tmp_path)
-    _write(tmp_path, [_record("una", "python benchmarks/una_speed.py"), _record("san", "python -m benchmarks run una")])
-    assert harness.defects(tmp_path) == [
+    _write(tmp_path, [_record(case) for case in _cases()])
+    assert _check(tmp_path, _record("una", "python benchmarks/una_speed.py"),
+                  _record("san", "python -m benchmarks run una")) == [
         "san: a record (2026-12-02) whose command is not this case's: 'python -m benchmarks run una'",
         "una: a record (2026-12-02) whose command is not this case's: 'python benchmarks/una_speed.py'"]
 
 
 def test_an_imported_record_stands_only_for_a_gpu_case_measured_on_a_gpu(tmp_path):
-    _complete(tmp_path)
+    _write(tmp_path, [_record(case) for case in _cases()])
     gpu = {"machine": "H100/H200 GPU machine"}
-    _write(tmp_path, [_record("train-step", imported=True, environment=gpu),  # a GPU case's GPU import: kept
-                      _record("una", imported=True, environment=gpu),  # a case that runs here: re-run it
-                      _record("paper-precision", imported=True),  # a GPU case, imported from a CPU
-                      _record("eval-cost", environment={"gpu": "NVIDIA H200", "machine": "NVIDIA H200, 16-core"})])
-    assert harness.defects(tmp_path) == [
+    assert _check(tmp_path,
+                  _record("train-step", imported=True, environment=gpu),  # a GPU case's GPU import: kept
+                  _record("una", imported=True, environment=gpu),  # a case that runs here: re-run it
+                  _record("paper-precision", imported=True),  # a GPU case, imported from a CPU
+                  _record("eval-cost", environment={"gpu": "NVIDIA H200", "machine": "NVIDIA H200, 16-core"})) == [
         "paper-precision: an imported record (2026-12-02) that is not a GPU case's GPU measurement: re-run it with "
         "the harness",
         "una: an imported record (2026-12-02) that is not a GPU case's GPU measurement: re-run it with the harness"]
