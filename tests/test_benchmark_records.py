@@ -9,7 +9,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.e2e  # the command, a few interpreter starts a test
 
 
 @functools.cache
