@@ -78,7 +78,7 @@ def step_of(name: str) -> int:
 def _step(name: str) -> int:
     try:
         return step_of(name)
-    except ValueError:  # a folder of another naming (Ray Train's own, an older version's)
+    except ValueError:  # a folder of another naming (Ray Train's own)
         return -1
 
 

@@ -167,8 +167,8 @@ def _gpu_hours(run) -> float:
 
 
 def _setting(run, key: str) -> str | None:
-    """Where and how a run ran: its ``run.*`` tag (a param in runs of earlier versions)."""
-    return run.data.tags.get(f"run.{key}", run.data.params.get(key))
+    """Where and how a run ran: its ``run.*`` tag."""
+    return run.data.tags.get(f"run.{key}")
 
 
 def reference_rows(frame) -> list[dict]:
