@@ -91,8 +91,9 @@ def load(name: str) -> Case:
 def environment() -> dict[str, Any]:
     """Where a record was measured: commit, machine, Python, torch, CUDA and driver, packages."""
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    env: dict[str, Any] = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "platform",
-                                                                                   "methods", "benchmarks")),
+    # Dirty: code changed beside the commit (the records the suite writes are not code).
+    changed = git("status", "--porcelain", "--", "platform", "methods", "benchmarks", ":!benchmarks/results")
+    env: dict[str, Any] = {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed),
                            "host": os.uname().nodename, "cpu": _cpu_name(), "cores": os.cpu_count(),
                            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
                            "python": sys.version.split()[0], "packages": {}}
