@@ -225,7 +225,6 @@ def latest_under(location: str) -> str | None:
 
 class Best(NamedTuple):
     """A fit's best checkpoint (a folder or URI) and its STS-B dev."""
-
     checkpoint: str
     dev: float
 

@@ -31,6 +31,7 @@ from platform.tracking.recorder import DEV_METRIC, Run, trial_key
 
 REPORTS_EXPERIMENT = "reports"
 
+
 def seed_averages(uri: str, run) -> list[float]:
     """The 7-task average of each seed of a result (a sweep's: its winning trial's seeds)."""
     return list(seed_scores(uri, run).values())

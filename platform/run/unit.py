@@ -330,8 +330,7 @@ def check_stopped(what: str, found) -> None:
     if found.info.status == "FINISHED":
         raise UserError(f"--resume: {what} finished; there is nothing to resume")
     if found.info.status == "RUNNING" and store.driver_alive(driver):
-        raise UserError(f"--resume: {what} is still running (process {driver.split(':')[1]}); stop it first (Ctrl-C or "
-                        "kill)")
+        raise UserError(f"--resume: {what} is still running (process {driver.split(':')[1]}); stop it first (Ctrl-C, kill)")
 
 
 def check_same(what: str, changed: list[str], give: str) -> None:
