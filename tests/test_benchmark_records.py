@@ -24,7 +24,7 @@ def _cases() -> list[str]:
 
 
 def _record(case: str, command: str | None = None, **extra) -> dict:
-    return {"case": case, "date": "2026-12-02T00:00:00Z", "smoke": False,
+    return {"case": case, "date": "2000-01-01T00:00:00Z", "smoke": False,
             "command": command or f"python -m benchmarks run {case}", "environment": {"machine": "2-core CPU"}, **extra}
 
 
@@ -76,8 +76,8 @@ def test_a_record_whose_command_is_not_its_cases_is_refused(tmp_path):
     _write(tmp_path, [_record(case) for case in _cases()])
     assert _check(tmp_path, _record("una", "python benchmarks/una_speed.py"),
                   _record("san", "python -m benchmarks run una")) == [
-        "san: a record (2026-12-02) whose command is not this case's: 'python -m benchmarks run una'",
-        "una: a record (2026-12-02) whose command is not this case's: 'python benchmarks/una_speed.py'"]
+        "san: a record (2000-01-01) whose command is not this case's: 'python -m benchmarks run una'",
+        "una: a record (2000-01-01) whose command is not this case's: 'python benchmarks/una_speed.py'"]
 
 
 def test_an_imported_record_stands_only_for_a_gpu_case_measured_on_a_gpu(tmp_path):
@@ -88,6 +88,6 @@ def test_an_imported_record_stands_only_for_a_gpu_case_measured_on_a_gpu(tmp_pat
                   _record("una", imported=True, environment=gpu),  # a case that runs here: re-run it
                   _record("paper-precision", imported=True),  # a GPU case, imported from a CPU
                   _record("eval-cost", environment={"gpu": "NVIDIA H200", "machine": "NVIDIA H200, 16-core"})) == [
-        "paper-precision: an imported record (2026-12-02) that is not a GPU case's GPU measurement: re-run it with "
+        "paper-precision: an imported record (2000-01-01) that is not a GPU case's GPU measurement: re-run it with "
         "the harness",
-        "una: an imported record (2026-12-02) that is not a GPU case's GPU measurement: re-run it with the harness"]
+        "una: an imported record (2000-01-01) that is not a GPU case's GPU measurement: re-run it with the harness"]

@@ -124,7 +124,7 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
         assert len(c.get_metric_history(run.info.run_id, extra)) == 2
 
 
-# A logging record (``2026-12-02 03:52:46,451 WARNING ...``, MLflow's ``2026/12/02 03:39:21 INFO ...``)
+# A logging record (``2000-01-01 00:00:00,000 WARNING ...``, MLflow's ``2000/01/01 00:00:00 INFO ...``)
 # or a Python warning (``file.py:12: SomeWarning: ...``).
 LOG_RECORD = r"^.*\d{4}[-/]\d\d[-/]\d\d \d\d:\d\d:\d\d(?:,\d+)?\s+(?:DEBUG|INFO|WARNING|ERROR)\b.*$|^\S+:\d+: \w*Warning: .*$"
 
