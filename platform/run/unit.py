@@ -328,7 +328,8 @@ def check_stopped(what: str, found) -> None:
     process still alive."""
     driver = found.data.tags.get(store.DRIVER_TAG)
     if found.info.status == "FINISHED":
-        raise UserError(f"--resume: {what} finished; there is nothing to resume")
+        best = f" (best run {found.data.tags['best_run_id']})" if found.data.tags.get("best_run_id") else ""
+        raise UserError(f"--resume: {what} finished{best}; there is nothing to resume")
     if found.info.status == "RUNNING" and store.driver_alive(driver):
         raise UserError(f"--resume: {what} is still running (process {driver.split(':')[1]}); stop it first (Ctrl-C, kill)")
 
