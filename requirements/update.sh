@@ -47,5 +47,11 @@ header() {
 # uv alone (the dev extra's pin, with its hashes): what a cluster node bootstraps its Python with.
 { header "uv, to install the nodes' Python (cluster.yaml): pip install --require-hashes -r requirements/uv.txt"
   sed -n '/^uv==/,/^[A-Za-z0-9]/p' "$tmp/cpu.txt" | sed '$d'; } > requirements/uv.txt
+# pip itself, first in a new venv: Python 3.11's bundled pip (23.2) resolves an extra of a locked
+# package (weasel's smart-open[http]) to that project's newest release instead of the pin, and
+# --require-hashes then refuses the whole install.
+echo "pip==${PIP:-26.3}" > "$tmp/pip.in"
+{ header "pip, first in a new venv: pip install --require-hashes -r requirements/pip.txt"
+  uv pip compile "$tmp/pip.in" "${common[@]}"; } > requirements/pip.txt
 echo "requirements/cpu.txt: $(grep -c '^[A-Za-z0-9]' requirements/cpu.txt) packages;" \
      "requirements/cuda.txt: $(grep -c '^[A-Za-z0-9]' requirements/cuda.txt) packages"
