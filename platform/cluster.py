@@ -1,5 +1,6 @@
 """``python -m platform.cluster up|down|render|tunnel [ray options]``: ``cluster.yaml`` with the settings of
-``cluster.env`` and the AWS resources the platform makes for it, closed by default.
+``cluster.env`` and the AWS resources the platform makes for it, closed by default; ``slurm ... -- COMMAND``:
+a command across a Slurm allocation (``platform/cluster_slurm.py``).
 
 ``cluster.yaml`` cannot read ``cluster.env`` (Ray's launcher substitutes nothing): its security
 group and instance profiles are placeholders there, so ``ray up cluster.yaml`` on its own is
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from platform import settings
+from platform import cluster_slurm, settings
 from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifier, kept_after_down, mlflow_db,
                                   provision, read_password, resolve_images, s3_location, settle, terminate_instances)
 from platform.errors import ClusterError, ConfigError, cli_main
@@ -446,9 +447,21 @@ def local_hosts(args) -> Hosts:
 
 @cli_main
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["slurm"]:
+        return cluster_slurm.main(argv[1:], ROOT / "cluster.env")
+    if argv[:1] == ["slurm-job"]:  # in a Slurm job: the batch script's process
+        p = argparse.ArgumentParser(prog="python -m platform.cluster slurm-job")
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--name", required=True)
+        at = argv.index("--")
+        args = p.parse_args(argv[1:at])
+        return cluster_slurm.job_main(args.out, args.name, argv[at + 1:])
+    if argv[:1] == ["slurm-node"]:  # in a Slurm job: one Ray node (srun's task)
+        return cluster_slurm.node_task(Path(argv[1]))
     p = argparse.ArgumentParser(prog="python -m platform.cluster", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["up", "down", "render", "tunnel", "mlflow-auth", "backup-db", "restore-db",
-                                            "node-env", "pgpass"])
+    p.add_argument("command", choices=["up", "down", "render", "tunnel", "slurm", "mlflow-auth", "backup-db",
+                                       "restore-db", "node-env", "pgpass"])
     p.add_argument("path", nargs="?", help="mlflow-auth: the configuration to write; backup-db: the database")
     p.add_argument("uri", nargs="?", help="backup-db: the s3:// location to write")
     p.add_argument("--config", type=Path, default=ROOT / "cluster.yaml")

@@ -83,9 +83,17 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+_terminating = []
+
+
 def _terminate_as_interrupt(signum, frame) -> None:
     """SIGTERM (``ray job stop``, a scheduler, ``kill``) does what Ctrl-C does: whatever handles
-    SIGINT now (Tune's graceful stop, else Python's KeyboardInterrupt) handles it."""
+    SIGINT now (Tune's graceful stop, else Python's KeyboardInterrupt) handles it. Only the first
+    one: a scheduler signals a job's every process and its job script passes it on too, and a second
+    Ctrl-C would make Tune abort without saving its state."""
+    if _terminating:
+        return
+    _terminating.append(signum)
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)

@@ -30,6 +30,15 @@ grep -E '^[A-Za-z0-9]' "$tmp/cpu.txt" | sed 's/ \\$//' | grep -v '^torch==' > "$
 echo "torch==$torch" > "$tmp/cuda.in"
 uv pip compile pyproject.toml "$tmp/cuda.in" -c "$tmp/pins.txt" "${common[@]}" -o "$tmp/cuda.txt"
 
+# CUDA=cu126 (or cu128, ...): also requirements/cuda-$CUDA.txt, the same pins with torch's build for
+# that CUDA from PyTorch's own index, for NVIDIA drivers older than the default build's CUDA needs
+# (docs/cluster.md, "Older NVIDIA drivers").
+if [ -n "${CUDA:-}" ]; then
+  echo "torch==$torch+$CUDA" > "$tmp/cuda-other.in"
+  uv pip compile pyproject.toml "$tmp/cuda-other.in" -c "$tmp/pins.txt" "${common[@]}" \
+    --extra-index-url "https://download.pytorch.org/whl/$CUDA" -o "$tmp/cuda-other.txt"
+fi
+
 header() {
   echo "# Locked by requirements/update.sh from pyproject.toml for Python 3.11 on Linux x86_64; do not edit."
   echo "# $1"
@@ -44,6 +53,11 @@ header() {
   cat "$tmp/cpu.txt"; } > requirements/cpu.txt
 { header "CUDA torch (PyPI's default build): uv pip sync --require-hashes requirements/cuda.txt (the GPU workers)"
   cat "$tmp/cuda.txt"; } > requirements/cuda.txt
+if [ -n "${CUDA:-}" ]; then
+  { header "torch built for $CUDA (older NVIDIA drivers): pip install --require-hashes -r requirements/cuda-$CUDA.txt"
+    echo "--extra-index-url https://download.pytorch.org/whl/$CUDA"
+    cat "$tmp/cuda-other.txt"; } > "requirements/cuda-$CUDA.txt"
+fi
 # uv alone (the dev extra's pin, with its hashes): what a cluster node bootstraps its Python with.
 { header "uv, to install the nodes' Python (cluster.yaml): pip install --require-hashes -r requirements/uv.txt"
   sed -n '/^uv==/,/^[A-Za-z0-9]/p' "$tmp/cpu.txt" | sed '$d'; } > requirements/uv.txt

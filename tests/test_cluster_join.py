@@ -92,7 +92,7 @@ def sweep(head, tiny_model, small_corpus, tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "platform.tune", "una", "--num-samples", "2",
                            *tiny_run_args(tiny_model, small_corpus, tmp_path_factory.mktemp("join") / "runs")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    proc.calls = [line.split() for line in head.trace.read_text(encoding="utf-8").splitlines()]  # this sweep's
+    proc.calls = [line.split()[:3] for line in head.trace.read_text(encoding="utf-8").splitlines()]  # this sweep's
     return proc
 
 

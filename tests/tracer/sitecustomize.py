@@ -1,5 +1,5 @@
 """Records, in every Python process started with this folder on ``PYTHONPATH``, the first call of
-each function defined in the project's packages: one line ``pid module function`` appended to
+each function defined in the project's packages: one line ``pid module function host`` appended to
 ``$PLATFORM_TRACE_OUT``. Ray's workers run a packed copy of the repository, so a file is named by
 its path from the package folder on. Used by ``tests/test_cluster_join.py`` to check the README's
 Code map against what a sweep runs.
@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import re
+import socket
 import sys
 import threading
 
@@ -32,7 +33,7 @@ def _hit(module: str, name: str) -> None:
             return
         _seen.add((module, name))
         with open(_OUT, "a", encoding="utf-8") as out:
-            out.write(f"{os.getpid()} {module} {name}\n")
+            out.write(f"{os.getpid()} {module} {name} {socket.gethostname()}\n")
 
 
 class _RecordCalls(ast.NodeTransformer):

@@ -1,0 +1,179 @@
+"""A sweep across a Slurm allocation with one command (``python -m platform.cluster slurm``), on a
+real Slurm (``tests/slurm.py``: Debian's slurmctld here, a slurmd in each of two node namespaces,
+this machine's disk as the shared filesystem, each node's /tmp its own). How it differs from a
+site's Slurm: ``tests/slurm.py``'s ``DIFFERENCES`` (and docs/cluster.md).
+
+- a sweep whose two trials train on both nodes (a Train worker of 1.5 CPUs fits once on a node of 2,
+  beside its data pipeline's 0.25-CPU tasks) ends with its runs FINISHED in the job's MLflow (its shared copy), its checkpoints in the shared
+  output folder, the command started only once both nodes had joined, and nothing of the job left
+  running on a node;
+- a sweep requeued twice mid-way (``scontrol requeue``, then the walltime warning as Slurm's
+  ``--signal=B:USR1`` sends it) finishes on its third start with every trial's record intact: no
+  finished trial redone, none left RUNNING.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, sets, wait_for
+
+pytestmark = pytest.mark.scenario
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    from tests import slurm as slurm_module
+
+    why = slurm_module.available()
+    if why:
+        if os.environ.get("PLATFORM_REQUIRE_MULTINODE"):
+            pytest.fail(why)
+        pytest.skip(why)
+    # Not under /tmp: every node has its own /tmp; this folder is what they share.
+    base = Path(tempfile.mkdtemp(prefix="platform-slurm-", dir="/var/tmp"))
+    cluster = slurm_module.Slurm(base / "slurm")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shared(slurm, data_root):
+    """What the jobs read from the shared filesystem: a tiny BERT and a small corpus."""
+    from platform.data import read_corpus
+    from platform.data.columns import build_tiny_bert
+
+    folder = slurm.base.parent / "shared"
+    folder.mkdir()
+    model = build_tiny_bert(folder / "tiny-bert")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(read_corpus(data_root / "corpus" / "wiki1m_for_simcse.first11914.txt.gz", limit=256))
+                      + "\n", encoding="utf-8")
+    return folder, model, corpus
+
+
+def login_env(slurm, shared_folder: Path) -> dict[str, str]:
+    """A login shell's environment: Slurm's configuration, the data, no test-only settings."""
+    keep = ("PATH", "HOME", "LANG", "PLATFORM_DATA_DIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update(SLURM_CONF=str(slurm.conf), PYTHONPATH=str(ROOT / "tests" / "tracer"),
+               PLATFORM_TRACE_OUT=str(shared_folder / "calls.txt"), PLATFORM_CACHE_DIR=str(shared_folder / "cache"),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return env
+
+
+def submit(slurm, shared, name: str, samples: int, steps: int, *extra: str) -> tuple[str, Path]:
+    folder, model, corpus = shared
+    out = folder / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "platform.cluster", "slurm", "--nodes", "2", "--cpus-per-task", "2", "--name", name,
+         "--output", str(out), *extra, "--", "python", "-m", "platform.tune", "una", "--num-samples", str(samples),
+         *sets(model=model, corpus=corpus, batch_size=8, max_steps=steps, eval_steps=2, log_steps=2, num_workers=1,
+               cpus_per_worker=1.5, augment_cpus=0.25, use_gpu="false")],
+        cwd=ROOT, env=login_env(slurm, folder), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = re.search(r"^submitted job (\d+)", proc.stdout, re.M).group(1)
+    assert f"log: {out}/slurm-{job}.out" in proc.stdout
+    return job, out
+
+
+def job_state(slurm, job: str) -> dict[str, str]:
+    text = slurm.run("scontrol", "show", "job", job).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def wait_done(slurm, job: str, timeout: float) -> dict[str, str]:
+    wait_for(f"job {job} to end", lambda: job_state(slurm, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED",
+                                                                                   "TIMEOUT", "NODE_FAIL"),
+             timeout=timeout)
+    return job_state(slurm, job)
+
+
+def runs(out: Path) -> list[dict]:
+    """The runs in the job's MLflow copy (the shared folder's), with their tags."""
+    with sqlite3.connect(f"file:{out / 'mlflow' / 'mlflow.db'}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT run_uuid, status, end_time FROM runs").fetchall()
+        tags = db.execute("SELECT run_uuid, key, value FROM tags").fetchall()
+    by_run = {r: {"id": r, "status": s, "end_time": e, "tags": {}} for r, s, e in rows}
+    for r, k, v in tags:
+        by_run[r]["tags"][k] = v
+    return list(by_run.values())
+
+
+def trials(out: Path) -> list[dict]:
+    try:
+        return [r for r in runs(out) if "trial_id" in r["tags"]]
+    except sqlite3.Error:  # no copy yet
+        return []
+
+
+def log(out: Path, job: str) -> str:
+    path = out / f"slurm-{job}.out"
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def test_a_sweep_runs_across_the_allocation_and_ends_with_its_runs_finished(slurm, shared):
+    job, out = submit(slurm, shared, "sweep-a", 2, 4)
+    state = wait_done(slurm, job, 900)
+    text = log(out, job)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, text[-6000:], slurm.log()[-3000:])
+    assert "slurm: all 2 node(s) joined Ray" in text
+    # The command started once both nodes had joined: its Ray line counts their CPUs.
+    assert re.search(r"^Ray: the cluster at \S+ \(RAY_ADDRESS\), 4 CPUs", text, re.M), text[-6000:]
+    found = trials(out)
+    assert len(found) == 2 and all(r["status"] == "FINISHED" for r in found), found
+    (parent,) = [r for r in runs(out) if r["tags"].get("sweep") == "true"]
+    assert parent["status"] == "FINISHED"
+    sweeps = list((out / "runs").glob("una-sweep-*"))
+    assert len(sweeps) == 1 and list(sweeps[0].rglob("checkpoint_*")), sorted(out.rglob("*"))[:50]
+    # The two trials' Train workers ran one on each node.
+    calls = [line.split() for line in (shared[0] / "calls.txt").read_text().splitlines()]
+    assert {host for _, module, name, host in calls if name == "train_loop_per_worker"} == {"n1", "n2"}
+    # Nothing of the job is left on a node: only slurmd.
+    for node in slurm.names:
+        left = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                for pid in slurm.pids(node) if Path(f"/proc/{pid}/cmdline").exists()]
+        assert all("slurmd" in c for c in left), (node, left)
+
+
+def test_a_sweep_requeued_twice_finishes_with_every_trial_record_intact(slurm, shared):
+    """``scontrol requeue`` (what a preemption does) after a trial finished, then the walltime
+    warning after another: the third start finishes the sweep; the trials finished before a
+    requeue keep their runs (same ids, same end), none is left RUNNING, none is trained twice."""
+    job, out = submit(slurm, shared, "sweep-b", 3, 24)
+
+    def finished() -> dict[str, int]:
+        return {r["tags"]["trial_id"]: r["end_time"] for r in trials(out) if r["status"] == "FINISHED"}
+
+    first = wait_for("a trial to finish", finished, timeout=900)
+    assert slurm.run("scontrol", "requeue", job).returncode == 0
+    wait_for("the second start to resume the sweep",
+             lambda: re.search(r"^slurm: running .* --resume$", log(out, job), re.M), timeout=600)
+    second = wait_for("another trial to finish", lambda: len(finished()) > len(first) and finished(), timeout=900)
+    if len(second) < 3:  # the walltime warning, as Slurm's --signal=B:USR1@S sends it
+        assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
+        wait_for("the job to requeue itself", lambda: f"slurm: job {job} requeued" in log(out, job), timeout=600)
+    state = wait_done(slurm, job, 1200)
+    text = log(out, job)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, text[-8000:])
+    assert int(state.get("Restarts", 0)) >= 2 if len(second) < 3 else int(state.get("Restarts", 0)) >= 1, state
+    found = trials(out)
+    assert len(found) == 3 and all(r["status"] == "FINISHED" for r in found), found
+    assert not [r for r in runs(out) if r["status"] == "RUNNING"]
+    ends = {r["tags"]["trial_id"]: r["end_time"] for r in found}
+    assert all(ends[t] == end for t, end in {**first, **second}.items()), (first, second, ends)
+    (parent,) = [r for r in runs(out) if r["tags"].get("sweep") == "true"]
+    assert parent["status"] == "FINISHED"

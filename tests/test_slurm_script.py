@@ -1,0 +1,146 @@
+"""``python -m platform.cluster slurm``'s script and its refusals, without a Slurm: what ``--print``
+renders (``bash -n`` accepts it; the settings a user named are in it), each bad input one line, and
+what a requeued start adds to the command. The job itself runs in tests/test_cluster_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, assert_user_error
+
+SWEEP = ["--", "python", "-m", "platform.tune", "una", "--num-samples", "4"]
+
+
+def slurm(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", *args], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def directives(script: str) -> dict[str, str]:
+    return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", script, re.M))
+
+
+def test_print_renders_a_script_bash_accepts_with_the_settings_named(tmp_path):
+    env_file = tmp_path / "cluster.env"
+    env_file.write_text("CLUSTER_NAME=lab-sweeps\nSBATCH_ACCOUNT=nlp-lab\nSBATCH_PARTITION=gpu\n"
+                        "PLATFORM_DATA_DIR=../shared/data\n")
+    proc = slurm("--nodes", "3", "--gpus-per-node", "0", "--cpus-per-task", "16", "--mem", "64G", "--time", "1-12:00:00",
+                 "--qos", "long", "--partition", "a100", "--signal-seconds", "600", "--output", str(tmp_path / "out"),
+                 "--env-file", str(env_file), "--print", *SWEEP)
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    d = directives(script)
+    assert d == {"job-name": "lab-sweeps", "nodes": "3", "ntasks-per-node": "1", "cpus-per-task": "16", "mem": "64G",
+                 "time": "1-12:00:00", "partition": "a100", "account": "nlp-lab", "qos": "long",
+                 "output": f"{tmp_path / 'out'}/slurm-%j.out", "open-mode": "append", "requeue": "",
+                 "signal": "B:USR1@600"}, d
+    assert f". {Path(sys.prefix) / 'bin' / 'activate'}" in script  # the venv the render ran in
+    data = (ROOT / "../shared/data").resolve()
+    assert f"export PLATFORM_DATA_DIR={data}" in script  # absolute: the job starts elsewhere
+    assert script.rstrip().endswith(f"--name lab-sweeps -- python -m platform.tune una --num-samples 4")
+    assert (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").read_text() == script
+    (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").unlink()
+
+
+def test_gpus_are_asked_per_node_and_the_defaults_are_slurms(tmp_path):
+    proc = slurm("--name", "gpus", "--gpus-per-node", "2", "--output", str(tmp_path), "--print", *SWEEP,
+                 env={"SBATCH_PARTITION": ""})
+    (ROOT / ".cluster" / "slurm-gpus.sbatch").unlink(missing_ok=True)
+    if "CPU build" in proc.stderr:  # this venv holds torch's CPU build: the GPU job is refused, in one line
+        assert_user_error(proc, "--gpus-per-node 2", "requirements/cuda.txt")
+        return
+    d = directives(proc.stdout)
+    assert d["gpus-per-node"] == "2" and "time" not in d and "partition" not in d and "mem" not in d
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--nodes", "0", *SWEEP], ["--nodes must be at least 1"]),
+    (["--time", "90 minutes", *SWEEP], ["--time '90 minutes'", "Slurm's formats"]),
+    (["--time", "4", *SWEEP], ["--time 4 leaves no time before the walltime warning"]),
+    (["--mem", "lots", *SWEEP], ["--mem 'lots'"]),
+    (["--name", "Lab_Sweeps", *SWEEP], ["'Lab_Sweeps'"]),
+    (["--", "bash", "-c", "rm -rf ~"], ["COMMAND must be a platform command", "bash -c"]),
+    (["--", "python", "-m", "platform.cluster", "up"], ["COMMAND must be a platform command"]),
+    (["--nodes", "2"], ["COMMAND must be a platform command", "got nothing"]),
+])
+def test_bad_input_is_one_line(args, needles, tmp_path):
+    assert_user_error(slurm("--output", str(tmp_path), "--print", *args), *needles)
+
+
+def test_without_sbatch_on_path_it_says_so(tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    proc = slurm("--name", "nosbatch", "--output", str(tmp_path), *SWEEP, env={"PATH": str(bare)})
+    (ROOT / ".cluster" / "slurm-nosbatch.sbatch").unlink(missing_ok=True)
+    assert_user_error(proc, "sbatch is not on PATH", "login node")
+
+
+def test_a_local_tracking_store_is_refused_for_a_job(tmp_path):
+    proc = slurm("--output", str(tmp_path), "--print", *SWEEP, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    assert_user_error(proc, "MLFLOW_TRACKING_URI", "not a tracking server")
+
+
+@pytest.mark.parametrize("limit, expected", [("30", 1800), ("30:15", 1815), ("2:00:00", 7200), ("1-0", 86400),
+                                             ("1-2:30", 95400), ("0-0:10:05", 605)])
+def test_slurm_time_formats(limit, expected):
+    from platform.cluster_slurm import seconds
+
+    assert seconds(limit) == expected
+
+
+def test_a_requeued_sweep_resumes_the_sweep_its_job_began(tmp_path):
+    """``--resume`` for the newest sweep of the method begun since the job first started; a fresh
+    start when the job had not begun one (an older sweep of the same method is not resumed)."""
+    from platform.cluster_slurm import named_run, resume_arguments
+
+    command = ["python", "-m", "platform.tune", "una", "--set", f"output_dir={tmp_path}"]
+    older = tmp_path / "una-sweep-20250101-000000"
+    older.mkdir()
+    (older / "platform_sweep.json").write_text(json.dumps({"parent_run_id": "x"}))
+    first_start = time.time() - 5
+    assert resume_arguments(command, first_start, "7") == []
+    newer = tmp_path / f"una-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    newer.mkdir()
+    (newer / "platform_sweep.json").write_text(json.dumps({"parent_run_id": "y"}))
+    assert resume_arguments(command, first_start, "7") == ["--resume"]
+    train = named_run(["python", "-m", "platform.train", "simcse", "--set", f"output_dir={tmp_path}"], "lab", "7")
+    assert train[-2:] == ["--run-name", "lab-7"]
+    assert resume_arguments(train, first_start, "7") == []
+    (tmp_path / "lab-7").mkdir()
+    assert resume_arguments(train, first_start, "7") == ["--resume", "lab-7"]
+
+
+def test_an_old_driver_is_named_with_the_build_it_would_need():
+    from platform.cluster_slurm import driver_refusal
+
+    line = driver_refusal("535.183.01", "13.0", "2.13.0+cu130")
+    assert "NVIDIA driver 535.183.01" in line and "CUDA 13.0" in line and "580 or newer" in line
+    assert "a lock for CUDA 12" in line and "\n" not in line
+    assert "a newer driver" in driver_refusal("418.1", "13.0", "2.13.0")
+
+
+def test_sigterm_is_taken_once():
+    """A scheduler signals every process of a job and its script passes SIGTERM on: the second one
+    must not reach Tune as a second Ctrl-C (which aborts without saving)."""
+    code = ("import os, signal, time\n"
+            "from platform.errors import cli_main\n"
+            "calls = []\n"
+            "@cli_main\n"
+            "def main(argv=None):\n"
+            "    signal.signal(signal.SIGINT, lambda s, f: calls.append(s))\n"
+            "    os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2)\n"
+            "    print(len(calls))\n"
+            "    return 0\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1", (proc.stdout, proc.stderr, signal.SIGTERM)
