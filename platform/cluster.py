@@ -62,7 +62,9 @@ PLACEHOLDERS = {"${SECURITY_GROUP_ID}": "security_group_id", "${HEAD_INSTANCE_PR
 HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its SQLite database
 MIN_PASSWORD = 12
 DOCUMENTATION_RANGES = ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # RFC 5737: no host is there
-NODE_ENV = "~/platform-env.sh"  # every shell and Ray process on a node reads it (cluster.yaml)
+# Every shell and Ray process on a node reads it (cluster.yaml); named by host, so machines that
+# share one home directory keep each their own.
+NODE_ENV = '~/platform-env-"$(hostname)".sh'
 # What `up` learnt for the nodes, put in by the rendered commands: the commit it synced (.git is
 # not synced) and MLflow's database when it made it. Node commands read it beside cluster.env.
 UP_FILE = "~/platform-up.env"
@@ -75,6 +77,7 @@ MLFLOW_DBS = ("rds", "head")
 # or twice in a row (checked before up makes anything).
 CLUSTER_NAME = re.compile(r"(?=.{1,40}$)[a-z](?:-?[a-z0-9])*")
 # What both providers run of cluster.yaml: the commands, in Ray's order, and what is synced.
+FIRST_ADDRESS = "$(hostname -I | awk '{print $1}')"  # the head's own address in cluster.yaml's start commands
 SHARED = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
           "head_start_ray_commands", "worker_start_ray_commands", "file_mounts", "rsync_exclude", "cluster_synced_files",
           "idle_timeout_minutes")
@@ -204,6 +207,9 @@ def render_local(config: Path, env_file: Path, out: Path, hosts: Hosts) -> Path:
     local.update(cluster_name=values["CLUSTER_NAME"],
                  provider={"type": "local", "head_ip": hosts.head, "worker_ips": list(hosts.workers)},
                  auth={"ssh_user": hosts.user, "ssh_private_key": str(hosts.key)})
+    # MLflow and the nodes' environment at the address the user gave the head: a machine on several
+    # networks lists another one first in `hostname -I`.
+    local["head_start_ray_commands"] = [c.replace(FIRST_ADDRESS, hosts.head) for c in local["head_start_ray_commands"]]
     return write_rendered(local, config, {PROVIDER: "local"}, out, values.get("NODE_PYTHON"))
 
 
@@ -442,6 +448,9 @@ def local_hosts(args) -> Hosts:
         raise ConfigError(f"--ssh-key {args.ssh_key}: no such file (the private key whose public half is in "
                           f"~{args.ssh_user}/.ssh/authorized_keys on every machine)")
     workers = tuple(w.strip() for w in args.workers.split(",") if w.strip())
+    for host in (args.head, *workers):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]*", host):
+            raise ConfigError(f"--head/--workers: {host!r} is not a host name or address")
     return Hosts(args.head, workers, args.ssh_user, args.ssh_key.resolve())
 
 

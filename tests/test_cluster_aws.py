@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -602,7 +603,7 @@ def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_c
         aws_env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                               "AWS_DEFAULT_REGION")}  # the instance role's, emulated
         home, env = throwaway_head(tmp_path, yaml.safe_load(rendered.read_text()), aws_env)
-        node_env = home / "platform-env.sh"
+        node_env = home / f"platform-env-{socket.gethostname()}.sh"
         lines = node_env.read_text().splitlines()
         node_env.write_text("\n".join(f"export MLFLOW_TRACKING_URI={server.uri}" if line.startswith(
             "export MLFLOW_TRACKING_URI=") else line for line in lines) + "\n")  # the head's address, emulated

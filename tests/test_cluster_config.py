@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -282,7 +283,7 @@ def test_every_way_into_the_head_sees_one_environment(tmp_path):
         seen = _seen(argv, env, home)
         assert {k: seen.get(k) for k in wanted} == wanted, way
         assert seen["PATH"].split(":")[0] == f"{home}/venv/bin", (way, seen["PATH"])
-    assert oct((home / "platform-env.sh").stat().st_mode & 0o777) == "0o600"  # it holds the MLflow password
+    assert oct((home / f"platform-env-{socket.gethostname()}.sh").stat().st_mode & 0o777) == "0o600"  # it holds the MLflow password
     # What a sweep started there would use: output_dir from RUNS_URI, named as such.
     proc = subprocess.run(["bash", "-lic", f"cd {ROOT} && python -m platform.train una --print-config"], cwd=home,
                           env=env, capture_output=True, text=True, timeout=120)
@@ -454,7 +455,7 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     from ray.autoscaler._private.local.config import prepare_local
     from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig
 
-    from platform.cluster import SHARED, Hosts, node_settings, render_local
+    from platform.cluster import FIRST_ADDRESS, SHARED, Hosts, node_settings, render_local
 
     key = tmp_path / "id_ed25519"
     key.write_text("not read here")
@@ -466,7 +467,8 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     assert local["auth"] == {"ssh_user": "alice", "ssh_private_key": str(key)}
     for field in SHARED:
         if field.endswith("_commands") and field in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
-            assert local[field][1:] == aws[field][1:], field  # after the line that writes what up learnt
+            # after the line that writes what up learnt; the head's own address is the one --head gave
+            assert [c.replace("10.1.0.2", FIRST_ADDRESS) for c in local[field][1:]] == aws[field][1:], field
         elif field in aws:
             assert local[field] == aws[field], field
     schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
@@ -496,3 +498,75 @@ def test_the_nodes_python_is_one_setting(tmp_path, cli):
     assert NODE_PYTHON_DEFAULT not in other and other.count("3.11.7") == 3
     proc = cli("cluster", "render", "--env-file", str(_env_file(tmp_path, NODE_PYTHON="3.10.12")))
     assert proc.returncode == 2 and "must be a CPython 3.11 release" in proc.stderr
+
+
+def test_on_your_own_machines_mlflow_serves_at_the_heads_address_you_gave(tmp_path):
+    """A head on several networks lists another one first in ``hostname -I``: MLflow binds to, and
+    the nodes' environment names, the ``--head`` address the workers were told."""
+    from platform.cluster import FIRST_ADDRESS, Hosts, render_local
+
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read here")
+    env_file = _env_file(tmp_path, SSH_ALLOWED_CIDR=None, MLFLOW_DB="head")
+    hosts = Hosts("192.168.50.10", ("192.168.50.11",), "alice", key)
+    local = yaml.safe_load(render_local(ROOT / "cluster.yaml", env_file, tmp_path / "l.yaml", hosts).read_text())
+    start = " ".join(local["head_start_ray_commands"])
+    assert FIRST_ADDRESS not in start and "hostname -I" not in start
+    assert 'HEAD_IP=192.168.50.10;' in start and '--host "$HEAD_IP"' in start
+    assert '--head-ip "192.168.50.10"' in start
+
+
+def test_machines_sharing_a_home_directory_keep_each_their_environment(tmp_path):
+    """Lab machines often share one home directory (NFS): a worker's start must not replace the
+    head's environment file, or every later shell on the head loses the MLflow server."""
+    rendered = _rendered(tmp_path)
+    home, env = throwaway_head(tmp_path, rendered)
+    worker_bin = tmp_path / "worker-bin"
+    worker_bin.mkdir()
+    (worker_bin / "hostname").write_text('#!/bin/sh\n[ "$1" = -I ] && exec /bin/hostname -I\necho worker-7\n')
+    (worker_bin / "hostname").chmod(0o755)
+    write = next(c for c in rendered["worker_start_ray_commands"] if "node-env" in c)
+    proc = subprocess.run(["bash", "-c", write], cwd=home, capture_output=True, text=True, timeout=120,
+                          env={**env, "PATH": f"{worker_bin}:{env['PATH']}", "RAY_HEAD_IP": "10.0.0.9"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (home / "platform-env-worker-7.sh").is_file()
+    seen = _seen(["bash", "-lic", "{}"], env, home)
+    assert seen.get("MLFLOW_TRACKING_URI", "").endswith(":5000") and seen.get("PLATFORM_DATA_DIR") == f"{home}/data", seen
+
+
+def test_a_home_shared_by_gpu_and_cpu_machines_stops_the_second_kind_with_one_line(tmp_path):
+    """One ``~/venv`` seen by a CPU machine and a GPU machine (a lab's NFS home) would hold one
+    torch build after the other: the second kind's setup stops, naming both, before installing."""
+    from ray.autoscaler._private.command_runner import _with_interactive
+
+    rendered = _rendered(tmp_path)
+    home = tmp_path / "shared-home"
+    bin_dir = home / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$@" >> {home}/pip.log\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    drivers = tmp_path / "driver-bin"
+    drivers.mkdir()
+    (drivers / "nvidia-smi").write_text("#!/bin/sh\necho 580.65.06\n")
+    for script in [*bin_dir.iterdir(), drivers / "nvidia-smi"]:
+        script.chmod(0o755)
+    skeleton = Path("/etc/skel/.bashrc").read_text()
+
+    def setup(gpu: bool) -> subprocess.CompletedProcess:
+        (home / ".bashrc").write_text((f"export PATH={drivers}:$PATH\n" if gpu else "") + skeleton)
+        for command in rendered["worker_setup_commands"]:
+            if "requirements/cuda.txt" in command and gpu:
+                continue  # torch's CUDA build would need a GPU here; the guard before it is what is tested
+            proc = subprocess.run(["bash", "-c", "exec " + " ".join(_with_interactive(command))], cwd=home,
+                                  capture_output=True, text=True, timeout=120,
+                                  env={"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb"})
+            if proc.returncode != 0:
+                return proc
+        return proc
+
+    assert setup(gpu=False).returncode == 0 and (home / "venv" / ".platform-lock").read_text().strip() == "cpu"
+    installs = (home / "pip.log").read_text()
+    gpu = setup(gpu=True)
+    assert gpu.returncode != 0 and (home / "pip.log").read_text() == installs  # nothing more installed
+    lines = [line for line in gpu.stderr.splitlines() if "torch's cuda build" in line]
+    assert len(lines) == 1 and "holds the cpu build" in lines[0] and "home directory is shared" in lines[0], gpu.stderr

@@ -37,10 +37,10 @@ def tracking_uri() -> str:
     uri = settings.get(settings.TRACKING_URI)
     cluster = settings.get(settings.CLUSTER)
     if cluster and (not uri or not uri.startswith(("http://", "https://"))):
-        # A shell on a node that missed ~/platform-env.sh (or a user's override) would write the
+        # A shell on a node that missed its ~/platform-env-<host>.sh (or a user's override) would write the
         # runs to a file on that node: not the server users browse, not backed up, lost with it.
         raise UserError(f"this is a node of cluster {cluster}, whose runs go to its MLflow server, but "
-                        f"MLFLOW_TRACKING_URI is {errors.redact(uri) if uri else 'unset'}: run `. ~/platform-env.sh` "
+                        f"MLFLOW_TRACKING_URI is {errors.redact(uri) if uri else 'unset'}: run `. ~/platform-env-$(hostname).sh` "
                         "(a login shell does), or unset PLATFORM_CLUSTER if a local store is meant")
     if not uri and in_ray_job_copy(REPO_ROOT):
         raise UserError("MLFLOW_TRACKING_URI is unset, and the default store (mlruns/ in the repository) would be "
