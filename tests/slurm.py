@@ -62,7 +62,7 @@ class Slurm:
         self.cpus, self.tag = cpus, tag
         self.conf = self.base / "slurm.conf"
         self.procs: dict[str, subprocess.Popen] = {}
-        self.munged: subprocess.Popen | None = None
+        self.munged_pid: int | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -118,6 +118,7 @@ PartitionName=main Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE Sta
         shutil.chown(run_dir, "munge", "munge")
         if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
             subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
+            self.munged_pid = int(Path("/run/munge/munged.pid").read_text())  # ended by stop(): it started it
         self.procs["slurmctld"] = subprocess.Popen(["slurmctld", "-D", "-f", str(self.conf)], stdout=subprocess.DEVNULL,
                                                    stderr=subprocess.STDOUT, start_new_session=True)
         for name, ip in self.ips.items():
@@ -160,7 +161,7 @@ PartitionName=main Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE Sta
 
     def stop(self) -> None:
         self.run("scancel", "--full", "--user", "root")
-        for name, proc in self.procs.items():
+        for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()  # unshare --kill-child: every process in the node goes with its slurmd
                 try:
@@ -176,6 +177,11 @@ PartitionName=main Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE Sta
             subprocess.run(["ip", "netns", "del", f"p{self.tag}{name}"], capture_output=True)
             subprocess.run(["ip", "link", "del", f"v{self.tag}{name}"], capture_output=True)
         self.network.down()
+        if self.munged_pid is not None:
+            try:
+                os.kill(self.munged_pid, 15)
+            except ProcessLookupError:
+                pass
 
 
 def _free_port() -> int:

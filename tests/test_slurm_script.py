@@ -47,7 +47,7 @@ def test_print_renders_a_script_bash_accepts_with_the_settings_named(tmp_path):
     assert f". {Path(sys.prefix) / 'bin' / 'activate'}" in script  # the venv the render ran in
     data = (ROOT / "../shared/data").resolve()
     assert f"export PLATFORM_DATA_DIR={data}" in script  # absolute: the job starts elsewhere
-    assert script.rstrip().endswith(f"--name lab-sweeps -- python -m platform.tune una --num-samples 4")
+    assert script.rstrip().endswith("--name lab-sweeps -- python -m platform.tune una --num-samples 4")
     assert (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").read_text() == script
     (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").unlink()
 
