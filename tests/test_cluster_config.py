@@ -378,6 +378,20 @@ def test_every_worker_type_gets_the_nodes_python_before_its_lock(tmp_path):
     assert all("worker_setup_commands" not in node for node in rendered["available_node_types"].values())
 
 
+def _worker_home(home: Path, drivers: Path, driver: str) -> tuple[Path, Path]:
+    """A worker's HOME whose ``~/venv/bin/pip`` records its arguments in ``pip.log``, and a folder
+    with an ``nvidia-smi`` that says ``driver`` (no real GPU here)."""
+    bin_dir = home / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$@" >> {home}/pip.log\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    drivers.mkdir()
+    (drivers / "nvidia-smi").write_text(f"#!/bin/sh\necho {driver}\n")
+    for script in [*bin_dir.iterdir(), drivers / "nvidia-smi"]:
+        script.chmod(0o755)
+    return home, drivers
+
+
 def test_the_lock_follows_the_hardware_and_a_driver_that_cannot_run_it_is_one_line(tmp_path):
     """The one worker list installs torch's CPU build where no NVIDIA driver is and its CUDA build
     where one is; a driver too old for the lock's CUDA stops the node's setup with one line that names
@@ -387,16 +401,7 @@ def test_the_lock_follows_the_hardware_and_a_driver_that_cannot_run_it_is_one_li
 
     rendered = _rendered(tmp_path)
     lock = next(c for c in rendered["worker_setup_commands"] if "requirements/" in c)
-    home = tmp_path / "node"
-    bin_dir = home / "venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$@" >> {home}/pip.log\n')
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    drivers = tmp_path / "driver-bin"
-    drivers.mkdir()
-    (drivers / "nvidia-smi").write_text("#!/bin/sh\necho 470.57.02\n")
-    for script in [*bin_dir.iterdir(), drivers / "nvidia-smi"]:
-        script.chmod(0o755)
+    home, drivers = _worker_home(tmp_path / "node", tmp_path / "driver-bin", "470.57.02")
     skeleton = Path("/etc/skel/.bashrc").read_text()
 
     def setup(driver: bool) -> subprocess.CompletedProcess:
@@ -540,16 +545,7 @@ def test_a_home_shared_by_gpu_and_cpu_machines_stops_the_second_kind_with_one_li
     from ray.autoscaler._private.command_runner import _with_interactive
 
     rendered = _rendered(tmp_path)
-    home = tmp_path / "shared-home"
-    bin_dir = home / "venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$@" >> {home}/pip.log\n')
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    drivers = tmp_path / "driver-bin"
-    drivers.mkdir()
-    (drivers / "nvidia-smi").write_text("#!/bin/sh\necho 580.65.06\n")
-    for script in [*bin_dir.iterdir(), drivers / "nvidia-smi"]:
-        script.chmod(0o755)
+    home, drivers = _worker_home(tmp_path / "shared-home", tmp_path / "driver-bin", "580.65.06")
     skeleton = Path("/etc/skel/.bashrc").read_text()
 
     def setup(gpu: bool) -> subprocess.CompletedProcess:
