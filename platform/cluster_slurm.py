@@ -402,7 +402,10 @@ class MlflowServer:
                       default=0.0)
         if self.store.exists() and (force or changed > self.copied):
             self.copied = time.time()
-            copy_database(self.store, self.copy)
+            try:
+                copy_database(self.store, self.copy)
+            except (sqlite3.Error, OSError) as exc:  # the previous copy stays; the next try may succeed
+                print(f"slurm: MLflow's copy not made this time ({exc}); {self.copy} is the previous one", flush=True)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -417,9 +420,12 @@ def copy_database(source: Path, target: Path) -> None:
     """SQLite's online backup of ``source`` (consistent while MLflow writes), put at ``target`` in one step."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(tmp) as dst:
-        src.backup(dst)
-    os.replace(tmp, target)
+    try:
+        with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(tmp) as dst:
+            src.backup(dst)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def resume_arguments(command: list[str], first_start: float, job_id: str) -> list[str]:
@@ -534,9 +540,15 @@ def job_main(out: Path, name: str, command: list[str]) -> int:
             command = [*command, *resume_arguments(command, first_start, job_id)]
         print(f"slurm: running {shlex.join(command)}", flush=True)
         stop.command = subprocess.Popen(command, env=env)
+        copied_at_stop = False
         while stop.command.poll() is None:
             time.sleep(1)
-            if server is not None and time.time() - server.copied > SNAPSHOT_S:
+            if server is not None and stop.terminated and not copied_at_stop:
+                # Ended by Slurm: the server goes with the job and SIGKILL follows within KillWait,
+                # so the copy is made now, not after the command.
+                server.snapshot(force=True)
+                copied_at_stop = True
+            elif server is not None and time.time() - server.copied > SNAPSHOT_S:
                 server.snapshot()
         code = stop.command.returncode
     finally:
