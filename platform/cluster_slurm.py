@@ -508,8 +508,9 @@ def job_main(out: Path, name: str, command: list[str]) -> int:
     from platform.cluster import write_private
 
     token = write_private(attempt / "ray_token", secrets.token_hex(32) + "\n")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PLATFORM_CLUSTER": name,
-           "PLATFORM_OUTPUT_DIR": os.environ.get("PLATFORM_OUTPUT_DIR") or str(out / "runs")}
+    # output_dir's default in the job, for the command and for finding what a requeued start resumes.
+    os.environ["PLATFORM_OUTPUT_DIR"] = os.environ.get("PLATFORM_OUTPUT_DIR") or str(out / "runs")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PLATFORM_CLUSTER": name}
     print(f"slurm: job {job_id}{f' (start {restart + 1}, requeued)' if restart else ''}: {nodes} node(s) "
           f"{os.environ.get('SLURM_JOB_NODELIST', '')}", flush=True)
     step = subprocess.Popen(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap",

@@ -98,7 +98,7 @@ def test_slurm_time_formats(limit, expected):
     assert seconds(limit) == expected
 
 
-def test_a_requeued_sweep_resumes_the_sweep_its_job_began(tmp_path):
+def test_a_requeued_sweep_resumes_the_sweep_its_job_began(tmp_path, monkeypatch):
     """``--resume`` for the newest sweep of the method begun since the job first started; a fresh
     start when the job had not begun one (an older sweep of the same method is not resumed)."""
     from platform.cluster_slurm import named_run, resume_arguments
@@ -113,6 +113,8 @@ def test_a_requeued_sweep_resumes_the_sweep_its_job_began(tmp_path):
     newer.mkdir()
     (newer / "platform_sweep.json").write_text(json.dumps({"parent_run_id": "y"}))
     assert resume_arguments(command, first_start, "7") == ["--resume"]
+    monkeypatch.setenv("PLATFORM_OUTPUT_DIR", str(tmp_path))  # the job's default output_dir
+    assert resume_arguments(command[:4], first_start, "7") == ["--resume"]
     train = named_run(["python", "-m", "platform.train", "simcse", "--set", f"output_dir={tmp_path}"], "lab", "7")
     assert train[-2:] == ["--run-name", "lab-7"]
     assert resume_arguments(train, first_start, "7") == []
