@@ -479,7 +479,7 @@ class Stop:
         self._forward()
 
     def on_term(self, signum, frame) -> None:
-        self.terminated = True
+        self.terminated = self.terminated or time.monotonic()  # when: SIGKILL follows KillWait later
         print("slurm: the job is ending (preemption, scontrol requeue or scancel); the command stops", flush=True)
         self._forward()
 
@@ -540,8 +540,11 @@ def job_main(out: Path, name: str, command: list[str]) -> int:
         if restart:
             command = [*command, *resume_arguments(command, first_start, job_id)]
         print(f"slurm: running {shlex.join(command)}", flush=True)
-        stop.command = subprocess.Popen(command, env=env)
-        copied_at_stop = False
+        # A session of its own: what is left of it when Slurm ends the job is ended here (with
+        # proctrack/linuxproc, a process whose parent was killed first escapes the job and would
+        # still drive the sweep that the next start resumes).
+        stop.command = subprocess.Popen(command, env=env, start_new_session=True)
+        copied_at_stop, grace = False, kill_wait() - 5
         while stop.command.poll() is None:
             time.sleep(1)
             if server is not None and stop.terminated and not copied_at_stop:
@@ -551,6 +554,10 @@ def job_main(out: Path, name: str, command: list[str]) -> int:
                 copied_at_stop = True
             elif server is not None and time.time() - server.copied > SNAPSHOT_S:
                 server.snapshot()
+            if stop.terminated and time.monotonic() - stop.terminated > grace:
+                print(f"slurm: the command did not end within {grace:.0f} s of Slurm's SIGTERM; ended", flush=True)
+                os.killpg(stop.command.pid, signal.SIGKILL)
+                stop.command.wait()
         code = stop.command.returncode
     finally:
         if server is not None:
@@ -564,6 +571,14 @@ def job_main(out: Path, name: str, command: list[str]) -> int:
               f"slurm: could not requeue job {job_id}: {requeue.stderr.strip()}", flush=True)
     print(f"slurm: the command exited {code}", flush=True)
     return code
+
+
+def kill_wait() -> float:
+    """Slurm's KillWait: the seconds between the SIGTERM that ends a job and its SIGKILL (30 unless
+    the site says otherwise)."""
+    proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+    found = re.search(r"^KillWait\s*=\s*(\d+)", proc.stdout, re.M)
+    return float(found.group(1)) if found else 30.0
 
 
 def fail_start(attempt: Path, why: str) -> int:
