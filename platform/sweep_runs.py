@@ -133,6 +133,13 @@ class TrialRuns:
         self.ending: dict[str, float] = {}
         self._checked = 0.0
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restored (Tune unpickles a resumed sweep's callbacks in the new driver): MLflow is reached
+        where this driver reaches it, which may have moved since (a Slurm job requeued onto other
+        nodes starts its server elsewhere; a replaced head)."""
+        self.__dict__.update(state)
+        self.sweep = dataclasses.replace(self.sweep, uri=store.tracking_uri())
+
     def received(self, trial_id: str, result: dict[str, Any]) -> None:
         if DEV_METRIC in result and "step" in result:
             numbers = {k: float(result[k]) for k in (DEV_METRIC, BEST, "train_loss_avg") if k in result}

@@ -146,3 +146,19 @@ def test_sigterm_is_taken_once():
             "main()\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "1", (proc.stdout, proc.stderr, signal.SIGTERM)
+
+
+def test_a_restored_sweep_reaches_mlflow_where_its_new_driver_does(monkeypatch, tiny_model):
+    """Tune restores a resumed sweep's callbacks from its saved state; a requeued Slurm job's MLflow
+    server has another address, which the restored trials' runs must be written to."""
+    import cloudpickle
+
+    from platform.config import TrainConfig
+    from platform.sweep_runs import Sweep, TrialRuns
+
+    before = TrialRuns(Sweep(TrainConfig(method="una", model=str(tiny_model)), [], "http://10.0.0.1:41000", "p", "/f"))
+    saved = cloudpickle.dumps(before.callback())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.2:42000")
+    restored = cloudpickle.loads(saved)
+    runs = restored.on_trial_start.__closure__[0].cell_contents
+    assert runs.sweep.uri == "http://10.0.0.2:42000" and runs.sweep.parent == "p"
