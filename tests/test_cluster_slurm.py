@@ -153,7 +153,7 @@ def test_a_sweep_runs_across_the_allocation_and_ends_with_its_runs_finished(slur
         return [c for c in found if not c.startswith(("slurmd ", "slurmstepd", "unshare "))]
 
     for node in slurm.names:
-        wait_for(f"nothing of the job left on {node}", lambda: not left(node), timeout=60)
+        wait_for(f"nothing of the job left on {node}", lambda node=node: not left(node), timeout=60)
 
 
 def test_a_sweep_requeued_twice_finishes_with_every_trial_record_intact(slurm, shared):

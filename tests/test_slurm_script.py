@@ -29,10 +29,11 @@ def directives(script: str) -> dict[str, str]:
     return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", script, re.M))
 
 
-def test_print_renders_a_script_bash_accepts_with_the_settings_named(tmp_path):
+def test_print_renders_a_script_bash_accepts_with_the_settings_named(tmp_path, data_root, monkeypatch):
+    monkeypatch.delenv("PLATFORM_DATA_DIR")  # cluster.env's, relative to the repository, is the one
     env_file = tmp_path / "cluster.env"
     env_file.write_text("CLUSTER_NAME=lab-sweeps\nSBATCH_ACCOUNT=nlp-lab\nSBATCH_PARTITION=gpu\n"
-                        "PLATFORM_DATA_DIR=../shared/data\n")
+                        f"PLATFORM_DATA_DIR={os.path.relpath(data_root.resolve(), ROOT)}\n")
     proc = slurm("--nodes", "3", "--gpus-per-node", "0", "--cpus-per-task", "16", "--mem", "64G", "--time", "1-12:00:00",
                  "--qos", "long", "--partition", "a100", "--signal-seconds", "600", "--output", str(tmp_path / "out"),
                  "--env-file", str(env_file), "--print", *SWEEP)
@@ -45,8 +46,7 @@ def test_print_renders_a_script_bash_accepts_with_the_settings_named(tmp_path):
                  "output": f"{tmp_path / 'out'}/slurm-%j.out", "open-mode": "append", "requeue": "",
                  "signal": "B:USR1@600"}, d
     assert f". {Path(sys.prefix) / 'bin' / 'activate'}" in script  # the venv the render ran in
-    data = (ROOT / "../shared/data").resolve()
-    assert f"export PLATFORM_DATA_DIR={data}" in script  # absolute: the job starts elsewhere
+    assert f"export PLATFORM_DATA_DIR={data_root.resolve()}" in script  # absolute: the job starts elsewhere
     assert script.rstrip().endswith("--name lab-sweeps -- python -m platform.tune una --num-samples 4")
     assert (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").read_text() == script
     (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").unlink()
@@ -101,7 +101,7 @@ def test_slurm_time_formats(limit, expected):
 def test_a_requeued_sweep_resumes_the_sweep_its_job_began(tmp_path, monkeypatch):
     """``--resume`` for the newest sweep of the method begun since the job first started; a fresh
     start when the job had not begun one (an older sweep of the same method is not resumed)."""
-    from platform.cluster_slurm import named_run, resume_arguments
+    from platform.slurm_job import named_run, resume_arguments
 
     command = ["python", "-m", "platform.tune", "una", "--set", f"output_dir={tmp_path}"]
     older = tmp_path / "una-sweep-20250101-000000"
