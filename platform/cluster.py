@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from platform import cluster_slurm, settings
-from platform.cluster_files import AUTH_CACHE_TTL_S, read_env, write_mlflow_auth, write_private  # noqa: F401 (the nodes' commands)
+from platform.cluster_files import AUTH_CACHE_TTL_S, read_env, write_mlflow_auth, write_private  # noqa: F401 (also named as platform.cluster's)
 from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifier, kept_after_down, mlflow_db,
                                   provision, read_password, resolve_images, s3_location, settle, terminate_instances)
 from platform.errors import ClusterError, ConfigError, cli_main
