@@ -27,13 +27,8 @@ from platform.cluster_files import write_mlflow_auth, write_private
 from platform.cluster_slurm import JOIN_TIMEOUT_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal, platform_command
 from platform.config import add_run_arguments, build_config
 from platform.errors import UserError, cli_main
+from platform.run.ray_env import free_port
 from platform.sweep_runs import latest_sweep
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
 
 def node_ip() -> str:
     import ray.util
@@ -205,7 +200,7 @@ def command_arguments(command: list[str]) -> argparse.Namespace:
     return p.parse_known_args(command[3:])[0]
 
 
-def resume_arguments(command: list[str], first_start: float, job_id: str) -> list[str]:
+def resume_arguments(command: list[str], first_start: float) -> list[str]:
     """What a requeued start adds to COMMAND: ``--resume`` where the job had begun a sweep (the
     newest of its method under its output_dir, begun after the job first started), ``--resume RUN``
     where it had begun ``train``'s run; nothing otherwise (the command starts again)."""
@@ -297,7 +292,7 @@ def job_main(out: Path, name: str, command: list[str]) -> int:
             say_where(env["MLFLOW_TRACKING_URI"], server, folder)
         command = named_run(command, name, job_id)
         if restart:
-            command = [*command, *resume_arguments(command, float(started.read_text(encoding="utf-8")), job_id)]
+            command = [*command, *resume_arguments(command, float(started.read_text(encoding="utf-8")))]
         print(f"slurm: running {shlex.join(command)}", flush=True)
         code = run_command(command, env, stop, server)
     finally:

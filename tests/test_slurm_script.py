@@ -108,18 +108,18 @@ def test_a_requeued_sweep_resumes_the_sweep_its_job_began(tmp_path, monkeypatch)
     older.mkdir()
     (older / "platform_sweep.json").write_text(json.dumps({"parent_run_id": "x"}))
     first_start = time.time() - 5
-    assert resume_arguments(command, first_start, "7") == []
+    assert resume_arguments(command, first_start) == []
     newer = tmp_path / f"una-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     newer.mkdir()
     (newer / "platform_sweep.json").write_text(json.dumps({"parent_run_id": "y"}))
-    assert resume_arguments(command, first_start, "7") == ["--resume"]
+    assert resume_arguments(command, first_start) == ["--resume"]
     monkeypatch.setenv("PLATFORM_OUTPUT_DIR", str(tmp_path))  # the job's default output_dir
-    assert resume_arguments(command[:4], first_start, "7") == ["--resume"]
+    assert resume_arguments(command[:4], first_start) == ["--resume"]
     train = named_run(["python", "-m", "platform.train", "simcse", "--set", f"output_dir={tmp_path}"], "lab", "7")
     assert train[-2:] == ["--run-name", "lab-7"]
-    assert resume_arguments(train, first_start, "7") == []
+    assert resume_arguments(train, first_start) == []
     (tmp_path / "lab-7").mkdir()
-    assert resume_arguments(train, first_start, "7") == ["--resume", "lab-7"]
+    assert resume_arguments(train, first_start) == ["--resume", "lab-7"]
 
 
 def test_an_old_driver_is_named_with_the_build_it_would_need():
