@@ -209,6 +209,12 @@ def write_rendered(cfg: dict, config: Path, learnt: dict[str, str], out: Path, p
     text = "".join(f"{k}={v}\n" for k, v in {settings.GIT_COMMIT: git_commit(), **learnt}.items())
     for key in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
         cfg[key] = [f"printf %s {shlex.quote(text)} > {UP_FILE}", *cfg[key]]
+    # Ray prepends setup_commands to both node lists when it prepares a config, and its v2
+    # autoscaler (what `ray up` starts on AWS) prepares the head's prepared copy again: every worker
+    # would run them twice. Prepended here once, the list left empty, each runs once under v1 and v2.
+    for key in ("head_setup_commands", "worker_setup_commands"):
+        cfg[key] = [*cfg["setup_commands"], *cfg.get(key, [])]
+    cfg["setup_commands"] = []
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# Rendered by python -m platform.cluster from cluster.yaml and cluster.env; do not edit.\n"
                    + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")

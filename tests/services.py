@@ -289,7 +289,7 @@ def throwaway_head(tmp_path: Path, rendered: dict, extra_env: dict | None = None
     python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "TERM": "dumb", **(extra_env or {})}
-    steps = [c for c in rendered["setup_commands"] if ".bashrc" in c or "platform-up.env" in c]
+    steps = [c for c in rendered["head_setup_commands"] if ".bashrc" in c or "platform-up.env" in c]
     steps += [c for c in rendered["head_start_ray_commands"] if "platform-up.env" in c or "node-env" in c]
     assert len(steps) >= 4, steps
     for command in steps:

@@ -339,6 +339,35 @@ def test_the_head_offers_ray_no_cpus_through_rays_own_fill_out_and_start_environ
     assert spec.num_cpus == 0 and spec.num_gpus == 0, (json.loads(seen), spec.num_cpus)
 
 
+@pytest.mark.e2e
+def test_rays_v2_autoscaler_runs_each_nodes_commands_once_as_the_launcher_gave_them(account, tmp_path):
+    """``ray up`` on AWS starts Ray's v2 autoscaler, which reads the bootstrapped config back on the
+    head (``FileConfigReader``) and prepares it a second time. Through its own classes, every node
+    type's setup, start and initialization commands and its resources are the ones ``ray up``
+    launched the head with: no command twice (a second merge of ``setup_commands`` would run each
+    of them twice on every worker)."""
+    from ray.autoscaler.v2.instance_manager.config import FileConfigReader
+
+    from platform.cluster_aws import provision
+
+    config = _bootstrapped(tmp_path, provision(_settings(), "contrastive-platform", REGION))
+    head_copy = tmp_path / "ray_bootstrap_config.yaml"
+    head_copy.write_text(json.dumps(config))  # as `ray up` writes it to the head
+    v2 = FileConfigReader(str(head_copy), skip_content_hash=True).get_cached_autoscaling_config()
+    assert v2.get_head_setup_commands() == config["head_setup_commands"]
+    assert v2.get_head_start_ray_commands() == config["head_start_ray_commands"]
+    assert v2.get_worker_start_ray_commands() == config["worker_start_ray_commands"]
+    for node_type in ("gpu_worker", "cpu_worker"):
+        setup = v2.get_worker_setup_commands(node_type)
+        assert setup == config["worker_setup_commands"], node_type
+        assert len(set(setup)) == len(setup) and any("uv venv" in c for c in setup), node_type
+        assert v2.get_initialization_commands(node_type) == config.get("initialization_commands", [])
+        assert v2.get_node_resources(node_type) == config["available_node_types"][node_type]["resources"]
+    head = v2.get_head_setup_commands()
+    assert len(set(head)) == len(head) and any("uv venv" in c for c in head)
+    assert v2.get_node_resources("head") == {"CPU": 0, "GPU": 0}
+
+
 def _recorded_s3(endpoint: str, during) -> list:
     """The S3 requests moto received while ``during()`` ran, as AWS authorises them."""
     from tests.aws_policy import is_s3, recorded, s3_requests
@@ -508,7 +537,7 @@ def test_mlflows_database_is_a_managed_postgresql_that_outlives_the_head(account
     home = tmp_path / "head-home"
     home.mkdir()
     config = yaml.safe_load(rendered)
-    learnt = next(c for c in config["setup_commands"] if UP_FILE in c)
+    learnt = next(c for c in config["head_setup_commands"] if UP_FILE in c)
     subprocess.run(["bash", "-c", learnt], env={"HOME": str(home), "PATH": os.environ["PATH"]}, check=True)
     proc = cli("cluster", "pgpass", "--env-file", str(_env_file(tmp_path)), env={"HOME": str(home)})
     assert proc.returncode == 0, proc.stderr

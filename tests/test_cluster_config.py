@@ -400,7 +400,7 @@ def test_the_lock_follows_the_hardware_and_a_driver_that_cannot_run_it_is_one_li
     from ray.autoscaler._private.command_runner import _with_interactive
 
     rendered = _rendered(tmp_path)
-    lock = next(c for c in rendered["worker_setup_commands"] if "requirements/" in c)
+    lock = next(c for c in rendered["worker_setup_commands"] if "requirements/cuda.txt" in c)
     home, drivers = _worker_home(tmp_path / "node", tmp_path / "driver-bin", "470.57.02")
     skeleton = Path("/etc/skel/.bashrc").read_text()
 
@@ -471,7 +471,7 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     assert local["provider"] == {"type": "local", "head_ip": "10.1.0.2", "worker_ips": ["10.1.0.3", "10.1.0.4"]}
     assert local["auth"] == {"ssh_user": "alice", "ssh_private_key": str(key)}
     for field in SHARED:
-        if field.endswith("_commands") and field in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
+        if field.endswith("_commands") and field in aws:
             # after the line that writes what up learnt; the head's own address is the one --head gave
             assert [c.replace("10.1.0.2", FIRST_ADDRESS) for c in local[field][1:]] == aws[field][1:], field
         elif field in aws:
@@ -485,7 +485,7 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     # A node's commands: the provider from what up wrote, so cluster.env needs no SSH range.
     home = tmp_path / "home"
     home.mkdir()
-    subprocess.run(["bash", "-c", local["setup_commands"][0]], cwd=home, env={"HOME": str(home)}, check=True)
+    subprocess.run(["bash", "-c", local["head_setup_commands"][0]], cwd=home, env={"HOME": str(home)}, check=True)
     assert node_settings(env_file, home)["PLATFORM_CLUSTER_PROVIDER"] == "local"
     proc = cli("cluster", "render", "--provider", "local", "--env-file", str(_env_file(tmp_path, SSH_ALLOWED_CIDR=None)),
                "--head", "10.1.0.2", "--ssh-key", str(key))
@@ -497,9 +497,9 @@ def test_the_nodes_python_is_one_setting(tmp_path, cli):
     NODE_PYTHON replaces every mention (install, check, venv), and only a 3.11 release is taken."""
     from platform.cluster import NODE_PYTHON_DEFAULT
 
-    stated = " ".join(_rendered(tmp_path)["setup_commands"])
+    stated = " ".join(_rendered(tmp_path)["worker_setup_commands"])
     assert stated.count(NODE_PYTHON_DEFAULT) == 3 and f"uv python install {NODE_PYTHON_DEFAULT}" in stated
-    other = " ".join(_rendered(tmp_path, NODE_PYTHON="3.11.7")["setup_commands"])
+    other = " ".join(_rendered(tmp_path, NODE_PYTHON="3.11.7")["worker_setup_commands"])
     assert NODE_PYTHON_DEFAULT not in other and other.count("3.11.7") == 3
     proc = cli("cluster", "render", "--env-file", str(_env_file(tmp_path, NODE_PYTHON="3.10.12")))
     assert proc.returncode == 2 and "must be a CPython 3.11 release" in proc.stderr
@@ -550,7 +550,7 @@ def test_a_home_shared_by_gpu_and_cpu_machines_stops_the_second_kind_with_one_li
 
     def setup(gpu: bool) -> subprocess.CompletedProcess:
         (home / ".bashrc").write_text((f"export PATH={drivers}:$PATH\n" if gpu else "") + skeleton)
-        for command in rendered["worker_setup_commands"]:
+        for command in rendered["worker_setup_commands"][-len(_config()["worker_setup_commands"]):]:  # the workers' own
             if "requirements/cuda.txt" in command and gpu:
                 continue  # torch's CUDA build would need a GPU here; the guard before it is what is tested
             proc = subprocess.run(["bash", "-c", "exec " + " ".join(_with_interactive(command))], cwd=home,
