@@ -58,6 +58,8 @@ DIFFERENCES = (
     "come from a loopback mirror (PLATFORM_DATA_MIRROR)",
     "sshd's PAM session skips pam_loginuid (a namespace cannot set the audit login id)",
     "a node's own name resolves from /etc/hosts, not the VPC's DNS resolver; nothing else resolves",
+    "no systemd, cloud-init, apt timers or unattended-upgrades: a process started at boot (APT_BUSY) holds apt's "
+    "locks until the node's first apt-get has waited on them, as they do on a fresh Ubuntu",
 )
 
 
@@ -207,13 +209,45 @@ class Network:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
+# What a fresh Ubuntu's cloud-init, apt timers and unattended-upgrades do after boot, as a node's
+# first process beside sshd: apt's locks held from boot until an apt-get has waited on them 10 s
+# (the package lists' lock) and 20 s (dpkg's); what it saw is written to APT_BUSY_LOG.
+APT_BUSY_LOG = "/var/log/apt-busy.log"
+APT_BUSY = f"""
+import fcntl, os, time
+def held(*paths):
+    files = [open(p, "a") for p in paths]
+    for f in files:
+        fcntl.lockf(f, fcntl.LOCK_EX)
+    return files
+def apt_get_running():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{{pid}}/comm").read().strip() == "apt-get":
+                return True
+        except OSError:
+            pass
+lists = held("/var/lib/apt/lists/lock")
+dpkg = held("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
+booted = time.monotonic()
+while not apt_get_running():
+    time.sleep(0.02)
+seen = time.monotonic() - booted
+time.sleep(10)
+for f in lists: f.close()
+time.sleep(10)
+for f in dpkg: f.close()
+open("{APT_BUSY_LOG}", "w").write(f"apt-get ran {{seen:.0f}} s after boot while apt's locks were held; released 10 and 20 s later\\n")
+"""
+
+
 class Node:
     """One machine: ``start()`` boots it (sshd answering), ``stop()`` ends every process in it and
     removes what it wrote."""
 
     def __init__(self, name: str, number: int, network: Network, base: Path, caches: dict[str, Path],
-                 authorized_key: str, files: dict[str, str] | None = None):
-        self.name, self.network = name, network
+                 authorized_key: str, files: dict[str, str] | None = None, apt_busy: bool = False):
+        self.name, self.network, self.apt_busy = name, network, apt_busy
         self.ip = f"{network.subnet}.{number}"
         self.netns = f"p{network.tag}{name}"
         self.veth = f"v{network.tag}{number}"
@@ -248,6 +282,9 @@ class Node:
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "hosts").write_text(f"127.0.0.1 localhost\n{self.ip} {self.name}\n")
         (etc / "resolv.conf").write_text("# no resolver: names come from /etc/hosts\n")
+        if self.apt_busy:
+            (self.base / "upper" / "usr" / "local" / "sbin").mkdir(parents=True, exist_ok=True)
+            (self.base / "upper" / "usr" / "local" / "sbin" / "apt-busy").write_text(APT_BUSY)
         _run("ip", "netns", "add", self.netns)
         _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _run("ip", "link", "set", self.veth, "master", self.network.bridge, "up")
@@ -263,7 +300,8 @@ class Node:
             f"mount --rbind /dev {self.root}/dev; mount -t tmpfs -o size=8g tmpfs {self.root}/dev/shm; "
             f"mount -t tmpfs -o mode=1777 tmpfs {self.root}/tmp; mount -t tmpfs -o mode=755 tmpfs {self.root}/run; "
             f"mkdir -p {self.root}/run/sshd; {binds}"
-            f"hostname {self.name}; exec chroot {self.root} /usr/sbin/sshd -D -e"
+            + (f"chroot {self.root} python3 /usr/local/sbin/apt-busy > /dev/null 2>&1 & " if self.apt_busy else "")
+            + f"hostname {self.name}; exec chroot {self.root} /usr/sbin/sshd -D -e"
         )
         log = open(self.base / "node.log", "w")
         self.proc = subprocess.Popen(

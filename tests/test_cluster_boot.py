@@ -126,7 +126,7 @@ class Rehearsal:
         caches = {nodes.NODE_WHEELS: nodes.wheels(), nodes.NODE_PYTHON: nodes.python_standin(PYTHON)}
         for number, name in ((2, "head"), (3, "worker")):
             node = nodes.Node(name, number, self.network, self.base / "nodes", caches, public,
-                              {".aws/config": aws_config, ".aws/credentials": aws_credentials})
+                              {".aws/config": aws_config, ".aws/credentials": aws_credentials}, apt_busy=True)
             self.nodes.append(node)
             node.start()
         return self
@@ -210,12 +210,17 @@ def _log(r) -> str:
 
 
 def test_ray_up_boots_a_fresh_head_and_its_worker(rehearsal):
-    """``ray up`` ends 0 on the fresh head (its python3 lacks python3-venv: the setup installs it);
-    the head's autoscaler sets up the worker over SSH and it joins; MLflow answers with the account."""
+    """``ray up`` ends 0 on the fresh head (its python3 lacks python3-venv: the setup installs it,
+    waiting for apt's locks that a process holds from boot); the head's autoscaler sets up the worker
+    over SSH and it joins; MLflow answers with the account."""
     r = rehearsal
     assert r.booted.returncode == 0, _log(r)
     assert "python3-venv" in r.booted.stdout + r.booted.stderr  # the guard fired on the fresh image
     wait_for("the worker to join", lambda: r.alive_nodes() == 2, timeout=1500)
+    # Each node's setup met apt's locks held since boot (as cloud-init and apt's timers hold them) and waited.
+    for node in r.nodes:
+        busy = node.base / "upper" / nodes.APT_BUSY_LOG.lstrip("/")
+        assert busy.is_file() and "while apt's locks were held" in busy.read_text(), node.name
     status = r.on_head("ray status").stdout
     assert re.search(r"0\.0/2\.0 CPU", status), status  # the worker's 2; the head offers none
     assert r.mlflow().search_experiments() is not None

@@ -176,7 +176,7 @@ def test_fresh_ubuntu_gets_a_venv_that_jobs_use():
     for the Ray processes that start jobs (whose entrypoint says `python`)."""
     cfg = _config()
     setup = " ".join(cfg["setup_commands"])
-    assert "apt-get install" in setup and "python3-venv" in setup and "uv venv --seed --clear --python 3.11" in setup
+    assert "apt_get install -y python3-venv" in setup and "uv venv --seed --clear --python 3.11" in setup
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = " ".join(cfg[key])
         assert start.index('export PATH="$HOME/venv/bin:$PATH"') < start.index("ray start")
