@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import re
 import shlex
@@ -42,7 +43,8 @@ import yaml
 from platform import cluster_slurm, settings
 from platform.cluster_files import AUTH_CACHE_TTL_S, read_env, write_mlflow_auth, write_private  # noqa: F401 (also named as platform.cluster's)
 from platform.cluster_aws import (Access, cost_tags, db_backup_uri, db_identifier, kept_after_down, mlflow_db,
-                                  provision, read_password, resolve_images, s3_location, settle, terminate_instances)
+                                  provision, read_password, resolve_images, s3_location, settle, terminate_instances,
+                                  SSM_IMAGE)
 from platform.errors import ClusterError, ConfigError, cli_main
 from platform.mlflow_backup import backup, on_head, restore
 from platform.tracking.store import git_commit
@@ -240,15 +242,38 @@ def read_settings(env_file: Path, provider: str = "aws") -> dict[str, str]:
     return values
 
 
-def provision_for(config: Path, values: dict[str, str]) -> Access:
+def provision_for(config: Path, values: dict[str, str], refresh_images: bool = False) -> Access:
     """The AWS resources of ``config``'s cluster, in its region, with the caller's credentials."""
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    region = cfg["provider"]["region"]
     access = aws_call("making the cluster's security group and instance profiles", provision, values,
-                      values["CLUSTER_NAME"], cfg["provider"]["region"])
-    access.images = aws_call("reading the image IDs AWS publishes", resolve_images,
-                             own_images(cfg["available_node_types"], values), cfg["provider"]["region"])
+                      values["CLUSTER_NAME"], region)
+    access.images = pinned_images(config, values["CLUSTER_NAME"], region, refresh_images, lambda pinned: aws_call(
+        "reading the image IDs AWS publishes", resolve_images, own_images(cfg["available_node_types"], values), region,
+        None, pinned))
     settle(access)
     return access
+
+
+def pinned_images(config: Path, cluster: str, region: str, refresh: bool, resolve) -> dict[str, str]:
+    """The image IDs ``resolve(pinned)`` gives, pinned beside the rendered config from the cluster's
+    first ``up``: AWS's parameters name a new image whenever it publishes one, and a changed ID
+    changes a node type's launch hash (Ray replaces running workers as outdated and never reuses
+    stopped ones). ``refresh`` reads AWS's newest instead."""
+    path = rendered_path(config).parent / f"images-{cluster}.json"
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        kept = {}
+    pinned = kept.get("images", {}) if kept.get("region") == region and not refresh else {}
+    images = resolve(pinned)
+    if images != pinned:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".new").write_text(json.dumps({"region": region, "images": images}, indent=1) + "\n")
+        os.replace(path.with_suffix(".new"), path)
+        for name, image in images.items():
+            print(f"image: {image} ({name[len(SSM_IMAGE):]}), pinned in {path}; up --refresh-images reads AWS's newest")
+    return images
 
 
 def aws_call(what: str, fn, *args):
@@ -419,6 +444,9 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=5000, help="tunnel: the local port MLflow is forwarded to")
     p.add_argument("--provider", choices=["aws", "local"], default="aws",
                    help="up/render: AWS (default), or your own machines over SSH (Ray's on-premise provider)")
+    p.add_argument("--refresh-images", action="store_true",
+                   help="up/render: the image IDs AWS publishes now, not the ones pinned at the cluster's first up "
+                        "(running workers of an older image are then replaced)")
     p.add_argument("--head", help="--provider local: the head machine's address")
     p.add_argument("--workers", default="", help="--provider local: the worker machines' addresses, comma-separated")
     p.add_argument("--ssh-user", default=os.environ.get("USER", "ubuntu"), help="--provider local: the SSH account")
@@ -479,7 +507,7 @@ def launch(args, ray_args: list[str], values: dict[str, str]) -> int:
     if args.provider == "local":
         render_local(args.config, args.env_file, rendered, local_hosts(args))
     else:
-        render(args.config, args.env_file, rendered, provision_for(args.config, values))
+        render(args.config, args.env_file, rendered, provision_for(args.config, values, args.refresh_images))
     print(f"rendered {rendered}")
     if args.command == "render":
         return 0

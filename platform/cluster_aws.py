@@ -305,16 +305,19 @@ DB_STORAGE_MONTHLY_USD_PER_GB = 0.115
 SSM_IMAGE = "resolve:ssm:"  # an ImageId that names an SSM parameter holding the image's ID
 
 
-def resolve_images(node_types: dict, region: str, session=None) -> dict[str, str]:
+def resolve_images(node_types: dict, region: str, session=None, pinned: dict[str, str] | None = None) -> dict[str, str]:
     """``{"resolve:ssm:NAME": ID}`` for every node type's ImageId that names an SSM parameter (AWS
-    publishes its images' newest IDs per region that way): Ray's launcher wants the ID itself."""
+    publishes its images' newest IDs per region that way): Ray's launcher wants the ID itself.
+    A name ``pinned`` holds keeps its ID there, AWS unasked."""
     import boto3
 
     ssm = (session or boto3.session.Session(region_name=region)).client("ssm", region_name=region)
     found = {}
     for node in node_types.values():
         image = node["node_config"].get("ImageId", "")
-        if image.startswith(SSM_IMAGE) and image not in found:
+        if image in (pinned or {}):
+            found[image] = pinned[image]
+        elif image.startswith(SSM_IMAGE) and image not in found:
             name = image[len(SSM_IMAGE):]
             try:
                 found[image] = ssm.get_parameter(Name=name)["Parameter"]["Value"]

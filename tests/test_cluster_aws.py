@@ -824,6 +824,38 @@ def test_the_gpu_image_is_the_one_aws_publishes_now(account, tmp_path, cli, monk
 
 
 @pytest.mark.e2e
+def test_the_gpu_image_stays_pinned_across_ups_until_a_refresh(account, tmp_path, cli, monkeypatch):
+    """AWS's parameter names a new image whenever AWS publishes one: a second ``up`` after that keeps
+    the image of the first (the GPU workers' launch hash, as Ray's launcher computes it, unchanged:
+    stopped workers are reused, running ones stay); ``--refresh-images`` takes the new one."""
+    import boto3
+    from ray.autoscaler._private.util import hash_launch_conf
+
+    monkeypatch.setattr("platform.cluster.settle", lambda access: None)
+    text = (ROOT / "cluster.yaml").read_text()
+    published = re.search(r"ImageId: (resolve:ssm:/aws/service/deeplearning/\S+)", text).group(1)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(text.replace(published, "resolve:ssm:/platform-test/gpu-image"))
+    ssm = boto3.client("ssm", region_name=REGION)
+
+    def gpu_worker(*extra: str) -> tuple[str, str]:
+        proc = cli("cluster", "render", "--config", str(config), "--env-file", str(_env_file(tmp_path, GPU_IMAGE_ID=None)),
+                   *extra)
+        assert proc.returncode == 0, proc.stderr
+        rendered = yaml.safe_load((tmp_path / ".cluster" / "cluster.yaml").read_text())
+        node = rendered["available_node_types"]["gpu_worker"]["node_config"]
+        return node["ImageId"], hash_launch_conf(node, rendered["auth"])
+
+    ssm.put_parameter(Name="/platform-test/gpu-image", Value="ami-0123456789abcdef0", Type="String")
+    first = gpu_worker()
+    ssm.put_parameter(Name="/platform-test/gpu-image", Value="ami-0aaaaaaaaaaaaaaaa", Type="String", Overwrite=True)
+    assert gpu_worker() == first and first[0] == "ami-0123456789abcdef0"
+    refreshed = gpu_worker("--refresh-images")
+    assert refreshed[0] == "ami-0aaaaaaaaaaaaaaaa" and refreshed[1] != first[1]
+    assert gpu_worker() == refreshed  # the refreshed image is the pinned one now
+
+
+@pytest.mark.e2e
 def test_a_named_group_whose_nodes_cannot_reach_each_other_is_refused(account, tmp_path, cli, monkeypatch):
     """Ray's nodes talk on many ports and MLflow's database sits in the same group: a group named in
     cluster.env must admit all traffic from itself, else one line before anything is made."""

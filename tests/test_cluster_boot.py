@@ -301,8 +301,15 @@ def test_ray_up_again_restarts_mlflow_and_ray_and_keeps_the_runs(rehearsal):
     serves the runs. (Ray's on-premise provider forgets the workers its head set up: after this
     the worker stays out until ``down`` and ``up``; docs/cluster.md says so.)"""
     r = rehearsal
+    server = "cat ~/mlflow/server.pid"
+    old = r.on_head(server).stdout.strip().splitlines()[-1].strip()
     again = r.cluster_up()
     assert again.returncode == 0, _log(r)
+    new = r.on_head(server).stdout.strip().splitlines()[-1].strip()
+    assert new != old, _log(r)
+    # The old server's processes (its session) are gone; the new one's serve (not one that failed to bind).
+    sessions = r.on_head(f"echo old=$(pgrep -s {old} | wc -l) new=$(pgrep -s {new} | wc -l)").stdout
+    assert re.search(r"old=0 new=[1-9]", sessions), (sessions, _log(r))
     servers = r.on_head("ps -eo args | grep -c '^/home/ubuntu/venv/bin/python[0-9.]* /home/ubuntu/venv/bin/mlflow server'")
     assert servers.stdout.strip().splitlines()[-1].strip() == "1", _log(r)
     _check_runs(r, "una", trials=2)

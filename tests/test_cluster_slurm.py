@@ -3,13 +3,14 @@ real Slurm (``tests/slurm.py``: Debian's slurmctld here, a slurmd in each of two
 this machine's disk as the shared filesystem, each node's /tmp its own). How it differs from a
 site's Slurm: ``tests/slurm.py``'s ``DIFFERENCES`` (and docs/cluster.md).
 
-- a sweep whose two trials train on both nodes (a Train worker of 1.5 CPUs fits once on a node of 2,
-  beside its data pipeline's 0.25-CPU tasks) ends with its runs FINISHED in the job's MLflow (its shared copy), its checkpoints in the shared
-  output folder, the command started only once both nodes had joined, and nothing of the job left
-  running on a node;
-- a sweep requeued twice mid-way (``scontrol requeue``, then the walltime warning as Slurm's
-  ``--signal=B:USR1`` sends it) finishes on its third start with every trial's record intact: no
-  finished trial redone, none left RUNNING.
+One sweep (4 trials, 2 at a time: a Train worker of 1.5 CPUs fits once on a node of 2, beside its
+data pipeline's 0.25-CPU tasks) is requeued twice mid-way (``scontrol requeue``, then the walltime
+warning as Slurm's ``--signal=B:USR1`` sends it). Read from its outcome:
+
+- it ran across the allocation: each start's command began once both nodes had joined, the trials
+  trained on both nodes, and nothing of the job is left running on a node;
+- it finishes on its third start with every trial's record intact in the job's MLflow (its shared
+  copy): no finished trial redone, none left RUNNING, its checkpoints in the shared output folder.
 """
 
 from __future__ import annotations
@@ -124,21 +125,48 @@ def log(out: Path, job: str) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def test_a_sweep_runs_across_the_allocation_and_ends_with_its_runs_finished(slurm, shared):
-    job, out = submit(slurm, shared, "sweep-a", 2, 4)
-    state = wait_done(slurm, job, 900)
-    text = log(out, job)
-    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, text[-6000:], slurm.log()[-3000:])
-    assert "slurm: all 2 node(s) joined Ray" in text
-    # The command started once both nodes had joined: its Ray line counts their CPUs.
-    assert re.search(r"^Ray: the cluster at \S+ \(RAY_ADDRESS\), 4 CPUs", text, re.M), text[-6000:]
-    found = trials(out)
-    assert len(found) == 2 and all(r["status"] == "FINISHED" for r in found), found
-    (parent,) = [r for r in runs(out) if r["tags"].get("sweep") == "true"]
-    assert parent["status"] == "FINISHED"
-    sweeps = list((out / "runs").glob("una-sweep-*"))
-    assert len(sweeps) == 1 and list(sweeps[0].rglob("checkpoint_*")), sorted(out.rglob("*"))[:50]
-    # The two trials' Train workers ran one on each node.
+def release(slurm, job: str, restarts: int) -> None:
+    """Start the job's ``restarts``-th start now: Slurm holds a requeued job ~2 minutes first
+    (Reason=BeginTime; ``DIFFERENCES``)."""
+    state = wait_for(f"job {job} to be requeued", lambda: (s := job_state(slurm, job)).get("Restarts") == str(restarts)
+                     and s.get("JobState") in ("PENDING", "RUNNING") and s, timeout=300)
+    if state["JobState"] == "PENDING":
+        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+
+
+@pytest.fixture(scope="module")
+def requeued(slurm, shared):
+    """One sweep (4 trials, 2 at a time, one Train worker per node) requeued twice mid-way: by
+    ``scontrol requeue`` (what a preemption does) after a trial finished, then by the walltime warning
+    after another. The trials finished before each requeue, the job's final state and its log."""
+    job, out = submit(slurm, shared, "sweep", 4, 24)
+
+    def finished() -> dict[str, int]:
+        return {r["tags"]["trial_id"]: r["end_time"] for r in trials(out) if r["status"] == "FINISHED"}
+
+    first = wait_for("a trial to finish", finished, timeout=900)
+    assert slurm.run("scontrol", "requeue", job).returncode == 0
+    release(slurm, job, 1)
+    wait_for("the second start to resume the sweep",
+             lambda: re.search(r"^slurm: running .* --resume$", log(out, job), re.M), timeout=600)
+    second = wait_for("another trial to finish", lambda: len(finished()) > len(first) and finished(), timeout=900)
+    assert len(second) < 4  # two at a time: the fourth is still to come
+    assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0  # as --signal=B:USR1@S sends it
+    wait_for("the job to requeue itself", lambda: f"slurm: job {job} requeued" in log(out, job), timeout=600)
+    release(slurm, job, 2)
+    state = wait_done(slurm, job, 1200)
+    return {"job": job, "out": out, "first": first, "second": second, "state": state, "log": log(out, job)}
+
+
+def test_the_sweep_runs_across_the_allocation_and_leaves_nothing_on_a_node(slurm, shared, requeued):
+    text = requeued["log"]
+    assert requeued["state"]["JobState"] == "COMPLETED", (requeued["state"], text[-6000:], slurm.log()[-3000:])
+    # Each start's command began once both nodes had joined: its Ray line counts their CPUs.
+    assert text.count("slurm: all 2 node(s) joined Ray") == 3, text[-6000:]
+    assert len(re.findall(r"^Ray: the cluster at \S+ \(RAY_ADDRESS\), 4 CPUs", text, re.M)) == 3, text[-6000:]
+    sweeps = list((requeued["out"] / "runs").glob("una-sweep-*"))
+    assert len(sweeps) == 1 and list(sweeps[0].rglob("checkpoint_*")), sorted(requeued["out"].rglob("*"))[:50]
+    # The trials' Train workers ran on both nodes (one fits on a node at a time).
     calls = [line.split() for line in (shared[0] / "calls.txt").read_text().splitlines()]
     assert {host for _, module, name, host in calls if name == "train_loop_per_worker"} == {"n1", "n2"}
     # Nothing of the job is left on a node (Ray, MLflow, Python): the node's own slurmd, and Slurm's
@@ -156,25 +184,10 @@ def test_a_sweep_runs_across_the_allocation_and_ends_with_its_runs_finished(slur
         wait_for(f"nothing of the job left on {node}", lambda node=node: not left(node), timeout=60)
 
 
-def test_a_sweep_requeued_twice_finishes_with_every_trial_record_intact(slurm, shared):
-    """``scontrol requeue`` (what a preemption does) after a trial finished, then the walltime
-    warning after another (4 trials, 2 at a time): the third start finishes the sweep; the trials finished before a
-    requeue keep their runs (same ids, same end), none is left RUNNING, none is trained twice."""
-    job, out = submit(slurm, shared, "sweep-b", 4, 24)
-
-    def finished() -> dict[str, int]:
-        return {r["tags"]["trial_id"]: r["end_time"] for r in trials(out) if r["status"] == "FINISHED"}
-
-    first = wait_for("a trial to finish", finished, timeout=900)
-    assert slurm.run("scontrol", "requeue", job).returncode == 0
-    wait_for("the second start to resume the sweep",
-             lambda: re.search(r"^slurm: running .* --resume$", log(out, job), re.M), timeout=600)
-    second = wait_for("another trial to finish", lambda: len(finished()) > len(first) and finished(), timeout=900)
-    assert len(second) < 4  # two at a time: the fourth is still to come
-    assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0  # as --signal=B:USR1@S sends it
-    wait_for("the job to requeue itself", lambda: f"slurm: job {job} requeued" in log(out, job), timeout=600)
-    state = wait_done(slurm, job, 1200)
-    text = log(out, job)
+def test_a_sweep_requeued_twice_finishes_with_every_trial_record_intact(requeued):
+    """The third start finishes the sweep; the trials finished before a requeue keep their runs (same
+    ids, same end), none is left RUNNING, none is trained twice."""
+    state, text, out = requeued["state"], requeued["log"], requeued["out"]
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, text[-8000:])
     assert state["Restarts"] == "2", state
     assert len(re.findall(r"^slurm: running .* --resume$", text, re.M)) == 2, text[-8000:]
@@ -182,6 +195,6 @@ def test_a_sweep_requeued_twice_finishes_with_every_trial_record_intact(slurm, s
     assert len(found) == 4 and all(r["status"] == "FINISHED" for r in found), found
     assert not [r for r in runs(out) if r["status"] == "RUNNING"]
     ends = {r["tags"]["trial_id"]: r["end_time"] for r in found}
-    assert all(ends[t] == end for t, end in {**first, **second}.items()), (first, second, ends)
+    assert all(ends[t] == end for t, end in {**requeued["first"], **requeued["second"]}.items()), (requeued, ends)
     (parent,) = [r for r in runs(out) if r["tags"].get("sweep") == "true"]
     assert parent["status"] == "FINISHED"
