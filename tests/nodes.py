@@ -60,6 +60,17 @@ DIFFERENCES = (
     "a node's own name resolves from /etc/hosts, not the VPC's DNS resolver; nothing else resolves",
     "no systemd, cloud-init, apt timers or unattended-upgrades: a process started at boot (APT_BUSY) holds apt's "
     "locks until the node's first apt-get has waited on them, as they do on a fresh Ubuntu",
+    "Ray's autoscaler v1 (platform.cluster sets RAY_UP_enable_autoscaler_v2=0 for --provider local: v2 has no "
+    "on-premise provider), where ray up on AWS starts v2; v2's reading of the bootstrapped config is checked in "
+    "tests/test_cluster_aws.py, its launches on AWS nowhere",
+    "MLflow's database is SQLite on the head (MLFLOW_DB=head), not the default RDS PostgreSQL whose password the "
+    "head reads from SSM through its role (tests/test_cluster_aws.py and tests/test_postgres.py check those parts)",
+    "the nodes' AWS credentials are static keys in ~/.aws, not the instance profiles' temporary ones over IMDSv2",
+    "the image's python3, which only bootstraps uv, is Debian's 3.11, not Ubuntu 22.04's 3.10",
+    "no node is stopped and started again (cache_stopped_nodes): Ray's on-premise provider never stops one",
+    "one node type, so the head's resources: {CPU: 0, GPU: 0} is not applied: the head offers no CPU through "
+    "ray start --num-cpus=0 alone",
+    "one address per node, where an AWS node has a public one (the launcher's) and a private one (the cluster's)",
 )
 
 
