@@ -401,8 +401,9 @@ def db_backup_uri(values: dict[str, str]) -> str:
     return f"s3://{bucket}/{parent + '/' if parent else ''}mlflow-db/mlflow.db"
 
 
-def settle(access: Access, seconds: float = 15.0) -> None:
-    """A new instance profile is refused by EC2 for a few seconds (what Ray's bootstrap waits too)."""
+def settle(access: Access, seconds: float = 30.0) -> None:
+    """A new role or instance profile is refused by EC2 for a few seconds after IAM made it: as long
+    as Ray's own bootstrap waits when it makes them (15 s after the role, 15 s after the profile)."""
     if access.created:
         time.sleep(seconds)
 
