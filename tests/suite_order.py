@@ -12,7 +12,7 @@ SLOWEST_FIRST = ["test_sweep_in_mlflow", "test_seeds", "test_cluster_aws", "test
                  "test_postgres", "test_registry", "test_transfer", "test_paraphrase", "test_recipe_cli", "test_shim",
                  "test_cli", "test_una_cli", "test_san", "test_shuffle", "test_lifecycle", "test_loop",
                  "test_static_step", "test_architecture", "test_interrupts", "test_losses", "test_bad_input"]
-SCENARIOS_SLOWEST_FIRST = ["test_cluster_boot", "test_benchmarks", "test_multinode", "test_grid", "test_interrupts", "test_cluster_join", "test_recipe_cli",
+SCENARIOS_SLOWEST_FIRST = ["test_cluster_boot", "test_cluster_slurm", "test_benchmarks", "test_multinode", "test_grid", "test_interrupts", "test_cluster_join", "test_recipe_cli",
                            "test_prompt_cli", "test_tracking_outage", "test_cluster_job", "test_cluster_aws", "test_reliability",
                            "test_cluster_lost", "test_ray_address"]
 
