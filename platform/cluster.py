@@ -176,10 +176,12 @@ def render(config: Path, env_file: Path, out: Path, access: Access) -> Path:
 
 
 def own_images(node_types: dict, values: dict[str, str]) -> dict:
-    """``node_types`` with cluster.env's ``GPU_IMAGE_ID`` as the GPU workers' image, where it names one
-    (a region without AWS's public parameter, an image of your own)."""
-    if values.get("GPU_IMAGE_ID"):
-        node_types["gpu_worker"]["node_config"]["ImageId"] = values["GPU_IMAGE_ID"]
+    """``node_types`` with cluster.env's ``GPU_IMAGE_ID`` as the GPU workers' image and its
+    ``UBUNTU_IMAGE_ID`` as the head's and the CPU workers', where they name one (a region without the
+    public parameter, an image of your own)."""
+    for key, types in (("GPU_IMAGE_ID", ("gpu_worker",)), ("UBUNTU_IMAGE_ID", ("head", "cpu_worker"))):
+        for node_type in types if values.get(key) else ():
+            node_types[node_type]["node_config"]["ImageId"] = values[key]
     return node_types
 
 

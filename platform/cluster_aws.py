@@ -322,8 +322,9 @@ def resolve_images(node_types: dict, region: str, session=None, pinned: dict[str
             try:
                 found[image] = ssm.get_parameter(Name=name)["Parameter"]["Value"]
             except ssm.exceptions.ParameterNotFound:
-                raise ConfigError(f"no image parameter {name} in {region}: name the GPU workers' image in cluster.env "
-                                  "(GPU_IMAGE_ID=ami-...) or an image ID (ImageId: ami-...) in cluster.yaml") from None
+                raise ConfigError(f"no image parameter {name} in {region}: name the image in cluster.env (GPU_IMAGE_ID="
+                                  "ami-... for the GPU workers, UBUNTU_IMAGE_ID=ami-... for the head and CPU workers) "
+                                  "or an image ID (ImageId: ami-...) in cluster.yaml") from None
     return found
 
 

@@ -79,11 +79,12 @@ def account(aws):
 
 
 def _settings(**extra) -> dict[str, str]:
-    # The emulator has none of AWS's public /aws/service/ parameters (nor may anyone write one): the
-    # GPU workers' image is named here, except where a test resolves it (GPU_IMAGE_ID=None).
+    # The emulator has none of AWS's and Canonical's public /aws/service/ parameters (nor may anyone
+    # write one): the images are named here, except where a test resolves one (GPU_IMAGE_ID=None).
     return {"CLUSTER_NAME": "contrastive-platform", "SSH_ALLOWED_CIDR": CIDR, "MLFLOW_TRACKING_USERNAME": "platform",
             "MLFLOW_TRACKING_PASSWORD": "correct-horse-battery", "RUNS_URI": f"s3://{BUCKET}/runs",
             "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{BUCKET}/mlflow-artifacts", "GPU_IMAGE_ID": "ami-0fedcba9876543210",
+            "UBUNTU_IMAGE_ID": "ami-0075013580f6322a1",
             **extra}
 
 
