@@ -131,6 +131,10 @@ def check_common(values: dict[str, str], source: str) -> None:
         raise ConfigError(f"{source}: MLFLOW_DB={values['MLFLOW_DB']!r} must be one of {', '.join(MLFLOW_DBS)} (rds: a "
                           "managed PostgreSQL that outlives the head, the default; head: SQLite on the head's disk)")
     check_account(values, source)
+    if values.get("EBS_KMS_KEY_ARN") and not re.fullmatch(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[\w-]+",
+                                                             values["EBS_KMS_KEY_ARN"]):
+        raise ConfigError(f"{source}: EBS_KMS_KEY_ARN={values['EBS_KMS_KEY_ARN']!r} must be a KMS key's ARN "
+                          "(arn:aws:kms:REGION:ACCOUNT:key/ID; EC2's settings name the account's default EBS key)")
     for key in ("MLFLOW_ARTIFACTS_DESTINATION", "RUNS_URI", "MLFLOW_DB_BACKUP"):
         if values.get(key) and not values[key].startswith("s3://"):
             raise ConfigError(f"{source}: {key} must be an s3:// location")

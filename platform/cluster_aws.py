@@ -274,10 +274,22 @@ def provision(values: dict[str, str], cluster_name: str, region: str, session=No
             account = session.client("sts", region_name=region).get_caller_identity()["Account"]
             head_policy.append({"Effect": "Allow", "Action": ["ssm:GetParameter"],
                                 "Resource": f"arn:aws:ssm:{region}:{account}:parameter{parameter}"})
-        head_policy += autoscaler_policy(cluster_name, group_id)
+        head_policy += autoscaler_policy(cluster_name, group_id) + ebs_key_policy(values.get("EBS_KMS_KEY_ARN"))
         head_arn, made = instance_profile(iam, f"{cluster_name}-head", head_policy, tags=cost_tags(cluster_name))
         created = created or made
     return Access(group_id, head_arn, worker_arn, created, database_uri, parameter)
+
+
+def ebs_key_policy(key_arn: str | None) -> list[dict]:
+    """What launching an instance whose disks a customer-managed KMS key encrypts (an account's
+    default EBS encryption) asks of the launcher on that key (AWS's "Required KMS key policy for use
+    with encrypted volumes"): without it EC2 terminates each worker as it starts."""
+    if not key_arn:
+        return []
+    return [{"Effect": "Allow", "Action": ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext",
+                                           "kms:ReEncrypt*"], "Resource": key_arn},
+            {"Effect": "Allow", "Action": ["kms:CreateGrant"], "Resource": key_arn,
+             "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}}}]
 
 
 def profile_role(iam, profile_arn: str) -> str:

@@ -54,6 +54,7 @@ OPERATORS = {
     "StringNotLike": lambda want, have: not _like(want, have),
     "ArnEquals": lambda want, have: have == want,
     "ArnLike": lambda want, have: _like(want, have),
+    "Bool": lambda want, have: str(have).lower() == str(want).lower(),
 }
 
 

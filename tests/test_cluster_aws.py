@@ -794,6 +794,32 @@ def test_code_on_the_head_can_touch_only_this_clusters_instances(account, tmp_pa
 
 
 @pytest.mark.e2e
+def test_the_head_may_use_a_named_ebs_key_for_the_workers_disks_and_no_other(account):
+    """An account that encrypts new EBS volumes with its own KMS key: launching a worker asks the head
+    for that key's grant (for EC2 itself), data keys and decryption. Named in cluster.env, the head's
+    role gets them on that key alone; unnamed, on none."""
+    from platform.cluster_aws import provision
+    from tests.aws_policy import Request, allowed
+
+    key = "arn:aws:kms:us-west-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    other = "arn:aws:kms:us-west-2:123456789012:key/ffffffff-12ab-34cd-56ef-1234567890ab"
+
+    def grant(on: str, for_aws: bool | None) -> Request:
+        return Request("CreateGrant", "kms:CreateGrant", on, {} if for_aws is None else {"kms:GrantIsForAWSResource": for_aws})
+
+    launch = [grant(key, True), *(Request(a.split(":")[1], a, key) for a in (
+        "kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncryptFrom", "kms:ReEncryptTo"))]
+    provision(_settings(EBS_KMS_KEY_ARN=key), "contrastive-platform", REGION)
+    head = _statements("contrastive-platform-head")
+    assert [str(r) for r in launch if not allowed(head, r)] == []
+    refused = [grant(key, False), grant(key, None), grant(other, True), Request("Decrypt", "kms:Decrypt", other),
+               Request("ScheduleKeyDeletion", "kms:ScheduleKeyDeletion", key)]
+    assert [str(r) for r in refused if allowed(head, r)] == []
+    provision(_settings(), "contrastive-platform", REGION)  # the key no longer named: the policy is written again
+    assert not any(allowed(_statements("contrastive-platform-head"), r) for r in launch)
+
+
+@pytest.mark.e2e
 def test_the_gpu_image_is_the_one_aws_publishes_now(account, tmp_path, cli, monkeypatch):
     """cluster.yaml names the GPU workers' image by the public SSM parameter AWS keeps current for
     the Deep Learning Base GPU AMI; ``up`` (render) puts in the ID it holds in the cluster's region,

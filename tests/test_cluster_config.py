@@ -136,6 +136,7 @@ def test_render_puts_the_platforms_group_and_profiles_in_and_validates(tmp_path)
     ({"CLUSTER_NAME": "alice-"}, "not ending with a hyphen"),  # RDS refuses it, after the group and the password
     ({"CLUSTER_NAME": "a--b"}, "single hyphens"),
     ({"CLUSTER_NAME": "a" * 41}, "must be 1-40"),
+    ({"EBS_KMS_KEY_ARN": "alias/aws/ebs"}, "EBS_KMS_KEY_ARN='alias/aws/ebs' must be a KMS key's ARN"),
 ])
 def test_cluster_env_mistakes_are_one_line(values, needle, tmp_path, cli):
     proc = cli("cluster", "render", "--env-file", str(_env_file(tmp_path, **values)))
