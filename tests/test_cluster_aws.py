@@ -604,6 +604,52 @@ def test_an_idle_node_is_stopped_and_started_again_with_its_disk(account, tmp_pa
     assert len(instances) == 1 and instances[0]["State"]["Name"] in ("pending", "running")
 
 
+@pytest.mark.e2e
+def test_rays_v2_autoscaler_launches_stops_and_reuses_a_worker_of_this_config(account, tmp_path):
+    """v2's own launcher (``NodeProviderAdapter`` over Ray's AWS provider, reading the head's copy of
+    the bootstrapped config) launches a GPU worker with the workers' profile, the group, the pinned
+    image and the cluster's tags, under the launch hash v1 computes for the same node type; scaled
+    down it is stopped (cache_stopped_nodes) and the next launch starts that instance again."""
+    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
+    from ray.autoscaler._private.util import hash_launch_conf
+    from ray.autoscaler.v2.instance_manager.config import FileConfigReader
+    from ray.autoscaler.v2.instance_manager.node_provider import NodeProviderAdapter
+
+    from platform.cluster_aws import COST_TAG, provision
+    from tests.helpers import wait_for
+
+    access = provision(_settings(), "contrastive-platform", REGION)
+    config = _bootstrapped(tmp_path, access)
+    head_copy = tmp_path / "ray_bootstrap_config.yaml"
+    head_copy.write_text(json.dumps(config))  # as `ray up` writes it to the head
+    adapter = NodeProviderAdapter(AWSNodeProvider(config["provider"], config["cluster_name"]),
+                                  FileConfigReader(str(head_copy), skip_content_hash=True))
+
+    def launched() -> dict:
+        assert not adapter.poll_errors()
+        return {k: v for k, v in adapter.get_non_terminated().items() if v.is_running}
+
+    adapter.launch({"gpu_worker": 1}, "first")
+    ((worker, cloud),) = wait_for("v2 to launch the worker", launched, timeout=60).items()
+    assert cloud.node_type == "gpu_worker"
+    (instance,) = [i for r in _ec2().describe_instances(InstanceIds=[worker])["Reservations"] for i in r["Instances"]]
+    node = config["available_node_types"]["gpu_worker"]["node_config"]
+    tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+    assert instance["IamInstanceProfile"]["Arn"] == access.worker_profile_arn
+    assert [g["GroupId"] for g in instance["SecurityGroups"]] == [access.security_group_id]
+    assert instance["ImageId"] == node["ImageId"] == "ami-0fedcba9876543210"
+    assert tags[COST_TAG] == tags["ray-cluster-name"] == "contrastive-platform"
+    assert tags["ray-launch-config"] == hash_launch_conf(node, config["auth"])
+    adapter.terminate([worker], "idle")
+    _ec2().get_waiter("instance_stopped").wait(InstanceIds=[worker])
+    adapter.launch({"gpu_worker": 1}, "again")
+    assert list(wait_for("v2 to start the worker again", launched, timeout=60)) == [worker]
+    for pool in (adapter._main_executor, adapter._node_launcher_executors):  # its launch ends before the emulator
+        pool.shutdown(wait=True)
+    assert not adapter.poll_errors()
+    assert len([i for r in _ec2().describe_instances()["Reservations"] for i in r["Instances"]]) == 1
+
+
 @pytest.mark.scenario
 def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_commit(account, tmp_path, tiny_model,
                                                                                       small_corpus, _empty_mlflow_db):
