@@ -162,3 +162,36 @@ def test_a_restored_sweep_reaches_mlflow_where_its_new_driver_does(monkeypatch, 
     restored = cloudpickle.loads(saved)
     runs = restored.on_trial_start.__closure__[0].cell_contents
     assert runs.sweep.uri == "http://10.0.0.2:42000" and runs.sweep.parent == "p"
+
+
+@pytest.mark.e2e
+def test_the_command_waits_until_every_node_of_the_allocation_has_joined(monkeypatch):
+    """The job starts its command only once all its nodes are in Ray (the command sizes its work by
+    the CPUs and GPUs it sees): on a real Ray of one node, the wait for two holds until a second node
+    joins, and ends at its deadline, refused, when none does."""
+    import threading
+
+    from ray.cluster_utils import Cluster
+
+    from platform import slurm_job
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    step = subprocess.Popen(["sleep", "600"])  # the job's srun step, alive
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    try:
+        found = {}
+        waiting = threading.Thread(target=lambda: found.update(
+            ok=slurm_job.joined(cluster.address, 2, env, step, slurm_job.Stop())))
+        waiting.start()
+        waiting.join(timeout=15)
+        assert waiting.is_alive()  # one node of two: still waiting
+        cluster.add_node(num_cpus=1)
+        waiting.join(timeout=120)
+        assert found == {"ok": True}
+        monkeypatch.setattr(slurm_job, "JOIN_TIMEOUT_S", 5)
+        started = time.monotonic()
+        assert not slurm_job.joined(cluster.address, 3, env, step, slurm_job.Stop())
+        assert time.monotonic() - started < 60
+    finally:
+        step.kill()
+        cluster.shutdown()
