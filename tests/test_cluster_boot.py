@@ -315,12 +315,26 @@ def test_ray_up_again_restarts_mlflow_and_ray_and_keeps_the_runs(rehearsal):
     _check_runs(r, "una", trials=2)
 
 
-def test_down_backs_the_mlflow_database_up_to_the_bucket(rehearsal):
+def _mlflow_on(node: nodes.Node) -> list[str]:
+    """The MLflow server processes running in ``node`` (its network namespace's)."""
+    found = []
+    for pid in subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split():
+        try:
+            found += [pid] if b"mlflow server" in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") else []
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
+def test_down_backs_the_mlflow_database_up_to_the_bucket_and_stops_mlflow(rehearsal):
+    """Your own machines keep running after ``down``: their MLflow server stops with Ray."""
     r = rehearsal
+    assert _mlflow_on(r.head)
     proc = r.run("python -m platform.cluster down -y", timeout=900)
     assert proc.returncode == 0, _log(r)
     keys = [o["Key"] for o in r.s3().list_objects_v2(Bucket=BUCKET).get("Contents", [])]
     assert any(k.endswith("mlflow.db") for k in keys), keys
+    wait_for("MLflow to stop on the head", lambda: not _mlflow_on(r.head), timeout=90)
 
 
 def _check_runs(r, experiment: str, trials: int) -> None:
