@@ -86,6 +86,10 @@ MLFLOW_DBS = ("rds", "head")
 CLUSTER_NAME = re.compile(r"(?=.{1,40}$)[a-z](?:-?[a-z0-9])*")
 # What both providers run of cluster.yaml: the commands, in Ray's order, and what is synced.
 FIRST_ADDRESS = "$(hostname -I | awk '{print $1}')"  # the head's own address in cluster.yaml's start commands
+# On your own machines the head is often a GPU box too: it offers its GPUs (Ray finds them) and its
+# CPUs but those the driver, the corpus statistics, the final evaluation and MLflow use.
+HEAD_RESERVED_CPUS = 4
+LOCAL_HEAD_CPUS = f"--num-cpus=$(( $(nproc) > {HEAD_RESERVED_CPUS} ? $(nproc) - {HEAD_RESERVED_CPUS} : 0 ))"
 SHARED = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
           "head_start_ray_commands", "worker_start_ray_commands", "file_mounts", "rsync_exclude", "cluster_synced_files",
           "idle_timeout_minutes")
@@ -198,7 +202,8 @@ def render_local(config: Path, env_file: Path, out: Path, hosts: Hosts) -> Path:
     """``config``'s commands, file mounts and synced files, unchanged, for Ray's on-premise provider
     (``provider: type: local``): the head and workers are ``hosts``' machines, reached over SSH as
     ``hosts.user`` with ``hosts.key``. Ray's local provider has one worker type: the workers' setup
-    picks the lock by their hardware (cluster.yaml), so GPU and CPU machines can be mixed."""
+    picks the lock by their hardware (cluster.yaml), so GPU and CPU machines can be mixed. The head
+    offers its GPUs and its CPUs beyond ``HEAD_RESERVED_CPUS`` (AWS's head offers none)."""
     values = read_settings(env_file, "local")
     cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
     local = {key: cfg[key] for key in SHARED if key in cfg}
@@ -207,7 +212,8 @@ def render_local(config: Path, env_file: Path, out: Path, hosts: Hosts) -> Path:
                  auth={"ssh_user": hosts.user, "ssh_private_key": str(hosts.key)})
     # MLflow and the nodes' environment at the address the user gave the head: a machine on several
     # networks lists another one first in `hostname -I`.
-    local["head_start_ray_commands"] = [c.replace(FIRST_ADDRESS, hosts.head) for c in local["head_start_ray_commands"]]
+    local["head_start_ray_commands"] = [c.replace(FIRST_ADDRESS, hosts.head).replace("--num-cpus=0", LOCAL_HEAD_CPUS)
+                                        for c in local["head_start_ray_commands"]]
     return write_rendered(local, config, {PROVIDER: "local"}, out, values.get("NODE_PYTHON"))
 
 

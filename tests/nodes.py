@@ -68,8 +68,8 @@ DIFFERENCES = (
     "the nodes' AWS credentials are static keys in ~/.aws, not the instance profiles' temporary ones over IMDSv2",
     "the image's python3, which only bootstraps uv, is Debian's 3.11, not Ubuntu 22.04's 3.10",
     "no node is stopped and started again (cache_stopped_nodes): Ray's on-premise provider never stops one",
-    "one node type, so the head's resources: {CPU: 0, GPU: 0} is not applied: the head offers no CPU through "
-    "ray start --num-cpus=0 alone",
+    "one node type, so the head's resources: {CPU: 0, GPU: 0} is not applied: the head offers no CPU because "
+    "your own head keeps HEAD_RESERVED_CPUS (4) of its 2 for the driver and MLflow (platform.cluster.render_local)",
     "one address per node, where an AWS node has a public one (the launcher's) and a private one (the cluster's)",
 )
 

@@ -461,7 +461,7 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     from ray.autoscaler._private.local.config import prepare_local
     from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig
 
-    from platform.cluster import FIRST_ADDRESS, SHARED, Hosts, node_settings, render_local
+    from platform.cluster import FIRST_ADDRESS, LOCAL_HEAD_CPUS, SHARED, Hosts, node_settings, render_local
 
     key = tmp_path / "id_ed25519"
     key.write_text("not read here")
@@ -474,7 +474,8 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     for field in SHARED:
         if field.endswith("_commands") and field in aws:
             # after the line that writes what up learnt; the head's own address is the one --head gave
-            assert [c.replace("10.1.0.2", FIRST_ADDRESS) for c in local[field][1:]] == aws[field][1:], field
+            assert [c.replace("10.1.0.2", FIRST_ADDRESS).replace(LOCAL_HEAD_CPUS, "--num-cpus=0")
+                    for c in local[field][1:]] == aws[field][1:], field
         elif field in aws:
             assert local[field] == aws[field], field
     schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
@@ -491,6 +492,32 @@ def test_your_own_machines_run_the_same_commands(tmp_path, cli):
     proc = cli("cluster", "render", "--provider", "local", "--env-file", str(_env_file(tmp_path, SSH_ALLOWED_CIDR=None)),
                "--head", "10.1.0.2", "--ssh-key", str(key))
     assert proc.returncode == 2 and "MLFLOW_DB=head" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_your_own_head_machine_offers_its_gpus_and_the_cpus_it_can_spare(tmp_path):
+    """A lab's head is often a GPU box: on your own machines the head's Ray offers its GPUs (found by
+    Ray) and its CPUs but the driver's and MLflow's ``HEAD_RESERVED_CPUS``, none on a small machine.
+    The flag as the start command's shell expands it, for a 16-core and a 2-core head (``nproc``
+    answering as each would)."""
+    from platform.cluster import HEAD_RESERVED_CPUS, Hosts, render_local
+
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read here")
+    local = yaml.safe_load(render_local(ROOT / "cluster.yaml", _env_file(tmp_path, SSH_ALLOWED_CIDR=None, MLFLOW_DB="head"),
+                                        tmp_path / "l.yaml", Hosts("10.1.0.2", (), "alice", key)).read_text())
+    start = " ".join(local["head_start_ray_commands"])
+    flag = re.search(r"--num-cpus=(\$\(\(.*?\)\))", start)
+    assert flag and "--num-gpus" not in start, start
+    offered = {}
+    for cores in (16, 2):
+        bin_dir = tmp_path / f"bin-{cores}"
+        bin_dir.mkdir()
+        (bin_dir / "nproc").write_text(f"#!/bin/sh\necho {cores}\n")
+        (bin_dir / "nproc").chmod(0o755)
+        offered[cores] = subprocess.run(["bash", "-c", f"echo {flag[1]}"], capture_output=True, text=True, check=True,
+                                        env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout.strip()
+    assert offered == {16: str(16 - HEAD_RESERVED_CPUS), 2: "0"}
+    assert "--num-cpus=0" in " ".join(_config()["head_start_ray_commands"])  # AWS's head: an m6i, no training
 
 
 def test_the_nodes_python_is_one_setting(tmp_path, cli):
