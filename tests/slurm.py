@@ -35,7 +35,6 @@ DIFFERENCES = (
     "both nodes share this machine's 2 cores (each offers 2 CPUs)",
     "the walltime warning is sent with scancel --signal=USR1 --batch, as Slurm's --signal=B:USR1 sends it, "
     "not by waiting for the time limit",
-    "a requeued job is started at once (scontrol update StartTime=now), not after Slurm's ~2-minute BeginTime hold",
 )
 
 

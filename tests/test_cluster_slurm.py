@@ -3,7 +3,7 @@ real Slurm (``tests/slurm.py``: Debian's slurmctld here, a slurmd in each of two
 this machine's disk as the shared filesystem, each node's /tmp its own). How it differs from a
 site's Slurm: ``tests/slurm.py``'s ``DIFFERENCES`` (and docs/cluster.md).
 
-One sweep (4 trials, 2 at a time: a Train worker of 1.5 CPUs fits once on a node of 2, beside its
+One sweep (6 trials, 2 at a time: a Train worker of 1.5 CPUs fits once on a node of 2, beside its
 data pipeline's 0.25-CPU tasks) is requeued twice mid-way (``scontrol requeue``, then the walltime
 warning as Slurm's ``--signal=B:USR1`` sends it). Read from its outcome:
 
@@ -29,6 +29,8 @@ import pytest
 from tests.helpers import ROOT, sets, wait_for
 
 pytestmark = pytest.mark.scenario
+
+SAMPLES = 6  # the sweep's trials, 2 at a time
 
 
 @pytest.fixture(scope="module")
@@ -125,35 +127,25 @@ def log(out: Path, job: str) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def release(slurm, job: str, restarts: int) -> None:
-    """Start the job's ``restarts``-th start now: Slurm holds a requeued job ~2 minutes first
-    (Reason=BeginTime; ``DIFFERENCES``)."""
-    state = wait_for(f"job {job} to be requeued", lambda: (s := job_state(slurm, job)).get("Restarts") == str(restarts)
-                     and s.get("JobState") in ("PENDING", "RUNNING") and s, timeout=300)
-    if state["JobState"] == "PENDING":
-        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-
-
 @pytest.fixture(scope="module")
 def requeued(slurm, shared):
-    """One sweep (4 trials, 2 at a time, one Train worker per node) requeued twice mid-way: by
+    """One sweep (6 trials, 2 at a time, one Train worker per node) requeued twice mid-way: by
     ``scontrol requeue`` (what a preemption does) after a trial finished, then by the walltime warning
     after another. The trials finished before each requeue, the job's final state and its log."""
-    job, out = submit(slurm, shared, "sweep", 4, 24)
+    job, out = submit(slurm, shared, "sweep", SAMPLES, 24)
 
     def finished() -> dict[str, int]:
         return {r["tags"]["trial_id"]: r["end_time"] for r in trials(out) if r["status"] == "FINISHED"}
 
     first = wait_for("a trial to finish", finished, timeout=900)
     assert slurm.run("scontrol", "requeue", job).returncode == 0
-    release(slurm, job, 1)
     wait_for("the second start to resume the sweep",
              lambda: re.search(r"^slurm: running .* --resume$", log(out, job), re.M), timeout=600)
     second = wait_for("another trial to finish", lambda: len(finished()) > len(first) and finished(), timeout=900)
-    assert len(second) < 4  # two at a time: the fourth is still to come
+    # Two at a time, and MLflow's shared copy up to 30 s behind: a pair may finish within one copy.
+    assert len(second) < SAMPLES - 1  # two trials still to come
     assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0  # as --signal=B:USR1@S sends it
     wait_for("the job to requeue itself", lambda: f"slurm: job {job} requeued" in log(out, job), timeout=600)
-    release(slurm, job, 2)
     state = wait_done(slurm, job, 1200)
     return {"job": job, "out": out, "first": first, "second": second, "state": state, "log": log(out, job)}
 
@@ -192,7 +184,7 @@ def test_a_sweep_requeued_twice_finishes_with_every_trial_record_intact(requeued
     assert state["Restarts"] == "2", state
     assert len(re.findall(r"^slurm: running .* --resume$", text, re.M)) == 2, text[-8000:]
     found = trials(out)
-    assert len(found) == 4 and all(r["status"] == "FINISHED" for r in found), found
+    assert len(found) == SAMPLES and all(r["status"] == "FINISHED" for r in found), found
     assert not [r for r in runs(out) if r["status"] == "RUNNING"]
     ends = {r["tags"]["trial_id"]: r["end_time"] for r in found}
     assert all(ends[t] == end for t, end in {**requeued["first"], **requeued["second"]}.items()), (requeued, ends)
