@@ -62,7 +62,7 @@ DIFFERENCES = (
     "locks until the node's first apt-get has waited on them, as they do on a fresh Ubuntu",
     "Ray's autoscaler v1 (platform.cluster sets RAY_UP_enable_autoscaler_v2=0 for --provider local: v2 has no "
     "on-premise provider), where ray up on AWS starts v2; v2's reading of the bootstrapped config is checked in "
-    "tests/test_cluster_aws.py, its launches on AWS nowhere",
+    "tests/test_cluster_aws.py, and its launcher's launch, stop and reuse of a worker on the emulator",
     "MLflow's database is SQLite on the head (MLFLOW_DB=head), not the default RDS PostgreSQL whose password the "
     "head reads from SSM through its role (tests/test_cluster_aws.py and tests/test_postgres.py check those parts)",
     "the nodes' AWS credentials are static keys in ~/.aws, not the instance profiles' temporary ones over IMDSv2",
@@ -253,12 +253,12 @@ open("{APT_BUSY_LOG}", "w").write(f"apt-get ran {{seen:.0f}} s after boot while 
 
 
 class Node:
-    """One machine: ``start()`` boots it (sshd answering), ``stop()`` ends every process in it and
-    removes what it wrote."""
+    """One machine: ``start()`` boots it (sshd answering, apt's locks held as ``APT_BUSY`` does),
+    ``stop()`` ends every process in it and removes what it wrote."""
 
     def __init__(self, name: str, number: int, network: Network, base: Path, caches: dict[str, Path],
-                 authorized_key: str, files: dict[str, str] | None = None, apt_busy: bool = False):
-        self.name, self.network, self.apt_busy = name, network, apt_busy
+                 authorized_key: str, files: dict[str, str] | None = None):
+        self.name, self.network = name, network
         self.ip = f"{network.subnet}.{number}"
         self.netns = f"p{network.tag}{name}"
         self.veth = f"v{network.tag}{number}"
@@ -293,9 +293,8 @@ class Node:
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "hosts").write_text(f"127.0.0.1 localhost\n{self.ip} {self.name}\n")
         (etc / "resolv.conf").write_text("# no resolver: names come from /etc/hosts\n")
-        if self.apt_busy:
-            (self.base / "upper" / "usr" / "local" / "sbin").mkdir(parents=True, exist_ok=True)
-            (self.base / "upper" / "usr" / "local" / "sbin" / "apt-busy").write_text(APT_BUSY)
+        (self.base / "upper" / "usr" / "local" / "sbin").mkdir(parents=True, exist_ok=True)
+        (self.base / "upper" / "usr" / "local" / "sbin" / "apt-busy").write_text(APT_BUSY)
         _run("ip", "netns", "add", self.netns)
         _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _run("ip", "link", "set", self.veth, "master", self.network.bridge, "up")
@@ -311,8 +310,8 @@ class Node:
             f"mount --rbind /dev {self.root}/dev; mount -t tmpfs -o size=8g tmpfs {self.root}/dev/shm; "
             f"mount -t tmpfs -o mode=1777 tmpfs {self.root}/tmp; mount -t tmpfs -o mode=755 tmpfs {self.root}/run; "
             f"mkdir -p {self.root}/run/sshd; {binds}"
-            + (f"chroot {self.root} python3 /usr/local/sbin/apt-busy > /dev/null 2>&1 & " if self.apt_busy else "")
-            + f"hostname {self.name}; exec chroot {self.root} /usr/sbin/sshd -D -e"
+            f"chroot {self.root} python3 /usr/local/sbin/apt-busy > /dev/null 2>&1 & "
+            f"hostname {self.name}; exec chroot {self.root} /usr/sbin/sshd -D -e"
         )
         log = open(self.base / "node.log", "w")
         self.proc = subprocess.Popen(

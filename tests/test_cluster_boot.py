@@ -126,7 +126,7 @@ class Rehearsal:
         caches = {nodes.NODE_WHEELS: nodes.wheels(), nodes.NODE_PYTHON: nodes.python_standin(PYTHON)}
         for number, name in ((2, "head"), (3, "worker")):
             node = nodes.Node(name, number, self.network, self.base / "nodes", caches, public,
-                              {".aws/config": aws_config, ".aws/credentials": aws_credentials}, apt_busy=True)
+                              {".aws/config": aws_config, ".aws/credentials": aws_credentials})
             self.nodes.append(node)
             node.start()
         return self
