@@ -18,6 +18,7 @@ import resource
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -145,6 +146,59 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
+def _cpu_ticks() -> dict[int, tuple[int, int]]:
+    """Each live process's (parent pid, user+system clock ticks), read from /proc."""
+    ticks = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            ticks[int(stat.parent.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return ticks
+
+
+class Beside:
+    """The cores that processes outside this run's own process tree kept busy while it ran, sampled
+    from /proc twice a second: what "alone on the machine" means, measured rather than claimed. It
+    undercounts: a process's last half second before it ends is missed."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        self.every, self.other_ticks, self.stop = every, 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _ours(self, ticks: dict[int, tuple[int, int]]) -> set[int]:
+        ours, me = set(), os.getpid()
+        for pid in ticks:
+            chain, seen = pid, 0
+            while chain > 1 and seen < 64 and chain != me:
+                chain, seen = ticks.get(chain, (0, 0))[0], seen + 1
+            if chain == me:
+                ours.add(pid)
+        return ours
+
+    def _sample(self) -> None:
+        before = _cpu_ticks()
+        while not self.stop.wait(self.every):
+            now = _cpu_ticks()
+            ours = self._ours(now)
+            # A process new since the last sample spent all its ticks within the interval.
+            self.other_ticks += sum(max(0, t - before.get(pid, (0, 0))[1]) for pid, (_, t) in now.items()
+                                    if pid not in ours)
+            before = now
+
+    def __enter__(self) -> "Beside":
+        self.started = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.cores = self.other_ticks / os.sysconf("SC_CLK_TCK") / max(time.perf_counter() - self.started, 1e-9)
+
+
+ALONE_BELOW = 0.1  # other processes' mean busy cores under which a run counts as alone on the machine
+
+
 def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dict[str, Any]:
     """One run of a case, its record appended to ``results/<case>.jsonl`` and returned."""
     case = load(name)
@@ -155,9 +209,9 @@ def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dic
     load_before = os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
-    with contextlib.redirect_stdout(tee):
+    with contextlib.redirect_stdout(tee), Beside() as beside:
         case.run(args, bench)
-    Bench.sync()
+        Bench.sync()
     peak = {"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "peak_children_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}
     torch = sys.modules.get("torch")
@@ -171,6 +225,7 @@ def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dic
               # The 1-minute load average (cores busy) before and after: above ~0.5 before, something
               # else ran beside the case and its timings carry that.
               "load": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
+              "beside": {"other_cores": round(beside.cores, 3), "alone": beside.cores < ALONE_BELOW},
               "figures": bench.figures, "ratios": bench.ratios, "tables": tables_of(output),
               "lines": [line for line in output.splitlines() if line.strip() and not line.startswith("|")][-40:]}
     results.mkdir(parents=True, exist_ok=True)
@@ -253,10 +308,15 @@ def _render(record: dict[str, Any]) -> list[str]:
                f"{env.get('machine', '?')}. The command that re-measures it now, on a GPU machine:", "",
                f"    {record['command']}", ""]
     else:
-        load_before = record.get("load", {}).get("before")
+        load_before, beside = record.get("load", {}).get("before"), record.get("beside")
+        if beside:
+            company = ("alone on the machine" if beside["alone"] else "not alone") + \
+                f" (other processes kept {beside['other_cores']:.2f} cores busy on average)"
+        else:
+            company = f"load {load_before} before it ran; what ran beside it was not measured" if load_before is not None else ""
         out = [f"Measured {record['date'][:10]} on {env.get('machine', '?')}"
                + (f", torch {env['packages']['torch']}" if env.get("packages", {}).get("torch") else "")
-               + (f", load {load_before} before it ran" if load_before is not None else "") + ":", "",
+               + (f", {company}" if company else "") + ":", "",
                f"    {record['command']}", ""]
     if record.get("ratios"):
         out += ["| ratio | value | target |", "|---|---|---|"]

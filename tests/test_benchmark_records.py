@@ -91,3 +91,17 @@ def test_an_imported_record_stands_only_for_a_gpu_case_measured_on_a_gpu(tmp_pat
         "paper-precision: an imported record (2000-01-01) that is not a GPU case's GPU measurement: re-run it with "
         "the harness",
         "una: an imported record (2000-01-01) that is not a GPU case's GPU measurement: re-run it with the harness"]
+
+
+def test_a_record_measures_what_ran_beside_it_not_its_own_processes():
+    """``alone`` in a record is measured: the cores that processes outside the run's own tree kept
+    busy. A busy child of the run counts for nothing; a busy process of someone else's counts."""
+    from benchmarks.harness import ALONE_BELOW, Beside
+
+    with Beside() as own:
+        subprocess.run(["timeout", "2", "sh", "-c", "while :; do :; done"])
+    with Beside() as other:  # the shell exits at once: its busy loop belongs to init, not to this run
+        subprocess.run(["sh", "-c", "(timeout 3 sh -c 'while :; do :; done' &)"])
+        subprocess.run(["sleep", "3.2"])
+    assert own.cores < ALONE_BELOW
+    assert other.cores > 0.5
