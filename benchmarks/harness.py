@@ -157,12 +157,13 @@ def _cpu_ticks() -> dict[int, tuple[int, int]]:
 
 
 class Beside:
-    """The cores that processes outside this run's own process tree kept busy while it ran, sampled
+    """The cores that processes outside this run's own process tree kept busy while it ran (and
+    that the tree did), sampled
     from /proc twice a second: what "alone on the machine" means, measured rather than claimed. It
     undercounts: a process's last half second before it ends is missed."""
 
     def __init__(self, every: float = 0.5) -> None:
-        self.every, self.other_ticks, self.stop = every, 0, threading.Event()
+        self.every, self.own_ticks, self.other_ticks, self.stop = every, 0, 0, threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _ours(self, ticks: dict[int, tuple[int, int]]) -> set[int]:
@@ -180,9 +181,12 @@ class Beside:
         while not self.stop.wait(self.every):
             now = _cpu_ticks()
             ours = self._ours(now)
-            # A process new since the last sample spent all its ticks within the interval.
-            self.other_ticks += sum(max(0, t - before.get(pid, (0, 0))[1]) for pid, (_, t) in now.items()
-                                    if pid not in ours)
+            for pid, (_, ticks) in now.items():  # a process new since the last sample: all its ticks are new
+                spent = max(0, ticks - before.get(pid, (0, 0))[1])
+                if pid in ours:
+                    self.own_ticks += spent
+                else:
+                    self.other_ticks += spent
             before = now
 
     def __enter__(self) -> "Beside":
@@ -193,7 +197,8 @@ class Beside:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join()
-        self.cores = self.other_ticks / os.sysconf("SC_CLK_TCK") / max(time.perf_counter() - self.started, 1e-9)
+        seconds = os.sysconf("SC_CLK_TCK") * max(time.perf_counter() - self.started, 1e-9)
+        self.cores, self.own_cores = self.other_ticks / seconds, self.own_ticks / seconds
 
 
 ALONE_BELOW = 0.1  # other processes' mean busy cores under which a run counts as alone on the machine
@@ -225,7 +230,8 @@ def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dic
               # The 1-minute load average (cores busy) before and after: above ~0.5 before, something
               # else ran beside the case and its timings carry that.
               "load": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
-              "beside": {"other_cores": round(beside.cores, 3), "alone": beside.cores < ALONE_BELOW},
+              "beside": {"other_cores": round(beside.cores, 3), "own_cores": round(beside.own_cores, 3),
+                         "alone": beside.cores < ALONE_BELOW},
               "figures": bench.figures, "ratios": bench.ratios, "tables": tables_of(output),
               "lines": [line for line in output.splitlines() if line.strip() and not line.startswith("|")][-40:]}
     results.mkdir(parents=True, exist_ok=True)

@@ -23,11 +23,10 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
-from methods.encoder import POOLERS, Encoder, batch_tokens, dropout_override, pad_cat, shared_tokenizer, token_arrays
+from methods.encoder import POOLERS, Encoder, dropout_override, pad_cat
 from methods.ingredients import (KINDS, Draws, EncoderIngredient, Ingredient, InvalidParams, Params, StepOutputs, check,
                                  cited)
 from methods.losses import Negative, Views, gather_with_grad, rank, world_size
@@ -378,9 +377,6 @@ class Recipe:
             out.update(ingredient.tensor_columns(batch, device))
         return out
 
-    def step_inputs(self, tokenizer: str, max_len: int, static: bool = False) -> "StepInputs":
-        return StepInputs(self, tokenizer, max_len, static)
-
     # -- model ----------------------------------------------------------------------------------
 
     def build(self, encoder: Encoder, max_len: int = 32, batch_size: int = 0) -> RecipeModel:
@@ -585,59 +581,6 @@ class Recipe:
             total = total + term
             metrics.update(extra)
         return total, metrics
-
-
-class StepInputs:
-    """What ``Recipe.loss`` takes, made on the host away from the step, in two halves:
-
-    - ``arrays`` (in the data pipeline, per epoch): each text column tokenised to fixed-width ids
-      and lengths, the recipe's other step columns as numbers;
-    - ``collate`` (per batch, in a prefetching thread): flat CPU tensors, each text column cut to
-      its longest row, which is exactly what ``Encoder.tokenize`` (``padding=True``) gives, or
-      padded to ``max_len`` when ``static`` (every step the same shapes, for a compiled step);
-
-    then ``nest`` on the step's device. Only names travel: each process loads the tokenizer once.
-    """
-
-    SEP = "/"  # a text column's arrays and tensors are ``<column>/<key>``
-
-    def __init__(self, recipe: Recipe, tokenizer: str, max_len: int, static: bool = False):
-        self.recipe, self.tokenizer, self.max_len, self.static = recipe, tokenizer, max_len, static
-
-    def arrays(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        tokenizer = shared_tokenizer(self.tokenizer)
-        encoder = self.recipe.encoder
-        out = {}
-        for column in self.recipe.text_columns:
-            ids, lengths = token_arrays(tokenizer, [encoder.prepare(str(s)) for s in batch[column]],
-                                        encoder.token_width(self.max_len))
-            out[f"{column}{self.SEP}input_ids"], out[f"{column}{self.SEP}length"] = ids, lengths
-        out.update({name: t.numpy() for name, t in self.recipe.tensor_columns(batch, None).items()})
-        return out
-
-    def collate(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        types = "token_type_ids" in shared_tokenizer(self.tokenizer).model_input_names
-        out: dict[str, torch.Tensor] = {}
-        for column in self.recipe.text_columns:
-            made = batch_tokens(arrays[f"{column}{self.SEP}input_ids"], arrays[f"{column}{self.SEP}length"], types,
-                                width=self.recipe.encoder.token_width(self.max_len) if self.static else None)
-            out.update({f"{column}{self.SEP}{key}": t for key, t in made.items()})
-        tokenised = {f"{c}{self.SEP}{k}" for c in self.recipe.text_columns for k in ("input_ids", "length")}
-        out.update({k: torch.as_tensor(v) for k, v in arrays.items() if k not in tokenised})
-        return out
-
-    @classmethod
-    def nest(cls, flat: dict[str, torch.Tensor], device=None) -> dict[str, Any]:
-        """``{column: {input_ids, ...}, tensor column: tensor}`` on ``device`` (None: where they are)."""
-        out: dict[str, Any] = {}
-        for key, t in flat.items():
-            t = t.to(device, non_blocking=True) if device is not None else t
-            column, sep, part = key.partition(cls.SEP)
-            if sep:
-                out.setdefault(column, {})[part] = t
-            else:
-                out[key] = t
-        return out
 
 
 def _split(x: torch.Tensor, roles: list[str], n: int) -> dict[str, torch.Tensor]:

@@ -35,14 +35,12 @@ import torch
 from methods.encoder import Encoder
 from platform import storage
 from platform.errors import DataError
+from platform.tracking.names import DEV_METRIC
 
 STATE = "state.json"
 MODEL = "model"
 TRAIN_STATE = "train_state.pt"
 POINTS = "metrics.json"
-DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman x100: what checkpoints and runs are selected by
-# Wang & Isola's alignment and uniformity of the STS-B dev embeddings, logged beside it at each evaluation.
-DEV_GEOMETRY = {"alignment": "stsb_dev_alignment", "uniformity": "stsb_dev_uniformity"}
 PREFIX = "checkpoint_"
 STATE_KIND, MODEL_KIND = "state", "model"
 

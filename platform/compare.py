@@ -39,7 +39,8 @@ from platform.evaluate import resolve_model
 from platform.evaluation import uncertainty
 from platform.evaluation.sts import STSEvaluator
 from platform.tracking import store
-from platform.tracking.recorder import BEST_CHECKPOINT_TAG, Run
+from platform.tracking.names import BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, sts
+from platform.tracking.recorder import Run
 
 COMPARISONS_EXPERIMENT = "comparisons"
 ROWS = [*STS_TASKS, "avg"]
@@ -58,19 +59,19 @@ class Result:
 
 
 def _scores(metrics: dict[str, float]) -> dict[str, float]:
-    return {t: metrics[f"sts_{t}"] for t in ROWS if f"sts_{t}" in metrics}
+    return {t: metrics[sts(t)] for t in ROWS if sts(t) in metrics}
 
 
 def from_run(uri: str, run, label: str) -> Result:
     """A run's result: a sweep's is its winning configuration's; a run with seeds, its seeds'."""
     client = store.client(uri)
-    if run.data.tags.get("best_run_id") and run.data.tags.get("sweep") == "true":
-        run = client.get_run(run.data.tags["best_run_id"])
-    seeds = {int(r.data.tags["seed"]): _scores(r.data.metrics)
-             for r in store.child_runs(uri, run.info.run_id, "attributes.status = 'FINISHED'") if "seed" in r.data.tags}
+    if run.data.tags.get(BEST_RUN_ID_TAG) and run.data.tags.get(SWEEP_TAG) == "true":
+        run = client.get_run(run.data.tags[BEST_RUN_ID_TAG])
+    seeds = {int(r.data.tags[SEED_TAG]): _scores(r.data.metrics)
+             for r in store.child_runs(uri, run.info.run_id, "attributes.status = 'FINISHED'") if SEED_TAG in r.data.tags}
     if not seeds:
         seeds = {int(run.data.params.get("seed", 0)): _scores(run.data.metrics)}
-    model = run.data.tags.get("model") or run.data.params.get("model", "")
+    model = run.data.tags.get(MODEL_TAG) or run.data.params.get("model", "")
     return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get(BEST_CHECKPOINT_TAG),
                   int(run.data.params.get("seed", 0) or 0))
 
@@ -90,7 +91,7 @@ def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
     runs = store.client(uri).search_runs([e.experiment_id for e in store.client(uri).search_experiments()],
                                          filter_string=f"attributes.run_name = '{reference}' and attributes.status = 'FINISHED'",
                                          order_by=["attributes.start_time DESC"], max_results=10)
-    runs = [r for r in runs if store.PARENT_TAG not in r.data.tags]
+    runs = [r for r in runs if PARENT_TAG not in r.data.tags]
     if not runs:
         raise UserError(f"{reference!r} is no checkpoint path, runs:/ or models:/ reference, nor the name of a finished "
                         f"run or sweep in {store.redact(uri)}")

@@ -35,7 +35,8 @@ from platform import checkpoint, storage
 from platform.storage import cache_root
 from platform.run.final_evaluation import beside_table, cached_baseline
 from platform.tracking import recorder, store
-from platform.tracking.recorder import BEST_CHECKPOINT_TAG, Run
+from platform.tracking.names import BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG
+from platform.tracking.recorder import Run
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
 TASK_GROUPS = {"sts": list(STS_TASKS), "clustering": ["cluster:TREC"],
@@ -256,7 +257,7 @@ def log_scores(run_id: str, scores: dict[str, float], mteb_folder: Path | None =
     if mteb_folder is not None:
         for result in sorted(mteb_folder.glob("*.json")):
             run.log_file(result, "mteb")
-        run.set_tags({"mteb_benchmark": benchmark or "tasks"})
+        run.set_tags({MTEB_BENCHMARK_TAG: benchmark or "tasks"})
     print(f"logged {', '.join(logged) or 'nothing (no transfer, clustering or MTEB task)'} to MLflow run {run_id}")
 
 

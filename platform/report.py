@@ -27,7 +27,9 @@ from platform.evaluation import uncertainty
 from platform.evaluation.sts import geometry_figure
 from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
-from platform.tracking.recorder import DEV_METRIC, Run, trial_key
+from platform.tracking.names import (BEST_RUN_ID_TAG, BEST_SEED_TAG, DEV_METRIC, METHOD_TAG, MODEL_TAG, PARENT_TAG, PROFILE_TAG,
+                                     RECIPE_TAG, SEED_TAG, SEEDS_TAG, STS_AVG, SWEEP_TAG, sts)
+from platform.tracking.recorder import Run, trial_key
 
 REPORTS_EXPERIMENT = "reports"
 
@@ -39,10 +41,10 @@ def seed_averages(uri: str, run) -> list[float]:
 
 def seed_scores(uri: str, run) -> dict[int, float]:
     """``seed -> 7-task average`` of a result's seeds (a sweep's: its winning trial's), by seed."""
-    winner = run.data.tags.get("best_run_id")
+    winner = run.data.tags.get(BEST_RUN_ID_TAG)
     result = store.client(uri).get_run(winner) if winner else run
-    return {int(leaf.data.tags.get("seed", leaf.data.params.get("seed", i))): leaf.data.metrics["sts_avg"]
-            for i, leaf in enumerate(leaf_runs(uri, result)) if "sts_avg" in leaf.data.metrics}
+    return {int(leaf.data.tags.get(SEED_TAG, leaf.data.params.get("seed", i))): leaf.data.metrics[STS_AVG]
+            for i, leaf in enumerate(leaf_runs(uri, result)) if STS_AVG in leaf.data.metrics}
 
 
 def experiments(uri: str, names: list[str] | None = None) -> list:
@@ -62,7 +64,7 @@ def result_runs(uri: str, experiment_ids: list[str]) -> list:
     """Finished top-level runs (a training run, a run with seeds, a sweep) that hold a 7-task
     table: their nested seed and trial runs are parts of them, not results of their own."""
     runs = store.client(uri).search_runs(experiment_ids, filter_string="attributes.status = 'FINISHED'", max_results=5000)
-    return [r for r in runs if store.PARENT_TAG not in r.data.tags and "sts_avg" in result_metrics(r)]
+    return [r for r in runs if PARENT_TAG not in r.data.tags and STS_AVG in result_metrics(r)]
 
 
 def result_metrics(run) -> dict[str, float]:
@@ -92,7 +94,7 @@ def log_report(uri: str, name: str, tags: dict[str, str], frame, files: list[Pat
 
 def recipe_name(run) -> str:
     """A paper's name for its own recipe; the ingredients for a combination or a changed recipe."""
-    method, recipe = run.data.tags.get("method", "?"), run.data.tags.get("recipe", "")
+    method, recipe = run.data.tags.get(METHOD_TAG, "?"), run.data.tags.get(RECIPE_TAG, "")
     if method in NAMED:
         named = NAMED[method]
         own = {named.resolve(f).describe() for f in ("paper", "authors_code")}
@@ -102,7 +104,7 @@ def recipe_name(run) -> str:
 
 def backbone(run) -> str:
     """The backbone's name: a local folder's last part, a hub model's name without its pinned revision."""
-    model = run.data.tags.get("model") or run.data.params.get("model", "?")
+    model = run.data.tags.get(MODEL_TAG) or run.data.params.get("model", "?")
     if "/" in model and Path(model).exists():
         return Path(model).name
     return model.rpartition("@")[0] or model
@@ -124,18 +126,18 @@ def best_per_recipe(runs) -> list:
 def row_of(uri: str, run) -> dict:
     """A result's numbers: means under the column names, spreads under ``<column> std``."""
     m = result_metrics(run)
-    row = {"recipe": recipe_name(run), "backbone": backbone(run), "seeds": int(run.data.tags.get("seeds", 1)),
-           "kind": "sweep" if run.data.tags.get("sweep") == "true" else "run"}
+    row = {"recipe": recipe_name(run), "backbone": backbone(run), "seeds": int(run.data.tags.get(SEEDS_TAG, 1)),
+           "kind": "sweep" if run.data.tags.get(SWEEP_TAG) == "true" else "run"}
     for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS):
-        row[column] = m.get(f"sts_{task}")
-        if f"sts_{task}_std" in m:
-            row[f"{column} std"] = m[f"sts_{task}_std"]
+        row[column] = m.get(sts(task))
+        if sts(task) + "_std" in m:
+            row[f"{column} std"] = m[sts(task) + "_std"]
     row["seed averages"] = seed_scores(uri, run)  # what the uncertainty sections resample
     if (row["recipe"], row["backbone"]) in BEST_OF:  # the paper's number is a maximum: so is this one
         per_seed = list(row["seed averages"].values())
         row["Avg. max"], row["max of seeds"] = (max(per_seed), len(per_seed)) if per_seed else (None, 0)
-    row["smoke"] = smoke_reason(run.data.tags.get("profile") or run.data.params.get("profile", ""),
-                                run.data.tags.get("model") or run.data.params.get("model", ""))
+    row["smoke"] = smoke_reason(run.data.tags.get(PROFILE_TAG) or run.data.params.get("profile", ""),
+                                run.data.tags.get(MODEL_TAG) or run.data.params.get("model", ""))
     # The untouched backbone with the same pooler, as the run's final evaluation scored it.
     row["baseline"] = {column: m[f"vs_backbone/baseline_sts_{task}"] for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS)
                        if f"vs_backbone/baseline_sts_{task}" in m} or None
@@ -391,9 +393,9 @@ def geometry_plot(uri: str, frame, path: Path) -> Path | None:
     client = store.client(uri)
     for row in frame.to_dict("records"):
         run = client.get_run(row["run_id"])
-        result = client.get_run(run.data.tags["best_run_id"]) if run.data.tags.get("best_run_id") else run
+        result = client.get_run(run.data.tags[BEST_RUN_ID_TAG]) if run.data.tags.get(BEST_RUN_ID_TAG) else run
         found = geometry_trajectories(uri, result.info.run_id)
-        best = result.data.tags.get("best_seed")
+        best = result.data.tags.get(BEST_SEED_TAG)
         name = next((n for n in found if best and n.endswith(f"seed{best}")), next(iter(found), None))
         if name:
             trajectories[f"{row['recipe']} ({row['backbone']})"] = found[name]

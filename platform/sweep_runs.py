@@ -22,8 +22,10 @@ from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import STS_TASKS
-from platform.tracking.recorder import (BEST, BEST_CHECKPOINT_TAG, DEV_METRIC, SENDER_TAG, STORAGE_TAG, WORK_DONE_TAG, Run, TrackingUnavailable,
-                                        winner_key)
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, DEV_METRIC, NOTE_TAG, PARENT_TAG,
+                                     REGISTERED_MODEL_TAG, SEARCHED_TAG, SEEDS_TAG, SENDER_TAG, STEP, STOPPED_BY_SCHEDULER_TAG,
+                                     STORAGE_TAG, SWEEP_TAG, TRAIN_LOSS, TRIAL_ID_TAG, WINNER, WORK_DONE_TAG, sts, vs_backbone)
+from platform.tracking.recorder import Run, TrackingUnavailable, winner_key
 
 SWEEP_STATE = "platform_sweep.json"
 POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow
@@ -82,18 +84,18 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
     name = f"{base.method}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = storage.join(base.output_dir, name)
     seeds = identity["seeds"]
-    tags = {**(extra_tags or {}), **unit.run_tags(base), "sweep": "true", STORAGE_TAG: folder,
-            **({"seeds": str(seeds)} if seeds > 1 else {})}
+    tags = {**(extra_tags or {}), **unit.run_tags(base), SWEEP_TAG: "true", STORAGE_TAG: folder,
+            **({SEEDS_TAG: str(seeds)} if seeds > 1 else {})}
     parent = Run.create(uri, experiment or base.method, name, tags)
     # The parent is not a trial: its params are the recipe and the space searched (the base
     # configuration is an artifact), the winner goes to its tags, description and best.* metrics.
     parent.log_params({"recipe": base.recipe.describe(), "profile": base.profile, **spec.as_params(),
                        **({"seeds": seeds} if seeds > 1 else {})})
     parent.log_dict(base.flat(), "sweep_config.json")
-    parent.set_tags({"searched": ",".join(spec.space)})
+    parent.set_tags({SEARCHED_TAG: ",".join(spec.space)})
     parent.log_corpus(base.corpus, corpus.digest, corpus.num_sentences)
     store.save_runs_view(uri, parent.experiment_id, sweep_summary.view_key(parent.id), f"{name}: trials by {DEV_METRIC}",
-                         f"tags.`{store.PARENT_TAG}` = '{parent.id}'", [base.param_key(k) for k in spec.space], BEST)
+                         f"tags.`{PARENT_TAG}` = '{parent.id}'", [base.param_key(k) for k in spec.space], BEST)
     state = {"parent_run_id": parent.id, "method": base.method, "expected_trials": spec.expected_trials(), **identity}
     storage.write_text(storage.join(folder, SWEEP_STATE), json.dumps(state, default=str))
     return parent, folder
@@ -141,9 +143,9 @@ class TrialRuns:
         self.sweep = dataclasses.replace(self.sweep, uri=store.tracking_uri())
 
     def received(self, trial_id: str, result: dict[str, Any]) -> None:
-        if DEV_METRIC in result and "step" in result:
-            numbers = {k: float(result[k]) for k in (DEV_METRIC, BEST, "train_loss_avg") if k in result}
-            self.evaluations.setdefault(trial_id, []).append((int(result["step"]), numbers))
+        if DEV_METRIC in result and STEP in result:
+            numbers = {k: float(result[k]) for k in (DEV_METRIC, BEST, TRAIN_LOSS) if k in result}
+            self.evaluations.setdefault(trial_id, []).append((int(result[STEP]), numbers))
 
     def open(self, trial_id: str, config: dict[str, Any]) -> None:
         sweep = self.sweep
@@ -154,7 +156,7 @@ class TrialRuns:
             Run.reopen(sweep.uri, found[0].info.run_id, in_trial=True)
             return
         cfg = sweep.base.with_values(config, source="search space")
-        Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), "trial_id": trial_id},
+        Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), TRIAL_ID_TAG: trial_id},
                    parent=Run(sweep.uri, sweep.parent), in_trial=True)
 
     def ended(self, trial_id: str) -> None:
@@ -217,7 +219,7 @@ class TrialRuns:
                         best = checkpoint.best_under(fit_folder)
                     best = best.checkpoint if best else None
                 reason = "completed" if done else outcome
-                extra = {"stopped_by_scheduler": "true"} if reason == "stopped" else None
+                extra = {STOPPED_BY_SCHEDULER_TAG: "true"} if reason == "stopped" else None
                 status = Run(sweep.uri, r.info.run_id).end(reason, best, only_if_running=True, tags=extra)
                 if r is found:
                     self.describe(r.info.run_id)
@@ -229,9 +231,9 @@ class TrialRuns:
         """The trial's description, from what its run holds now (a tracking outage: left without)."""
         sweep = self.sweep
         try:
-            searched = (store.client(sweep.uri).get_run(sweep.parent).data.tags.get("searched") or "").split(",")
+            searched = (store.client(sweep.uri).get_run(sweep.parent).data.tags.get(SEARCHED_TAG) or "").split(",")
             run = store.client(sweep.uri).get_run(run_id)
-            Run(sweep.uri, run_id).set_tags({store.NOTE_TAG: sweep_summary.trial_note(sweep.uri, run, [k for k in searched if k])})
+            Run(sweep.uri, run_id).set_tags({NOTE_TAG: sweep_summary.trial_note(sweep.uri, run, [k for k in searched if k])})
         except Exception as exc:  # noqa: BLE001 - a description never fails the sweep it describes
             print(f"note: trial run {run_id} was not described ({one_line(exc, 160)})", flush=True)
 
@@ -240,7 +242,7 @@ class TrialRuns:
         run still open ends as Tune's saved state has its trial: stopped (TERMINATED), failed
         (ERROR), else interrupted (KILLED; ``--resume`` runs the trial again in the same run)."""
         for found in store.child_runs(self.sweep.uri, self.sweep.parent, "attributes.status = 'RUNNING'"):
-            trial_id = found.data.tags.get("trial_id", "")
+            trial_id = found.data.tags.get(TRIAL_ID_TAG, "")
             self.close(trial_id, {"TERMINATED": "stopped", "ERROR": "failed"}.get(states.get(trial_id, ""), "interrupted"))
 
     def callback(self):
@@ -290,7 +292,7 @@ def trial_line(uri: str, parent: str, trial_id: str) -> str:
     if not found:
         return f"[trial {trial_id}] ended"
     run = found[0]
-    early = " (stopped early by the scheduler)" if run.data.tags.get("stopped_by_scheduler") == "true" else ""
+    early = " (stopped early by the scheduler)" if run.data.tags.get(STOPPED_BY_SCHEDULER_TAG) == "true" else ""
     best = run.data.metrics.get(BEST)
     return f"[trial {trial_id}] {run.info.status}{early}" + (f", best {DEV_METRIC} {best:.2f}" if best is not None else "")
 
@@ -320,7 +322,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     result = unit.read_result(best)
     step = checkpoint.read_state_at(result.checkpoint)["step"]
     won = {k: ranked[0].data.params.get(sweep.base.param_key(k)) for k in spec.space}
-    recorder.name_best(parent, result.checkpoint, {"best_run_id": best.id, **{f"best.{k}": v for k, v in won.items()}})
+    recorder.name_best(parent, result.checkpoint, {BEST_RUN_ID_TAG: best.id, **{WINNER + k: v for k, v in won.items()}})
     wall, cpu = time.perf_counter(), time.process_time()
     unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)
     baseline = result.baseline
@@ -328,11 +330,11 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
         print(f"the end of the sweep (7 STS tasks, baseline, export, registry): {time.perf_counter() - wall:.1f} s, "
               f"{time.process_time() - cpu:.1f} s of it the driver's CPU", flush=True)
     # At the best checkpoint's step, each once: the winner's numbers, and the comparison with the backbone.
-    numbers = {winner_key(k): v for k, v in {**result.dev, **{f"sts_{k}": v for k, v in (result.scores or {}).items()}}.items()}
+    numbers = {winner_key(k): v for k, v in {**result.dev, **{sts(k): v for k, v in (result.scores or {}).items()}}.items()}
     if baseline:
         tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in result.scores]
-        numbers.update({f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks})
-        numbers.update({f"vs_backbone/delta_sts_{t}": result.scores[t] - baseline[t] for t in tasks})
+        numbers.update({vs_backbone(t, "baseline"): baseline[t] for t in tasks})
+        numbers.update({vs_backbone(t, "delta"): result.scores[t] - baseline[t] for t in tasks})
         parent.log_text(final_evaluation.beside_block(sweep_summary.best_backbone(result.checkpoint), baseline, result.scores),
                         "sts_vs_backbone.md")
     recorder.log_results(parent, numbers, step)
@@ -344,9 +346,9 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
             recorder.log_results(parent, cluster_aws.billed_hours(settings.get(settings.CLUSTER), since))
     except Exception as exc:  # noqa: BLE001 - an account of costs never fails the sweep that it accounts
         print(f"note: the sweep's node-hours were not recorded ({one_line(exc, 160)})", flush=True)
-    registered = best.info().data.tags.get("registered_model", "")
-    parent.set_tags({"registered_model": registered,
-                     store.NOTE_TAG: sweep_summary.sweep_note(sweep.uri, parent, best, won, registered, result, baseline, notes)})
-    best.set_tags({store.NOTE_TAG: sweep_summary.winner_note(sweep.uri, parent, best, registered, result, baseline, list(spec.space))})
+    registered = best.info().data.tags.get(REGISTERED_MODEL_TAG, "")
+    parent.set_tags({REGISTERED_MODEL_TAG: registered,
+                     NOTE_TAG: sweep_summary.sweep_note(sweep.uri, parent, best, won, registered, result, baseline, notes)})
+    best.set_tags({NOTE_TAG: sweep_summary.winner_note(sweep.uri, parent, best, registered, result, baseline, list(spec.space))})
     sweep_summary.closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)
     return result.checkpoint

@@ -14,13 +14,13 @@ import textwrap
 from pathlib import Path
 
 from platform import checkpoint
-from platform.checkpoint import DEV_METRIC
 from platform.console import as_number, format_frame, short
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run import final_evaluation
 from platform.space import SearchSpace
 from platform.tracking import store
-from platform.tracking.recorder import BEST, Run
+from platform.tracking.names import BEST, DEV_METRIC, STEP, STOPPED_BY_SCHEDULER_TAG, STS_AVG, TRIAL_ID_TAG, RESUMED_FINISHED, sts
+from platform.tracking.recorder import Run
 
 
 # A trial's status in the words of its MLflow run and of the console's trial lines.
@@ -35,10 +35,10 @@ def trial_table(results, spec: SearchSpace, total_steps: int):
     for result in results:
         metrics = result.metrics or {}
         config = getattr(result, "config", None) or {}
-        step = metrics.get("step")
+        step = metrics.get(STEP)
         if result.error is not None:
             status = FAILED
-        elif metrics.get("resumed_finished_trial") or (step is not None and step >= total_steps):
+        elif metrics.get(RESUMED_FINISHED) or (step is not None and step >= total_steps):
             status = FINISHED
         else:
             status = STOPPED_EARLY  # by the scheduler (ASHA), or never reported
@@ -229,13 +229,13 @@ def grid_frame(runs, param: str, key: str | None = None):
 
     rows = []
     for run in runs:
-        if key not in run.data.params or f"sts_{STS_TASKS[0]}" not in run.data.metrics:
+        if key not in run.data.params or sts(STS_TASKS[0]) not in run.data.metrics:
             continue
         value = as_number(run.data.params[key])
-        row = {param: value, **{SHORT_NAMES[t]: run.data.metrics.get(f"sts_{t}") for t in STS_TASKS}}
-        row["Avg."] = run.data.metrics.get("sts_avg")
-        if "sts_avg_std" in run.data.metrics:  # a grid with seeds: each value's mean, and its spread
-            row["Avg. std"] = run.data.metrics["sts_avg_std"]
+        row = {param: value, **{SHORT_NAMES[t]: run.data.metrics.get(sts(t)) for t in STS_TASKS}}
+        row["Avg."] = run.data.metrics.get(STS_AVG)
+        if STS_AVG + "_std" in run.data.metrics:  # a grid with seeds: each value's mean, and its spread
+            row["Avg. std"] = run.data.metrics[STS_AVG + "_std"]
         rows.append(row)
     frame = pd.DataFrame(rows)
     return frame.sort_values(param).reset_index(drop=True) if len(frame) else frame
@@ -358,9 +358,9 @@ def trial_note(uri: str, run, searched: list[str]) -> str:
     trained = max((m.step for m in c.get_metric_history(run.info.run_id, "train_loss")), default=0)
     ended = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "interrupted (resumable with --resume)"}.get(
         run.info.status, run.info.status.lower())
-    if run.data.tags.get("stopped_by_scheduler") == "true":
+    if run.data.tags.get(STOPPED_BY_SCHEDULER_TAG) == "true":
         ended = "stopped early by the scheduler (ASHA); its best checkpoint is kept"
-    lines = [f"**Trial {run.data.tags.get('trial_id', '')}** of a sweep: {values or 'no searched value'}."]
+    lines = [f"**Trial {run.data.tags.get(TRIAL_ID_TAG, '')}** of a sweep: {values or 'no searched value'}."]
     if dev:
         top = max(dev, key=lambda m: (m.value, -m.step))
         lines.append(f"**Best STS-B dev** (Spearman x100): {top.value:.2f} at step {top.step}, "

@@ -23,7 +23,8 @@ from platform.errors import UserError, cli_main
 from platform.run import unit
 from platform.run.fit import release
 from platform.tracking import hub, store
-from platform.tracking.recorder import BEST, DEV_METRIC, STORAGE_TAG, Run
+from platform.tracking.names import BEST, DEV_METRIC, PARENT_TAG, SEEDS_TAG, STORAGE_TAG
+from platform.tracking.recorder import Run
 
 HELP = f"""Train one configuration of a recipe and track it in MLflow.
 
@@ -101,7 +102,7 @@ def new_run(uri: str, cfg: TrainConfig, corpus, seeds: int, experiment: str | No
     name = name or f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     location = storage.join(cfg.output_dir, name)
     tags = {**(extra_tags or {}), **unit.run_tags(cfg), STORAGE_TAG: location,
-            **({"seeds": str(seeds)} if seeds > 1 else {})}
+            **({SEEDS_TAG: str(seeds)} if seeds > 1 else {})}
     run = Run.create(uri, experiment or cfg.method, name, tags)
     run.log_config(cfg, {"seeds": seeds} if seeds > 1 else None)
     run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
@@ -113,7 +114,7 @@ def resumable_run(uri: str, cfg: TrainConfig, seeds: int, name_or_id: str, exper
     """The id of the run ``--resume`` names, once it is known to be resumable with ``cfg``."""
     found = store.find_run(uri, experiment or cfg.method, name_or_id)
     name = found.info.run_name
-    if store.PARENT_TAG in found.data.tags:
+    if PARENT_TAG in found.data.tags:
         raise UserError(f"--resume {name_or_id}: run {name} is part of another run (a seed or a trial); resume that one")
     unit.check_stopped(f"run {name}", found)
     if STORAGE_TAG not in found.data.tags:

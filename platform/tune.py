@@ -29,7 +29,8 @@ from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.sweep_runs import Sweep, TrialRuns, finish_sweep, new_sweep, resumable_sweep, sweep_state, trial_runs
 from platform.tracking import hub, store
-from platform.tracking.recorder import BEST, DEV_METRIC, Run
+from platform.tracking.names import BEST, BEST_RUN_ID_TAG, DEV_METRIC, RESUMED_FINISHED, RESUMED_TAG, STEP
+from platform.tracking.recorder import Run
 
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
 
@@ -53,9 +54,9 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
     if found.info.status == "FINISHED":  # it finished just before the sweep stopped: reported again, not trained twice
         metrics = found.data.metrics
         ray.tune.report({DEV_METRIC: metrics[BEST], **{k: v for k, v in metrics.items() if k.startswith(BEST)},
-                         "resumed_finished_trial": 1})
+                         RESUMED_FINISHED: 1})
         return
-    run = Run(sweep.uri, found.info.run_id, found.info.run_name, resumed="platform.resumed" in found.data.tags,
+    run = Run(sweep.uri, found.info.run_id, found.info.run_name, resumed=RESUMED_TAG in found.data.tags,
               in_trial=True, experiment_id=found.info.experiment_id)
     with run.closing():
         # Its columns were generated before the trials (searched SAN scales, AugCSE sets): read here.
@@ -69,7 +70,7 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
         run.complete(result.checkpoint)
     if sweep.seeds > 1:  # the mean over seeds, reported once the work is done: the scheduler may end the trial on it
         ray.tune.report({DEV_METRIC: result.dev[BEST], **result.dev, "seeds": sweep.seeds,
-                         "step": result.fits[0].result.metrics.get("step")})
+                         STEP: result.fits[0].result.metrics.get(STEP)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
               "(and the same arguments)", flush=True)
         raise
     if args.push_to_hub:
-        hub.push(uri, parent.info().data.tags["best_run_id"], args.push_to_hub)
+        hub.push(uri, parent.info().data.tags[BEST_RUN_ID_TAG], args.push_to_hub)
     return 0
 
 

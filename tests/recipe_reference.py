@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from methods.recipe import Recipe
+from platform.data.pipeline import StepInputs
 
 SENTENCES = [
     "a man is playing a guitar .", "the cat sleeps on the mat .", "stocks fell sharply on monday .",
@@ -84,7 +85,7 @@ def recipe_build(method: str, params: dict, encoder):
 
     def loss_fn(model, _columns, step):
         # The training loop's path: arrays made in the data pipeline, collated per batch.
-        inputs = recipe.step_inputs(str(encoder.tokenizer.name_or_path), 32)
+        inputs = StepInputs(recipe, str(encoder.tokenizer.name_or_path), 32)
         return recipe.loss(model, inputs.nest(inputs.collate(inputs.arrays(columns))), step)
 
     return model, loss_fn

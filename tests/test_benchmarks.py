@@ -51,4 +51,5 @@ def test_every_case_runs_at_its_smoke_size_and_appends_one_record(case, tmp_path
     assert len(env["commit"]) == 40 and env["python"] == sys.version.split()[0] and env["cores"] >= 1
     assert env["packages"]["torch"] and env["packages"]["ray"] and env["machine"]
     assert record["wall_s"] > 0 and record["peak_rss_mib"] > 0
+    assert record["beside"]["own_cores"] > 0 and isinstance(record["beside"]["alone"], bool), record["beside"]
     assert record["figures"] or record["ratios"] or record["tables"], record

@@ -8,6 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from methods.encoder import Encoder, WeightLoadError, pool, resolve_backbone
 from methods.recipe import Recipe
+from platform.data.pipeline import StepInputs
 
 SENTS = ["a man is playing a guitar .", "the weather is nice today", "ok"]
 
@@ -120,7 +121,7 @@ def test_step_inputs_are_what_tokenize_gives(tiny_model):
 
     enc = Encoder.from_pretrained(str(tiny_model))
     recipe = Recipe.named("augcse", augmentations="random_swap,random_delete")
-    inputs = recipe.step_inputs(str(tiny_model), 8)
+    inputs = StepInputs(recipe, str(tiny_model), 8)
     batch = {"sentence": ["a man is playing a guitar on a stage tonight .", "ok", "the cat"],
              "augmented": ["", "ok ok", "cat the"], "aug_label": ["random_swap", NO_AUGMENTATION, "random_delete"]}
     arrays = inputs.arrays(batch)

@@ -10,6 +10,7 @@ import torch
 
 from methods.encoder import Encoder
 from methods.recipe import unwrap
+from platform.data.pipeline import StepInputs
 from tests.recipe_reference import CASES, COLUMNS, NEGATIVES, close, recipe_build, summarise
 
 
@@ -35,7 +36,7 @@ def _step(case: str, tiny_model, dropout: float, mini: int | None, extra: dict |
     torch.manual_seed(1)
     model, _ = recipe_build(method, {**params, **(extra or {})}, encoder)
     recipe = _recipe_of(method, {**params, **(extra or {})})
-    inputs = recipe.step_inputs(str(encoder.tokenizer.name_or_path), 32)
+    inputs = StepInputs(recipe, str(encoder.tokenizer.name_or_path), 32)
     columns = {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES, "soft_negative": NEGATIVES}
     batch = inputs.nest(inputs.collate(inputs.arrays(columns)))
     model.train()
@@ -118,7 +119,7 @@ def test_the_training_loop_takes_mini_batch_size(tiny_model, tmp_path):
         torch.manual_seed(1)
         model, _ = recipe_build(method, params, encoder)
         recipe = _recipe_of(method, params)
-        inputs = recipe.step_inputs(str(tiny_model), 32)
+        inputs = StepInputs(recipe, str(tiny_model), 32)
         batch = inputs.nest(inputs.collate(inputs.arrays(COLUMNS)))
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         loss, _ = forward_backward(recipe, model, batch, step, mini, contextlib.nullcontext(), scaler, 1)

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from platform.tracking.recorder import BEST, Run, closing_status
+from platform.tracking.names import BEST
+from platform.tracking.recorder import Run, closing_status
 from tests.helpers import assert_user_error, sets
 
 
@@ -212,7 +213,7 @@ def test_the_best_checkpoint_is_the_first_to_reach_the_best_score(tmp_path):
 
 def _saved_run(uri: str, output_dir, config: dict, status: str = "KILLED") -> Run:
     from platform.run import unit
-    from platform.tracking.recorder import STORAGE_TAG
+    from platform.tracking.names import STORAGE_TAG
 
     run = Run.create(uri, "simcse", "simcse-20260101-000000", {STORAGE_TAG: str(output_dir / "simcse-20260101-000000")})
     unit.save_state(str(output_dir / "simcse-20260101-000000"), {"run_id": run.id, "config": config, "seeds": 1})
@@ -275,7 +276,7 @@ def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation(mlflo
     was killed while step 24's points were queued. Tune's reports (the sweep callback's
     ``on_trial_result``) complete the run: every evaluation once, the values the worker sent kept."""
     from platform.tracking import recorder
-    from platform.tracking.recorder import DEV_METRIC
+    from platform.tracking.names import DEV_METRIC
     from platform.tracking.store import client
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
@@ -318,7 +319,7 @@ def test_a_trial_tune_ended_closes_once_the_process_sending_its_points_has_ended
 
     from platform import sweep_runs
     from platform.run.ray_env import init_ray
-    from platform.tracking.recorder import DEV_METRIC, SENDER_TAG
+    from platform.tracking.names import DEV_METRIC, SENDER_TAG
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
     trials = {t: Run.create(mlflow_uri, "una", f"trial-{t}", {"trial_id": t}, parent=parent, in_trial=True)
@@ -333,7 +334,8 @@ def test_a_trial_tune_ended_closes_once_the_process_sending_its_points_has_ended
             def __init__(self, uri, run_id):
                 import ray as ray_here
 
-                from platform.tracking.recorder import SENDER_TAG as TAG, StepLog
+                from platform.tracking.names import SENDER_TAG as TAG
+                from platform.tracking.recorder import StepLog
 
                 self.log = StepLog(uri, run_id, tags={TAG: ray_here.get_runtime_context().get_actor_id()})
 

@@ -10,6 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from methods.losses import gather_with_grad, info_nce
+from platform.data.pipeline import StepInputs
 from tests.helpers import leave_process_group
 from tests.reference import slow_info_nce
 
@@ -96,7 +97,7 @@ def _batch(method, model_dir, rows: slice):
 
     columns = {k: v[rows] for k, v in {**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES,
                                        "soft_negative": NEGATIVES}.items()}
-    inputs = method.step_inputs(str(model_dir), 32)
+    inputs = StepInputs(method, str(model_dir), 32)
     return inputs.nest(inputs.collate(inputs.arrays(columns)))
 
 

@@ -15,6 +15,7 @@ from methods.prompt import (COTBERT_ANCHOR, COTBERT_NEGATIVE, PROMPTBERT_ANCHOR,
                             end_with_punctuation, template_bias, template_tokens, wrap)
 from methods.recipe import Recipe
 from methods.sncse import SoftNegatives, bidirectional_margin_loss, negation
+from platform.data.pipeline import StepInputs
 from tests.reference import (authors_prompt_ids, authors_template, convert_to_negation, cotbert_noise,
                              promptbert_delta, slow_bml, slow_cot, sncse_ids)
 
@@ -80,7 +81,7 @@ def test_the_step_puts_each_view_in_its_template(tiny_model):
     tok = load_tokenizer(str(tiny_model))
     recipe = Recipe.named("cotbert")
     model = recipe.build(Encoder.from_pretrained(str(tiny_model)))
-    inputs = recipe.step_inputs(str(tiny_model), 32)
+    inputs = StepInputs(recipe, str(tiny_model), 32)
     batch = inputs.nest(inputs.collate(inputs.arrays({"sentence": np.array(SENTENCES, dtype=object)})))
     (only,) = recipe._passes(model, batch, 0)
     assert only.roles == ["anchor", "positive", "template_negative:0"]

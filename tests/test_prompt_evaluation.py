@@ -17,6 +17,7 @@ from methods.prompt import template_bias, wrap
 from methods.recipe import Recipe
 from platform.config import TrainConfig
 from platform.evaluation.sts import STSEvaluator
+from platform.data.pipeline import StepInputs
 from tests.helpers import build_tiny_roberta, recipe_of
 from tests.reference import (MASKS, TEST_SPECS, authors_mask_rows, authors_template, authors_test_text,
                              promptbert_delta, promptbert_dev_embeddings)
@@ -141,7 +142,7 @@ def _cot_step(tiny_model, sentences, **values):
     torch.manual_seed(0)  # the same MLP head for every model built here
     recipe = Recipe.named("cotbert", **values)
     model = recipe.build(Encoder.from_pretrained(str(tiny_model), dropout=0.0), 32, len(sentences))
-    inputs = recipe.step_inputs(str(tiny_model), 32)
+    inputs = StepInputs(recipe, str(tiny_model), 32)
     batch = inputs.nest(inputs.collate(inputs.arrays({"sentence": np.array(sentences, dtype=object)})))
     loss, _ = recipe.loss(model, batch, 0)
     loss.backward()

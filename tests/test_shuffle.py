@@ -114,12 +114,12 @@ def test_ray_data_hands_the_step_the_tensors_the_local_pipeline_makes(local_ray,
     import torch
 
     from methods.una import fit_tfidf
-    from platform.data.pipeline import epoch_datasets
+    from platform.data.pipeline import StepInputs, epoch_datasets
 
     sentences = [f"the {w} cat sat on the {v} mat number {i}" + " again" * (i % 7) for i, (w, v) in
                  enumerate(itertools.product(["black", "white", "grey", "tall"], ["red", "blue", "green", "old"]))] * 4
     recipe, states = Recipe.named("una", r=2), {"una": fit_tfidf(sentences)}
-    inputs = recipe.step_inputs(str(tiny_model), 12)  # short enough that long rows are truncated
+    inputs = StepInputs(recipe, str(tiny_model), 12)  # short enough that long rows are truncated
     ds = epoch_datasets(recipe, {"sentence": sentences}, states, epochs=1, seed=3, inputs=inputs)["train_0"]
     got = [inputs.nest(b) for b in ds.iter_torch_batches(batch_size=16, drop_last=True, collate_fn=ray_collate(inputs))]
     cfg = TrainConfig.build("una", "local", {"batch_size": 16, "num_workers": 1, "seed": 3})

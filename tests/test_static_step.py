@@ -9,6 +9,7 @@ import torch
 from methods.encoder import Encoder
 from methods.recipe import Recipe
 from platform.run.loop import compile_backbone
+from platform.data.pipeline import StepInputs
 from tests.recipe_reference import CASES, COLUMNS, NEGATIVES, summarise
 
 # Without random draws in the encoder (dropout 0, SAN's p2 0, the discriminator's dropout 0): masks
@@ -27,7 +28,7 @@ def _step(case: str, tiny_model, static: bool, compiled: bool = False, leak: boo
     model = recipe.build(encoder)
     if compiled:  # Dynamo's graph and AOTAutograd's backward, without inductor's C++ build (~40 s here)
         compile_backbone(model, "default", backend="aot_eager")
-    inputs = recipe.step_inputs(str(tiny_model), 32, static=static)
+    inputs = StepInputs(recipe, str(tiny_model), 32, static=static)
     batch = inputs.nest(inputs.collate(inputs.arrays({**COLUMNS, "una_negative": NEGATIVES, "san_negative": NEGATIVES})))
     if leak:  # the padding unmasked
         batch = {k: {**v, "attention_mask": torch.ones_like(v["attention_mask"])} if isinstance(v, dict) else v

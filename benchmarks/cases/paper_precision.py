@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from platform.config import TrainConfig
+from platform.data.pipeline import StepInputs
 from benchmarks.common import random_bert
 from benchmarks.harness import Bench, Case
 
@@ -122,7 +123,7 @@ def steps_of(cfg: TrainConfig, corpus, steps: int) -> dict:
     torch.manual_seed(derive_seed(cfg.seed, "dropout", rt.rank))
     optimizer, schedule = make_optimizer(cfg, recipe, model, steps)
     autocast, scaler = mixed_precision(cfg.precision, rt.device)
-    inputs = recipe.step_inputs(cfg.model, cfg.max_len, static=cfg.static_shapes)
+    inputs = StepInputs(recipe, cfg.model, cfg.max_len, static=cfg.static_shapes)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     losses, norms, skipped, step, t0 = [], [], 0, 0, None

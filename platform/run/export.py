@@ -16,7 +16,9 @@ from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run.final_evaluation import beside_block, device_of, on_device
 from platform.tracking import model_registry, recorder
-from platform.tracking.recorder import BEST, DEV_METRIC, Run
+from platform.tracking.names import (BEST, BEST_STEP_TAG, DEV_METRIC, EXPORT_TAG, GIT_COMMIT_TAG, LOGGED_MODEL_TAG, METHOD_TAG,
+                                     RECIPE_TAG, REGISTERED_MODEL_TAG, STEP, sts)
+from platform.tracking.recorder import Run
 from platform.tracking.store import git_commit, load_code, redact, ui_route
 
 
@@ -63,12 +65,12 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
                           DEV_METRIC: dev, **(tags or {})}, indent=2)
     model_uri, why = on_device(export_model, location, run.uri, run.id, card, results, name, device=device_of(state))
     if model_uri is None:
-        run.set_tags({"sentence_transformers_export": f"skipped: {why}"})
+        run.set_tags({EXPORT_TAG: f"skipped: {why}"})
     else:
-        recorder.link_to_model(run, model_uri.split("/", 1)[1], [f"sts_{k}" for k in scores] + [BEST])
+        recorder.link_to_model(run, model_uri.split("/", 1)[1], [sts(k) for k in scores] + [BEST])
         register(run, model_uri, name, state, scores, dev, tags,
                  Registration(corpus, baseline, searched or {}, seeds))
-    run.set_tags({"best_step": str(state["step"])})
+    run.set_tags({BEST_STEP_TAG: str(state["step"])})
 
 
 def _cites(config: dict) -> list[str]:
@@ -94,21 +96,21 @@ def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str,
     ``champion`` alias moves as ``model_registry.champion_verdict`` says."""
     about = about or Registration()
     config = state.get("config", {})
-    version_tags = {"recipe": state["recipe"], "method": state["method"], "git_commit": git_commit(),
+    version_tags = {RECIPE_TAG: state["recipe"], METHOD_TAG: state["method"], GIT_COMMIT_TAG: git_commit(),
                     **model_registry.lineage(config.get("model", ""), config.get("profile", ""), about.corpus),
-                    "step": str(state["step"]), **{f"sts_{k}": f"{v:.4f}" for k, v in scores.items()},
+                    STEP: str(state["step"]), **{sts(k): f"{v:.4f}" for k, v in scores.items()},
                     **{f"searched.{k}": str(v) for k, v in about.searched.items()}, **(tags or {})}
     try:
         version, champion = model_registry.register_encoder(run.uri, name, model_uri, run.id, dev, version_tags)
     except model_registry.RegistryUnavailable as exc:  # e.g. a file store: the model stays logged in the run
-        run.set_tags({"registered_model": f"skipped: {exc}"})
+        run.set_tags({REGISTERED_MODEL_TAG: f"skipped: {exc}"})
         print(f"note: model logged in run {run.id}, not registered ({exc})", flush=True)
         return
     load = f"models:/{name}@{model_registry.CHAMPION}" if champion is True else f"models:/{name}/{version}"
     model_registry.describe_version(run.uri, name, version, version_description(run, name, version, state, scores, dev,
                                                                           about, load))
-    run.set_tags({"registered_model": f"{name}/{version}"})
-    run.set_tags({"logged_model": model_uri})
+    run.set_tags({REGISTERED_MODEL_TAG: f"{name}/{version}"})
+    run.set_tags({LOGGED_MODEL_TAG: model_uri})
     verdict = "now the champion" if champion is True else f"the champion stays: {champion}"
     print(f"registered {name} version {version} ({DEV_METRIC} {dev:.2f}), {verdict}", flush=True)
     print(f"  load it: python -c \"{load_code(run.uri, f'models:/{name}/{version}')}\""

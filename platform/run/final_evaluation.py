@@ -16,10 +16,10 @@ from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
 from platform.storage import cache_root, cached, encoder_key, entry_key
 from platform.evaluation.mteb_tasks import metric, mteb_model, tasks_of
 from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
-from platform.checkpoint import DEV_GEOMETRY
 from platform.evaluation.sts import GEOMETRY, STSEvaluator, format_table, geometry_figure, with_mean
 from platform.run.ray_env import started_here
 from platform.tracking import recorder, store
+from platform.tracking.names import BASELINE_TAG, DEV_GEOMETRY, MTEB_BENCHMARK_TAG, sts, vs_backbone
 from platform.tracking.recorder import Run
 
 
@@ -140,7 +140,7 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False, alone: bool = Fal
     scores = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state), alone=alone)
     if not quiet:
         print(format_table(scores), flush=True)
-    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()}, state["step"])
+    recorder.log_results(run, {sts(k): v for k, v in scores.items()}, state["step"])
     return scores
 
 
@@ -192,9 +192,9 @@ def against_baseline(run: Run, location: str, scores: dict[str, float], quiet: b
             print("\n".join(beside_table(backbone, baseline, scores, GEOMETRY)), flush=True)
         if why:
             print(f"note: a smoke test, not a result ({why})", flush=True)
-    recorder.log_results(run, {**{f"vs_backbone/baseline_sts_{t}": baseline[t] for t in tasks},
-                               **{f"vs_backbone/delta_sts_{t}": scores[t] - baseline[t] for t in tasks}}, state["step"])
-    run.set_tags({"baseline": f"{backbone} (pooler {pooler}) STS avg {baseline['avg']:.2f}"} if "avg" in baseline else {})
+    recorder.log_results(run, {**{vs_backbone(t, "baseline"): baseline[t] for t in tasks},
+                               **{vs_backbone(t, "delta"): scores[t] - baseline[t] for t in tasks}}, state["step"])
+    run.set_tags({BASELINE_TAG: f"{backbone} (pooler {pooler}) STS avg {baseline['avg']:.2f}"} if "avg" in baseline else {})
     return baseline
 
 
@@ -286,7 +286,7 @@ def evaluate_benchmark(run: Run, location: str, alone: bool = True) -> dict[str,
         for name, text in results.items():
             (Path(tmp) / name).write_text(text)
         run.log_folder(Path(tmp), "mteb")
-    run.set_tags({"mteb_benchmark": spec})
+    run.set_tags({MTEB_BENCHMARK_TAG: spec})
     return scores
 
 

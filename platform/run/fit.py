@@ -19,7 +19,7 @@ from platform import checkpoint, storage
 from platform.config import TrainConfig
 from platform.data import data_dir, load_sts
 from platform.data.columns import CorpusData
-from platform.data.pipeline import epoch_datasets
+from platform.data.pipeline import StepInputs, epoch_datasets
 from platform.errors import ClusterError
 from platform.run.loop import WorkerContext, train_loop_per_worker
 from platform.tracking import recorder
@@ -122,7 +122,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
     if cfg.data_pipeline == "ray":
         recipe = cfg.build_recipe()
         datasets = epoch_datasets(recipe, corpus.columns, corpus.statistics, cfg.epochs, cfg.seed, num_cpus=cfg.augment_cpus,
-                                  inputs=recipe.step_inputs(cfg.model, cfg.max_len, static=cfg.static_shapes))
+                                  inputs=StepInputs(recipe, cfg.model, cfg.max_len, static=cfg.static_shapes))
     else:  # every worker slices the same global batches: the corpus reaches it through the object store
         ctx.corpus_ref = ray.put((corpus.columns, corpus.statistics))
     trainer = TorchTrainer(

@@ -35,15 +35,17 @@ from transformers import get_constant_schedule_with_warmup, get_linear_schedule_
 
 from methods.encoder import Encoder
 from methods.ingredients import derive_seed, epoch_permutation
-from methods.recipe import Recipe, StepInputs
+from methods.recipe import Recipe
 from platform import settings
 from platform.config import TrainConfig
 from platform.data import read_corpus, resolve_corpus
 from platform.data.columns import CorpusData, prepare_corpus, resolve_local_models
 from platform.evaluation.sts import STSEvaluator
 from platform import checkpoint
-from platform.checkpoint import DEV_GEOMETRY, Position, load_points
-from platform.tracking.recorder import BEST, DEV_METRIC, SENDER_TAG, StepLog
+from platform.checkpoint import Position, load_points
+from platform.tracking.names import BEST, DEV_GEOMETRY, DEV_METRIC, SENDER_TAG, STEP, TRAIN_LOSS
+from platform.tracking.recorder import StepLog
+from platform.data.pipeline import StepInputs
 
 COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
 
@@ -68,7 +70,7 @@ def train_loop_per_worker(config: "dict[str, Any] | WorkerContext") -> dict[str,
 
     log = rt.metric_log()
     pos = start_position(rt, recipe, model, evaluator, cfg, (optimizer, schedule, scaler), log, steps)
-    inputs = recipe.step_inputs(cfg.model, cfg.max_len, static=cfg.static_shapes)
+    inputs = StepInputs(recipe, cfg.model, cfg.max_len, static=cfg.static_shapes)
     window: list[torch.Tensor] = []  # the losses since the last evaluation, on the device
     model.train()
     for epoch in range(pos.epoch, cfg.epochs):
@@ -89,12 +91,12 @@ def train_loop_per_worker(config: "dict[str, Any] | WorkerContext") -> dict[str,
             logs, evaluates = pos.step % cfg.log_steps == 0, pos.step % cfg.eval_steps == 0 or pos.step == steps
             # The step's one read from the device, and only on a step that logs or evaluates.
             read = to_host({**({"train_loss": loss.detach(), "lr_current": schedule.get_last_lr()[0], **extra} if logs else {}),
-                            **({"train_loss_avg": torch.stack(window).mean()} if evaluates else {})})
+                            **({TRAIN_LOSS: torch.stack(window).mean()} if evaluates else {})})
             pos.train_time_s += time.perf_counter() - t0  # the device's time too: reads wait for it
             if logs:
-                log({k: v for k, v in read.items() if k != "train_loss_avg"}, pos.step)
+                log({k: v for k, v in read.items() if k != TRAIN_LOSS}, pos.step)
             if evaluates:
-                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, read["train_loss_avg"], (optimizer, schedule, scaler),
+                evaluate_and_report(rt, recipe, model, evaluator, cfg, pos, read[TRAIN_LOSS], (optimizer, schedule, scaler),
                                     log, steps)
                 window = []
                 model.train()
@@ -220,7 +222,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
     """STS-B dev on rank 0 (its one console line), then the runtime's report with the checkpoint
     the policy asks for (``checkpoint.Policy``: the full state when due, the model when improved,
     else none). ``loss_avg``: the mean training loss since the last evaluation."""
-    metrics: dict[str, Any] = {"step": pos.step, "epoch": pos.epoch, "train_loss_avg": loss_avg,
+    metrics: dict[str, Any] = {STEP: pos.step, "epoch": pos.epoch, TRAIN_LOSS: loss_avg,
                                "train_time_s": pos.train_time_s}
     write, kind, improved = None, None, False
     if rt.is_chief:
@@ -236,7 +238,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
                  "eval_prompt": recipe.eval_prompt(), "config": cfg.flat()}
 
         if record:  # the best so far goes with this step's points: sent once a state holding them is persisted
-            log({DEV_METRIC: dev, BEST: pos.best, "train_loss_avg": metrics["train_loss_avg"], **geometry}, pos.step)
+            log({DEV_METRIC: dev, BEST: pos.best, TRAIN_LOSS: metrics[TRAIN_LOSS], **geometry}, pos.step)
 
         def write(folder: Path, name: str) -> None:
             if improved:
@@ -252,7 +254,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
             # Sent before the report (a few ms; at most FLUSH_S): ASHA stopping the trial on this
             # report kills its workers with no shutdown hook, and whatever was still queued.
             log.flush()
-        say(progress_line(rt.ctx.label, pos, steps, metrics["train_loss_avg"], dev, improved))
+        say(progress_line(rt.ctx.label, pos, steps, metrics[TRAIN_LOSS], dev, improved))
     rt.report(metrics, write, kind, improved, log)
 
 
@@ -445,7 +447,7 @@ class ProcessRuntime(Runtime):
             dist.barrier()
         if not (self.is_chief and kind):
             return
-        name = checkpoint.new_name(metrics["step"])
+        name = checkpoint.new_name(metrics[STEP])
         state = kind == checkpoint.STATE_KIND
         self.run_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=self.run_dir))
@@ -554,7 +556,7 @@ class RayTrainRuntime(Runtime):
     def report(self, metrics, write, kind, improved, log):
         import ray.train
 
-        kind, name = self._agree(kind, metrics["step"])
+        kind, name = self._agree(kind, metrics[STEP])
         if kind is None:
             ray.train.report(metrics)
             return

@@ -30,7 +30,9 @@ from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.tracking import recorder, store
 from platform.checkpoint import exists as checkpoint_exists
-from platform.tracking.recorder import BEST, BEST_CHECKPOINT_TAG, Run
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, BEST_SEED_TAG, DRIVER_TAG, METHOD_TAG,
+                                     MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG, SEED_TAG, SEEDS_TAG, sts)
+from platform.tracking.recorder import Run
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
 MAX_SEEDS = 100
@@ -133,15 +135,15 @@ def generate_all(base: TrainConfig, configs: list[TrainConfig], sentences: list[
 
 
 def run_tags(cfg: TrainConfig) -> dict[str, str]:
-    tags = {"method": cfg.method, "recipe": cfg.recipe.describe(), "profile": cfg.profile, "model": cfg.model}
+    tags = {METHOD_TAG: cfg.method, RECIPE_TAG: cfg.recipe.describe(), PROFILE_TAG: cfg.profile, MODEL_TAG: cfg.model}
     why = smoke_reason(cfg.profile, cfg.model)
     if why:
         tags.update(smoke="true", smoke_note=f"smoke test, not a result: {why}")
     for ingredient in cfg.build_recipe().ingredients:
         tags.update(ingredient.run_tags())
     if uses_random_mlm(cfg.ingredient_params):
-        tags["mlm_random_weights"] = "true"
-        tags["mlm_note"] = "negatives from a randomly initialised tiny MLM (offline local profile): noise, not real SAN negatives"
+        tags[MLM_RANDOM_WEIGHTS_TAG] = "true"
+        tags[MLM_NOTE_TAG] = "negatives from a randomly initialised tiny MLM (offline local profile): noise, not real SAN negatives"
     return tags
 
 
@@ -211,7 +213,7 @@ def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage
     result = ConfigResult(fits)
     if len(fits) > 1:  # one seed: its fit named the run's best checkpoint
         recorder.log_results(run, result.dev)
-        recorder.name_best(run, result.checkpoint, {"best_seed": str(result.best.seed), "seeds": str(len(fits))})
+        recorder.name_best(run, result.checkpoint, {BEST_SEED_TAG: str(result.best.seed), SEEDS_TAG: str(len(fits))})
     finalize(run, result, final)
     return result
 
@@ -233,7 +235,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, storage
         return SeedFit(seed, Run(run.uri, found.info.run_id, seed_name), _fit_result(found))  # a resumed configuration
     corpus = seed_corpus(cfg, scfg, corpus, generate=not run.in_trial)  # read only for a seed that trains
     seed_run = (Run.reopen(run.uri, found.info.run_id, run.in_trial) if found is not None
-                else run.child(seed_name, {**run_tags(scfg), "seed": str(seed)}))
+                else run.child(seed_name, {**run_tags(scfg), SEED_TAG: str(seed)}))
     with seed_run.closing():
         if found is None:
             seed_run.log_config(scfg)
@@ -250,7 +252,7 @@ def _seed_run(run: Run, seed: int):
     """The seed's run nested under ``run`` from an earlier attempt of this configuration, if any."""
     if not run.resumed:
         return None
-    found = store.child_runs(run.uri, run.id, f"tags.seed = '{seed}'", order_by=["attributes.start_time DESC"])
+    found = store.child_runs(run.uri, run.id, f"tags.{SEED_TAG} = '{seed}'", order_by=["attributes.start_time DESC"])
     return found[0] if found else None
 
 
@@ -261,12 +263,12 @@ def _fit_result(mlflow_run) -> FitResult:
 def read_result(run: Run) -> ConfigResult:
     """A finished configuration run read back from MLflow (a sweep's trial, to finalize it): its
     seed runs, or itself for one seed, and its 7-task scores when it holds the full table."""
-    seeds = [r for r in store.child_runs(run.uri, run.id, "attributes.status = 'FINISHED'") if "seed" in r.data.tags]
+    seeds = [r for r in store.child_runs(run.uri, run.id, "attributes.status = 'FINISHED'") if SEED_TAG in r.data.tags]
     mlflow_run = run.info()
-    fits = ([SeedFit(int(r.data.tags["seed"]), Run(run.uri, r.info.run_id), _fit_result(r))
-             for r in sorted(seeds, key=lambda r: int(r.data.tags["seed"]))]
+    fits = ([SeedFit(int(r.data.tags[SEED_TAG]), Run(run.uri, r.info.run_id), _fit_result(r))
+             for r in sorted(seeds, key=lambda r: int(r.data.tags[SEED_TAG]))]
             or [SeedFit(int(mlflow_run.data.params.get("seed", 0)), run, _fit_result(mlflow_run))])
-    table = {k[len("sts_"):]: v for k, v in mlflow_run.data.metrics.items() if k.startswith("sts_")}
+    table = {k[len(sts("")):]: v for k, v in mlflow_run.data.metrics.items() if k.startswith(sts(""))}
     complete = {*STS_TASKS, "avg"} <= set(table) and (len(fits) == 1 or "avg_std" in table)
     return ConfigResult(fits, table if complete else None)
 
@@ -292,7 +294,7 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
     if final == "full":
         n = len(result.fits)
         dev = result.dev
-        tags = {} if n == 1 else {"seeds": str(n), "best_seed": str(result.best.seed),
+        tags = {} if n == 1 else {SEEDS_TAG: str(n), BEST_SEED_TAG: str(result.best.seed),
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
         print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
         with still_working("export and registration"):
@@ -311,8 +313,8 @@ def evaluate_fits(run: Run, fits: list[SeedFit], alone: bool = False) -> dict[st
         return per_seed[0]
     scores = mean_std(per_seed)
     print(seed_table(per_seed, [f.seed for f in fits], scores), flush=True)
-    recorder.log_results(run, {f"sts_{k}": v for k, v in scores.items()})
-    run.set_tags({"seeds": str(len(fits))})
+    recorder.log_results(run, {sts(k): v for k, v in scores.items()})
+    run.set_tags({SEEDS_TAG: str(len(fits))})
     return scores
 
 
@@ -326,9 +328,9 @@ RUN_STATE = "platform_run.json"
 def check_stopped(what: str, found) -> None:
     """``--resume``'s refusals of a run or a sweep (its MLflow run ``found``): finished, or driven by a
     process still alive."""
-    driver = found.data.tags.get(store.DRIVER_TAG)
+    driver = found.data.tags.get(DRIVER_TAG)
     if found.info.status == "FINISHED":
-        best = f" (best run {found.data.tags['best_run_id']})" if found.data.tags.get("best_run_id") else ""
+        best = f" (best run {found.data.tags[BEST_RUN_ID_TAG]})" if found.data.tags.get(BEST_RUN_ID_TAG) else ""
         raise UserError(f"--resume: {what} finished{best}; there is nothing to resume")
     if found.info.status == "RUNNING" and store.driver_alive(driver):
         raise UserError(f"--resume: {what} is still running (process {driver.split(':')[1]}); stop it first (Ctrl-C, kill)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from platform import settings
 from platform.errors import UserError, one_line
 from platform.tracking import store
+from platform.tracking.names import EXPORT_TAG, GIT_COMMIT_TAG, HUB_COMMIT_TAG, HUB_REPO_TAG, LOGGED_MODEL_TAG, RECIPE_TAG
 
 ST_FOLDER = "model.sentence_transformer"  # where MLflow's sentence_transformers flavor keeps the model
 
@@ -49,9 +50,9 @@ def model_folder(uri: str, run_id: str, dst: Path) -> Path:
 
 
     run = store.client(uri).get_run(run_id)
-    logged = run.data.tags.get("logged_model")
+    logged = run.data.tags.get(LOGGED_MODEL_TAG)
     if not logged:
-        why = run.data.tags.get("sentence_transformers_export", "it logged no model")
+        why = run.data.tags.get(EXPORT_TAG, "it logged no model")
         raise HubError(f"--push-to-hub: run {run.info.run_name} has no sentence-transformers model to push ({why})")
     folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=logged, dst_path=str(dst), tracking_uri=uri))
     return folder / ST_FOLDER
@@ -72,12 +73,12 @@ def push(uri: str, run_id: str, repo: str) -> str:
             api = HfApi()
             url = api.create_repo(repo, repo_type="model", exist_ok=True)
             commit = api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model",
-                                       commit_message=f"{run.info.run_name}: {run.data.tags.get('recipe', '')}".strip(),
-                                       commit_description=f"MLflow run {run_id}, git commit {run.data.tags.get('git_commit', '')}")
+                                       commit_message=f"{run.info.run_name}: {run.data.tags.get(RECIPE_TAG, '')}".strip(),
+                                       commit_description=f"MLflow run {run_id}, git commit {run.data.tags.get(GIT_COMMIT_TAG, '')}")
     except (HfHubHTTPError, OSError) as exc:
         raise HubError(f"--push-to-hub {repo}: the upload failed ({one_line(exc, 200)}); the model "
-                       f"stays in MLflow as {run.data.tags.get('logged_model')}") from None
-    store.client(uri).set_tag(run_id, "hub_repo", str(url))
-    store.client(uri).set_tag(run_id, "hub_commit", commit.oid)
+                       f"stays in MLflow as {run.data.tags.get(LOGGED_MODEL_TAG)}") from None
+    store.client(uri).set_tag(run_id, HUB_REPO_TAG, str(url))
+    store.client(uri).set_tag(run_id, HUB_COMMIT_TAG, commit.oid)
     print(f"  pushed: {url} (commit {commit.oid[:10]}); load it: SentenceTransformer({repo!r})", flush=True)
     return str(url)

@@ -20,9 +20,9 @@ from pathlib import Path
 from platform.config import smoke_reason
 from platform.errors import one_line
 from platform.tracking import store
+from platform.tracking.names import DEV_METRIC, MODEL_VERSIONS_TAG, NOTE_TAG
 
 CHAMPION = "champion"
-MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # on a logged model: the registry versions made from it
 # Markdown: the alias patterns in code spans, or the UI's renderer takes <profile> for an HTML tag.
 REGISTERED_DESCRIPTION = ("Sentence encoders trained by the contrastive sentence-embedding platform. Alias "
                           "`champion`: the best STS-B dev among comparable versions (a smoke test never displaces a "
@@ -67,7 +67,7 @@ def log_encoder_model(uri: str, run_id: str, st_dir: Path, base_model: str, step
     c = store.client(uri)
     logged = c.create_logged_model(c.get_run(run_id).info.experiment_id, name=name, source_run_id=run_id,
                                    params=params, model_type="sentence-encoder",
-                                   tags={store.NOTE_TAG: without_front_matter(card)} if card else None)
+                                   tags={NOTE_TAG: without_front_matter(card)} if card else None)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
@@ -168,7 +168,7 @@ def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: floa
     if all(k in tags for k in LINEAGE):
         alias = lineage_alias(tags)
         best = _version_by_alias(c, name, alias)
-        if best is None or dev > float(best.tags.get("stsb_dev_spearman", "-inf")):
+        if best is None or dev > float(best.tags.get(DEV_METRIC, "-inf")):
             c.set_registered_model_alias(name, alias, version)
     verdict = champion_verdict(tags, dev, _version_by_alias(c, name, CHAMPION))
     if verdict is True:

@@ -39,22 +39,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from platform import settings
-from platform.checkpoint import DEV_METRIC, Best, best_under, latest_under, load_points
+from platform.checkpoint import Best, best_under, latest_under, load_points
 from platform.checkpoint import exists as checkpoint_exists
 from platform.errors import UserError, one_line
 from platform.tracking import store
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, CORPUS_SENTENCES_TAG, CORPUS_SHA256_TAG, DEV_METRIC, DRIVER_TAG,
+                                     END_REASON_TAG, GIT_COMMIT_TAG, METHOD_TAG, PARENT_TAG, RECIPE_TAG, RESUMED_TAG, WINNER,
+                                     WORK_DONE_TAG)
 
-BEST = "best_" + DEV_METRIC
-END_REASON_TAG = "platform.end_reason"
-BEST_CHECKPOINT_TAG = "best_checkpoint"  # the run's best checkpoint (a folder or URI): written by name_best only
-STORAGE_TAG = "platform.storage"  # where the run's checkpoints and resumable state live
-WORK_DONE_TAG = "platform.work_done"  # a trial's run whose work completed, for the sweep's callback to end
-# The Ray actor whose process sends the run's step metrics (a Ray Train fit's rank 0, the latest
-# attempt's): a sweep ends a trial's run once that process has ended (sweep_runs.TrialRuns).
-SENDER_TAG = "platform.points_from"
-
-
-WINNER = "best."  # a sweep's parent holds its best trial's numbers under these keys, never the trials' own
 
 
 def winner_key(key: str) -> str:
@@ -73,7 +65,7 @@ def trial_key(key: str) -> str | None:
 
 def experiment_note(tags: dict[str, str]) -> str:
     """An experiment's description (Markdown), from the tags of its first run."""
-    method, recipe = tags.get("method", "?"), tags.get("recipe", "")
+    method, recipe = tags.get(METHOD_TAG, "?"), tags.get(RECIPE_TAG, "")
     return (f"Sentence encoders trained with the **{method}** recipe" + (f" (`{recipe}`)" if recipe else "")
             + " by the contrastive sentence-embedding platform. Every run trains from a backbone and is selected "
             f"by STS-B dev (`{BEST}`, Spearman x100). A sweep is a parent run (tag `sweep=true`) with a child run "
@@ -124,9 +116,9 @@ class Run:
     @classmethod
     def create(cls, uri: str, experiment: str, name: str, tags: dict[str, str], parent: "Run | None" = None,
                in_trial: bool = False) -> "Run":
-        tags = {"git_commit": store.git_commit(), store.DRIVER_TAG: store.driver_id(), **tags}
+        tags = {GIT_COMMIT_TAG: store.git_commit(), DRIVER_TAG: store.driver_id(), **tags}
         if parent is not None:
-            tags[store.PARENT_TAG] = parent.id
+            tags[PARENT_TAG] = parent.id
             experiment_id = parent.experiment_id
         else:
             experiment_id = store.ensure_experiment(experiment, uri, experiment_note(tags))
@@ -139,8 +131,8 @@ class Run:
         c = store.client(uri)
         info = c.get_run(run_id)
         c.update_run(run_id, status="RUNNING")
-        c.set_tag(run_id, store.DRIVER_TAG, store.driver_id())
-        c.set_tag(run_id, "platform.resumed", str(int(info.data.tags.get("platform.resumed", "0")) + 1))
+        c.set_tag(run_id, DRIVER_TAG, store.driver_id())
+        c.set_tag(run_id, RESUMED_TAG, str(int(info.data.tags.get(RESUMED_TAG, "0")) + 1))
         return cls(uri, run_id, info.info.run_name, resumed=True, in_trial=in_trial,
                    experiment_id=info.info.experiment_id)
 
@@ -284,7 +276,7 @@ def log_corpus(uri: str, run_id: str, location: str, digest: str, num_sentences:
     dataset = MetaDataset(source, name=Path(location).name, digest=digest[:32], schema=Schema([ColSpec("string", "sentence")]))
     store.client(uri).log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
                                                                tags=[InputTag("mlflow.data.context", "training")])])
-    Run(uri, run_id).set_tags({"corpus_sha256": digest, "corpus_sentences": str(num_sentences)})
+    Run(uri, run_id).set_tags({CORPUS_SHA256_TAG: digest, CORPUS_SENTENCES_TAG: str(num_sentences)})
 
 
 # ------------------------------------------------------------------------------------------------

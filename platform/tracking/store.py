@@ -18,8 +18,8 @@ from platform import errors, settings
 from platform.console import drop_notes
 from platform.errors import UserError, one_line
 from platform.storage import REPO_ROOT, in_ray_job_copy
+from platform.tracking.names import EXPERIMENT_KIND_TAG, NOTE_TAG, PARENT_TAG, VIEW_TAG
 
-PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
 GIT_COMMIT_ENV = settings.GIT_COMMIT
 
 
@@ -194,9 +194,7 @@ def quiet_mlflow_loggers() -> None:
                 "mlflow.utils.requirements_utils": ("local version label",)})
 
 
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"  # MLflow's UI then opens on runs, not on GenAI traces
-NOTE_TAG = "mlflow.note.content"  # the description MLflow's UI shows (Markdown), of a run or experiment
 
 
 def ensure_experiment(name: str, uri: str, note: str = "") -> str:
@@ -218,8 +216,7 @@ def ensure_experiment(name: str, uri: str, note: str = "") -> str:
     return exp.experiment_id
 
 
-VIEW_TAG = "mlflow.sharedViewState."  # MLflow's UI keeps a saved view of an experiment's runs table here
-VIEW_PARAM = "viewStateShareKey"  # ... and opens it from a link with this parameter
+VIEW_PARAM = "viewStateShareKey"  # MLflow's UI opens a saved view (names.VIEW_TAG) from a link with this parameter
 
 
 def save_runs_view(uri: str, experiment_id: str, key: str, name: str, search: str, params: list[str],
@@ -257,7 +254,6 @@ def git_commit() -> str:
 # The process that drives a run: recorded on the run, so that a later --resume can tell a run whose
 # driver died (SIGKILL, the OOM killer, a lost head) from one that is still being driven.
 
-DRIVER_TAG = "platform.driver"
 
 
 def driver_id() -> str:

@@ -1,0 +1,65 @@
+"""Every name the platform writes to or reads from MLflow, in one place: the metrics a run logs, the
+tags it carries, and MLflow's own tags the platform uses. Writers, queries, reports and the sweep
+read the same constants, so a renamed key cannot leave one of them behind. (Configuration values
+are logged as params under their config keys: ``config.py`` owns those.)"""
+
+# Metrics, per evaluation (step-indexed)
+DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman x100: what checkpoints and runs are selected by
+# Wang & Isola's alignment and uniformity of the STS-B dev embeddings, logged beside it at each evaluation.
+DEV_GEOMETRY = {"alignment": "stsb_dev_alignment", "uniformity": "stsb_dev_uniformity"}
+BEST = "best_" + DEV_METRIC  # a run's best dev score so far
+TRAIN_LOSS = "train_loss_avg"  # the mean training loss since the previous evaluation
+STEP = "step"  # also a key of a trial's Tune result
+# Metrics of the final evaluation
+STS_AVG = "sts_avg"
+
+
+def sts(task: str) -> str:
+    """The final test metric of one STS task (``sts_STSBenchmark``), or of ``avg``."""
+    return f"sts_{task}"
+
+
+def vs_backbone(task: str, kind: str) -> str:
+    """The untouched backbone's score of a task (``kind="baseline"``) or the trained model's gain
+    over it (``"delta"``), logged beside the final test."""
+    return f"vs_backbone/{kind}_sts_{task}"
+
+
+WINNER = "best."  # a sweep's parent holds its best trial's numbers under these keys, never the trials' own
+RESUMED_FINISHED = "resumed_finished_trial"  # a Tune result: the trial had finished before a resume
+
+# Tags the platform writes on a run
+METHOD_TAG, RECIPE_TAG, PROFILE_TAG, MODEL_TAG = "method", "recipe", "profile", "model"
+GIT_COMMIT_TAG = "git_commit"
+SEED_TAG = "seed"  # a seed's child run of a configuration with several seeds
+SEEDS_TAG, BEST_SEED_TAG = "seeds", "best_seed"  # a configuration's run: how many seeds, which won
+SWEEP_TAG = "sweep"  # "true" on a sweep's parent run
+SEARCHED_TAG = "searched"  # a sweep's parent: the searched keys, comma-separated
+TRIAL_ID_TAG = "trial_id"  # a sweep's trial run: Tune's trial id
+BEST_RUN_ID_TAG = "best_run_id"  # a sweep's parent: the winning trial's run
+STOPPED_BY_SCHEDULER_TAG = "stopped_by_scheduler"  # a trial's run that ASHA stopped early
+BEST_CHECKPOINT_TAG = "best_checkpoint"  # the run's best checkpoint (a folder or URI): written by name_best only
+BEST_STEP_TAG = "best_step"
+STORAGE_TAG = "platform.storage"  # where the run's checkpoints and resumable state live
+END_REASON_TAG = "platform.end_reason"
+WORK_DONE_TAG = "platform.work_done"  # a trial's run whose work completed, for the sweep's callback to end
+# The Ray actor whose process sends the run's step metrics (a Ray Train fit's rank 0, the latest
+# attempt's): a sweep ends a trial's run once that process has ended (sweep_runs.TrialRuns).
+SENDER_TAG = "platform.points_from"
+DRIVER_TAG = "platform.driver"  # the process (host and pid) that drives the run
+RESUMED_TAG = "platform.resumed"  # how many times the run was resumed
+CORPUS_SHA256_TAG, CORPUS_SENTENCES_TAG = "corpus_sha256", "corpus_sentences"
+MLM_RANDOM_WEIGHTS_TAG, MLM_NOTE_TAG = "mlm_random_weights", "mlm_note"
+BASELINE_TAG = "baseline"  # the untouched backbone's STS average
+MTEB_BENCHMARK_TAG = "mteb_benchmark"
+EXPORT_TAG = "sentence_transformers_export"  # why no sentence-transformers model was logged
+LOGGED_MODEL_TAG = "logged_model"
+REGISTERED_MODEL_TAG = "registered_model"  # "name/version" in the Model Registry, or why not
+HUB_REPO_TAG, HUB_COMMIT_TAG = "hub_repo", "hub_commit"
+
+# MLflow's own tags
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: a sweep's trials, a configuration's seeds
+NOTE_TAG = "mlflow.note.content"  # the description MLflow's UI shows (Markdown), of a run or experiment
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+VIEW_TAG = "mlflow.sharedViewState."  # MLflow's UI keeps a saved view of an experiment's runs table here
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # on a logged model: the registry versions made from it
