@@ -3,7 +3,7 @@
 AugCSE draws its augmentations from NL-Augmenter. The ones here run without any download: five
 from nlpaug (random swap / delete / crop, WordNet synonym and antonym substitution) and nine
 rules over spaCy parses or fixed tables. Each is a small class with a ``name`` and an
-``example`` (input, output) pair that ``tests/test_augmentations.py`` checks verbatim.
+``example`` (input, output) pair that ``tests/methods/test_augmentations.py`` checks verbatim.
 
 Determinism: every sentence gets its own RNG seeded by (seed, augmentation name, sentence), so
 an output does not depend on batching, worker count or order (Ray Data may split the corpus any

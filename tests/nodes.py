@@ -46,9 +46,9 @@ DIFFERENCES = (
     "Debian 12 (bookworm, debootstrap minbase) stands for Ubuntu 22.04; both lack python3-venv and have python3, "
     "sudo, openssh-server and rsync",
     "Ray's on-premise provider (platform.cluster --provider local) launches the nodes, not its AWS provider; "
-    "the AWS calls (roles, group, database) are checked on moto by tests/test_cluster_aws.py",
+    "the AWS calls (roles, group, database) are checked on moto by tests/platform/cluster/test_cluster_aws.py",
     "one worker type (Ray's on-premise provider has one); the GPU type's CUDA lock is not installed (no GPU, "
-    "and its wheels are 3 GB): its branch of the one worker list runs in tests/test_cluster_config.py",
+    "and its wheels are 3 GB): its branch of the one worker list runs in tests/platform/cluster/test_cluster_config.py",
     "the nodes reach no registry: apt reads a local source holding python3-venv and its dependencies, pip and uv "
     "read a local folder of the lock's wheels (hash-checked as from PyPI)",
     "uv's Python download (python-build-standalone's CPython 3.11.18, from GitHub) is replaced by this machine's "
@@ -62,9 +62,9 @@ DIFFERENCES = (
     "locks until the node's first apt-get has waited on them, as they do on a fresh Ubuntu",
     "Ray's autoscaler v1 (platform.cluster sets RAY_UP_enable_autoscaler_v2=0 for --provider local: v2 has no "
     "on-premise provider), where ray up on AWS starts v2; v2's reading of the bootstrapped config is checked in "
-    "tests/test_cluster_aws.py, and its launcher's launch, stop and reuse of a worker on the emulator",
+    "tests/platform/cluster/test_cluster_aws.py, and its launcher's launch, stop and reuse of a worker on the emulator",
     "MLflow's database is SQLite on the head (MLFLOW_DB=head), not the default RDS PostgreSQL whose password the "
-    "head reads from SSM through its role (tests/test_cluster_aws.py and tests/test_postgres.py check those parts)",
+    "head reads from SSM through its role (tests/platform/cluster/test_cluster_aws.py and tests/platform/tracking/test_postgres.py check those parts)",
     "the nodes' AWS credentials are static keys in ~/.aws, not the instance profiles' temporary ones over IMDSv2",
     "the image's python3, which only bootstraps uv, is Debian's 3.11, not Ubuntu 22.04's 3.10",
     "no node is stopped and started again (cache_stopped_nodes): Ray's on-premise provider never stops one",

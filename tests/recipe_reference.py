@@ -2,7 +2,7 @@
 
 ``tests/fixtures/recipe_reference.json`` was recorded with the code as it was before the methods
 became recipes of ingredients (the file's ``recorded_at_commit``, with the methods' own API);
-``tests/test_recipes.py`` checks that each named recipe still gives the same loss, metrics and
+``tests/methods/test_recipes.py`` checks that each named recipe still gives the same loss, metrics and
 gradients on the same inputs and seeds. A case whose behaviour is changed on purpose is recorded
 again, with the reason: ``python -m tests.recipe_reference record tests/fixtures/recipe_reference.json
 vascl,vascl_authors "why"``.

@@ -1,4 +1,4 @@
-"""Reference numbers of SentEval's own classifier engine, for ``tests/test_transfer.py``.
+"""Reference numbers of SentEval's own classifier engine, for ``tests/platform/evaluation/test_transfer.py``.
 
 It also records the order in which SentEval's task classes hand each task's sentences to the
 encoder (its folds are drawn over that order).

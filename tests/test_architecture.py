@@ -166,12 +166,31 @@ def _python_imports(path: Path) -> set[str]:
     return names
 
 
+# What the whole project is tested for, beside the packages' own tests.
+PROJECT_TESTS = {"test_architecture", "test_docs", "test_lock"}
+
+
+def test_the_tests_mirror_the_packages():
+    """A module's tests sit in the folder named after it (``tests/platform/run/`` for
+    ``platform/run/``, ``tests/platform/cluster/`` for ``platform/cluster*.py``); only the tests of
+    the project as a whole sit in ``tests/``. Module names stay unique: pytest imports each test
+    module by its name (no ``__init__.py``; a ``tests/platform`` package would shadow ``platform``)."""
+    found = sorted((ROOT / "tests").rglob("test_*.py"))
+    assert len({p.stem for p in found}) == len(found)
+    assert not list((ROOT / "tests").rglob("__init__.py"))
+    assert {p.stem for p in found if p.parent == ROOT / "tests"} == PROJECT_TESTS
+    for path in found:
+        folder = path.parent.relative_to(ROOT / "tests")
+        if path.parent != ROOT / "tests":
+            assert (ROOT / folder).is_dir() or list((ROOT / folder.parent).glob(f"{folder.name}*.py")), path
+
+
 def test_tests_and_benchmarks_do_not_import_each_other_nor_tests_other_tests():
     """Each runs the other as a command at most (the suite runs every benchmark case's smoke)."""
     offenders = []
     for path in (ROOT / "benchmarks").rglob("*.py"):
         offenders += [f"{path.name}: {n}" for n in _python_imports(path) if n.split(".")[0] == "tests"]
-    for path in (ROOT / "tests").glob("*.py"):
+    for path in (ROOT / "tests").rglob("*.py"):
         offenders += [f"{path.name}: {n}" for n in _python_imports(path)
                       if n.split(".")[0] == "benchmarks" or n.startswith(("tests.test_", "tests.conftest"))]
     assert not offenders, offenders
@@ -179,7 +198,7 @@ def test_tests_and_benchmarks_do_not_import_each_other_nor_tests_other_tests():
 
 def test_every_file_of_the_readme_code_map_is_imported_on_the_sweeps_path():
     """the "Code map" of docs/development.md lists the modules ``python -m platform.tune una`` runs (checked against
-    a traced sweep in ``tests/test_cluster_join.py``); each exists and is imported along that path."""
+    a traced sweep in ``tests/platform/cluster/test_cluster_join.py``); each exists and is imported along that path."""
     path = list(code_map())
     assert len(path) >= 3, path
     from methods.registry import REGISTERED
@@ -275,7 +294,7 @@ def _top_level_names(path: Path) -> frozenset[str]:
 def test_what_the_benchmarks_import_from_the_project_exists():
     """A rename in ``platform/`` or ``methods/`` that leaves a benchmark importing a name that is
     gone (``from m import name``, or ``module.name`` of a project module it imported) fails here,
-    in the fast tier, before the suite's smokes of every case (``tests/test_benchmarks.py``)."""
+    in the fast tier, before the suite's smokes of every case (``tests/benchmarks/test_benchmarks.py``)."""
     known = _modules()
     missing = []
     for path in sorted((ROOT / "benchmarks").rglob("*.py")):
@@ -324,7 +343,7 @@ def test_the_suites_slowest_modules_are_handed_out_first(tmp_path, tier):
 
     for order in (SLOWEST_FIRST, SCENARIOS_SLOWEST_FIRST):
         assert sorted(set(order)) == sorted(order)
-        assert not [m for m in order if not (ROOT / "tests" / f"{m}.py").is_file()]
+        assert not [m for m in order if not list((ROOT / "tests").rglob(f"{m}.py"))]
     first = (SLOWEST_FIRST if tier == "suite" else SCENARIOS_SLOWEST_FIRST)[0]
     log = tmp_path / "order.txt"
     (tmp_path / "conftest.py").write_text(

@@ -267,7 +267,7 @@ def test_the_docs_state_the_present_no_commit_and_one_date_a_figure():
 
 
 def test_every_test_module_the_docs_cite_exists():
-    cited = {m for path in _doc_files() for m in re.findall(r"tests/(test_\w+\.py)", path.read_text(encoding="utf-8"))}
+    cited = {m for path in _doc_files() for m in re.findall(r"tests/((?:\w+/)*test_\w+\.py)", path.read_text(encoding="utf-8"))}
     assert cited and not [m for m in sorted(cited) if not (ROOT / "tests" / m).is_file()]
 
 

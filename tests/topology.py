@@ -15,7 +15,7 @@ Contributors::
 
     sudo -E python -m tests.topology up        # prints the variables to export, Ctrl-C stops it
 
-``tests/test_multinode.py`` runs the platform's commands against it (what a sweep took on it:
+``tests/platform/cluster/test_multinode.py`` runs the platform's commands against it (what a sweep took on it:
 ``benchmarks/results/topology.jsonl``). Mount namespaces need root
 (or CAP_SYS_ADMIN): ``available()`` says why they cannot be used where they cannot.
 """

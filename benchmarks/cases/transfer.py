@@ -8,7 +8,7 @@ beside the numbers SentEval's own engine gives on these embeddings.
 
 Embeddings come from the platform's embedding store (``$PLATFORM_CACHE_DIR/embeddings``), so only
 the first run encodes. SentEval's numbers (``SENTEVAL``): the serial engine, which returns SentEval's
-numbers exactly (tests/test_transfer.py), on the packaged backbone's embeddings.
+numbers exactly (tests/platform/evaluation/test_transfer.py), on the packaged backbone's embeddings.
 """
 
 from __future__ import annotations
@@ -81,4 +81,4 @@ CASE = Case("transfer", "SentEval's transfer tasks on a backbone's cached embedd
             "the batched PyTorch engine, scikit-learn's and the serial one, with each one's test scores",
             arguments, run, smoke=["--model", "tiny", "--tasks", "MRPC"],
             meaning="The batched engine fits every fold and regularisation value as one program; its scores "
-                    "match SentEval's own engine on the same embeddings (tests/test_transfer.py).")
+                    "match SentEval's own engine on the same embeddings (tests/platform/evaluation/test_transfer.py).")

@@ -24,7 +24,7 @@ Arithmetic: the forward pass, the gradient (written out: d(mean CE)/d(logits) = 
 batched matrix products round differently from single ones in the last bits, so a fit's weights
 can drift by a few float32 ulps from the serial engine's. A validation accuracy is a count of
 argmaxes; a drift flips a prediction only on a near-tie, and a flip can change an early-stopping
-decision. ``tests/test_transfer.py`` checks the recorded SentEval references and the serial engine
+decision. ``tests/platform/evaluation/test_transfer.py`` checks the recorded SentEval references and the serial engine
 on real task embeddings (see its tolerance).
 """
 

@@ -1,8 +1,8 @@
 """Records, in every Python process started with this folder on ``PYTHONPATH``, the first call of
 each function defined in the project's packages: one line ``pid module function host`` appended to
 ``$PLATFORM_TRACE_OUT``. Ray's workers run a packed copy of the repository, so a file is named by
-its path from the package folder on. Used by ``tests/test_cluster_join.py`` to check the README's
-Code map against what a sweep runs, and by ``tests/test_cluster_slurm.py`` to see which node ran what.
+its path from the package folder on. Used by ``tests/platform/cluster/test_cluster_join.py`` to check the README's
+Code map against what a sweep runs, and by ``tests/platform/cluster/test_cluster_slurm.py`` to see which node ran what.
 
 The project's modules are compiled with one call added at the top of each function body (after
 its docstring); nothing else is traced. (A global ``sys.settrace`` function, called on every

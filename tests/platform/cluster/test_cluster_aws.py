@@ -659,7 +659,7 @@ def test_the_readmes_ray_attach_path_lands_on_the_heads_mlflow_with_the_synced_c
     run is on the head's MLflow server (basic auth, the account from cluster.env), tagged with the
     commit up recorded, its checkpoints under RUNS_URI in S3. (What is emulated: the head's address,
     which the rendered node environment names and this test points at its own server; the sweep on
-    a cluster is tests/test_cluster_join.py's, ray job submit tests/test_cluster_job.py's.)"""
+    a cluster is tests/platform/cluster/test_cluster_join.py's, ray job submit tests/platform/cluster/test_cluster_job.py's.)"""
     from mlflow.tracking import MlflowClient
 
     from platform.cluster import render

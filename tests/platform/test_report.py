@@ -1,5 +1,5 @@
 """Seeds and the side-by-side report, through the CLIs against a real MLflow server process:
-``--seeds 2`` (train; tune in tests/test_grid.py) nests one run per seed and gives the configuration's run every
+``--seeds 2`` (train; tune in tests/platform/test_grid.py) nests one run per seed and gives the configuration's run every
 score's mean and std, the registry compares means, ``platform.evaluate --log-to`` adds clustering,
 and ``platform.report`` renders two recipes with two seeds each as Markdown, CSV and PNG, logged
 to MLflow too."""

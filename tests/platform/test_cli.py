@@ -1,5 +1,5 @@
 """Each CLI as a user runs it: real Ray, real MLflow store, tiny random BERT. (``train`` end to end
-on a Ray cluster: tests/test_reliability.py.)"""
+on a Ray cluster: tests/platform/run/test_reliability.py.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 signals, a real local Ray and a real MLflow store. Each command runs from a copy of the repository
 with the test ingredient ``aux=barrier`` (``tests/barrier.py``), which holds training at a chosen
 step while a file says so: the signal always lands mid-fit, with checkpoints before it.
-(SIGTERM to a sweep on the multi-node topology: tests/test_multinode.py.)"""
+(SIGTERM to a sweep on the multi-node topology: tests/platform/cluster/test_multinode.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The README's ``ray job submit`` line (``--working-dir .`` and the commit in ``env_vars``),
 submitted to a real ``ray start --head`` on this machine: its run ends FINISHED with that commit,
 its caches outside the job's temporary copy; a job that would write into that copy is refused with
-one line. (A plain head: the fake provider's nodes of ``tests/test_cluster_join.py`` share one
+one line. (A plain head: the fake provider's nodes of ``tests/platform/cluster/test_cluster_join.py`` share one
 session folder on this machine, where each node's runtime-env agent manages the same unpacked job
 copies, so a job's copy can vanish under its driver there, never on real nodes.)
 """

@@ -1,5 +1,5 @@
 """SAN through the platform: augment to Parquet, bad input. Its sweep runs in the combined recipe
-sweep (``tests/test_recipe_cli.py``), which searches SAN's space with UNA's and VaSCL's."""
+sweep (``tests/platform/test_recipe_cli.py``), which searches SAN's space with UNA's and VaSCL's."""
 
 from __future__ import annotations
 

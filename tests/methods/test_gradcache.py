@@ -86,7 +86,7 @@ def test_the_cached_step_equals_the_plain_step_without_dropout(case, tiny_model)
     """Without random draws in the encoder, chunks of 4 rows give the plain one-pass step's loss and
     gradients. Matrix products over 4 rows sum in another order than over the whole pass: the
     tolerance is 1e-4 of the gradient's norm (AugCSE's batch-normalised projector amplifies the
-    round-off, as between DDP and one process in ``tests/test_losses.py``); a chunk's gradient
+    round-off, as between DDP and one process in ``tests/methods/test_losses.py``); a chunk's gradient
     lost or counted twice moves a tensor's gradient by a share of its norm."""
     extra = {"san": {"p2": 0.0}, "augcse": {"disc_dropout": 0.0}}.get(case, {})
     _assert_equal(_step(case, tiny_model, 0.0, 4, extra), _step(case, tiny_model, 0.0, None, extra), rel=1e-4)

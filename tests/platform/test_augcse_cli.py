@@ -1,5 +1,5 @@
 """AugCSE through the platform: the GRL grid, bad input. (Augment to Parquet, cached per
-augmentation, and a sweep from that cache: tests/test_grid.py.)"""
+augmentation, and a sweep from that cache: tests/platform/test_grid.py.)"""
 
 from __future__ import annotations
 

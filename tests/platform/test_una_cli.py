@@ -1,5 +1,5 @@
 """UNA through the platform: the augment CLI, the TF-IDF cache, bad input. Its sweep runs in the
-combined recipe sweep (``tests/test_recipe_cli.py``), which searches UNA's space with SAN's and VaSCL's."""
+combined recipe sweep (``tests/platform/test_recipe_cli.py``), which searches UNA's space with SAN's and VaSCL's."""
 
 from __future__ import annotations
 

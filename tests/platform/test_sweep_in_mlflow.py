@@ -30,7 +30,7 @@ def sweep(tiny_model, small_corpus, tmp_path_factory, mlflow_server):
     space = tmp / "space.yaml"
     space.write_text(ASHA_GRID_SPACE)
     # 256 sentences at batch 16: 8 steps inside the first epoch, STS-B dev every 2. No Ray Data: the
-    # pipeline is not what this module is about (tests/test_shuffle.py and the sweeps elsewhere run it).
+    # pipeline is not what this module is about (tests/platform/data/test_shuffle.py and the sweeps elsewhere run it).
     args = sets(model=tiny_model, corpus=small_corpus, batch_size=16, max_steps=8, eval_steps=2, log_steps=1,
                 seed=42, num_workers=1, checkpoint_minutes=15, data_pipeline="local", output_dir=tmp / "runs")
     proc = run_cli("tune", "simcse", "--space", str(space), *args, env={"MLFLOW_TRACKING_URI": mlflow_server})

@@ -1,6 +1,6 @@
 """Which Ray a command uses (Ray's convention): RAY_ADDRESS, else the cluster ``ray start``
 recorded on this machine, else a new local instance; ``RAY_ADDRESS=local`` asks for a private one.
-What runs on a real head is in ``tests/test_cluster_join.py``."""
+What runs on a real head is in ``tests/platform/cluster/test_cluster_join.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 def test_ray_address_local_keeps_a_private_ray_and_a_dead_recorded_cluster_is_passed_over(tmp_path):
     """RAY_ADDRESS=local: a new instance whatever this machine belongs to; a cluster recorded by a
     ``ray start`` that no longer answers (ended without ``ray stop``) is passed over, and the
-    command's Ray line says so (``tests/test_shim.py`` starts the local Ray beside such a record)."""
+    command's Ray line says so (``tests/platform/test_shim.py`` starts the local Ray beside such a record)."""
     import socket
 
     from platform.run.ray_env import find_cluster

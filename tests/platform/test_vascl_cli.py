@@ -1,5 +1,5 @@
 """VaSCL through the platform: its bad input (its sweep runs in the combined recipe sweep,
-``tests/test_recipe_cli.py``, which searches VaSCL's space with UNA's and SAN's)."""
+``tests/platform/test_recipe_cli.py``, which searches VaSCL's space with UNA's and SAN's)."""
 
 from __future__ import annotations
 

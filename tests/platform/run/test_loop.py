@@ -10,6 +10,7 @@ import pytest
 
 from platform.config import TrainConfig
 from platform.run.loop import local_batches, train_loop_per_worker
+from tests.helpers import ROOT
 
 
 def test_plain_loop_trains_and_keeps_best_checkpoint(tiny_model, small_corpus, tmp_path):
@@ -139,7 +140,7 @@ def test_a_step_reads_from_the_device_only_when_it_logs_or_evaluates(tiny_model,
     import platform.run.loop as loop
     from methods.recipe import Recipe
 
-    roots = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("platform", "methods"))
+    roots = tuple(str(ROOT / d) for d in ("platform", "methods"))
     state = {"training": False, "evaluating": False, "reads": []}
     main = threading.main_thread()
 

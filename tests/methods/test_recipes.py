@@ -5,15 +5,15 @@ after) reproduce the losses, metrics and gradients their methods gave before the
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from methods.ingredients import InvalidParams
 from methods.recipe import RecipeSpec
+from tests.helpers import ROOT
 from tests.recipe_reference import CASES, close, recipe_build, run_case
 
-REFERENCE = json.loads((Path(__file__).parent / "fixtures" / "recipe_reference.json").read_text())["cases"]
+REFERENCE = json.loads((ROOT / "tests" / "fixtures" / "recipe_reference.json").read_text())["cases"]
 # Metrics that were renamed when the methods became recipes.
 RENAMED = {"vascl_instance": "contrastive_loss"}
 

@@ -1,7 +1,7 @@
 """A run's MLflow life against a real store: the status each ending earns, the sweep's closing of
 the runs Tune ended or a dead driver left open, the ranking of trials, metrics delivered with
 their checkpoint, and ``--resume`` refusing what it cannot continue. (The same, end to end with
-real signals and real Ray: tests/test_interrupts.py and tests/test_multinode.py.)"""
+real signals and real Ray: tests/platform/run/test_interrupts.py and tests/platform/cluster/test_multinode.py.)"""
 
 from __future__ import annotations
 

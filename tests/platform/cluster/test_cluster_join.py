@@ -8,7 +8,7 @@ started and stopped by the real autoscaler). On it, as on the head of ``cluster.
 - every process of that cluster and the driver runs with ``tests/tracer`` on ``PYTHONPATH``: the
   project modules whose functions the sweep ran (driver, trials, Train workers, Ray Data) are the
   the Code map (docs/development.md);
-- (``tests/test_cluster_job.py``: the README's ``ray job submit`` line on a real head.)
+- (``tests/platform/cluster/test_cluster_job.py``: the README's ``ray job submit`` line on a real head.)
 """
 
 from __future__ import annotations

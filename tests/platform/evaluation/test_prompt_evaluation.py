@@ -159,7 +159,7 @@ def test_a_replica_step_is_the_mean_of_its_replicas_losses(tiny_model):
     assert set(grads) == set(halves[0][1])
     largest = max(g.abs().max().item() for g in grads.values())
     for name, g in grads.items():
-        # Denoising's round-off, as in the DDP test of the prompt recipes (tests/test_losses.py).
+        # Denoising's round-off, as in the DDP test of the prompt recipes (tests/methods/test_losses.py).
         atol = max(1e-6, 1e-3 * g.abs().max().item(), 2e-5 * largest)
         torch.testing.assert_close(g, (halves[0][1][name] + halves[1][1][name]) / 2, rtol=1e-4, atol=atol, msg=name)
     whole, _ = _cot_step(tiny_model, SENTENCES)

@@ -1,6 +1,6 @@
 """``python -m platform.cluster slurm``'s script and its refusals, without a Slurm: what ``--print``
 renders (``bash -n`` accepts it; the settings a user named are in it), each bad input one line, and
-what a requeued start adds to the command. The job itself runs in tests/test_cluster_slurm.py."""
+what a requeued start adds to the command. The job itself runs in tests/platform/cluster/test_cluster_slurm.py."""
 
 from __future__ import annotations
 

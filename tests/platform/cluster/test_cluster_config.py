@@ -297,7 +297,7 @@ def test_the_processes_ray_starts_on_a_node_get_threads_by_their_cpus(tmp_path):
     each task, actor and Train worker one OpenMP thread, whatever CPUs it holds (a 2-CPU task on a
     ``ray start`` made with the variable: 1 thread; without it: 2). The head's
     and a worker's ``ray start``, run as the launcher runs them in a throwaway HOME, see it unset,
-    so Ray sets each process's threads by its CPUs (``tests/test_shim.py`` checks that on a local
+    so Ray sets each process's threads by its CPUs (``tests/platform/test_shim.py`` checks that on a local
     instance); a value cluster.env gives is kept."""
     from ray._private.ray_constants import RESOURCES_ENVIRONMENT_VARIABLE
     from ray.autoscaler._private.command_runner import _with_environment_variables, _with_interactive

@@ -17,11 +17,11 @@ from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
 from platform.config import TrainConfig
 from platform.space import load_space
 from platform.tracking.recorder import winner_key
-from tests.helpers import check_seed_means, corpus_head, run_cli, runs_of
+from tests.helpers import ROOT, check_seed_means, corpus_head, run_cli, runs_of
 
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
-SPACES = Path(__file__).resolve().parent.parent / "tune_spaces"
+SPACES = ROOT / "tune_spaces"
 
 
 def test_una_grids_are_tables_c4_to_c6():  # the fast tier

@@ -1,7 +1,7 @@
 """Reliability on one machine: ``train`` on a two-node Ray cluster, 2 DDP workers, trains exactly as
 one plain process does, and the run is complete end to end (MLflow, artifacts, the evaluator).
 (A killed node with 2 DDP workers, and a sweep interrupted on the driver and resumed, run on the
-multi-node topology with object storage: tests/test_multinode.py.)"""
+multi-node topology with object storage: tests/platform/cluster/test_multinode.py.)"""
 
 from __future__ import annotations
 
