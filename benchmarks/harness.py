@@ -6,6 +6,7 @@ from those records (``python -m benchmarks report``)."""
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -158,12 +159,15 @@ def _cpu_ticks() -> dict[int, tuple[int, int]]:
 
 class Beside:
     """The cores that processes outside this run's own process tree kept busy while it ran (and
-    that the tree did), sampled
-    from /proc twice a second: what "alone on the machine" means, measured rather than claimed. It
-    undercounts: a process's last half second before it ends is missed."""
+    that the tree did), sampled from /proc twice a second: what "alone on the machine" means,
+    measured rather than claimed. Beside the mean, the busiest ``window`` seconds: a short burst
+    beside a case's sensitive moment is hidden in a long case's mean. It undercounts: a process's
+    last half second before it ends is missed."""
 
-    def __init__(self, every: float = 0.5) -> None:
+    def __init__(self, every: float = 0.5, window: float = 5.0) -> None:
         self.every, self.own_ticks, self.other_ticks, self.stop = every, 0, 0, threading.Event()
+        self.recent: collections.deque[int] = collections.deque(maxlen=max(1, round(window / every)))
+        self.peak_ticks, self.window = 0, window
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _ours(self, ticks: dict[int, tuple[int, int]]) -> set[int]:
@@ -180,13 +184,16 @@ class Beside:
         before = _cpu_ticks()
         while not self.stop.wait(self.every):
             now = _cpu_ticks()
-            ours = self._ours(now)
+            ours, others = self._ours(now), 0
             for pid, (_, ticks) in now.items():  # a process new since the last sample: all its ticks are new
                 spent = max(0, ticks - before.get(pid, (0, 0))[1])
                 if pid in ours:
                     self.own_ticks += spent
                 else:
-                    self.other_ticks += spent
+                    others += spent
+            self.other_ticks += others
+            self.recent.append(others)
+            self.peak_ticks = max(self.peak_ticks, sum(self.recent))
             before = now
 
     def __enter__(self) -> "Beside":
@@ -197,11 +204,19 @@ class Beside:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join()
-        seconds = os.sysconf("SC_CLK_TCK") * max(time.perf_counter() - self.started, 1e-9)
+        tick = os.sysconf("SC_CLK_TCK")
+        seconds = tick * max(time.perf_counter() - self.started, 1e-9)
         self.cores, self.own_cores = self.other_ticks / seconds, self.own_ticks / seconds
+        self.peak_cores = self.peak_ticks / (tick * self.every * self.recent.maxlen)
+
+    @property
+    def alone(self) -> bool:
+        return self.cores < ALONE_BELOW and self.peak_cores < ALONE_PEAK_BELOW
 
 
-ALONE_BELOW = 0.1  # other processes' mean busy cores under which a run counts as alone on the machine
+# A run is alone on the machine when other processes kept under 0.1 cores busy on average and
+# under 0.5 in any 5 seconds.
+ALONE_BELOW, ALONE_PEAK_BELOW = 0.1, 0.5
 
 
 def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dict[str, Any]:
@@ -230,8 +245,8 @@ def run(name: str, argv: list[str], smoke: bool, results: Path = RESULTS) -> dic
               # The 1-minute load average (cores busy) before and after: above ~0.5 before, something
               # else ran beside the case and its timings carry that.
               "load": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
-              "beside": {"other_cores": round(beside.cores, 3), "own_cores": round(beside.own_cores, 3),
-                         "alone": beside.cores < ALONE_BELOW},
+              "beside": {"other_cores": round(beside.cores, 3), "other_peak_cores": round(beside.peak_cores, 3),
+                         "own_cores": round(beside.own_cores, 3), "alone": beside.alone},
               "figures": bench.figures, "ratios": bench.ratios, "tables": tables_of(output),
               "lines": [line for line in output.splitlines() if line.strip() and not line.startswith("|")][-40:]}
     results.mkdir(parents=True, exist_ok=True)
@@ -317,7 +332,8 @@ def _render(record: dict[str, Any]) -> list[str]:
         load_before, beside = record.get("load", {}).get("before"), record.get("beside")
         if beside:
             company = ("alone on the machine" if beside["alone"] else "not alone") + \
-                f" (other processes kept {beside['other_cores']:.2f} cores busy on average)"
+                f" (other processes kept {beside['other_cores']:.2f} cores busy on average" + \
+                (f", {beside['other_peak_cores']:.2f} in their busiest 5 s)" if "other_peak_cores" in beside else ")")
         else:
             company = f"load {load_before} before it ran; what ran beside it was not measured" if load_before is not None else ""
         out = [f"Measured {record['date'][:10]} on {env.get('machine', '?')}"

@@ -103,5 +103,5 @@ def test_a_record_measures_what_ran_beside_it(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     beside = json.loads((tmp_path / "sts-evaluator.jsonl").read_text(encoding="utf-8"))["beside"]
-    assert beside["alone"] is False and beside["other_cores"] > 0.5, beside
+    assert beside["alone"] is False and beside["other_cores"] > 0.5 and beside["other_peak_cores"] > 0.8, beside
     assert beside["own_cores"] > 0.2, beside
