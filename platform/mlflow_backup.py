@@ -50,6 +50,18 @@ def _exists(client, bucket: str, key: str) -> bool:
     return any(item["Key"] == key for item in listed)
 
 
+def copy_database(source: Path, target: Path) -> None:
+    """SQLite's online backup of ``source`` (consistent while MLflow writes), put at ``target`` in one step."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(tmp) as dst:
+            src.backup(dst)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def backup(source: Path, uri: str, region: str | None = None) -> str:
     """Copy the database at ``source`` to ``uri`` (s3://bucket/key); a line saying what was kept."""
     source = Path(source).expanduser()
@@ -58,8 +70,7 @@ def backup(source: Path, uri: str, region: str | None = None) -> str:
     bucket, key = s3_location(uri, "the backup location")
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "mlflow.db"
-        with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(copy) as dst:
-            src.backup(dst)
+        copy_database(source, copy)
         runs = _check(copy, f"the copy of {source}")
         size = copy.stat().st_size
         client = _s3(region)

@@ -27,6 +27,7 @@ from platform.cluster_files import write_mlflow_auth, write_private
 from platform.cluster_slurm import JOIN_TIMEOUT_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal, platform_command
 from platform.config import add_run_arguments, build_config
 from platform.errors import UserError, cli_main
+from platform.mlflow_backup import copy_database
 from platform.run.ray_env import free_port
 from platform.sweep_runs import latest_sweep
 
@@ -176,18 +177,6 @@ class MlflowServer:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-def copy_database(source: Path, target: Path) -> None:
-    """SQLite's online backup of ``source`` (consistent while MLflow writes), put at ``target`` in one step."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    try:
-        with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(tmp) as dst:
-            src.backup(dst)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def command_arguments(command: list[str]) -> argparse.Namespace:
