@@ -63,11 +63,7 @@ REQUIRED = {
 PLACEHOLDERS = {"${SECURITY_GROUP_ID}": "security_group_id", "${HEAD_INSTANCE_PROFILE_ARN}": "head_profile_arn",
                 "${WORKER_INSTANCE_PROFILE_ARN}": "worker_profile_arn"}
 HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its SQLite database
-# The head's MLflow server stopped by its pidfile's session, as cluster.yaml's head start does
-# before it starts a new one.
-STOP_MLFLOW = ('OLD=$(cat ~/mlflow/server.pid 2> /dev/null); if [ -n "$OLD" ] && grep -qs mlflow "/proc/$OLD/cmdline"; '
-               'then pkill -TERM -s "$OLD"; timeout 60 sh -c "while pgrep -s $OLD > /dev/null; do sleep 1; done" || '
-               'pkill -KILL -s "$OLD"; fi')
+MLFLOW_PIDFILE = "~/mlflow/server.pid"  # cluster.yaml's head start: its item that begins with reading it stops the server
 MIN_PASSWORD = 12
 DOCUMENTATION_RANGES = ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # RFC 5737: no host is there
 # Every shell and Ray process on a node reads it (cluster.yaml); named by host, so machines that
@@ -248,6 +244,11 @@ def region_of(config: Path) -> str | None:
         return None
 
 
+def stop_mlflow(cfg: dict) -> str:
+    """The head start's own command that stops its MLflow server (by the pidfile's session)."""
+    return next(c for c in cfg["head_start_ray_commands"] if c.startswith(f"OLD=$(cat {MLFLOW_PIDFILE}"))
+
+
 def rendered_path(config: Path) -> Path:
     """Where the launcher's config of ``config`` is written: ``.cluster/`` beside it."""
     return config.resolve().parent / ".cluster" / config.name
@@ -322,7 +323,7 @@ def down(rendered: Path, values: dict[str, str], ray_args: list[str], backup_to:
         print("the head's MLflow database goes with it (--discard-mlflow-db)")
     cfg = yaml.safe_load(rendered.read_text(encoding="utf-8"))
     if cfg["provider"]["type"] == "local":  # your machines keep running: MLflow would, after Ray
-        subprocess.call(["ray", "exec", str(rendered), STOP_MLFLOW])
+        subprocess.call(["ray", "exec", str(rendered), stop_mlflow(cfg)])
     code = subprocess.call(["ray", "down", str(rendered), *ray_args])
     if code != 0:
         return code

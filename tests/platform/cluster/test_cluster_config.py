@@ -594,3 +594,25 @@ def test_a_home_shared_by_gpu_and_cpu_machines_stops_the_second_kind_with_one_li
     assert gpu.returncode != 0 and (home / "pip.log").read_text() == installs  # nothing more installed
     lines = [line for line in gpu.stderr.splitlines() if "torch's cuda build" in line]
     assert len(lines) == 1 and "holds the cpu build" in lines[0] and "home directory is shared" in lines[0], gpu.stderr
+
+
+def test_down_and_the_head_start_stop_mlflow_with_one_command(tmp_path):
+    """The head start's own item that stops an earlier MLflow server is what ``down`` runs on your
+    own machines: run here, it ends the session of the process the pidfile names when that process
+    is MLflow's, and leaves another process that the file names alone. (Each process is started as
+    the head start starts MLflow's, ``setsid`` in a shell that exits: not this test's child.)"""
+    from platform.cluster import stop_mlflow
+
+    command = stop_mlflow(_config())
+    pidfile = tmp_path / "mlflow" / "server.pid"
+    pidfile.parent.mkdir()
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for name, stops in (("mlflow", True), ("other", False)):
+        subprocess.run(["bash", "-c", f"setsid {sys.executable} -c 'import time; time.sleep(120)' {name} > /dev/null 2>&1 & "
+                        f"echo $! > {pidfile}"], check=True)
+        pid = int(pidfile.read_text())
+        try:
+            subprocess.run(["bash", "-c", command], env=env, check=True, timeout=90)
+            assert Path(f"/proc/{pid}").exists() != stops
+        finally:
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
