@@ -27,8 +27,8 @@ from platform.evaluation import uncertainty
 from platform.evaluation.sts import geometry_figure
 from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
-from platform.tracking.names import (BEST_RUN_ID_TAG, BEST_SEED_TAG, DEV_METRIC, METHOD_TAG, MODEL_TAG, PARENT_TAG, PROFILE_TAG,
-                                     RECIPE_TAG, SEED_TAG, SEEDS_TAG, STS_AVG, SWEEP_TAG, sts)
+from platform.tracking.names import (BEST, BEST_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
+                                     PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, sts)
 from platform.tracking.recorder import Run, trial_key
 
 REPORTS_EXPERIMENT = "reports"
@@ -115,9 +115,9 @@ def best_per_recipe(runs) -> list:
     best: dict[tuple[str, str], object] = {}
     for run in runs:
         key = (recipe_name(run), backbone(run))
-        dev = result_metrics(run).get("best_" + DEV_METRIC, -math.inf)
+        dev = result_metrics(run).get(BEST, -math.inf)
         held = best.get(key)
-        if held is None or (dev, run.info.start_time) > (result_metrics(held).get("best_" + DEV_METRIC, -math.inf),
+        if held is None or (dev, run.info.start_time) > (result_metrics(held).get(BEST, -math.inf),
                                                          held.info.start_time):
             best[key] = run
     return sorted(best.values(), key=lambda r: (recipe_name(r), backbone(r)))
@@ -141,9 +141,9 @@ def row_of(uri: str, run) -> dict:
     # The untouched backbone with the same pooler, as the run's final evaluation scored it.
     row["baseline"] = {column: m[f"vs_backbone/baseline_sts_{task}"] for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS)
                        if f"vs_backbone/baseline_sts_{task}" in m} or None
-    row["STS-B dev"] = m.get("best_" + DEV_METRIC)
-    if "best_" + DEV_METRIC + "_std" in m:
-        row["STS-B dev std"] = m["best_" + DEV_METRIC + "_std"]
+    row["STS-B dev"] = m.get(BEST)
+    if BEST + "_std" in m:
+        row["STS-B dev std"] = m[BEST + "_std"]
     for key in sorted(m):
         if key.startswith(("transfer_", "cluster_", "mteb_")):
             row[key] = m[key]

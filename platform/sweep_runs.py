@@ -22,9 +22,10 @@ from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import STS_TASKS
-from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, DEV_METRIC, NOTE_TAG, PARENT_TAG,
-                                     REGISTERED_MODEL_TAG, SEARCHED_TAG, SEEDS_TAG, SENDER_TAG, STEP, STOPPED_BY_SCHEDULER_TAG,
-                                     STORAGE_TAG, SWEEP_TAG, TRAIN_LOSS, TRIAL_ID_TAG, WINNER, WORK_DONE_TAG, sts, vs_backbone)
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, BEST_RUN_ID_TAG, DEV_METRIC, NOTE_TAG,
+                                     PARENT_TAG, REGISTERED_MODEL_TAG, SEARCHED_TAG, SEEDS_TAG, SENDER_TAG, STEP,
+                                     STOPPED_BY_SCHEDULER_TAG, STORAGE_TAG, SWEEP_TAG, TRAIN_LOSS, TRIAL_ID_TAG, WINNER,
+                                     WORK_DONE_TAG, sts, vs_backbone)
 from platform.tracking.recorder import Run, TrackingUnavailable, winner_key
 
 SWEEP_STATE = "platform_sweep.json"
@@ -107,7 +108,7 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
 
 def trial_runs(uri: str, parent: str, trial_id: str, where: str = "") -> list:
     """A trial's MLflow runs under the sweep's parent, newest first."""
-    return store.child_runs(uri, parent, f"tags.trial_id = '{trial_id}'" + where, order_by=["attributes.start_time DESC"])
+    return store.child_runs(uri, parent, f"tags.{TRIAL_ID_TAG} = '{trial_id}'" + where, order_by=["attributes.start_time DESC"])
 
 
 class TrialRuns:
@@ -304,8 +305,8 @@ def trial_line(uri: str, parent: str, trial_id: str) -> str:
 def ranked_trials(uri: str, parent: str, metric: str, mode: str) -> list:
     """FINISHED trial runs with a score and a best checkpoint that exists in storage, best first."""
     order = "DESC" if mode == "max" else "ASC"
-    runs = store.child_runs(uri, parent, "attributes.status = 'FINISHED'", order_by=[f"metrics.best_{metric} {order}"])
-    return [r for r in runs if f"best_{metric}" in r.data.metrics and checkpoint_exists(r.data.tags.get(BEST_CHECKPOINT_TAG))]
+    runs = store.child_runs(uri, parent, "attributes.status = 'FINISHED'", order_by=[f"metrics.{BEST_PREFIX}{metric} {order}"])
+    return [r for r in runs if BEST_PREFIX + metric in r.data.metrics and checkpoint_exists(r.data.tags.get(BEST_CHECKPOINT_TAG))]
 
 
 def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:

@@ -19,7 +19,8 @@ from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run import final_evaluation
 from platform.space import SearchSpace
 from platform.tracking import store
-from platform.tracking.names import BEST, DEV_METRIC, STEP, STOPPED_BY_SCHEDULER_TAG, STS_AVG, TRIAL_ID_TAG, RESUMED_FINISHED, sts
+from platform.tracking.names import (BEST, BEST_PREFIX, DEV_METRIC, RESUMED_FINISHED, STEP, STOPPED_BY_SCHEDULER_TAG,
+                                     STS_AVG, TRIAL_ID_TAG, sts)
 from platform.tracking.recorder import Run
 
 
@@ -43,14 +44,14 @@ def trial_table(results, spec: SearchSpace, total_steps: int):
         else:
             status = STOPPED_EARLY  # by the scheduler (ASHA), or never reported
         row = {"trial_id": metrics.get("trial_id", ""), **{k: config.get(k) for k in spec.space},
-               f"best_{spec.metric}": metrics.get(f"best_{spec.metric}"), "steps": step, "status": status}
-        if any(f"best_{spec.metric}_std" in (r.metrics or {}) for r in results):  # a sweep with seeds: the mean's spread
-            row[f"best_{spec.metric}_std"] = metrics.get(f"best_{spec.metric}_std")
+               f"{BEST_PREFIX}{spec.metric}": metrics.get(f"{BEST_PREFIX}{spec.metric}"), "steps": step, "status": status}
+        if any(f"{BEST_PREFIX}{spec.metric}_std" in (r.metrics or {}) for r in results):  # a sweep with seeds: the mean's spread
+            row[f"{BEST_PREFIX}{spec.metric}_std"] = metrics.get(f"{BEST_PREFIX}{spec.metric}_std")
             row["seeds"] = metrics.get("seeds")
         rows.append(row)
     frame = pd.DataFrame(rows)
     if len(frame):
-        frame = frame.sort_values(f"best_{spec.metric}", ascending=spec.mode == "min", na_position="last")
+        frame = frame.sort_values(f"{BEST_PREFIX}{spec.metric}", ascending=spec.mode == "min", na_position="last")
     return frame.reset_index(drop=True)
 
 
@@ -58,7 +59,7 @@ def _study(frame, spec: SearchSpace):
     """An Optuna study holding the trials with a score (their searched values and best dev score)."""
     import optuna
 
-    score = f"best_{spec.metric}"
+    score = f"{BEST_PREFIX}{spec.metric}"
     dists = {name: _distribution(kind, args) for name, (kind, args) in spec.space.items()}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize" if spec.mode == "max" else "minimize")
@@ -106,7 +107,7 @@ def params_figure(frame, spec: SearchSpace):
     import numpy as np
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    score = f"best_{spec.metric}"
+    score = f"{BEST_PREFIX}{spec.metric}"
     done = frame.dropna(subset=[score])
     names = list(spec.space)
     cols = min(2, len(names))  # a grid, readable in MLflow's preview pane, never a strip
@@ -163,7 +164,7 @@ def importance_figure(frame, spec: SearchSpace):
     matplotlib.use("Agg")
     from optuna.visualization.matplotlib import plot_param_importances
 
-    score = f"best_{spec.metric}"
+    score = f"{BEST_PREFIX}{spec.metric}"
     done = frame.dropna(subset=[score])
     if len(done) < MIN_IMPORTANCE_TRIALS or len(spec.space) < 2:
         return None
@@ -188,7 +189,7 @@ def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
 
     out = []
     figures = {f"params_vs_{spec.metric}.png": params_figure(frame, spec)
-               if len(spec.space) and len(frame.dropna(subset=[f"best_{spec.metric}"])) else None,
+               if len(spec.space) and len(frame.dropna(subset=[f"{BEST_PREFIX}{spec.metric}"])) else None,
                "param_importance.png": importance_figure(frame, spec)}
     for name, fig in figures.items():
         if fig is not None:
@@ -204,7 +205,7 @@ def summarise(parent: Run, results, spec: SearchSpace, total_steps: int) -> list
     print(f"\nsweep: {len(frame)} trials\n{format_frame(frame)}", flush=True)
     parent.log_table(frame, "sweep_summary.json")
     notes = []
-    scored = len(frame.dropna(subset=[f"best_{spec.metric}"])) if len(frame) else 0
+    scored = len(frame.dropna(subset=[f"{BEST_PREFIX}{spec.metric}"])) if len(frame) else 0
     if len(spec.space) >= 2 and scored < MIN_IMPORTANCE_TRIALS:
         notes.append(f"Parameter importance not computed: {scored} trial(s) with a score, fANOVA needs "
                      f"{MIN_IMPORTANCE_TRIALS} or more to mean something.")

@@ -109,6 +109,22 @@ def _imports_of(node: ast.Import | ast.ImportFrom) -> set[str]:
     return {name.split(".")[0] for name in names}
 
 
+# A tag or metric read, written or searched by a literal name: every such name is in names.py.
+_LITERAL_KEY = re.compile(r"""\.tags(\.get)?[\[(]\s*["']|set_tags\(\{\s*["']|set_tag\([^,(){]+,\s*["']|\.metrics(\.get)?[\[(]\s*["']"""
+                          r"""|["']f?(tags|metrics)\.[a-z_]+\s*=|["'](tags|metrics)\.[a-z_]+ (ASC|DESC)""")
+
+
+def test_mlflow_keys_are_named_in_one_module():
+    """``platform/tracking/names.py`` names every metric and tag; elsewhere in ``platform/`` a run's
+    tags and metrics are read, written and searched by those names, never by a literal."""
+    offenders = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:100]}" for p in sorted((ROOT / "platform").rglob("*.py"))
+                 if p.name != "names.py" for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                 if _LITERAL_KEY.search(line)]
+    assert not offenders, "\n".join(offenders)
+    assert all(_LITERAL_KEY.search(line) for line in ('run.data.tags.get("seed")', 'c.set_tag(run_id, "hub_repo", url)',
+                                                      'run.set_tags({"seeds": n})', "f\"tags.trial_id = '{t}'\""))
+
+
 def test_the_configuration_is_below_the_run_layer():
     known = _modules()
     assert not {m for m in _imports(known["platform.config"], known) if m.startswith("platform.run")}

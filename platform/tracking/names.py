@@ -7,7 +7,8 @@ are logged as params under their config keys: ``config.py`` owns those.)"""
 DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman x100: what checkpoints and runs are selected by
 # Wang & Isola's alignment and uniformity of the STS-B dev embeddings, logged beside it at each evaluation.
 DEV_GEOMETRY = {"alignment": "stsb_dev_alignment", "uniformity": "stsb_dev_uniformity"}
-BEST = "best_" + DEV_METRIC  # a run's best dev score so far
+BEST_PREFIX = "best_"  # a metric's best so far in a run: best_<metric>
+BEST = BEST_PREFIX + DEV_METRIC
 TRAIN_LOSS = "train_loss_avg"  # the mean training loss since the previous evaluation
 STEP = "step"  # also a key of a trial's Tune result
 # Metrics of the final evaluation
@@ -35,7 +36,7 @@ SEED_TAG = "seed"  # a seed's child run of a configuration with several seeds
 SEEDS_TAG, BEST_SEED_TAG = "seeds", "best_seed"  # a configuration's run: how many seeds, which won
 SWEEP_TAG = "sweep"  # "true" on a sweep's parent run
 SEARCHED_TAG = "searched"  # a sweep's parent: the searched keys, comma-separated
-TRIAL_ID_TAG = "trial_id"  # a sweep's trial run: Tune's trial id
+TRIAL_ID_TAG = "trial_id"  # a sweep's trial run: Tune's trial id (also a key of its Tune results)
 BEST_RUN_ID_TAG = "best_run_id"  # a sweep's parent: the winning trial's run
 STOPPED_BY_SCHEDULER_TAG = "stopped_by_scheduler"  # a trial's run that ASHA stopped early
 BEST_CHECKPOINT_TAG = "best_checkpoint"  # the run's best checkpoint (a folder or URI): written by name_best only

@@ -43,16 +43,16 @@ from platform.checkpoint import Best, best_under, latest_under, load_points
 from platform.checkpoint import exists as checkpoint_exists
 from platform.errors import UserError, one_line
 from platform.tracking import store
-from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, CORPUS_SENTENCES_TAG, CORPUS_SHA256_TAG, DEV_METRIC, DRIVER_TAG,
-                                     END_REASON_TAG, GIT_COMMIT_TAG, METHOD_TAG, PARENT_TAG, RECIPE_TAG, RESUMED_TAG, WINNER,
-                                     WORK_DONE_TAG)
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, CORPUS_SENTENCES_TAG, CORPUS_SHA256_TAG,
+                                     DEV_METRIC, DRIVER_TAG, END_REASON_TAG, GIT_COMMIT_TAG, METHOD_TAG, PARENT_TAG,
+                                     RECIPE_TAG, RESUMED_TAG, WINNER, WORK_DONE_TAG)
 
 
 
 def winner_key(key: str) -> str:
     """The parent's key for a trial's metric: ``best_stsb_dev_spearman`` -> ``best.stsb_dev_spearman``,
     ``sts_avg`` -> ``best.sts_avg``: a sort by a trial metric lists trials only."""
-    return WINNER + (key[len("best_"):] if key.startswith("best_") else key)
+    return WINNER + (key[len(BEST_PREFIX):] if key.startswith(BEST_PREFIX) else key)
 
 
 def trial_key(key: str) -> str | None:
@@ -60,7 +60,7 @@ def trial_key(key: str) -> str | None:
     if not key.startswith(WINNER):
         return None
     key = key[len(WINNER):]
-    return "best_" + key if key.startswith(DEV_METRIC) else key
+    return BEST_PREFIX + key if key.startswith(DEV_METRIC) else key
 
 
 def experiment_note(tags: dict[str, str]) -> str:
