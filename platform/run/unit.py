@@ -31,7 +31,8 @@ from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray
 from platform.tracking import recorder, store
 from platform.checkpoint import exists as checkpoint_exists
 from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, BEST_SEED_TAG, DRIVER_TAG, METHOD_TAG,
-                                     MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG, SEED_TAG, SEEDS_TAG, sts)
+                                     MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG, SEED_TAG, SEEDS_TAG,
+                                     STS_PREFIX, sts)
 from platform.tracking.recorder import Run
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
@@ -268,7 +269,7 @@ def read_result(run: Run) -> ConfigResult:
     fits = ([SeedFit(int(r.data.tags[SEED_TAG]), Run(run.uri, r.info.run_id), _fit_result(r))
              for r in sorted(seeds, key=lambda r: int(r.data.tags[SEED_TAG]))]
             or [SeedFit(int(mlflow_run.data.params.get("seed", 0)), run, _fit_result(mlflow_run))])
-    table = {k[len(sts("")):]: v for k, v in mlflow_run.data.metrics.items() if k.startswith(sts(""))}
+    table = {k[len(STS_PREFIX):]: v for k, v in mlflow_run.data.metrics.items() if k.startswith(STS_PREFIX)}
     complete = {*STS_TASKS, "avg"} <= set(table) and (len(fits) == 1 or "avg_std" in table)
     return ConfigResult(fits, table if complete else None)
 

@@ -12,12 +12,13 @@ BEST = BEST_PREFIX + DEV_METRIC
 TRAIN_LOSS = "train_loss_avg"  # the mean training loss since the previous evaluation
 STEP = "step"  # also a key of a trial's Tune result
 # Metrics of the final evaluation
-STS_AVG = "sts_avg"
+STS_PREFIX = "sts_"
+STS_AVG = STS_PREFIX + "avg"
 
 
 def sts(task: str) -> str:
     """The final test metric of one STS task (``sts_STSBenchmark``), or of ``avg``."""
-    return f"sts_{task}"
+    return STS_PREFIX + task
 
 
 def vs_backbone(task: str, kind: str) -> str:
