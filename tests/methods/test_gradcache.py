@@ -59,7 +59,7 @@ def _recipe_of(method, params):
 
 
 def _assert_equal(got: dict, want: dict, rel: float = 1e-6) -> None:
-    """Equal up to float32 round-off (``tests.test_recipes.close``); ``rel``: a millionth of the
+    """Equal up to float32 round-off (``tests.methods.test_recipes.close``); ``rel``: a millionth of the
     whole gradient's norm where the two sum in the same order, more where they do not."""
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-7)
     for name, value in want["metrics"].items():

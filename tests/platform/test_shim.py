@@ -229,7 +229,7 @@ def test_generation_over_several_blocks_keeps_corpus_order(small_corpus, local_r
     sentences = [f"{s} It's {i}." for i, s in enumerate(base * 6)][: 2 * BLOCK_SENTENCES + 100]
     columns = ("aug_contraction_expansion", "aug_number_to_word")
     jobs = [Generation("methods.augmentations:AugmentationGenerator", {"columns": list(columns)}, columns, True),
-            Generation("tests.test_shim:SlowFirstBlock", {"columns": ["upper"]}, ("upper",), True)]
+            Generation("tests.platform.test_shim:SlowFirstBlock", {"columns": ["upper"]}, ("upper",), True)]
     assert actor_bounds(gpu=False, cpu_bound=True) == (1, 2)  # this Ray's 2 CPUs: no autoscaler config
     alone, pooled = (generate_columns(sentences, jobs, use_ray=use_ray, use_gpu=False) for use_ray in (False, True))
     as_lists = [[{c: v.to_pylist() for c, v in job.items()} for job in out] for out in (alone, pooled)]
