@@ -181,8 +181,9 @@ class Beside:
         return ours
 
     def _sample(self) -> None:
-        before = _cpu_ticks()
-        while not self.stop.wait(self.every):
+        before, stopped = self.first, False
+        while not stopped:  # one more sample at the stop: a case shorter than a sample still counts
+            stopped = self.stop.wait(self.every)
             now = _cpu_ticks()
             ours, others = self._ours(now), 0
             for pid, (_, ticks) in now.items():  # a process new since the last sample: all its ticks are new
@@ -197,7 +198,7 @@ class Beside:
             before = now
 
     def __enter__(self) -> "Beside":
-        self.started = time.perf_counter()
+        self.started, self.first = time.perf_counter(), _cpu_ticks()  # here, not when the thread gets the GIL
         self.thread.start()
         return self
 
