@@ -167,7 +167,7 @@ class Beside:
     def __init__(self, every: float = 0.5, window: float = 5.0) -> None:
         self.every, self.own_ticks, self.other_ticks, self.stop = every, 0, 0, threading.Event()
         self.recent: collections.deque[int] = collections.deque(maxlen=max(1, round(window / every)))
-        self.peak_ticks, self.window = 0, window
+        self.peak_ticks = 0
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _ours(self, ticks: dict[int, tuple[int, int]]) -> set[int]:
