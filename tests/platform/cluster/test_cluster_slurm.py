@@ -97,13 +97,6 @@ def job_state(slurm, job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
-def wait_done(slurm, job: str, timeout: float) -> dict[str, str]:
-    wait_for(f"job {job} to end", lambda: job_state(slurm, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED",
-                                                                                   "TIMEOUT", "NODE_FAIL"),
-             timeout=timeout)
-    return job_state(slurm, job)
-
-
 def runs(out: Path) -> list[dict]:
     """The runs in the job's MLflow copy (the shared folder's), with their tags."""
     with sqlite3.connect(f"file:{out / 'mlflow' / 'mlflow.db'}?mode=ro", uri=True) as db:
@@ -127,6 +120,18 @@ def log(out: Path, job: str) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
+def waited(slurm, out: Path, job: str, what: str, condition, timeout: float):
+    """``wait_for``, whose failure carries what the job left: its state, its log, its nodes' Ray logs
+    and Slurm's own logs (the folders are gone once the fixture ends)."""
+    try:
+        return wait_for(what, condition, timeout=timeout)
+    except AssertionError as exc:
+        nodes = "".join(f"\n--- {p.relative_to(out)}\n{p.read_text(errors='replace')[-1500:]}"
+                        for p in sorted(out.glob(f"job-{job}/attempt-*/*.log")))
+        raise AssertionError(f"{exc}\njob: {job_state(slurm, job)}\n--- the job's log\n{log(out, job)[-6000:]}"
+                             f"{nodes}\n--- Slurm\n{slurm.log()[-4000:]}") from None
+
+
 @pytest.fixture(scope="module")
 def requeued(slurm, shared):
     """One sweep (6 trials, 2 at a time, one Train worker per node) requeued twice mid-way: by
@@ -137,16 +142,18 @@ def requeued(slurm, shared):
     def finished() -> dict[str, int]:
         return {r["tags"]["trial_id"]: r["end_time"] for r in trials(out) if r["status"] == "FINISHED"}
 
-    first = wait_for("a trial to finish", finished, timeout=900)
+    first = waited(slurm, out, job, "a trial to finish", finished, 900)
     assert slurm.run("scontrol", "requeue", job).returncode == 0
-    wait_for("the second start to resume the sweep",
-             lambda: re.search(r"^slurm: running .* --resume$", log(out, job), re.M), timeout=600)
-    second = wait_for("another trial to finish", lambda: len(finished()) > len(first) and finished(), timeout=900)
+    waited(slurm, out, job, "the second start to resume the sweep",
+           lambda: re.search(r"^slurm: running .* --resume$", log(out, job), re.M), 600)
+    second = waited(slurm, out, job, "another trial to finish", lambda: len(finished()) > len(first) and finished(), 900)
     # Two at a time, and MLflow's shared copy up to 30 s behind: a pair may finish within one copy.
     assert len(second) < SAMPLES - 1  # two trials still to come
     assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0  # as --signal=B:USR1@S sends it
-    wait_for("the job to requeue itself", lambda: f"slurm: job {job} requeued" in log(out, job), timeout=600)
-    state = wait_done(slurm, job, 1200)
+    waited(slurm, out, job, "the job to requeue itself", lambda: f"slurm: job {job} requeued" in log(out, job), 600)
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    waited(slurm, out, job, "the job to end", lambda: job_state(slurm, job).get("JobState") in ended, 1200)
+    state = job_state(slurm, job)
     return {"job": job, "out": out, "first": first, "second": second, "state": state, "log": log(out, job)}
 
 
