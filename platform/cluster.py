@@ -66,9 +66,6 @@ HEAD_DB = "~/mlflow/mlflow.db"  # where cluster.yaml's MLflow server keeps its S
 MLFLOW_PIDFILE = "~/mlflow/server.pid"  # cluster.yaml's head start: its item that begins with reading it stops the server
 MIN_PASSWORD = 12
 DOCUMENTATION_RANGES = ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # RFC 5737: no host is there
-# Every shell and Ray process on a node reads it (cluster.yaml); named by host, so machines that
-# share one home directory keep each their own.
-NODE_ENV = '~/platform-env-"$(hostname)".sh'
 # What `up` learnt for the nodes, put in by the rendered commands: the commit it synced (.git is
 # not synced) and MLflow's database when it made it. Node commands read it beside cluster.env.
 UP_FILE = "~/platform-up.env"
@@ -366,10 +363,11 @@ def tunnel(rendered: Path, port: int) -> int:
 
 def node_env(values: dict[str, str], role: str, head_ip: str, home: Path) -> str:
     """The environment of a cluster node as shell ``export`` lines: cluster.env's settings, then
-    what every command on the node needs. The head's start commands write it to ``NODE_ENV`` and
-    source it before MLflow and Ray start (so ``ray job submit`` drivers inherit it); ``~/.bashrc``
-    sources it first, above its interactive-only guard (so ``ray attach``, ``ray attach --tmux``
-    and ``ray exec`` see the same). ``OMP_NUM_THREADS`` is unset unless cluster.env sets it."""
+    what every command on the node needs. The start commands write it to ``~/platform-env-<host>.sh``
+    (by host: machines that share one home directory keep each their own) and source it before
+    MLflow and Ray start (so ``ray job submit`` drivers inherit it); ``~/.bashrc`` sources it first,
+    above its interactive-only guard (so ``ray attach``, ``ray attach --tmux`` and ``ray exec`` see
+    the same). ``OMP_NUM_THREADS`` is unset unless cluster.env sets it."""
     env = dict(values)
     commit = env.pop(settings.GIT_COMMIT, "")
     env.update({

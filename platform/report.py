@@ -34,11 +34,6 @@ from platform.tracking.recorder import Run, trial_key
 REPORTS_EXPERIMENT = "reports"
 
 
-def seed_averages(uri: str, run) -> list[float]:
-    """The 7-task average of each seed of a result (a sweep's: its winning trial's seeds)."""
-    return list(seed_scores(uri, run).values())
-
-
 def seed_scores(uri: str, run) -> dict[int, float]:
     """``seed -> 7-task average`` of a result's seeds (a sweep's: its winning trial's), by seed."""
     winner = run.data.tags.get(BEST_RUN_ID_TAG)

@@ -11,7 +11,7 @@ import statistics
 import pandas as pd
 import pytest
 
-from platform.report import seed_averages
+from platform.report import seed_scores
 from tests.helpers import assert_user_error, check_seed_means, run_main, sets
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +90,7 @@ def test_train_with_seeds_nests_a_run_per_seed_and_logs_mean_and_std(seeded_runs
             assert dataset.digest == digest[:32] and run.data.tags["corpus_sha256"] == digest
         # Different seeds train differently (initialisation of the head, batch order, dropout).
         assert len({r.data.metrics["sts_avg"] for r in seed_runs}) == 2
-        assert sorted(seed_averages(seeded_runs["uri"], parent)) == sorted(r.data.metrics["sts_avg"] for r in seed_runs)
+        assert sorted(seed_scores(seeded_runs["uri"], parent).values()) == sorted(r.data.metrics["sts_avg"] for r in seed_runs)
         # Registered: the best seed's checkpoint, compared and tagged with the mean.
         version = c.get_model_version_by_alias(f"{method}-encoder", "champion")
         assert version.run_id == parent.info.run_id and version.tags["seeds"] == "2"
