@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +34,8 @@ DIFFERENCES = (
     "the shared filesystem is this machine's own disk seen from both nodes, not NFS (no attribute caching "
     "or locking differences); each node's /tmp and /dev/shm are its own",
     "both nodes share this machine's 2 cores (each offers 2 CPUs)",
+    "a node can be made slow to start Ray (slow_ray: its ray command sleeps first), so that a job is seen to "
+    "wait for every node; a site's nodes are slow by chance",
     "the walltime warning is sent with scancel --signal=USR1 --batch, as Slurm's --signal=B:USR1 sends it, "
     "not by waiting for the time limit",
 )
@@ -54,8 +57,12 @@ def available() -> str | None:
 class Slurm:
     """A controller on this machine and ``nodes`` slurmd nodes of ``cpus`` CPUs each, in one partition."""
 
-    def __init__(self, base: Path, nodes: int = 2, cpus: int = 2, tag: str = "s", subnet: str = "10.213.9"):
+    def __init__(self, base: Path, nodes: int = 2, cpus: int = 2, tag: str = "s", subnet: str = "10.213.9",
+                 slow_ray: dict[str, float] | None = None):
+        """``slow_ray``: node -> seconds its ``ray`` command waits before it starts (a slow node: a
+        cold shared filesystem, a busy machine), so that a job's first Ray node is up well before it."""
         self.base = Path(base)
+        self.slow_ray = dict(slow_ray or {})
         self.network = Network(tag, subnet)
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.ips = {name: f"{subnet}.{i + 2}" for i, name in enumerate(self.names)}  # .1 is this machine
@@ -142,11 +149,23 @@ PartitionName=main Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE Sta
             subprocess.run(["ip", "-n", netns, *cmd], check=True)
         script = (f"set -e; mount --make-rprivate /; mount -t proc proc /proc; mount -t tmpfs -o mode=1777 tmpfs /tmp; "
                   f"mount -t tmpfs -o size=4g tmpfs /dev/shm; mount --bind {self.base}/hosts /etc/hosts; "
-                  f"mkdir -p /tmp/slurmd; hostname {name}; exec slurmd -D -N {name} -f {self.conf}")
+                  f"{self._slow_ray(name)}mkdir -p /tmp/slurmd; hostname {name}; exec slurmd -D -N {name} -f {self.conf}")
         log = open(self.base / f"node-{name}.log", "w")
         self.procs[name] = subprocess.Popen(
             ["ip", "netns", "exec", netns, "unshare", "--mount", "--pid", "--uts", "--fork", "--kill-child", "--",
              "sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _slow_ray(self, name: str) -> str:
+        """The node's mount of a ``ray`` that waits ``slow_ray[name]`` seconds first, over the venv's
+        own (seen by that node only), as a shell command; nothing for other nodes."""
+        if name not in self.slow_ray:
+            return ""
+        ray = Path(sys.executable).parent / "ray"
+        wrapper = self.base / f"ray-{name}"
+        wrapper.write_text(f"#!/bin/sh\nsleep {self.slow_ray[name]:g}\nexec {sys.executable} -c 'import sys; "
+                           "from ray.scripts.scripts import main; sys.argv[0] = \"ray\"; sys.exit(main())' \"$@\"\n")
+        wrapper.chmod(0o755)
+        return f"mount --bind {wrapper} {ray}; "
 
     def run(self, *cmd: str, check: bool = False) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, capture_output=True, text=True, env=self.env, check=check)

@@ -1,14 +1,14 @@
 """A sweep across a Slurm allocation with one command (``python -m platform.cluster slurm``), on a
 real Slurm (``tests/slurm.py``: Debian's slurmctld here, a slurmd in each of two node namespaces,
 this machine's disk as the shared filesystem, each node's /tmp its own). How it differs from a
-site's Slurm: ``tests/slurm.py``'s ``DIFFERENCES`` (and docs/cluster.md).
+site's Slurm: ``tests/slurm.py``'s ``DIFFERENCES`` (and docs/slurm.md).
 
 One sweep (6 trials, 2 at a time: a Train worker of 1.5 CPUs fits once on a node of 2, beside its
 data pipeline's 0.25-CPU tasks) is requeued twice mid-way (``scontrol requeue``, then the walltime
 warning as Slurm's ``--signal=B:USR1`` sends it). Read from its outcome:
 
-- it ran across the allocation: each start's command began once both nodes had joined, the trials
-  trained on both nodes, and nothing of the job is left running on a node;
+- it ran across the allocation: each start's command began once both nodes had joined (the second
+  node starts Ray 30 s after the first), the trials trained on both nodes, and nothing of the job is left running on a node;
 - it finishes on its third start with every trial's record intact in the job's MLflow (its shared
   copy): no finished trial redone, none left RUNNING, its checkpoints in the shared output folder.
 """
@@ -31,6 +31,7 @@ from tests.helpers import ROOT, sets, wait_for
 pytestmark = pytest.mark.scenario
 
 SAMPLES = 6  # the sweep's trials, 2 at a time
+SLOW_RAY_S = 30  # how much later the second node starts Ray than the first, at every start
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def slurm():
         pytest.skip(why)
     # Not under /tmp: every node has its own /tmp; this folder is what they share.
     base = Path(tempfile.mkdtemp(prefix="platform-slurm-", dir="/var/tmp"))
-    cluster = slurm_module.Slurm(base / "slurm")
+    # n2's Ray starts 30 s after n1's: a command not held until every node joined would begin on n1's alone.
+    cluster = slurm_module.Slurm(base / "slurm", slow_ray={"n2": SLOW_RAY_S})
     try:
         yield cluster.start()
     finally:
