@@ -208,7 +208,8 @@ class Beside:
         tick = os.sysconf("SC_CLK_TCK")
         seconds = tick * max(time.perf_counter() - self.started, 1e-9)
         self.cores, self.own_cores = self.other_ticks / seconds, self.own_ticks / seconds
-        self.peak_cores = self.peak_ticks / (tick * self.every * self.recent.maxlen)
+        # A case shorter than the window: its busiest stretch is all of it, not that spread over the window.
+        self.peak_cores = self.peak_ticks / min(tick * self.every * self.recent.maxlen, seconds)
 
     @property
     def alone(self) -> bool:

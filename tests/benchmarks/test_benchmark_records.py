@@ -105,3 +105,18 @@ def test_a_record_measures_what_ran_beside_it(tmp_path):
     beside = json.loads((tmp_path / "sts-evaluator.jsonl").read_text(encoding="utf-8"))["beside"]
     assert beside["alone"] is False and beside["other_cores"] > 0.5 and beside["other_peak_cores"] > 0.8, beside
     assert beside["own_cores"] > 0.2, beside
+
+
+def test_a_case_shorter_than_the_window_has_its_whole_run_as_its_busiest_stretch():
+    """A case shorter than the peak's 5-second window: its busiest stretch is the whole run, so the
+    peak is not below the mean (spread over the window, a 2-second run's peak read well under its
+    mean, and a short case's smoke beside a busy core could read as almost alone)."""
+    import time
+
+    from benchmarks.harness import Beside
+
+    subprocess.run(["sh", "-c", "(timeout 5 sh -c 'while :; do :; done' &)"], check=True)
+    with Beside() as beside:
+        time.sleep(2)
+    assert beside.cores > 0.3, vars(beside)
+    assert beside.peak_cores >= beside.cores * 0.999, (beside.peak_cores, beside.cores)
