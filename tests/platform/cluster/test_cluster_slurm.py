@@ -8,7 +8,8 @@ data pipeline's 0.25-CPU tasks) is requeued twice mid-way (``scontrol requeue``,
 warning as Slurm's ``--signal=B:USR1`` sends it). Read from its outcome:
 
 - it ran across the allocation: each start's command began once both nodes had joined (the second
-  node starts Ray 30 s after the first), the trials trained on both nodes, and nothing of the job is left running on a node;
+  node starts Ray 30 s after the first), the trials trained on both nodes, and nothing of the job
+  is left running on a node;
 - it finishes on its third start with every trial's record intact in the job's MLflow (its shared
   copy): no finished trial redone, none left RUNNING, its checkpoints in the shared output folder.
 """
