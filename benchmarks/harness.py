@@ -206,10 +206,10 @@ class Beside:
         self.stop.set()
         self.thread.join()
         tick = os.sysconf("SC_CLK_TCK")
-        seconds = tick * max(time.perf_counter() - self.started, 1e-9)
-        self.cores, self.own_cores = self.other_ticks / seconds, self.own_ticks / seconds
+        elapsed = tick * max(time.perf_counter() - self.started, 1e-9)  # in clock ticks, as /proc counts
+        self.cores, self.own_cores = self.other_ticks / elapsed, self.own_ticks / elapsed
         # A case shorter than the window: its busiest stretch is all of it, not that spread over the window.
-        self.peak_cores = self.peak_ticks / min(tick * self.every * self.recent.maxlen, seconds)
+        self.peak_cores = self.peak_ticks / min(tick * self.every * self.recent.maxlen, elapsed)
 
     @property
     def alone(self) -> bool:
