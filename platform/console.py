@@ -45,6 +45,11 @@ def format_frame(frame) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown (GitHub) table: a header, its rule, a line per row of cells."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def seed_table(per_seed: list[dict[str, float]], seeds: list[int], scores: dict[str, float]) -> str:
     """One row per seed's 7-task scores, then their mean +- std (``scores``)."""
     import pandas as pd

@@ -20,7 +20,7 @@ from methods.published import BEST_OF, PUBLISHED, TASK_COLUMNS
 from methods.recipe import NAMED
 from platform import storage
 from platform.config import smoke_reason
-from platform.console import command_parser
+from platform.console import command_parser, markdown_table
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.evaluation import uncertainty
@@ -211,26 +211,20 @@ def markdown(frame, references: list[dict], experiments: list[str], published: b
                                                   and frame["node-hours"].notna().any() else [])]
     lines = [f"# Side by side: {', '.join(experiments)}", "",
              "Spearman x100 of cosine similarities, SentEval 'all' setting; each recipe's best result by STS-B dev "
-             "(mean ± std over seeds where it has several). Transfer: accuracy; clustering: K-means accuracy.", "",
-             "| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    shown = set()
-    for row in frame.to_dict("records"):
-        lines.append("| " + " | ".join(_cell(row, c) for c in columns) + " |")
-    for row in frame.to_dict("records"):  # each backbone untouched, once, under the rows trained from it
-        if isinstance(row.get("baseline"), dict) and row["backbone"] not in shown:
-            shown.add(row["backbone"])
-            untouched = {"recipe": "untouched backbone", "backbone": row["backbone"], **row["baseline"]}
-            lines.append("| " + " | ".join(_cell(untouched, c) for c in columns) + " |")
-    smoke = sorted({f"{r['recipe']} ({r['backbone']}): {r['smoke']}" for r in frame.to_dict("records") if isinstance(r.get("smoke"), str)})
+             "(mean ± std over seeds where it has several). Transfer: accuracy; clustering: K-means accuracy.", ""]
+    rows, untouched = frame.to_dict("records"), {}
+    for r in rows:  # each backbone untouched, once, under the rows trained from it
+        if isinstance(r.get("baseline"), dict):
+            untouched.setdefault(r["backbone"], {"recipe": "untouched backbone", "backbone": r["backbone"], **r["baseline"]})
+    lines += markdown_table(columns, [[_cell(r, c) for c in columns] for r in [*rows, *untouched.values()]])
+    smoke = sorted({f"{r['recipe']} ({r['backbone']}): {r['smoke']}" for r in rows if isinstance(r.get("smoke"), str)})
     if smoke:
         lines += ["", "**Smoke tests, not results**: " + "; ".join(smoke) + ". Their scores say the pipeline runs, "
                       "not what the method does: compare them with nothing published."]
     if references:
         lines += ["", "Published (reference; same backbone, the papers' full training):", "",
-                  "| " + " | ".join(["paper", "backbone", *TASK_COLUMNS]) + " |",
-                  "|" + "|".join("---" for _ in range(len(TASK_COLUMNS) + 2)) + "|"]
-        for ref in references:
-            lines.append("| " + " | ".join([ref["recipe"], ref["backbone"], *(_cell(ref, c) for c in TASK_COLUMNS)]) + " |")
+                  *markdown_table(["paper", "backbone", *TASK_COLUMNS],
+                                  [[r["recipe"], r["backbone"], *(_cell(r, c) for c in TASK_COLUMNS)] for r in references])]
     else:
         lines += ["", f"No published reference rows: the papers report bert-base-uncased and roberta-base; these runs "
                       f"use {', '.join(sorted(set(frame['backbone'])))}."]
@@ -315,12 +309,9 @@ def mteb_section(frame) -> list[str]:
         return []
     columns = ["recipe", "backbone", *tasks, *(["mteb_mean"] if "mteb_mean" in frame.columns else [])]
     lines = ["", "MTEB (the `mteb` package: each task's main score x100, cosine Spearman for STS; mean over the "
-                 "tasks run; SICK-R is its whole 9,927-pair set, not SentEval's test split):", "",
-             "| " + " | ".join(c.removeprefix("mteb_") for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for row in frame.to_dict("records"):
-        if any(row.get(t) == row.get(t) and row.get(t) is not None for t in tasks):
-            lines.append("| " + " | ".join(_cell(row, c) for c in columns) + " |")
-    return lines
+                 "tasks run; SICK-R is its whole 9,927-pair set, not SentEval's test split):", ""]
+    scored = [r for r in frame.to_dict("records") if any(r.get(t) == r.get(t) and r.get(t) is not None for t in tasks)]
+    return lines + markdown_table([c.removeprefix("mteb_") for c in columns], [[_cell(r, c) for c in columns] for r in scored])
 
 
 def latex(frame, references: list[dict]) -> str:

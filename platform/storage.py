@@ -126,9 +126,6 @@ def list_dirs(location: str) -> list[str]:
     return sorted(i.base_name for i in fs.get_file_info(selector) if i.type == pafs.FileType.Directory)
 
 
-TIMEOUT_ENV = settings.STORAGE_TIMEOUT
-
-
 def check_writable(location: str, what: str = "output_dir") -> str:
     """Create ``location`` and prove it takes a file: a read-only disk, a missing bucket, refused
     credentials or storage that does not answer (a cloud client without credentials may retry for
@@ -139,7 +136,7 @@ def check_writable(location: str, what: str = "output_dir") -> str:
                             "Ray deletes: give an s3:// URI (or a folder outside it) with --set output_dir=...")
         return str(writable_dir(location, what))
     check_uri(location, what)
-    timeout = settings.number(TIMEOUT_ENV)
+    timeout = settings.number(settings.STORAGE_TIMEOUT)
     outcome: list[BaseException | None] = []
 
     def probe() -> None:
@@ -158,7 +155,7 @@ def check_writable(location: str, what: str = "output_dir") -> str:
     worker.join(timeout)
     if not outcome:
         raise UserError(f"{what} {location} is not writable (no answer within {timeout:g} s; check the network and "
-                        f"the credentials, or raise {TIMEOUT_ENV})")
+                        f"the credentials, or raise {settings.STORAGE_TIMEOUT})")
     if isinstance(outcome[0], UserError):
         raise outcome[0]
     if outcome[0] is not None:
@@ -267,25 +264,17 @@ def _remove_leftovers(target: Path) -> None:
 def remove_leftovers(folder: Path, prefix: str) -> None:
     """Remove the folders or files ``<prefix><host>-<pid>-<random>`` in ``folder`` whose writer ran
     on this host and is gone (killed mid-write); another host's, or a live writer's, are left alone."""
+    import psutil
+
     for leftover in folder.glob(f"{prefix}*"):
         tail = leftover.name[len(prefix):]
         host, _, pid = tail.rpartition("-")[0].rpartition("-")
-        if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+        if host != socket.gethostname() or not pid.isdigit() or psutil.pid_exists(int(pid)):
             continue
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
         else:
             leftover.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the content-keyed cache -----------------------------------------------------------------------

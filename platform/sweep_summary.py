@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 from platform import checkpoint
-from platform.console import as_number, format_frame, short
+from platform.console import as_number, format_frame, markdown_table, short
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run import final_evaluation
 from platform.space import SearchSpace
@@ -67,14 +67,6 @@ def _study(frame, spec: SearchSpace):
         params = {k: row[k] for k in spec.space}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row[score])))
     return study
-
-
-def _importance_evaluator(seed: int):
-    """fANOVA seeded by the sweep's seed: its random forest otherwise draws a new seed each call,
-    and the same trials would show different importances."""
-    from optuna.importance import FanovaImportanceEvaluator
-
-    return FanovaImportanceEvaluator(seed=seed)
 
 
 def _distribution(kind: str, args: list):
@@ -162,6 +154,7 @@ def importance_figure(frame, spec: SearchSpace):
     import matplotlib
 
     matplotlib.use("Agg")
+    from optuna.importance import FanovaImportanceEvaluator
     from optuna.visualization.matplotlib import plot_param_importances
 
     score = f"{BEST_PREFIX}{spec.metric}"
@@ -170,7 +163,9 @@ def importance_figure(frame, spec: SearchSpace):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna's matplotlib plots are marked experimental
-        ax = plot_param_importances(_study(frame, spec), evaluator=_importance_evaluator(spec.seed), target_name=score)
+        # fANOVA's forest seeded by the sweep's seed: unseeded, the same trials show other importances.
+        ax = plot_param_importances(_study(frame, spec), evaluator=FanovaImportanceEvaluator(seed=spec.seed),
+                                    target_name=score)
     budgets = ", ".join(f"{len(g)} at {steps} steps" for steps, g in _budget_groups(done))
     ax.set_title("", loc="left")  # Optuna's own title, replaced by one that says what the bars rest on
     ax.set_title(f"fANOVA importance for {score}\nn = {len(done)} trials ({budgets})", fontsize=10)
@@ -280,18 +275,11 @@ def grid_table(parent: Run, param: str, key: str | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         csv, md = Path(tmp) / f"grid_{param}.csv", Path(tmp) / f"grid_{param}.md"
         frame.to_csv(csv, index=False)
-        md.write_text(_markdown(frame), encoding="utf-8")
+        cells = [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
+        md.write_text("\n".join(markdown_table([str(c) for c in frame.columns], cells)) + "\n", encoding="utf-8")
         for path in (csv, md):
             parent.log_file(path)
         parent.log_file(grid_plot(frame, param, Path(tmp) / f"grid_{param}.png"), "plots")
-
-
-def _markdown(frame) -> str:
-    head = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row) + " |"
-            for row in frame.itertuples(index=False)]
-    return "\n".join([head, rule, *rows]) + "\n"
 
 
 def view_key(parent_id: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from platform import checkpoint, storage
-from platform.console import short
+from platform.console import markdown_table, short
 from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run.final_evaluation import beside_block, device_of, on_device
@@ -229,13 +229,12 @@ def model_card(state: dict[str, Any], scores: dict[str, float], baseline: dict[s
     config = state.get("config", {})
     backbone, pooler = config.get("model", "?"), state.get("eval_pooler", "?")
     tasks = [t for t in (*STS_TASKS, "avg") if t in scores]
-    header = "| | " + " | ".join(SHORT_NAMES.get(t, t) for t in tasks) + " |"
-    rows = [header, "|---" * (len(tasks) + 1) + "|",
-            "| this model | " + " | ".join(f"{scores[t]:.2f}" + (f" ± {scores[t + '_std']:.2f}" if t + "_std" in scores
-                                                                      else "") for t in tasks) + " |"]
+    cells = [["this model", *(f"{scores[t]:.2f}" + (f" ± {scores[t + '_std']:.2f}" if t + "_std" in scores else "")
+                              for t in tasks)]]
     if baseline:
-        rows.append(f"| {backbone} (untouched) | " + " | ".join(f"{baseline[t]:.2f}" for t in tasks) + " |")
-        rows.append("| difference | " + " | ".join(f"{scores[t] - baseline[t]:+.2f}" for t in tasks) + " |")
+        cells += [[f"{backbone} (untouched)", *(f"{baseline[t]:.2f}" for t in tasks)],
+                  ["difference", *(f"{scores[t] - baseline[t]:+.2f}" for t in tasks)]]
+    rows = markdown_table(["", *(SHORT_NAMES.get(t, t) for t in tasks)], cells)
     changed = non_defaults(config)
     lines = [
         "---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",

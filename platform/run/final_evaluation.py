@@ -217,7 +217,7 @@ def beside_table(backbone: str, baseline: dict[str, float], scores: dict[str, fl
 
 
 def beside_block(backbone: str, baseline: dict[str, float], scores: dict[str, float]) -> str:
-    """``beside_table`` as a Markdown code block (MLflow's descriptions, the registry, the model card):
+    """``beside_table`` as a Markdown code block (MLflow's descriptions, the registry version):
     the registry page renders Markdown tables with no cell spacing, a code block is aligned anywhere."""
     return "```text\n" + "\n".join(beside_table(backbone, baseline, scores)) + "\n```\n"
 

@@ -31,11 +31,6 @@ from platform.tracking.store import GIT_COMMIT_ENV, git_commit
 
 EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/", ".dev/"]
 
-# The tracking server's credentials travel as MLflow reads them (a URI with a password is refused:
-# platform.tracking.store); storage credentials are the nodes' own (instance role, environment).
-FORWARDED_ENV = settings.FORWARDED
-
-
 # A stopped fit's group is removed by Ray Train's own cleaner (it polls its controller every
 # second) about a second after the controller ends, seen at a sweep's end.
 CLEANER_GRACE_S = 5.0
@@ -43,10 +38,11 @@ CLEANER_GRACE_S = 5.0
 
 def worker_env() -> dict[str, str]:
     # Workers run in a copy of the repository, where the default cache would be a new, empty
-    # one: they read the driver's, so statistics and generated columns are made once.
-
+    # one: they read the driver's, so statistics and generated columns are made once. The tracking
+    # server's credentials travel as MLflow reads them (a URI with a password is refused:
+    # platform.tracking.store); storage credentials are the nodes' own (instance role, environment).
     env = {"TOKENIZERS_PARALLELISM": "false", settings.CACHE_DIR: str(cache_root()), GIT_COMMIT_ENV: git_commit()}
-    for key in FORWARDED_ENV:
+    for key in settings.FORWARDED:
         value = settings.get(key)
         if value:
             env[key] = str(Path(value).resolve()) if key in settings.PATHS else value
@@ -80,7 +76,7 @@ def find_cluster() -> tuple[str | None, str]:
 
 def job_runtime_env() -> dict | None:
     """The runtime environment of the ``ray job submit`` job this driver runs in (None outside one)."""
-    raw = settings.get(JOB_CONFIG_ENV)
+    raw = settings.get(settings.RAY_JOB_CONFIG)
     if raw is None:
         return None
     return dict(json.loads(raw).get("runtime_env") or {})
@@ -147,7 +143,8 @@ def init_ray(num_cpus: int | None = None) -> None:
     if callable(on_sigterm):
         signal.signal(signal.SIGTERM, on_sigterm)
     print(f"Ray: {describe(address, found, job_env is not None)}, "
-          f"{int(ray.cluster_resources().get('CPU', 0))} CPUs{dashboard_of(context)}", flush=True)
+          f"{int(ray.cluster_resources().get('CPU', 0))} CPUs"
+          + (f", dashboard http://{context.dashboard_url}" if getattr(context, "dashboard_url", None) else ""), flush=True)
     watch_cluster(ray.get_runtime_context().gcs_address)
 
 
@@ -166,14 +163,14 @@ def _start(ray, address: str | None, num_cpus: int | None, job_env: dict | None)
         # Ray's state API inside the job (Ray Train's placement-group cleaner) finds its cluster
         # through RAY_ADDRESS, else whichever Ray the machine last started: the local GCS gets a
         # port chosen here (or the user's) and the job's processes its address.
-        port = int(settings.get(GCS_PORT_ENV) or free_port())
+        port = int(settings.get(settings.GCS_PORT) or free_port())
         env[settings.RAY_ADDRESS] = f"{ray.util.get_node_ip_address()}:{port}"
     runtime_env = {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
     if job_env is not None:
         runtime_env = missing_from(job_env, runtime_env)
     try:
         quiet_driver_loggers()
-        with settings.scoped(GCS_PORT_ENV, None if port is None else str(port)):  # read by the head ray.init starts
+        with settings.scoped(settings.GCS_PORT, None if port is None else str(port)):  # read by the head ray.init starts
             context = ray.init(
                 # "local" starts a new instance even when another Ray runs on this machine.
                 address=address or "local",
@@ -228,13 +225,6 @@ def watch_cluster(gcs_address: str, interval: float = 1.0, lost_after: float = L
     done = threading.Event()
     atexit.register(done.set)  # after this, Ray's own shutdown may take its GCS down (a local instance)
 
-    def answers() -> bool:
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
-                return True
-        except OSError:
-            return False
-
     def watch() -> None:
         last_seen = time.monotonic()
         while not done.wait(interval):
@@ -243,7 +233,7 @@ def watch_cluster(gcs_address: str, interval: float = 1.0, lost_after: float = L
                     return
             except Exception:
                 return
-            if answers():
+            if answers(host, int(port), timeout=2) is None:
                 last_seen = time.monotonic()
             elif time.monotonic() - last_seen >= lost_after:
                 cluster_lost(gcs_address, time.monotonic() - last_seen)
@@ -341,11 +331,6 @@ def describe(address: str | None, found: str, in_job: bool) -> str:
     return f"the cluster this machine belongs to, at {gcs} (RAY_ADDRESS=local for a private one)"
 
 
-def dashboard_of(context) -> str:
-    url = getattr(context, "dashboard_url", None)
-    return f", dashboard http://{url}" if url else ""
-
-
 DRIVER_NOTES = {
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
     "ray.data._internal.execution.streaming_executor": ("Starting execution of Dataset", "Execution plan of Dataset",
@@ -366,11 +351,6 @@ def quiet_driver_loggers() -> None:
     drop_notes(DRIVER_NOTES)
 
 
-GCS_PORT_ENV = settings.GCS_PORT
-# Set by Ray's job manager for a submitted job's driver: the job's configuration, runtime environment included.
-JOB_CONFIG_ENV = settings.RAY_JOB_CONFIG
-
-
 def check_reachable(address: str, timeout: float = 5.0) -> None:
     """A ``host:port`` (or ``ray://host:port``) cluster address must accept a connection."""
     target = address.split("://", 1)[-1].rstrip("/")
@@ -379,13 +359,20 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         raise ClusterError(f"RAY_ADDRESS={address!r} is not host:port (e.g. 10.0.0.5:6379), 'auto' or ray://host:port")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):  # [::1]:6379
-            pass
-    except OSError as exc:
-        raise ClusterError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
+    refused = answers(host, int(port), timeout)
+    if refused is not None:
+        raise ClusterError(f"RAY_ADDRESS={address}: nothing answers there ({refused.strerror or refused}); start the "
                            "cluster (`python -m platform.cluster up`, or `ray start --head` on this machine) or "
                            "unset RAY_ADDRESS for a local Ray") from None
+
+
+def answers(host: str, port: int, timeout: float) -> OSError | None:
+    """None when ``host:port`` (``[::1]`` too) takes a TCP connection within ``timeout`` seconds, else why not."""
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc
 
 
 def node_hours(since_s: float, until_s: float | None = None) -> dict[str, float]:
