@@ -31,7 +31,7 @@ import numpy as np
 
 from methods.encoder import Encoder
 from platform import checkpoint
-from platform.console import command_parser
+from platform.console import command_parser, pyplot
 from platform.data import SHORT_NAMES, STS_TASKS, load_sts
 from platform.errors import UserError, cli_main
 from platform.evaluate import reference as model_reference
@@ -195,10 +195,7 @@ def markdown(frame, first: Result) -> str:
 
 def forest(frame, path: Path, first: Result) -> Path:
     """A forest plot: each task's difference with its interval, one colour per other reference, 0 marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     others = list(dict.fromkeys(frame["other"]))
     tasks = list(dict.fromkeys(frame["task"]))

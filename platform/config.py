@@ -27,6 +27,7 @@ from methods.ingredients import KINDS, InvalidParams, Params, cited, sources_of
 from methods.recipe import CUSTOM, INGREDIENTS, NAMED, Recipe, RecipeSpec, SharedParams, check_replicas
 from platform import settings
 from platform.errors import ConfigError, check_uri, one_line
+from platform.tracking.names import run_setting
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 METHODS = sorted(NAMED) + [CUSTOM]
@@ -272,7 +273,7 @@ class TrainConfig:
         params = {"recipe": self.recipe.describe()}
         params.update({self.param_key(k): v for k, v in flat.items()
                        if k not in RUN_SETTINGS and k not in RECIPE_KEYS and v != ""})
-        return params, {f"run.{k}": str(flat[k]) for k in RUN_TAGS}
+        return params, {run_setting(k): str(flat[k]) for k in RUN_TAGS}
 
     def update(self, values: dict[str, Any], source: str) -> None:
         self.__dict__.pop("_recipe", None)

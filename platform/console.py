@@ -1,5 +1,5 @@
 """What the commands print besides the per-evaluation line: tables of results, plain-text help;
-and which of the libraries' log notes they leave out."""
+the figures they draw; and which of the libraries' log notes they leave out."""
 
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ def format_frame(frame) -> str:
     lines = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
     lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
     return "\n".join(lines)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` drawing to files (Agg): a command on a head node or in a job has no display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:

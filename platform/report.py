@@ -20,7 +20,7 @@ from methods.published import BEST_OF, PUBLISHED, TASK_COLUMNS
 from methods.recipe import NAMED
 from platform import storage
 from platform.config import smoke_reason
-from platform.console import command_parser, markdown_table
+from platform.console import command_parser, markdown_table, pyplot
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
 from platform.evaluation import uncertainty
@@ -28,7 +28,8 @@ from platform.evaluation.sts import geometry_figure
 from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
 from platform.tracking.names import (BEST, BEST_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
-                                     PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, sts)
+                                     PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting,
+                                     sts, vs_backbone)
 from platform.tracking.recorder import Run, trial_key
 
 REPORTS_EXPERIMENT = "reports"
@@ -134,8 +135,8 @@ def row_of(uri: str, run) -> dict:
     row["smoke"] = smoke_reason(run.data.tags.get(PROFILE_TAG) or run.data.params.get("profile", ""),
                                 run.data.tags.get(MODEL_TAG) or run.data.params.get("model", ""))
     # The untouched backbone with the same pooler, as the run's final evaluation scored it.
-    row["baseline"] = {column: m[f"vs_backbone/baseline_sts_{task}"] for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS)
-                       if f"vs_backbone/baseline_sts_{task}" in m} or None
+    row["baseline"] = {column: m[vs_backbone(task, "baseline")] for task, column in zip([*STS_TASKS, "avg"], TASK_COLUMNS)
+                       if vs_backbone(task, "baseline") in m} or None
     row["STS-B dev"] = m.get(BEST)
     if BEST + "_std" in m:
         row["STS-B dev std"] = m[BEST + "_std"]
@@ -166,7 +167,7 @@ def _gpu_hours(run) -> float:
 
 def _setting(run, key: str) -> str | None:
     """Where and how a run ran: its ``run.*`` tag."""
-    return run.data.tags.get(f"run.{key}")
+    return run.data.tags.get(run_setting(key))
 
 
 def reference_rows(frame) -> list[dict]:
@@ -341,10 +342,7 @@ def latex(frame, references: list[dict]) -> str:
 
 def plot(frame, path: Path) -> Path:
     """Grouped bars: the 7 tasks and their average for each recipe, with the seeds' std as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     n = len(frame)

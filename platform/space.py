@@ -24,6 +24,7 @@ import yaml
 from methods.recipe import CUSTOM
 from platform.config import TrainConfig, profile_lineage
 from platform.errors import ConfigError
+from platform.tracking.names import BEST_PREFIX
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint", "grid")
@@ -52,6 +53,11 @@ class SearchSpace:
     scheduler: dict = dataclasses.field(default_factory=dict)
     grids: dict[str, list] = dataclasses.field(default_factory=dict)
     source: str = ""
+
+    @property
+    def score(self) -> str:
+        """What the sweep ranks its trials by: each trial's best ``metric`` (``best_<metric>``)."""
+        return BEST_PREFIX + self.metric
 
     def expected_trials(self) -> int:
         expected = self.num_samples

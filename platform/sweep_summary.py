@@ -14,12 +14,12 @@ import textwrap
 from pathlib import Path
 
 from platform import checkpoint
-from platform.console import as_number, format_frame, markdown_table, short
+from platform.console import as_number, format_frame, markdown_table, pyplot, short
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run import final_evaluation
 from platform.space import SearchSpace
 from platform.tracking import store
-from platform.tracking.names import (BEST, BEST_PREFIX, DEV_METRIC, RESUMED_FINISHED, STEP, STOPPED_BY_SCHEDULER_TAG,
+from platform.tracking.names import (BEST, DEV_METRIC, RESUMED_FINISHED, STEP, STOPPED_BY_SCHEDULER_TAG,
                                      STS_AVG, TRIAL_ID_TAG, sts)
 from platform.tracking.recorder import Run
 
@@ -44,14 +44,14 @@ def trial_table(results, spec: SearchSpace, total_steps: int):
         else:
             status = STOPPED_EARLY  # by the scheduler (ASHA), or never reported
         row = {"trial_id": metrics.get("trial_id", ""), **{k: config.get(k) for k in spec.space},
-               f"{BEST_PREFIX}{spec.metric}": metrics.get(f"{BEST_PREFIX}{spec.metric}"), "steps": step, "status": status}
-        if any(f"{BEST_PREFIX}{spec.metric}_std" in (r.metrics or {}) for r in results):  # a sweep with seeds: the mean's spread
-            row[f"{BEST_PREFIX}{spec.metric}_std"] = metrics.get(f"{BEST_PREFIX}{spec.metric}_std")
+               spec.score: metrics.get(spec.score), "steps": step, "status": status}
+        if any(spec.score + "_std" in (r.metrics or {}) for r in results):  # a sweep with seeds: the mean's spread
+            row[spec.score + "_std"] = metrics.get(spec.score + "_std")
             row["seeds"] = metrics.get("seeds")
         rows.append(row)
     frame = pd.DataFrame(rows)
     if len(frame):
-        frame = frame.sort_values(f"{BEST_PREFIX}{spec.metric}", ascending=spec.mode == "min", na_position="last")
+        frame = frame.sort_values(spec.score, ascending=spec.mode == "min", na_position="last")
     return frame.reset_index(drop=True)
 
 
@@ -59,13 +59,12 @@ def _study(frame, spec: SearchSpace):
     """An Optuna study holding the trials with a score (their searched values and best dev score)."""
     import optuna
 
-    score = f"{BEST_PREFIX}{spec.metric}"
     dists = {name: _distribution(kind, args) for name, (kind, args) in spec.space.items()}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize" if spec.mode == "max" else "minimize")
-    for row in frame.dropna(subset=[score]).to_dict("records"):
+    for row in frame.dropna(subset=[spec.score]).to_dict("records"):
         params = {k: row[k] for k in spec.space}
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row[score])))
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row[spec.score])))
     return study
 
 
@@ -92,15 +91,11 @@ def _budget_groups(done):
 def params_figure(frame, spec: SearchSpace):
     """One panel per searched parameter against the best dev score, every panel with its own tick
     labels; trials coloured by the steps they trained, marked by how they ended."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    score = f"{BEST_PREFIX}{spec.metric}"
-    done = frame.dropna(subset=[score])
+    done = frame.dropna(subset=[spec.score])
     names = list(spec.space)
     cols = min(2, len(names))  # a grid, readable in MLflow's preview pane, never a strip
     rows = -(-len(names) // cols)
@@ -118,7 +113,7 @@ def params_figure(frame, spec: SearchSpace):
             for status, marker in BUDGET_MARKERS.items():
                 mask = (group["status"] == status).to_numpy()
                 if mask.any():
-                    ax.scatter(x[mask], group[score][mask], color=colour, marker=marker, s=36)
+                    ax.scatter(x[mask], group[spec.score][mask], color=colour, marker=marker, s=36)
         if labels:  # the space's values in their order, as categories
             ax.set_xticks(range(len(labels)), labels)
         elif kind == "loguniform":
@@ -129,7 +124,7 @@ def params_figure(frame, spec: SearchSpace):
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(name)
-        ax.set_ylabel(score)
+        ax.set_ylabel(spec.score)
         ax.grid(alpha=0.3)
     from matplotlib.lines import Line2D
 
@@ -137,7 +132,7 @@ def params_figure(frame, spec: SearchSpace):
     handles += [Line2D([], [], color="grey", marker=m, linestyle="", label=s.lower())
                 for s, m in BUDGET_MARKERS.items() if (done["status"] == s).any()]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 3), fontsize=8, frameon=False)
-    fig.suptitle(f"{len(done)} trials: each searched parameter\nagainst {score} (colour: steps trained)", fontsize=10)
+    fig.suptitle(f"{len(done)} trials: each searched parameter\nagainst {spec.score} (colour: steps trained)", fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
@@ -151,24 +146,21 @@ def importance_figure(frame, spec: SearchSpace):
     or fewer than two parameters."""
     import warnings
 
-    import matplotlib
-
-    matplotlib.use("Agg")
+    pyplot()  # Optuna draws with matplotlib
     from optuna.importance import FanovaImportanceEvaluator
     from optuna.visualization.matplotlib import plot_param_importances
 
-    score = f"{BEST_PREFIX}{spec.metric}"
-    done = frame.dropna(subset=[score])
+    done = frame.dropna(subset=[spec.score])
     if len(done) < MIN_IMPORTANCE_TRIALS or len(spec.space) < 2:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna's matplotlib plots are marked experimental
         # fANOVA's forest seeded by the sweep's seed: unseeded, the same trials show other importances.
         ax = plot_param_importances(_study(frame, spec), evaluator=FanovaImportanceEvaluator(seed=spec.seed),
-                                    target_name=score)
+                                    target_name=spec.score)
     budgets = ", ".join(f"{len(g)} at {steps} steps" for steps, g in _budget_groups(done))
     ax.set_title("", loc="left")  # Optuna's own title, replaced by one that says what the bars rest on
-    ax.set_title(f"fANOVA importance for {score}\nn = {len(done)} trials ({budgets})", fontsize=10)
+    ax.set_title(f"fANOVA importance for {spec.score}\nn = {len(done)} trials ({budgets})", fontsize=10)
     if ax.get_legend() is not None:  # off the bars: the bars carry their own values
         ax.get_legend().remove()
     fig = ax.get_figure()
@@ -184,7 +176,7 @@ def plots(frame, spec: SearchSpace, folder: Path) -> list[Path]:
 
     out = []
     figures = {f"params_vs_{spec.metric}.png": params_figure(frame, spec)
-               if len(spec.space) and len(frame.dropna(subset=[f"{BEST_PREFIX}{spec.metric}"])) else None,
+               if len(spec.space) and len(frame.dropna(subset=[spec.score])) else None,
                "param_importance.png": importance_figure(frame, spec)}
     for name, fig in figures.items():
         if fig is not None:
@@ -200,7 +192,7 @@ def summarise(parent: Run, results, spec: SearchSpace, total_steps: int) -> list
     print(f"\nsweep: {len(frame)} trials\n{format_frame(frame)}", flush=True)
     parent.log_table(frame, "sweep_summary.json")
     notes = []
-    scored = len(frame.dropna(subset=[f"{BEST_PREFIX}{spec.metric}"])) if len(frame) else 0
+    scored = len(frame.dropna(subset=[spec.score])) if len(frame) else 0
     if len(spec.space) >= 2 and scored < MIN_IMPORTANCE_TRIALS:
         notes.append(f"Parameter importance not computed: {scored} trial(s) with a score, fANOVA needs "
                      f"{MIN_IMPORTANCE_TRIALS} or more to mean something.")
@@ -238,10 +230,7 @@ def grid_frame(runs, param: str, key: str | None = None):
 
 
 def grid_plot(frame, param: str, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 4))
     x = list(range(len(frame)))

@@ -26,7 +26,6 @@ import numpy as np
 from platform import settings
 from platform.errors import DataError
 
-DATA_ENV = settings.DATA_DIR
 
 STS_YEARS = {
     "STS12": ("STS12-en-test", ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"]),
@@ -47,12 +46,12 @@ LAYOUT_HINT = (
 
 def data_dir(path: str | os.PathLike | None = None) -> Path:
     """The data directory: ``path`` if given, else ``$PLATFORM_DATA_DIR``."""
-    raw = path if path is not None else settings.get(DATA_ENV)
+    raw = path if path is not None else settings.get(settings.DATA_DIR)
     if not raw:
-        raise DataError(f"no data directory: set {DATA_ENV} to a folder in SentEval layout ({LAYOUT_HINT})")
+        raise DataError(f"no data directory: set {settings.DATA_DIR} to a folder in SentEval layout ({LAYOUT_HINT})")
     root = Path(raw).expanduser().resolve()
     if not root.is_dir():
-        raise DataError(f"data directory {root} does not exist ({DATA_ENV}); {LAYOUT_HINT}")
+        raise DataError(f"data directory {root} does not exist ({settings.DATA_DIR}); {LAYOUT_HINT}")
     return root
 
 
@@ -121,7 +120,7 @@ def resolve_corpus(name: str, root: Path | None = None) -> Path:
         if candidate is not None and candidate.is_file():
             return candidate
     hint = "; fetch it with: python -m platform.data fetch wiki1m" if Path(name).name == "wiki1m_for_simcse.txt" else ""
-    raise DataError(f"corpus {name!r} not found (as a path, or under ${DATA_ENV}/corpus/){hint}")
+    raise DataError(f"corpus {name!r} not found (as a path, or under ${settings.DATA_DIR}/corpus/){hint}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,4 +217,4 @@ def load_sts(task: str, root: Path | None = None, split: str = "test") -> STSPai
     raise DataError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
 
 
-__all__ = ["DATA_ENV", "STS_TASKS", "DataError", "data_dir", "load_sts", "read_corpus", "resolve_corpus"]
+__all__ = ["STS_TASKS", "DataError", "data_dir", "load_sts", "read_corpus", "resolve_corpus"]

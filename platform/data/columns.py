@@ -25,7 +25,6 @@ from methods.encoder import load_tokenizer
 from methods.ingredients import GeneratedColumn
 from methods.recipe import Recipe
 from platform import settings
-from platform.data import DATA_ENV
 from platform.data.pipeline import Generation, generated_blocks
 from platform.storage import building, cache_entry, cache_root, cached, sentences_digest
 from platform.errors import DataError
@@ -266,7 +265,7 @@ def resolve_local_models(ingredient_params) -> None:
         if getattr(params, "mlm", None) == TINY_MLM:
             params.mlm = str(ensure_tiny_mlm())
         if getattr(params, "nltk_data", None) == "" and not settings.get(settings.NLTK_DATA):
-            folder = Path(settings.get(DATA_ENV) or "nonexistent") / "nltk_data"
+            folder = Path(settings.get(settings.DATA_DIR) or "nonexistent") / "nltk_data"
             if folder.is_dir():
                 params.nltk_data = str(folder.resolve())
 

@@ -31,13 +31,11 @@ import urllib.request
 from pathlib import Path
 
 from platform import settings, storage
-from platform.data import DATA_ENV
 from platform.errors import UserError, cli_main, writable_dir
 
 BASE_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main"
 CLUSTERING_URL = ("https://raw.githubusercontent.com/rashadulrakib/short-text-clustering-enhancement/"
                   "f363b66e6fd51f9dd1db679d2a9ce55538ab9868")
-MIRROR_ENV = settings.DATA_MIRROR
 SENTEVAL_ADVICE = "move it away or choose another --data-dir"
 
 
@@ -202,9 +200,9 @@ def install_senteval(tar_path: Path, root: Path) -> Path:
 
 
 def fetch(what: str, root: Path) -> list[Path]:
-    mirror = settings.get(MIRROR_ENV)
+    mirror = settings.get(settings.DATA_MIRROR)
     if mirror is not None and not re.match(r"^https?://[^/\s]+", mirror):
-        raise UserError(f"{MIRROR_ENV}={mirror!r} is not an http(s) URL; unset it to download from the sources")
+        raise UserError(f"{settings.DATA_MIRROR}={mirror!r} is not an http(s) URL; unset it to download from the sources")
     names = list(SOURCES) if what == "all" else [what]
     if "senteval" in names:  # before minutes of download
         storage.check_replaceable(root / "downstream", SENTEVAL_ADVICE)
@@ -227,11 +225,11 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="download and verify the papers' training corpus and SentEval data")
     f.add_argument("what", choices=[*SOURCES, "all"])
-    f.add_argument("--data-dir", default=None, help=f"target folder (default ${DATA_ENV})")
+    f.add_argument("--data-dir", default=None, help=f"target folder (default ${settings.DATA_DIR})")
     args = p.parse_args(argv)
-    raw = args.data_dir or settings.get(DATA_ENV)
+    raw = args.data_dir or settings.get(settings.DATA_DIR)
     if not raw:
-        raise UserError(f"no data directory: pass --data-dir or set {DATA_ENV}")
+        raise UserError(f"no data directory: pass --data-dir or set {settings.DATA_DIR}")
     root = writable_dir(raw, "data directory")
     for path in fetch(args.what, root):
         print(f"ready: {path}")

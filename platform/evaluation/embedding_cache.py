@@ -28,7 +28,6 @@ from platform import settings
 from platform.storage import cache_root, encoder_key, remove_leftovers, writer_id
 
 DIGEST_BYTES = 16
-LIMIT_ENV = settings.EMBEDDING_CACHE_GB
 
 
 def _digest(text: str) -> bytes:
@@ -86,7 +85,7 @@ class EmbeddingStore:
 
 
 def limit_bytes() -> int:
-    return int(max(settings.number(LIMIT_ENV), 0.0) * 2**30)
+    return int(max(settings.number(settings.EMBEDDING_CACHE_GB), 0.0) * 2**30)
 
 
 def prune(root: Path, keep: Path, limit: int | None = None) -> list[Path]:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from methods.encoder import Encoder, TokenBatches
 from methods.prompt import PromptPooling
+from platform.console import pyplot
 from platform.data import SHORT_NAMES, STS_TASKS, STSPairs, load_sts
 
 POSITIVE_ABOVE = 4.0  # SimCSE Sec. 5: "pairs with scores higher than 4" are positives
@@ -146,10 +147,7 @@ def geometry_figure(trajectories: dict[str, list[tuple[int, float, float]]], pat
     """SimCSE's Fig. 2: uniformity (x) against alignment (y), lower is better on both; each
     trajectory ``label -> [(step, alignment, uniformity), ...]`` drawn in step order with an arrow
     to its last evaluation, its first and last steps labelled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=120)
     for label, points in trajectories.items():

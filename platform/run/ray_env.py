@@ -26,7 +26,7 @@ from platform.console import drop_notes
 from platform.errors import ClusterError, one_line
 from platform.storage import REPO_ROOT, cache_root
 from platform.tracking.recorder import abandon_open_runs
-from platform.tracking.store import GIT_COMMIT_ENV, git_commit
+from platform.tracking.store import git_commit
 
 
 EXCLUDES = [".venv/", "venv/", ".git/", "mlruns/", "runs/", "outputs/", ".cache/", ".cluster/", "**/__pycache__/", "*.parquet", ".whl/", ".gl/", ".dev/"]
@@ -41,7 +41,7 @@ def worker_env() -> dict[str, str]:
     # one: they read the driver's, so statistics and generated columns are made once. The tracking
     # server's credentials travel as MLflow reads them (a URI with a password is refused:
     # platform.tracking.store); storage credentials are the nodes' own (instance role, environment).
-    env = {"TOKENIZERS_PARALLELISM": "false", settings.CACHE_DIR: str(cache_root()), GIT_COMMIT_ENV: git_commit()}
+    env = {"TOKENIZERS_PARALLELISM": "false", settings.CACHE_DIR: str(cache_root()), settings.GIT_COMMIT: git_commit()}
     for key in settings.FORWARDED:
         value = settings.get(key)
         if value:

@@ -27,6 +27,11 @@ def vs_backbone(task: str, kind: str) -> str:
     return f"vs_backbone/{kind}_sts_{task}"
 
 
+def run_setting(key: str) -> str:
+    """The tag of a setting that finds a run or accounts its GPU-hours (``run.use_gpu``; config.RUN_TAGS)."""
+    return f"run.{key}"
+
+
 WINNER = "best."  # a sweep's parent holds its best trial's numbers under these keys, never the trials' own
 RESUMED_FINISHED = "resumed_finished_trial"  # a Tune result: the trial had finished before a resume
 

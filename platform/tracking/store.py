@@ -20,9 +20,6 @@ from platform.errors import UserError, one_line
 from platform.storage import REPO_ROOT, in_ray_job_copy
 from platform.tracking.names import EXPERIMENT_KIND_TAG, NOTE_TAG, PARENT_TAG, VIEW_TAG
 
-GIT_COMMIT_ENV = settings.GIT_COMMIT
-
-
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # SQLAlchemy back ends MLflow's tracking store takes
 SCHEMES = ("http", "https", "sqlite", *DATABASE_SCHEMES)
 CREDENTIALS_ADVICE = {
@@ -239,8 +236,8 @@ def git_commit() -> str:
     """The repository's commit. Ray ships the repository to workers (and ``ray job submit`` to
     the driver) without ``.git``: there the commit comes from ``$PLATFORM_GIT_COMMIT``, which the
     driver forwards to its workers and ``ray job submit`` is given (docs/cluster.md)."""
-    if settings.get(GIT_COMMIT_ENV):
-        return settings.get(GIT_COMMIT_ENV)
+    if settings.get(settings.GIT_COMMIT):
+        return settings.get(settings.GIT_COMMIT)
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False
@@ -253,7 +250,6 @@ def git_commit() -> str:
 # ------------------------------------------------------------------------------------------------
 # The process that drives a run: recorded on the run, so that a later --resume can tell a run whose
 # driver died (SIGKILL, the OOM killer, a lost head) from one that is still being driven.
-
 
 
 def driver_id() -> str:
