@@ -28,7 +28,7 @@ from platform.cluster_slurm import JOIN_TIMEOUT_S, SNAPSHOT_S, WINDOWS, WORKER_P
 from platform.config import add_run_arguments, build_config
 from platform.errors import UserError, cli_main
 from platform.mlflow_backup import copy_database
-from platform.run.ray_env import free_port
+from platform.run.ray_env import answers, free_port
 from platform.sweep_runs import latest_sweep
 
 def node_ip() -> str:
@@ -104,12 +104,8 @@ def node_task(attempt: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # ray start --block ends its processes on these
         signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
     if rank == 0:
-        while proc.poll() is None:
-            try:
-                socket.create_connection((ip, port), timeout=2).close()
-                break
-            except OSError:
-                time.sleep(0.5)
+        while proc.poll() is None and answers(ip, port, timeout=2) is not None:
+            time.sleep(0.5)
         write_json(head_file, {"address": f"{ip}:{port}", "node": socket.gethostname()})
     print(f"{socket.gethostname()}: Ray node {rank} ({ip}, {cpus} CPUs, {gpus} GPUs)", flush=True)
     code = proc.wait()
