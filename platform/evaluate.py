@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -84,18 +83,6 @@ def expand_tasks(tasks: list[str]) -> list[str]:
             if name not in out:
                 out.append(name)
     return out
-
-
-def write_json_atomic(path: str, payload: dict) -> None:
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -208,7 +195,7 @@ def evaluate(args) -> int:
     mteb_scores, mteb_folder = run_mteb(args, encoder, pooler, mteb_tasks) if mteb_tasks else ({}, None)
     scores.update({f"{MTEB_PREFIX}{k}": v for k, v in mteb_scores.items()})
     if args.json_out:
-        write_json_atomic(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
+        storage.write_json(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     if args.log_to:
         log_scores(args.log_to, scores, mteb_folder, args.benchmark)
     return 0

@@ -37,13 +37,6 @@ def node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-def write_json(path: Path, value: dict) -> None:
-    """``value`` at ``path`` in one step (a reader on another node never sees half of it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(value), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def wait_for(path: Path, timeout: float, alive) -> dict:
     deadline = time.monotonic() + timeout
     while not path.is_file():
@@ -75,7 +68,7 @@ def node_task(attempt: Path) -> int:
     if gpus:
         refusal = gpu_check()
         if refusal:
-            write_json(attempt / f"refused-{rank}.json", {"node": socket.gethostname(), "why": refusal})
+            storage.write_json(attempt / f"refused-{rank}.json", {"node": socket.gethostname(), "why": refusal})
             print(f"error: {socket.gethostname()}: {refusal}", file=sys.stderr)
             return 3
     ip = node_ip()
@@ -106,7 +99,7 @@ def node_task(attempt: Path) -> int:
     if rank == 0:
         while proc.poll() is None and answers(ip, port, timeout=2) is not None:
             time.sleep(0.5)
-        write_json(head_file, {"address": f"{ip}:{port}", "node": socket.gethostname()})
+        storage.write_json(head_file, {"address": f"{ip}:{port}", "node": socket.gethostname()})
     print(f"{socket.gethostname()}: Ray node {rank} ({ip}, {cpus} CPUs, {gpus} GPUs)", flush=True)
     code = proc.wait()
     shutil.rmtree(temp, ignore_errors=True)
@@ -297,7 +290,7 @@ def job_main(out: Path, name: str, command: list[str]) -> int:
 def say_where(address: str, server: "MlflowServer", folder: Path) -> None:
     """The job's MLflow address, its account and the tunnel line, in the log and in ``mlflow.json``."""
     password = server.copy.parent / "admin-password"
-    write_json(folder / "mlflow.json", {"uri": address, "user": "platform", "password_file": str(password)})
+    storage.write_json(folder / "mlflow.json", {"uri": address, "user": "platform", "password_file": str(password)})
     host, port = address.removeprefix("http://").split(":")
     print(f"slurm: MLflow at {address} (user platform, password in {password}); from your machine: "
           f"ssh -N -L 5000:{host}:{port} LOGIN-NODE, then http://127.0.0.1:5000", flush=True)

@@ -74,6 +74,20 @@ def write_text(location: str, text: str) -> None:
         out.write(text.encode("utf-8"))
 
 
+def write_json(path: str | os.PathLike, value: dict) -> None:
+    """``value`` as JSON in the local file ``path``, whole or not at all (written aside and renamed:
+    a reader, on this node or another, never sees half of it); a refused write is one UserError line."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def read_text(location: str) -> str | None:
     """The file's text, or None when it does not exist."""
     import pyarrow.fs as pafs
