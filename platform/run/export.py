@@ -16,8 +16,9 @@ from platform.config import TrainConfig, smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS
 from platform.run.final_evaluation import beside_block, device_of, on_device
 from platform.tracking import model_registry, recorder
-from platform.tracking.names import (BEST, BEST_STEP_TAG, DEV_METRIC, EXPORT_TAG, GIT_COMMIT_TAG, LOGGED_MODEL_TAG, METHOD_TAG,
-                                     RECIPE_TAG, REGISTERED_MODEL_TAG, STEP, sts)
+from platform.tracking.names import (BEST, BEST_STEP_TAG, CORPUS_SENTENCES_TAG, CORPUS_SHA256_TAG, DEV_METRIC, EXPORT_TAG,
+                                     GIT_COMMIT_TAG, LOGGED_MODEL_TAG, METHOD_TAG, RECIPE_TAG, REGISTERED_MODEL_TAG, STEP,
+                                     sts)
 from platform.tracking.recorder import Run
 from platform.tracking.store import git_commit, load_code, redact, ui_route
 
@@ -57,7 +58,7 @@ def export_and_register(run: Run, location: str, scores: dict[str, float], dev: 
     name = model_registry.registered_name(state["method"], state["recipe"])
     config = state.get("config", {})
     recorded = run.info().data.tags
-    corpus = corpus_identity(config, recorded.get("corpus_sha256", ""), recorded.get("corpus_sentences", ""))
+    corpus = corpus_identity(config, recorded[CORPUS_SHA256_TAG], recorded[CORPUS_SENTENCES_TAG])
     card = model_card(state, scores, baseline, name=name, dev=dev, commit=git_commit(), seeds=seeds,
                       cites=_cites(config), smoke=smoke_reason(config.get("profile", ""), config.get("model", "")),
                       corpus=corpus)
@@ -117,17 +118,12 @@ def register(run: Run, model_uri: str, name: str, state: dict, scores: dict[str,
           + (f"  (also models:/{name}@{model_registry.CHAMPION})" if champion is True else ""), flush=True)
 
 
-def corpus_identity(config: dict, digest: str, read: str = "") -> str:
+def corpus_identity(config: dict, digest: str, read: str) -> str:
     """The corpus a lineage is trained on, by content: its file name, the sha256 of the lines read
     and how many were read (``read``: the run's ``corpus_sentences`` tag), so the same lines give
     the same lineage whatever ``max_sentences`` allowed (a limit above the file's length reads the
-    whole file; the same corpus on another machine is the same lineage; no local path is recorded).
-    A run without the tag (recorded before it existed) is labelled by its limit, as it was then."""
-    name = Path(str(config.get("corpus", ""))).name
-    if read:
-        return f"{name} sha256:{digest[:16] or 'unknown'} ({int(read)} sentences)"
-    n = int(config.get("max_sentences") or 0)
-    return f"{name} sha256:{digest[:16] or 'unknown'}" + (f" (first {n} sentences)" if n else "")
+    whole file; the same corpus on another machine is the same lineage; no local path is recorded)."""
+    return f"{Path(str(config.get('corpus', ''))).name} sha256:{digest[:16]} ({int(read)} sentences)"
 
 
 def version_description(run: Run, name: str, version: str, state: dict, scores: dict[str, float], dev: float,

@@ -131,9 +131,7 @@ def champion_verdict(new: dict[str, str], dev: float, champion) -> bool | str:
     if champion is None:
         return True
     old = champion.tags
-    best = float(old.get("stsb_dev_spearman", "-inf"))
-    if "smoke" not in old:  # a version registered before lineages: compared by its score, as then
-        return True if dev > best else f"better STS-B dev: {best:.2f}"
+    best = float(old.get(DEV_METRIC, "-inf"))
     if new.get("smoke") == "true" and old.get("smoke") != "true":
         return f"version {champion.version} was trained from a real backbone; a smoke test never displaces it"
     if old.get("smoke") == "true" and new.get("smoke") != "true":
@@ -160,7 +158,7 @@ def register_encoder(uri: str, name: str, model_uri: str, run_id: str, dev: floa
         c.create_registered_model(name, description=REGISTERED_DESCRIPTION)
     model_id = model_uri.split("/", 1)[1] if model_uri.startswith("models:/") else None
     version = c.create_model_version(name, model_uri, run_id=run_id, model_id=model_id,
-                                     tags={**tags, "stsb_dev_spearman": f"{dev:.6f}"}).version
+                                     tags={**tags, DEV_METRIC: f"{dev:.6f}"}).version
     _wait_ready(c, name, version)
     if model_id:  # the logged model lists its versions, as mlflow.register_model records them
         listed = json.loads(c.get_logged_model(model_id).tags.get(MODEL_VERSIONS_TAG, "[]"))
