@@ -430,6 +430,20 @@ def _whole(key: str, raw: Any, source: str) -> int:
     return int(value)
 
 
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file of ``key: value`` lines (an empty one holds none); a file that cannot be read, is
+    not YAML or is no such mapping is one ConfigError line that begins with ``what``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read it ({exc.strerror})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}: not YAML ({one_line(exc, 160)})") from None
+    if data is not None and not (isinstance(data, dict) and all(isinstance(k, str) for k in data)):
+        raise ConfigError(f"{what}: expected a mapping of key: value")
+    return data or {}
+
+
 def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
@@ -440,12 +454,7 @@ def load_profile(name: str, _within: tuple[str, ...] = ()) -> dict[str, Any]:
     path = PROFILES_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown profile {name!r}; choose one of {', '.join(available_profiles())}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"profile {path}: invalid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"profile {path}: expected a mapping of key: value")
+    data = read_yaml(path, f"profile {path}")
     base = data.pop("extends", None)
     if base is None:
         return data
@@ -466,7 +475,7 @@ def profile_lineage(name: str) -> list[str]:
     looked up in this order)."""
     names = [name]
     while (PROFILES_DIR / f"{names[-1]}.yaml").is_file():
-        base = (yaml.safe_load((PROFILES_DIR / f"{names[-1]}.yaml").read_text(encoding="utf-8")) or {}).get("extends")
+        base = read_yaml(PROFILES_DIR / f"{names[-1]}.yaml", f"profile {names[-1]}").get("extends")
         if not base or base in names:
             break
         names.append(str(base))
@@ -477,17 +486,7 @@ def load_config_file(path: str | Path, method: str, profile: str | None) -> tupl
     """An experiment file: ``key: value`` lines with the keys of ``--set`` (what ``--print-config``
     prints loads back). Its ``method`` must be the command's; its ``profile`` is used unless
     ``--profile`` names another, which is refused. Returns (values, profile)."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: not YAML ({one_line(exc, 160)})") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        raise ConfigError(f"--config {path}: expected a mapping of key: value, as --print-config prints")
+    data = read_yaml(path, f"--config {path}")
     file_method = data.pop("method", method)
     if file_method != method:
         raise ConfigError(f"--config {path} is for method {file_method!r}, not {method!r}")

@@ -19,10 +19,9 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from methods.recipe import CUSTOM
-from platform.config import TrainConfig, profile_lineage
+from platform.config import TrainConfig, profile_lineage, read_yaml
 from platform.errors import ConfigError
 from platform.tracking.names import BEST_PREFIX
 
@@ -177,12 +176,7 @@ def union(name: str, a: tuple[str, list] | None, b: tuple[str, list], source: st
 def read_file(path: Path, profile: str) -> SearchSpace:
     if not path.is_file():
         raise ConfigError(f"no search space {path} (a YAML file; see tune_spaces/)")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    raw = read_yaml(path, str(path))
     unknown = set(raw) - TOP_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")

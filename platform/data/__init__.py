@@ -195,26 +195,14 @@ def _tsv_pairs(name: str, path: Path, columns: tuple[int, int, int], header: boo
     return STSPairs(name, s1, s2, np.asarray(scores))
 
 
-def load_stsb(split: str, root: Path) -> STSPairs:
-    path = root / "downstream" / "STS" / "STSBenchmark" / f"sts-{split}.csv"
-    return _tsv_pairs(f"STSBenchmark-{split}", path, (5, 6, 4))
-
-
-def load_sickr(split: str, root: Path) -> STSPairs:
-    files = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
-    return _tsv_pairs(f"SICKRelatedness-{split}", root / "downstream" / "SICK" / files[split], (1, 2, 3), header=True)
-
-
 def load_sts(task: str, root: Path | None = None, split: str = "test") -> STSPairs:
     """One evaluation task; ``split`` applies to STS-B and SICK-R (STS12-16 are test-only)."""
     root = root if isinstance(root, Path) else data_dir(root)
     if task in STS_YEARS:
         return load_sts_year(task, root)
     if task == "STSBenchmark":
-        return load_stsb(split, root)
+        return _tsv_pairs(f"STSBenchmark-{split}", root / "downstream" / "STS" / "STSBenchmark" / f"sts-{split}.csv", (5, 6, 4))
     if task == "SICKRelatedness":
-        return load_sickr(split, root)
+        files = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
+        return _tsv_pairs(f"SICKRelatedness-{split}", root / "downstream" / "SICK" / files[split], (1, 2, 3), header=True)
     raise DataError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
-
-
-__all__ = ["STS_TASKS", "DataError", "data_dir", "load_sts", "read_corpus", "resolve_corpus"]
