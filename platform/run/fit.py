@@ -57,13 +57,11 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
     """Train ``cfg`` on ``corpus``, logging to ``run`` (None: print only), checkpoints under
     ``storage_path/name``; ``tune_reports``: every evaluation also goes to the Tune trial this
     runs in; ``label`` prefixes the console line of each evaluation. Returns the best checkpoint."""
-    ctx = WorkerContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences,
-                     tracking_uri=run.uri if run else None, run_id=run.id if run else None, dev=dev_pairs(),
-                     label=label, resumed=bool(run and run.resumed))
     folder = storage.join(storage_path, name)  # the fit's checkpoints (Ray Train's run folder, or the loop's)
     uri, run_id = (run.uri, run.id) if run else (None, None)
+    ctx = WorkerContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences, tracking_uri=uri,
+                        run_id=run_id, run_dir=folder, dev=dev_pairs(), label=label)
     try:
-        ctx.run_dir = folder
         if cfg.runtime == "process":
             ctx.corpus = corpus
             metrics = train_loop_per_worker(ctx)

@@ -307,7 +307,6 @@ class WorkerContext:
     dev: dict[str, list] | None = None
     corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, statistics)
     label: str | None = None  # prefixes rank 0's console line per evaluation (a trial's id)
-    resumed: bool = False  # the MLflow run was reopened by --resume
 
     def loop_config(self) -> dict[str, Any]:
         """For Ray's ``train_loop_config``. Ray's Train controller unpickles it in a process where

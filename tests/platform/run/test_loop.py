@@ -56,7 +56,7 @@ def test_a_run_restored_at_its_end_reports_its_last_state_once(tiny_model, small
     ctx = WorkerContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id, run_dir=str(tmp_path / "fit"))
     first = train_loop_per_worker(ctx)
     again = train_loop_per_worker(WorkerContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id,
-                                             run_dir=str(tmp_path / "fit"), resumed=True))
+                                             run_dir=str(tmp_path / "fit")))
     assert first["steps"] == again["steps"] == 4 and again["best_stsb_dev_spearman"] == first["best_stsb_dev_spearman"]
     history = client(mlflow_uri).get_metric_history(run.id, "stsb_dev_spearman")
     assert sorted(m.step for m in history) == [2, 4]
