@@ -54,6 +54,14 @@ RUN_SETTINGS = frozenset({"profile", "corpus", "output_dir", "runtime", "num_wor
                           "static_shapes", "compile", "augment_cpus", "max_failures", "data_pipeline", "eval_batch_size", "log_steps",
                           "checkpoint_minutes", "final_eval", "final_benchmark"})
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")  # torch.compile's, and none
+# Each numeric setting's least value (and what the bound means, where it needs saying), each closed choice's values.
+AT_LEAST = {"batch_size": (2, " (in-batch negatives)"), "num_workers": (1, ""), "max_len": (2, ""),
+            "mini_batch_size": (0, " (0: one pass)"), "epochs": (1, ""), "max_steps": (0, ""), "eval_steps": (1, ""),
+            "log_steps": (1, ""), "checkpoint_minutes": (0, ""), "max_sentences": (0, ""), "weight_decay": (0, ""),
+            "max_grad_norm": (0, " (0: no clipping)"), "warmup_steps": (0, ""), "eval_batch_size": (1, ""),
+            "max_failures": (0, "")}
+CHOICES = {"compile": COMPILE_MODES, "data_pipeline": ("ray", "local"), "optimizer": ("adamw", "adam"),
+           "schedule": ("linear", "constant"), "precision": ("fp16", "bf16", "fp32"), "runtime": ("ray", "process")}
 RUN_TAGS = ("runtime", "num_workers", "use_gpu", "output_dir")  # what finds a run, or accounts its GPU-hours
 RECIPE_KEYS = frozenset({"method", "encoder", "positives", "negatives", "loss", "aux"})  # the param ``recipe`` (and tags)
 
@@ -325,39 +333,19 @@ class TrainConfig:
         return list(self.params.values())
 
     def validate(self) -> None:
-        checks = [
+        checks = [(getattr(self, k) >= least, f"{k} must be >= {least}{note}, got {getattr(self, k)}")
+                  for k, (least, note) in AT_LEAST.items()]
+        checks += [(getattr(self, k) in choices, f"{k} must be {', '.join(choices[:-1])} or {choices[-1]}, "
+                                                 f"got {getattr(self, k)!r}") for k, choices in CHOICES.items()]
+        checks += [
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (self.batch_size >= 2, f"batch_size must be >= 2 (in-batch negatives), got {self.batch_size}"),
-            (self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}"),
-            (
-                self.batch_size % self.num_workers == 0 and self.batch_size // self.num_workers >= 1,
-                f"batch_size {self.batch_size} must be a multiple of num_workers {self.num_workers}",
-            ),
-            (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
-            (self.max_len >= 2, f"max_len must be >= 2, got {self.max_len}"),
-            (self.mini_batch_size >= 0, f"mini_batch_size must be >= 0 (0: one pass), got {self.mini_batch_size}"),
-            (self.batch_size % max(self.shared.replicas, 1) == 0,
-             f"batch_size {self.batch_size} must be a multiple of replicas {self.shared.replicas}"),
-            (self.compile in COMPILE_MODES,
-             f"compile must be {', '.join(COMPILE_MODES[:-1])} or {COMPILE_MODES[-1]}, got {self.compile!r}"),
-            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
-            (self.max_steps >= 0, f"max_steps must be >= 0, got {self.max_steps}"),
-            (self.eval_steps >= 1, f"eval_steps must be >= 1, got {self.eval_steps}"),
-            (self.log_steps >= 1, f"log_steps must be >= 1, got {self.log_steps}"),
-            (self.checkpoint_minutes >= 0, f"checkpoint_minutes must be >= 0, got {self.checkpoint_minutes}"),
-            (self.max_sentences >= 0, f"max_sentences must be >= 0, got {self.max_sentences}"),
-            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
-            (self.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}"),
-            (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.cpus_per_worker > 0, f"cpus_per_worker must be > 0, got {self.cpus_per_worker}"),
             (self.augment_cpus > 0, f"augment_cpus must be > 0, got {self.augment_cpus}"),
-            (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
-            (self.max_failures >= 0, f"max_failures must be >= 0, got {self.max_failures}"),
-            (self.data_pipeline in ("ray", "local"), f"data_pipeline must be ray or local, got {self.data_pipeline!r}"),
-            (self.optimizer in ("adamw", "adam"), f"optimizer must be adamw or adam, got {self.optimizer!r}"),
-            (self.schedule in ("linear", "constant"), f"schedule must be linear or constant, got {self.schedule!r}"),
-            (self.precision in ("fp16", "bf16", "fp32"), f"precision must be fp16, bf16 or fp32, got {self.precision!r}"),
-            (self.runtime in ("ray", "process"), f"runtime must be ray or process, got {self.runtime!r}"),
+            (0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}"),
+            (self.batch_size % max(self.num_workers, 1) == 0,
+             f"batch_size {self.batch_size} must be a multiple of num_workers {self.num_workers}"),
+            (self.batch_size % max(self.shared.replicas, 1) == 0,
+             f"batch_size {self.batch_size} must be a multiple of replicas {self.shared.replicas}"),
             (0 <= self.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}] (a NumPy seed), got {self.seed}"),
             (bool(self.output_dir.strip()), "output_dir is empty; give a folder or a storage URI (default: runs)"),
             (bool(self.corpus.strip()), "corpus is empty; give a corpus path or a file name under $PLATFORM_DATA_DIR/corpus"),

@@ -48,7 +48,6 @@ def model_folder(uri: str, run_id: str, dst: Path) -> Path:
     """The run's logged sentence-transformers model, downloaded under ``dst``: the folder that goes up."""
     import mlflow.artifacts
 
-
     run = store.client(uri).get_run(run_id)
     logged = run.data.tags.get(LOGGED_MODEL_TAG)
     if not logged:
@@ -63,7 +62,6 @@ def push(uri: str, run_id: str, repo: str) -> str:
     the repository and commit. Returns the repository's URL."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
-
 
     run = store.client(uri).get_run(run_id)
     print(f"pushing the model of run {run.info.run_name} to the Hugging Face Hub: {repo} ...", flush=True)

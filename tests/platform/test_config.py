@@ -48,6 +48,8 @@ def test_flat_round_trip():
         ({"temperature": "0"}, "temperature must be > 0"),
         ({"batch_size": "1"}, "batch_size must be >= 2"),
         ({"batch_size": "9", "num_workers": "2"}, "multiple of num_workers"),
+        ({"num_workers": "0"}, "num_workers must be >= 1"),
+        ({"precision": "fp8"}, "precision must be fp16, bf16 or fp32"),
         ({"dropout": "1.0"}, "dropout must be in [0, 1)"),
         ({"pooler": "max"}, "unknown pooler"),
     ],
