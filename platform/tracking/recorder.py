@@ -85,12 +85,6 @@ def closing_status(outcome: str, checkpoint: str | None, needs_checkpoint: bool 
     return {"interrupted": "KILLED", "failed": "FAILED"}[outcome], outcome
 
 
-def outcome_of(exc: BaseException) -> str:
-    # KeyboardInterrupt (Ctrl-C, and SIGTERM: platform.errors.cli_main) and SystemExit ask the
-    # process to stop; any other exception is an error.
-    return "failed" if isinstance(exc, Exception) else "interrupted"
-
-
 class Run:
     """One MLflow run, as seen by the process that works in it.
 
@@ -184,7 +178,24 @@ class Run:
         store.client(self.uri).log_table(self.id, data=frame, artifact_file=artifact_file)
 
     def log_corpus(self, location: str, digest: str, num_sentences: int) -> None:
-        log_corpus(self.uri, self.id, location, digest, num_sentences)
+        """The training corpus as the run's MLflow dataset input (context ``training``): its source,
+        and the content digest the platform's caches are keyed by (MLflow keeps 36 characters of it;
+        the full sha256 is the tag ``corpus_sha256``)."""
+        import warnings
+
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.types import ColSpec, Schema
+
+        with warnings.catch_warnings():  # a local path matches two equivalent source types
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(location)
+        dataset = MetaDataset(source, name=Path(location).name, digest=digest[:32],
+                              schema=Schema([ColSpec("string", "sentence")]))
+        store.client(self.uri).log_inputs(self.id, datasets=[DatasetInput(
+            dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])])
+        self.set_tags({CORPUS_SHA256_TAG: digest, CORPUS_SENTENCES_TAG: str(num_sentences)})
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -213,7 +224,9 @@ class Run:
         except BaseException as exc:
             if not self.in_trial:
                 try:
-                    if self.end(outcome_of(exc)) == "FAILED":
+                    # KeyboardInterrupt (Ctrl-C, and SIGTERM: platform.errors.cli_main) and SystemExit
+                    # ask the process to stop; any other exception is an error.
+                    if self.end("failed" if isinstance(exc, Exception) else "interrupted") == "FAILED":
                         FAILED_HERE[self.id] = self
                 except Exception as lost:  # the tracking server away: the error that ended the work is the one to tell
                     print(f"note: run {self.id} stays RUNNING in MLflow, which could not be told it ended "
@@ -253,30 +266,6 @@ def abandon_open_runs(reason: str) -> list[str]:
         ended.append(run.info().info.run_name)
         OPEN.pop(run.id, None)
     return ended
-
-
-# ------------------------------------------------------------------------------------------------
-# The training corpus
-
-
-def log_corpus(uri: str, run_id: str, location: str, digest: str, num_sentences: int) -> None:
-    """The training corpus as the run's MLflow dataset input (context ``training``): its source,
-    and the content digest the platform's caches are keyed by (MLflow keeps 36 characters of it;
-    the full sha256 is the tag ``corpus_sha256``)."""
-    import warnings
-
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.types import ColSpec, Schema
-
-    with warnings.catch_warnings():  # a local path matches two equivalent source types
-        warnings.simplefilter("ignore")
-        source = resolve_dataset_source(location)
-    dataset = MetaDataset(source, name=Path(location).name, digest=digest[:32], schema=Schema([ColSpec("string", "sentence")]))
-    store.client(uri).log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
-                                                               tags=[InputTag("mlflow.data.context", "training")])])
-    Run(uri, run_id).set_tags({CORPUS_SHA256_TAG: digest, CORPUS_SENTENCES_TAG: str(num_sentences)})
 
 
 # ------------------------------------------------------------------------------------------------
