@@ -169,7 +169,7 @@ def _start(ray, address: str | None, num_cpus: int | None, job_env: dict | None)
     if job_env is not None:
         runtime_env = missing_from(job_env, runtime_env)
     try:
-        quiet_driver_loggers()
+        drop_notes(DRIVER_NOTES)
         with settings.scoped(settings.GCS_PORT, None if port is None else str(port)):  # read by the head ray.init starts
             context = ray.init(
                 # "local" starts a new instance even when another Ray runs on this machine.
@@ -331,6 +331,9 @@ def describe(address: str | None, found: str, in_job: bool) -> str:
     return f"the cluster this machine belongs to, at {gcs} (RAY_ADDRESS=local for a private one)"
 
 
+# The driver's share of a quiet console: Ray's notice that a local instance uses token authentication
+# (its default), Ray Data's notes around a dataset's progress bar and the progress it logs in its
+# place when stdout is no terminal, and Tune's timing of the sweep's callback.
 DRIVER_NOTES = {
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
     "ray.data._internal.execution.streaming_executor": ("Starting execution of Dataset", "Execution plan of Dataset",
@@ -342,13 +345,6 @@ DRIVER_NOTES = {
     # Tune timing the sweep's own callback (which asks MLflow and Ray whether a trial's sender ended).
     "ray.tune.utils.util": ("`callbacks.on_step_begin` operation took",),
 }
-
-
-def quiet_driver_loggers() -> None:
-    """The driver's share of a quiet console: Ray's notice that a local instance uses token
-    authentication (its default), Ray Data's notes around a dataset's progress bar and the progress
-    it logs in its place when stdout is no terminal, and Tune's timing of the sweep's callback."""
-    drop_notes(DRIVER_NOTES)
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
