@@ -160,14 +160,10 @@ def _seconds(run) -> float:
 
 
 def _gpu_hours(run) -> float:
-    if _setting(run, "use_gpu") not in ("True", "true", "1"):
+    """Its run time times its GPU workers, from the ``run.*`` tags of where and how it ran."""
+    if run.data.tags.get(run_setting("use_gpu")) not in ("True", "true", "1"):
         return 0.0
-    return _seconds(run) / 3600 * int(_setting(run, "num_workers") or 1)
-
-
-def _setting(run, key: str) -> str | None:
-    """Where and how a run ran: its ``run.*`` tag."""
-    return run.data.tags.get(run_setting(key))
+    return _seconds(run) / 3600 * int(run.data.tags.get(run_setting("num_workers")) or 1)
 
 
 def reference_rows(frame) -> list[dict]:

@@ -174,7 +174,10 @@ def client(uri: str | None = None):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    quiet_mlflow_loggers()
+    # MLflow's notes that are not the user's to act on: a new SQLite store's table creation, and that
+    # the requirements it records drop torch's local version label (``2.13.0+cpu``).
+    drop_notes({"mlflow.store.db.utils": ("database tables",),
+                "mlflow.utils.requirements_utils": ("local version label",)})
     uri = uri or tracking_uri()
     # MLflow's own code inside a call makes clients of the process's default store (the registry
     # resolving a logged model does): it must be this one, also when MLFLOW_TRACKING_URI is unset
@@ -182,13 +185,6 @@ def client(uri: str | None = None):
     if mlflow.get_tracking_uri() != uri:
         mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
-
-
-def quiet_mlflow_loggers() -> None:
-    """MLflow's notes that are not the user's to act on: a new SQLite store's table creation, and
-    that the requirements it records drop torch's local version label (``2.13.0+cpu``)."""
-    drop_notes({"mlflow.store.db.utils": ("database tables",),
-                "mlflow.utils.requirements_utils": ("local version label",)})
 
 
 TRAINING_KIND = "custom_model_development"  # MLflow's UI then opens on runs, not on GenAI traces
