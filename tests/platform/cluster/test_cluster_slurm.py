@@ -124,15 +124,36 @@ def log(out: Path, job: str) -> str:
 
 
 def waited(slurm, out: Path, job: str, what: str, condition, timeout: float):
-    """``wait_for``, whose failure carries what the job left: its state, its log, its nodes' Ray logs
-    and Slurm's own logs (the folders are gone once the fixture ends)."""
+    """``wait_for``, whose failure carries what the job left: its state, its log (ending with where
+    each thread of its processes waits), its nodes' Ray logs and Slurm's own logs (the folders are
+    gone once the fixture ends)."""
     try:
         return wait_for(what, condition, timeout=timeout)
     except AssertionError as exc:
+        dump_stacks(out)
         nodes = "".join(f"\n--- {p.relative_to(out)}\n{p.read_text(errors='replace')[-1500:]}"
                         for p in sorted(out.glob(f"job-{job}/attempt-*/*.log")))
-        raise AssertionError(f"{exc}\njob: {job_state(slurm, job)}\n--- the job's log\n{log(out, job)[-6000:]}"
+        raise AssertionError(f"{exc}\njob: {job_state(slurm, job)}\n--- the job's log\n{log(out, job)[-20000:]}"
                              f"{nodes}\n--- Slurm\n{slurm.log()[-4000:]}") from None
+
+
+def dump_stacks(out: Path) -> None:
+    """SIGUSR2 to the job's processes that run the platform command (the sweep's driver, and the job
+    process that started it; their arguments name the shared folder): each prints every thread's
+    stack into the job's log (``platform.errors.cli_main``)."""
+    import signal
+    import time
+
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        command = " ".join(proc.info["cmdline"] or [])
+        if "platform.tune" in command and str(out.parent) in command:
+            try:
+                proc.send_signal(signal.SIGUSR2)
+            except psutil.Error:
+                pass
+    time.sleep(3)
 
 
 @pytest.fixture(scope="module")
