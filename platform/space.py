@@ -19,7 +19,6 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-
 from methods.recipe import CUSTOM
 from platform.config import TrainConfig, profile_lineage, read_yaml
 from platform.errors import ConfigError
