@@ -39,6 +39,7 @@ from pathlib import Path
 
 from platform.cluster_files import read_env
 from platform.errors import ConfigError, UserError
+from platform.slurm_sizing import partition_offer, run_needs, size
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ("train", "tune", "evaluate", "augment", "compare", "report")  # what a job may run: python -m platform.X
@@ -59,6 +60,9 @@ SETTINGS = {"SBATCH_PARTITION": "partition", "SBATCH_ACCOUNT": "account", "SBATC
 # The lowest Linux driver each CUDA major release runs on (NVIDIA's CUDA toolkit release notes,
 # "CUDA Toolkit and Minimum Required Driver Version", minor-version compatibility).
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+VERBS = ("status", "logs", "tunnel", "cancel")  # python -m platform.cluster slurm VERB JOBID
+MAX_REQUEUES = 3  # requeues of one job (walltime, preemption) before it ends as it is
+GPUS = re.compile(r"(?:[A-Za-z0-9_.-]+:)?\d+")  # Slurm's --gpus-per-node: N or TYPE:N
 
 
 @dataclass
@@ -69,7 +73,7 @@ class SlurmJob:
     out: Path
     venv: Path
     nodes: int = 1
-    gpus_per_node: int = 0
+    gpus_per_node: str | None = None  # N, or TYPE:N (Slurm's --gpus-per-node)
     cpus_per_task: int | None = None
     mem: str | None = None
     time: str | None = None
@@ -78,6 +82,22 @@ class SlurmJob:
     qos: str | None = None
     signal_s: int = SIGNAL_S
     env: dict[str, str] = field(default_factory=dict)  # exported before the job runs
+    gres: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    sbatch_args: list[str] = field(default_factory=list)  # passed through as #SBATCH lines
+    setup: list[str] = field(default_factory=list)  # shell lines before the venv (module load, conda)
+    max_requeues: int = MAX_REQUEUES
+    node_interface: str | None = None
+    sized: str = ""  # how --cpus-per-task and --mem were chosen, when the render chose them
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per node: --gpus-per-node's N (or TYPE:N), else a GPU --gres's (gpu[:TYPE]:N)."""
+        for value in filter(None, [self.gpus_per_node, *(self.gres or "").split(",")]):
+            if value is self.gpus_per_node or value.split(":")[0] == "gpu":
+                return int(value.split(":")[-1]) if value.split(":")[-1].isdigit() else 1
+        return 0
 
     @property
     def script(self) -> Path:
@@ -107,16 +127,21 @@ def platform_command(command: list[str]) -> str:
                       f"({', '.join(COMMANDS)}); got {shown[:120]}")
 
 
-def check(job: SlurmJob) -> SlurmJob:
-    """Each mistake one line, before anything is written or submitted."""
+def check(job: SlurmJob, offer=None) -> SlurmJob:
+    """Each mistake one line, before anything is written or submitted; ``--cpus-per-task`` and
+    ``--mem`` sized from the run where the user named neither (``offer``: the partition's largest node)."""
     platform_command(job.command)
     if not NAME.fullmatch(job.name):
         raise ConfigError(f"the job's name {job.name!r} (--name or CLUSTER_NAME) must be 1-40 lowercase letters, "
                           "digits and hyphens, starting with a letter")
     if job.nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, got {job.nodes}")
-    if job.gpus_per_node < 0 or (job.cpus_per_task is not None and job.cpus_per_task < 1):
-        raise ConfigError("--gpus-per-node must be 0 or more and --cpus-per-task at least 1")
+    if job.gpus_per_node is not None and not GPUS.fullmatch(job.gpus_per_node):
+        raise ConfigError(f"--gpus-per-node {job.gpus_per_node!r} must be N or TYPE:N (e.g. 2 or a100:2)")
+    if job.cpus_per_task is not None and job.cpus_per_task < 1:
+        raise ConfigError("--cpus-per-task must be at least 1")
+    if job.max_requeues < 0:
+        raise ConfigError(f"--max-requeues must be 0 or more, got {job.max_requeues}")
     if job.mem is not None and not MEMORY.fullmatch(job.mem):
         raise ConfigError(f"--mem {job.mem!r} must be a number with an optional unit K, M, G or T (Slurm's --mem)")
     if job.signal_s < 60:
@@ -131,11 +156,69 @@ def check(job: SlurmJob) -> SlurmJob:
     if uri and not uri.startswith(("http://", "https://")):
         raise ConfigError(f"MLFLOW_TRACKING_URI={uri} is not a tracking server: unset it (the job starts one) or "
                           "name your server (http://...); a file store on a shared filesystem is unsafe")
-    if job.gpus_per_node and "+cpu" in installed_torch(job.venv):
-        raise ConfigError(f"--gpus-per-node {job.gpus_per_node}, but {job.venv} holds torch's CPU build "
+    if job.gpus and "+cpu" in installed_torch(job.venv):
+        raise ConfigError(f"--gpus-per-node {job.gpus_per_node or job.gres}, but {job.venv} holds torch's CPU build "
                           f"({installed_torch(job.venv)}): install the CUDA lock there (pip install --require-hashes "
                           "-r requirements/cuda.txt; docs/cluster.md, 'On a Slurm cluster')")
+    cfg, needs = run_needs(job.command)
+    if needs is not None:
+        cpus, mem_mb, why = size(needs, job.nodes, job.gpus, job.cpus_per_task, offer)
+        if job.cpus_per_task is None or job.mem is None:
+            job.sized = why
+        job.cpus_per_task = job.cpus_per_task if job.cpus_per_task is not None else cpus
+        job.mem = job.mem if job.mem is not None else f"{mem_mb}M"
+        job.env.update(preflight(cfg, job.env))
     return job
+
+
+def preflight(cfg, env: dict[str, str]) -> dict[str, str]:
+    """On the login node, before anything is submitted: the data folder is there, and each backbone
+    the run loads is in the Hugging Face cache the nodes read (fetched into it here when the login
+    node can reach the hub); the job then runs with ``HF_HUB_OFFLINE=1`` (compute nodes often have no
+    internet). What the job exports for it."""
+    from methods.encoder import pretrained_source
+    from platform.data import data_dir
+    from platform.errors import DataError
+
+    try:
+        data_dir(env.get("PLATFORM_DATA_DIR"))
+    except DataError as exc:
+        raise ConfigError(f"{exc}: fetch the data on the login node first (python -m platform.data fetch all "
+                          "--data-dir DIR, docs/data.md)") from None
+    hf_home = Path(env.get("HF_HOME") or os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").resolve()
+    names = dict.fromkeys(v for v in (cfg.model, cfg.flat().get("mlm")) if isinstance(v, str) and v)
+    for name in names:
+        source, pinned = pretrained_source(name)
+        if Path(source).exists():
+            continue
+        cached(source, pinned.get("revision"), hf_home, env.get("HF_HUB_OFFLINE") or os.environ.get("HF_HUB_OFFLINE"))
+    return {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+
+
+def cached(repo: str, revision: str | None, hf_home: Path, offline: str | None) -> None:
+    """``repo`` at ``revision`` in the cache under ``hf_home``, downloaded there when missing and the hub
+    answers; one line of ConfigError when it is neither."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.txt", "*.safetensors", "*.model", "*.py"]
+    cache = hf_home / "hub"
+    try:
+        snapshot_download(repo, revision=revision, cache_dir=cache, allow_patterns=patterns, local_files_only=True)
+        return
+    except Exception:  # not cached (huggingface_hub raises several kinds): fetched below where allowed
+        pass
+    if offline and offline.lower() in ("1", "true", "yes", "on"):
+        why = "HF_HUB_OFFLINE is set"
+    else:
+        try:
+            print(f"fetching {repo} into {cache} (the job's nodes read it there, offline)", file=sys.stderr, flush=True)
+            snapshot_download(repo, revision=revision, cache_dir=cache, allow_patterns=patterns)
+            return
+        except Exception as exc:
+            why = " ".join(str(exc).split())[:160]
+    raise ConfigError(f"the backbone {repo}{'@' + revision if revision else ''} is not in the Hugging Face cache at "
+                      f"{cache} and could not be fetched ({why}): fetch it on the login node (HF_HOME on the shared "
+                      "filesystem) or give a local path (--set model=DIR)")
 
 
 def installed_torch(venv: Path) -> str:
@@ -151,17 +234,24 @@ def render(job: SlurmJob) -> str:
     """The batch script: what Slurm is asked for, then the job's one process."""
     lines = ["#!/bin/bash",
              f"# Rendered by python -m platform.cluster slurm for {shlex.join(job.command)}; render it again rather "
-             "than editing it.",
-             f"#SBATCH --job-name={job.name}", f"#SBATCH --nodes={job.nodes}", "#SBATCH --ntasks-per-node=1"]
-    asked = {"cpus-per-task": job.cpus_per_task, "gpus-per-node": job.gpus_per_node or None, "mem": job.mem,
-             "time": job.time, "partition": job.partition, "account": job.account, "qos": job.qos}
+             "than editing it."]
+    if job.sized:
+        lines.append(f"# --cpus-per-task and --mem sized from the run: {job.sized}.")
+    lines += [f"#SBATCH --job-name={job.name}", f"#SBATCH --nodes={job.nodes}", "#SBATCH --ntasks-per-node=1"]
+    asked = {"cpus-per-task": job.cpus_per_task, "gpus-per-node": job.gpus_per_node if job.gpus else None,
+             "gres": job.gres, "mem": job.mem, "time": job.time, "partition": job.partition, "account": job.account,
+             "qos": job.qos, "constraint": job.constraint}
     lines += [f"#SBATCH --{key}={value}" for key, value in asked.items() if value is not None]
+    lines += ["#SBATCH --exclusive"] * job.exclusive + [f"#SBATCH {arg}" for arg in job.sbatch_args]
     lines += [f"#SBATCH --output={job.out}/slurm-%j.out", "#SBATCH --open-mode=append",  # a requeued start appends
-              "#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{job.signal_s}",
-              "set -eu", f"cd {shlex.quote(str(ROOT))}", f". {shlex.quote(str(job.venv / 'bin' / 'activate'))}"]
+              "#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{job.signal_s}", "set -e", f"cd {shlex.quote(str(ROOT))}"]
+    lines += job.setup  # module load, conda activate: before `set -u`, which some of their scripts break under
+    lines += ["set -u", f". {shlex.quote(str(job.venv / 'bin' / 'activate'))}"]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in job.env.items()]
-    lines.append(f"exec python -m platform.slurm_job --out {shlex.quote(str(job.out))} --name {job.name} -- "
-                 + shlex.join(job.command))
+    options = [f"--max-requeues={job.max_requeues}", f"--signal-seconds={job.signal_s}", f"--script={job.script}"]
+    options += [f"--node-interface={job.node_interface}"] * bool(job.node_interface)
+    lines.append(f"exec {shlex.quote(str(job.venv / 'bin' / 'python'))} -m platform.slurm_job --out "
+                 f"{shlex.quote(str(job.out))} --name {job.name} {shlex.join(options)} -- " + shlex.join(job.command))
     return "\n".join(lines) + "\n"
 
 
@@ -199,15 +289,27 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
     else:
         command = []
     p = argparse.ArgumentParser(prog="python -m platform.cluster slurm",
-                                description="Run a platform command across a Slurm allocation (docs/cluster.md).",
+                                description="Run a platform command across a Slurm allocation (docs/slurm.md). "
+                                            "status|logs|tunnel|cancel JOBID: see and reach a job.",
                                 usage="%(prog)s [options] -- python -m platform.tune METHOD ...")
     p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--gpus-per-node", type=int, default=0)
-    p.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of each node's one task (Slurm's default if unset)")
-    p.add_argument("--mem", default=None, help="memory per node (Slurm's --mem, e.g. 64G)")
+    p.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs of each node (Slurm's --gpus-per-node)")
+    p.add_argument("--gres", default=None, help="Slurm's --gres (e.g. gpu:a100:2), for sites that ask GPUs this way")
+    p.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of each node's one task (default: sized from the run)")
+    p.add_argument("--mem", default=None, help="memory per node (Slurm's --mem, e.g. 64G; default: sized from the run)")
     for option, key in (("--time", "SBATCH_TIMELIMIT"), ("--partition", "SBATCH_PARTITION"),
                         ("--account", "SBATCH_ACCOUNT"), ("--qos", "SBATCH_QOS")):
         p.add_argument(option, default=values.get(key) or None, help=f"Slurm's {option} (default: {key} in cluster.env)")
+    p.add_argument("--constraint", default=None, help="Slurm's --constraint (node features, e.g. a100|h100)")
+    p.add_argument("--exclusive", action="store_true", help="Slurm's --exclusive: whole nodes")
+    p.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
+                   help="any other sbatch option, as one #SBATCH line (repeatable), e.g. --sbatch-arg=--reservation=lab")
+    p.add_argument("--setup", action="append", default=[], metavar="LINE",
+                   help="a shell line run before the venv is activated (repeatable): module load ..., conda activate ...")
+    p.add_argument("--max-requeues", type=int, default=MAX_REQUEUES,
+                   help=f"how often the job requeues itself at the walltime or on preemption (default {MAX_REQUEUES})")
+    p.add_argument("--node-interface", default=None, metavar="IFACE",
+                   help="the network interface Ray and NCCL use on each node (default: the one of the default route)")
     p.add_argument("--signal-seconds", type=int, default=SIGNAL_S,
                    help=f"the walltime warning: seconds before the end (default {SIGNAL_S})")
     p.add_argument("--name", default=values.get("CLUSTER_NAME") or "platform", help="the job's name (default CLUSTER_NAME)")
@@ -223,15 +325,21 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
             env[key] = str(Path(env[key]).expanduser().resolve())
     out = (args.output or ROOT / ".cluster" / f"slurm-{args.name}").expanduser().resolve()
     return SlurmJob(args.name, command, out, Path(sys.prefix), args.nodes, args.gpus_per_node, args.cpus_per_task,
-                    args.mem, args.time, args.partition, args.account, args.qos, args.signal_seconds, env)
+                    args.mem, args.time, args.partition, args.account, args.qos, args.signal_seconds, env, args.gres,
+                    args.constraint, args.exclusive, args.sbatch_args, args.setup, args.max_requeues, args.node_interface)
 
 
 def main(argv: list[str], env_file: Path) -> int:
+    if argv[:1] and argv[0] in VERBS:
+        from platform.slurm_status import main as verb_main
+
+        return verb_main(argv)
     options = argv[: argv.index("--")] if "--" in argv else argv
     named = [options[i + 1] for i, a in enumerate(options[:-1]) if a == "--env-file"]
     env_file = Path(named[-1]) if named else env_file
     values = read_env(env_file) if named or env_file.is_file() else {}
-    return submit(check(parse(argv, values)), "--print" in options)
+    job = parse(argv, values)
+    return submit(check(job, partition_offer(job.partition)), "--print" in options)
 
 
 def driver_refusal(driver: str, cuda: str, torch_version: str) -> str:

@@ -6,6 +6,7 @@ node ATTEMPT`` is one Ray node, ``srun``'s task on each allocated node."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import re
@@ -22,19 +23,45 @@ import time
 import urllib.request
 from pathlib import Path
 
-from platform import storage
+from platform import settings, storage
 from platform.cluster_files import write_mlflow_auth, write_private
-from platform.cluster_slurm import JOIN_TIMEOUT_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal, platform_command
-from platform.config import add_run_arguments, build_config
+from platform.cluster_slurm import (JOIN_TIMEOUT_S, MAX_REQUEUES, SIGNAL_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal,
+                                    platform_command)
+from platform.config import build_config
 from platform.errors import UserError, cli_main
 from platform.mlflow_backup import copy_database
 from platform.run.ray_env import answers, free_port
-from platform.sweep_runs import latest_sweep
+from platform.slurm_sizing import command_arguments, fits, run_needs
 
-def node_ip() -> str:
-    import ray.util
+RAY_LOGS = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "monitor.log", "dashboard.log",
+            "python-core-driver-*.log", "worker-*.err", "worker-*.out")  # what a node keeps of Ray's session logs
+LOG_COPY_S = 120  # how often a node copies Ray's logs to the job's folder while it runs
 
-    return ray.util.get_node_ip_address()
+def node_ip(interface: str | None = None) -> str:
+    """This node's address for Ray and MLflow: ``interface``'s (``--node-interface``), else the one of
+    the default route (Ray's guess). A loopback or link-local address is refused: the other nodes
+    could not reach it."""
+    if interface:
+        proc = subprocess.run(["ip", "-o", "addr", "show", "dev", interface], capture_output=True, text=True)
+        found = re.findall(r"\binet6? ([0-9a-fA-F.:]+)/\d+ .*?scope global", proc.stdout)
+        if not found:
+            raise UserError(f"--node-interface {interface}: {socket.gethostname()} has no such interface with a global "
+                            f"address ({' '.join(proc.stderr.split())[:120] or 'ip addr shows none'})")
+        ip = found[0]
+    else:
+        import ray.util
+
+        ip = ray.util.get_node_ip_address()
+    address = ipaddress.ip_address(ip)
+    if address.is_loopback or address.is_link_local or address.is_unspecified:
+        raise UserError(f"{socket.gethostname()}'s address for Ray is {ip}, which other nodes cannot reach: name the "
+                        "interface of the cluster's network with --node-interface IFACE")
+    return ip
+
+
+def hostport(ip: str, port: int) -> str:
+    """``ip:port``, an IPv6 address bracketed."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def wait_for(path: Path, timeout: float, alive) -> dict:
@@ -58,24 +85,28 @@ def gpu_check() -> str | None:
     return driver_refusal(driver, torch.version.cuda, torch.__version__)
 
 
-def node_task(attempt: Path) -> int:
+def node_task(attempt: Path, interface: str | None = None) -> int:
     """One Ray node of the job on this node (``srun``'s task): the head on the allocation's first
-    node, else a node joining it; until Ray ends or the job stops it."""
+    node, else a node joining it; until Ray ends or the job stops it. Ray's session logs are copied
+    into the attempt's folder as it runs and at its end (a node's /tmp goes with the job)."""
     rank = int(os.environ.get("SLURM_NODEID", "0"))
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
     gpus = len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
-    if gpus:
-        refusal = gpu_check()
-        if refusal:
-            storage.write_json(attempt / f"refused-{rank}.json", {"node": socket.gethostname(), "why": refusal})
-            print(f"error: {socket.gethostname()}: {refusal}", file=sys.stderr)
-            return 3
-    ip = node_ip()
+    refusal = gpu_check() if gpus else None
+    try:
+        ip = node_ip(interface)
+    except UserError as exc:
+        refusal = refusal or str(exc)
+    if refusal:
+        storage.write_json(attempt / f"refused-{rank}.json", {"node": socket.gethostname(), "why": refusal})
+        print(f"error: {socket.gethostname()}: {refusal}", file=sys.stderr)
+        return 3
     # Ray's AF_UNIX sockets live under the temp folder: its path must stay short (107 bytes).
-    temp = Path(tempfile.gettempdir()) / f"pr-{job_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    temp = Path(tempfile.gettempdir()) / f"pr-{job_id}.{attempt.name.rsplit('-', 1)[-1]}"
     low = WORKER_PORTS[0] + (job_id % WINDOWS) * ((WORKER_PORTS[1] - WORKER_PORTS[0]) // WINDOWS)
-    args = ["ray", "start", "--block", "--disable-usage-stats", f"--node-ip-address={ip}", f"--num-cpus={cpus}",
+    ray = str(Path(sys.executable).parent / "ray")  # the venv's, whatever PATH a site's srun passes on
+    args = [ray, "start", "--block", "--disable-usage-stats", f"--node-ip-address={ip}", f"--num-cpus={cpus}",
             f"--num-gpus={gpus}", f"--temp-dir={temp}", f"--min-worker-port={low}",
             f"--max-worker-port={low + (WORKER_PORTS[1] - WORKER_PORTS[0]) // WINDOWS - 1}"]
     args += [f"--{name}={free_port()}" for name in ("node-manager-port", "object-manager-port", "metrics-export-port",
@@ -83,9 +114,9 @@ def node_task(attempt: Path) -> int:
                                                      "runtime-env-agent-port")]
     head_file = attempt / "head.json"
     if rank == 0:
-        port = free_port()
+        port, dashboard = free_port(), free_port()
         args += ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}", "--dashboard-host=127.0.0.1",
-                 f"--dashboard-port={free_port()}"]
+                 f"--dashboard-port={dashboard}"]
     else:
         head = wait_for(head_file, JOIN_TIMEOUT_S, lambda: True)
         if not head:
@@ -99,44 +130,75 @@ def node_task(attempt: Path) -> int:
     if rank == 0:
         while proc.poll() is None and answers(ip, port, timeout=2) is not None:
             time.sleep(0.5)
-        storage.write_json(head_file, {"address": f"{ip}:{port}", "node": socket.gethostname()})
+        storage.write_json(head_file, {"address": hostport(ip, port), "node": socket.gethostname(),
+                                       "dashboard_port": dashboard})
     print(f"{socket.gethostname()}: Ray node {rank} ({ip}, {cpus} CPUs, {gpus} GPUs)", flush=True)
-    code = proc.wait()
+    kept = attempt / "ray-logs" / socket.gethostname()
+    copied = time.monotonic()
+    while proc.poll() is None:
+        time.sleep(1)
+        if time.monotonic() - copied > LOG_COPY_S:
+            keep_logs(temp, kept)
+            copied = time.monotonic()
+    keep_logs(temp, kept)
     shutil.rmtree(temp, ignore_errors=True)
-    return code
+    return 0 if proc.returncode in (0, -signal.SIGTERM, 128 + signal.SIGTERM) else proc.returncode
+
+
+def keep_logs(temp: Path, into: Path) -> None:
+    """Ray's session logs of this node (``RAY_LOGS``) copied into ``into``."""
+    logs = temp / "session_latest" / "logs"
+    for pattern in RAY_LOGS:
+        for path in logs.glob(pattern):
+            try:
+                into.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, into / path.name)
+            except OSError:  # a log rotated or the folder gone meanwhile: the next copy has it
+                pass
 
 
 class MlflowServer:
     """The job's own MLflow server on this node: its SQLite store on local disk, restored from the
-    shared copy and copied back (``snapshot``); basic authentication with an account of the output folder."""
+    job's shared copy and copied back (``snapshot``); basic authentication with an account of the
+    output folder. SQLite works on the local disk only: the shared copy is made there and then copied
+    as a file (a shared filesystem mounted without locks, NFS ``nolock`` or Lustre ``noflock``, refuses
+    SQLite's locks)."""
 
-    def __init__(self, out: Path, local: Path):
-        self.copy, self.store = out / "mlflow" / "mlflow.db", local / "mlflow.db"
+    def __init__(self, out: Path, folder: Path, local: Path, interface: str | None = None):
+        self.copy, self.store = folder / "mlflow.db", local / "mlflow.db"
         self.artifacts = out / "mlflow" / "artifacts"
+        self.password_file = out / "mlflow" / "admin-password"
+        self.interface = interface
         self.proc: subprocess.Popen | None = None
         self.copied = 0.0
+
+    def restore(self) -> None:
+        """The shared copy, when there is one, as the local store (copied as a file, checked here)."""
+        if self.copy.is_file():
+            staged = self.store.with_name(".restored.db")
+            shutil.copyfile(self.copy, staged)
+            copy_database(staged, self.store)  # SQLite reads it on the local disk; a torn copy fails here
+            staged.unlink()
 
     def start(self, log: Path) -> dict[str, str]:
         self.store.parent.mkdir(parents=True, exist_ok=True)
         self.artifacts.mkdir(parents=True, exist_ok=True)
-        if self.copy.is_file():
-            copy_database(self.copy, self.store)
-        password_file = self.copy.parent / "admin-password"
-        if not password_file.is_file():
-            write_private(password_file, secrets.token_urlsafe(24))
+        self.restore()
+        if not self.password_file.is_file():
+            write_private(self.password_file, secrets.token_urlsafe(24))
         account = {"MLFLOW_TRACKING_USERNAME": "platform",
-                   "MLFLOW_TRACKING_PASSWORD": password_file.read_text(encoding="utf-8").strip()}
+                   "MLFLOW_TRACKING_PASSWORD": self.password_file.read_text(encoding="utf-8").strip()}
         auth = write_mlflow_auth(self.store.parent / "basic_auth.ini", account["MLFLOW_TRACKING_USERNAME"],
                                  account["MLFLOW_TRACKING_PASSWORD"])
-        ip, port = node_ip(), free_port()
+        ip, port = node_ip(self.interface), free_port()
         env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(auth), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "mlflow"), "server", "--app-name", "basic-auth", "--host", ip, "--port",
              str(port), "--workers", "2", "--backend-store-uri", f"sqlite:///{self.store}",
-             "--artifacts-destination", self.artifacts.as_uri()],
+             "--artifacts-destination", self.artifacts.as_uri(), "--allowed-hosts", allowed_hosts(ip, port)],
             stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        uri = f"http://{ip}:{port}"
+        uri = f"http://{hostport(ip, port)}"
         deadline = time.monotonic() + 180
         while True:
             try:
@@ -149,13 +211,16 @@ class MlflowServer:
         return {"MLFLOW_TRACKING_URI": uri, **account}
 
     def snapshot(self, force: bool = False) -> None:
-        """The shared copy made again when the store changed since the last one."""
+        """The shared copy made again when the store changed since the last one: SQLite's backup onto
+        the local disk, then a file copy renamed into place on the shared one."""
         changed = max((p.stat().st_mtime for p in (self.store, self.store.with_name("mlflow.db-wal")) if p.exists()),
                       default=0.0)
         if self.store.exists() and (force or changed > self.copied):
             self.copied = time.time()
+            staged = self.store.with_name(".snapshot.db")
             try:
-                copy_database(self.store, self.copy)
+                copy_database(self.store, staged)
+                file_copy(staged, self.copy)
             except (sqlite3.Error, OSError) as exc:  # the previous copy stays; the next try may succeed
                 print(f"slurm: MLflow's copy not made this time ({exc}); {self.copy} is the previous one", flush=True)
 
@@ -168,31 +233,40 @@ class MlflowServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def command_arguments(command: list[str]) -> argparse.Namespace:
-    """COMMAND's run arguments (method, profile, --set, ...), ``--run-name`` and ``--resume``, as the
-    command itself reads them; its other options are left aside."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_run_arguments(p, sweep=platform_command(command) == "tune")
-    p.add_argument("--run-name")
-    p.add_argument("--resume", nargs="?", const=True)
-    return p.parse_known_args(command[3:])[0]
+def allowed_hosts(ip: str, port: int) -> str:
+    """MLflow's ``--allowed-hosts`` for the job's server: its defaults (localhost, the private ranges:
+    what a tunnel's end uses) and the node's own address and names, whatever range the address is in
+    (a site's nodes may have public addresses, which MLflow otherwise answers with 403)."""
+    from mlflow.server.security_utils import get_default_allowed_hosts
+
+    names = dict.fromkeys([f"[{ip}]" if ":" in ip else ip, socket.gethostname(), socket.getfqdn()])
+    return ",".join([*get_default_allowed_hosts(), *names, *(f"{n}:{port}" for n in names)])
 
 
-def resume_arguments(command: list[str], first_start: float) -> list[str]:
-    """What a requeued start adds to COMMAND: ``--resume`` where the job had begun a sweep (the
-    newest of its method under its output_dir, begun after the job first started), ``--resume RUN``
-    where it had begun ``train``'s run; nothing otherwise (the command starts again)."""
+def file_copy(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` as bytes, renamed into place (no reader sees half of it)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def resume_arguments(command: list[str], record: Path) -> list[str]:
+    """What a later start adds to COMMAND: ``--resume FOLDER`` for the sweep this job began (the
+    folder the sweep recorded in ``record``, whatever other sweeps share its output_dir), ``--resume
+    RUN`` for ``train``'s run it began; nothing otherwise (the command starts again)."""
     kind = platform_command(command)
     if kind not in ("tune", "train"):
         return []
     args = command_arguments(command)
     if args.resume:
         return []
-    output_dir = build_config(args).output_dir
     if kind == "tune":
-        found = latest_sweep(output_dir, args.method)
-        begun = found and time.mktime(time.strptime(found[0].rstrip("/").rsplit("-sweep-", 1)[1], "%Y%m%d-%H%M%S"))
-        return ["--resume"] if found and begun >= int(first_start) else []
+        return ["--resume", record.read_text(encoding="utf-8").strip()] if record.is_file() else []
+    output_dir = build_config(args).output_dir
     if args.run_name and storage.exists(storage.join(output_dir, args.run_name)):
         return ["--resume", args.run_name]
     return []
@@ -214,7 +288,7 @@ class Stop:
         self.command: subprocess.Popen | None = None
 
     def on_usr1(self, signum, frame) -> None:
-        self.walltime = True
+        self.walltime = self.walltime or time.monotonic()
         print("slurm: the walltime is near; the command stops and the job requeues itself", flush=True)
         self._forward()
 
@@ -230,74 +304,209 @@ class Stop:
             self.command.send_signal(signal.SIGTERM)
 
 
-def job_main(out: Path, name: str, command: list[str]) -> int:
+class Lineage:
+    """The starts of one job, requeued ones and a successor submitted where Slurm refused the requeue:
+    one folder (``job-<first id>``), one attempt folder per start, one MLflow copy, one sweep."""
+
+    def __init__(self, out: Path, job_id: str):
+        first = os.environ.get(settings.SLURM_LINEAGE) or job_id
+        self.folder = out / f"job-{first}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        before = sorted((p for p in self.folder.glob("attempt-*") if p.name.split("-")[-1].isdigit()),
+                        key=lambda p: int(p.name.split("-")[-1]))
+        self.starts = len(before)  # starts before this one
+        self.previous = before[-1] if before else None
+        self.attempt = self.folder / f"attempt-{self.starts}"
+        self.attempt.mkdir()
+        (self.attempt / "slurm-job-id").write_text(job_id, encoding="utf-8")
+        self.sweep_record = self.folder / "sweep"
+        started = self.folder / "first-start"
+        if not started.exists():
+            started.write_text(str(time.time()), encoding="utf-8")
+        self.began = time.time()
+
+    def wait_previous(self, timeout: float = 60) -> None:
+        """The previous start's end marker, waited for a while (its nodes may still be ending)."""
+        if self.previous is None:
+            return
+        deadline = time.monotonic() + timeout
+        while not (self.previous / "ended").exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        if not (self.previous / "ended").exists():
+            print(f"slurm: the previous start ({self.previous.name}) left no end marker (it was killed); going on",
+                  flush=True)
+
+    def end(self, code: int) -> None:
+        (self.attempt / "ended").write_text(f"{code}\n", encoding="utf-8")
+
+
+def made_progress(command: list[str], since: float, record: Path) -> bool:
+    """Whether this start saved anything the next one would resume: a checkpoint or Tune's state
+    written since it began (checked where output_dir is a local folder; object storage counts as yes)."""
+    try:
+        args = command_arguments(command)
+        output_dir = build_config(args).output_dir
+    except Exception:  # the command's own error: it said so
+        return False
+    if "://" in output_dir:
+        return True
+    if record.is_file():
+        root = Path(record.read_text(encoding="utf-8").strip())
+    else:
+        root = Path(output_dir) / (args.run_name or "")
+    if not root.is_dir():
+        return False
+    for path in root.rglob("*"):
+        if (path.name.startswith(("checkpoint_", "experiment_state")) or path.name == "tuner.pkl") and \
+                path.stat().st_mtime >= since:
+            return True
+    return False
+
+
+def requeue_decision(code: int, stop: Stop, starts: int, max_requeues: int, progress: bool) -> str | None:
+    """Why the job requeues itself (None: it does not): after the walltime warning only, when the
+    command did not finish (exit 0 wins, whenever the signal came), the job has requeues left, and this
+    start saved something to resume from."""
+    if code == 0 or not stop.walltime or stop.terminated:
+        return None
+    if starts >= max_requeues:
+        print(f"slurm: not requeued: the job has started {starts + 1} times (--max-requeues {max_requeues})", flush=True)
+        return None
+    if not progress:
+        print("slurm: not requeued: this start finished no trial and saved no checkpoint (a requeue would do the same "
+              "again); resubmit with a longer --time", flush=True)
+        return None
+    return "the walltime"
+
+
+def requeue(job_id: str, lineage: Lineage) -> None:
+    """``scontrol requeue``; where Slurm refuses it (``JobRequeue=0``, ``--no-requeue``, a site's
+    plugin), a job submitted to start once this one ends (``--dependency=afterany``), which continues
+    this lineage's sweep."""
+    proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if proc.returncode == 0:
+        print(f"slurm: job {job_id} requeued", flush=True)
+        return
+    why = " ".join(proc.stderr.split())[:200]
+    script = lineage.folder / "job.sbatch"
+    first = lineage.folder.name.removeprefix("job-")
+    follow = subprocess.run(["sbatch", "--parsable", f"--dependency=afterany:{job_id}",
+                             f"--export=ALL,{settings.SLURM_LINEAGE}={first}", str(script)],
+                            capture_output=True, text=True)
+    if follow.returncode == 0:
+        print(f"slurm: Slurm refused the requeue ({why}); job {follow.stdout.strip().split(';')[0]} submitted to "
+              f"continue once this one ends", flush=True)
+    else:
+        print(f"slurm: could not requeue job {job_id} ({why}) nor submit its successor "
+              f"({' '.join(follow.stderr.split())[:200]}); resubmit the same command", flush=True)
+
+
+def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_REQUEUES, script: Path | None = None,
+             interface: str | None = None, signal_s: int = SIGNAL_S) -> int:
     """The job's one process on its first node: Ray on every node, MLflow, the command, the end."""
     job_id = os.environ["SLURM_JOB_ID"]
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    folder = out / f"job-{job_id}"
-    attempt = folder / f"attempt-{restart}"
-    attempt.mkdir(parents=True, exist_ok=True)
-    started = folder / "first-start"
-    if not started.exists():
-        started.write_text(str(time.time()), encoding="utf-8")
+    lineage = Lineage(out, job_id)
+    attempt, folder = lineage.attempt, lineage.folder
+    if script is not None and script.is_file() and not (folder / "job.sbatch").exists():
+        shutil.copyfile(script, folder / "job.sbatch")  # what a successor runs, whatever renders the name's script later
     stop = Stop()
     signal.signal(signal.SIGUSR1, stop.on_usr1)
     signal.signal(signal.SIGTERM, stop.on_term)
     token = write_private(attempt / "ray_token", secrets.token_hex(32) + "\n")
     # output_dir's default in the job, for the command and for finding what a requeued start resumes.
     os.environ["PLATFORM_OUTPUT_DIR"] = os.environ.get("PLATFORM_OUTPUT_DIR") or str(out / "runs")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PLATFORM_CLUSTER": name}
-    print(f"slurm: job {job_id}{f' (start {restart + 1}, requeued)' if restart else ''}: {nodes} node(s) "
-          f"{os.environ.get('SLURM_JOB_NODELIST', '')}", flush=True)
-    step = subprocess.Popen(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap",
-                             "--kill-on-bad-exit=1", sys.executable, "-m", "platform.slurm_job", "node", str(attempt)],
-                            env=env)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PLATFORM_CLUSTER": name,
+           settings.SWEEP_RECORD: str(lineage.sweep_record)}
+    if interface:
+        env.update(NCCL_SOCKET_IFNAME=interface, GLOO_SOCKET_IFNAME=interface)
+    print(f"slurm: job {job_id}{f' (start {lineage.starts + 1} of {folder.name})' if lineage.starts else ''}: {nodes} "
+          f"node(s) {os.environ.get('SLURM_JOB_NODELIST', '')}", flush=True)
+    if lineage.starts > max_requeues:
+        print(f"error: the job has started {lineage.starts + 1} times, more than --max-requeues {max_requeues} allows; "
+              "it ends here (its sweep resumes with the same command and --resume)", file=sys.stderr, flush=True)
+        lineage.end(4)
+        return 4
+    lineage.wait_previous()
+    node = [sys.executable, "-m", "platform.slurm_job", "node", str(attempt), *([interface] if interface else [])]
+    # --export=ALL: a site's SBATCH_EXPORT=NONE reaches the step as SLURM_EXPORT_ENV=NONE otherwise.
+    step = subprocess.Popen(["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+                             "--overlap", "--kill-on-bad-exit=1", *node], env=env)
     local = Path(tempfile.gettempdir()) / f"platform-mlflow-{job_id}"
     server = None
     code = 1
     try:
         head = wait_for(attempt / "head.json", JOIN_TIMEOUT_S, lambda: step.poll() is None and not stop.terminated)
         if not head:
-            return fail_start(attempt, f"the Ray head did not start (its log: {attempt}/ray-node-0.log)")
+            code = fail_start(attempt, f"the Ray head did not start (its log: {attempt}/ray-node-0.log)")
+            return code
         env["RAY_ADDRESS"] = head["address"]
-        if not joined(head["address"], nodes, env, step, stop):
-            return fail_start(attempt, f"{nodes} node(s) did not all join the head within {JOIN_TIMEOUT_S} s "
+        table = joined(head["address"], nodes, env, step, stop)
+        if table is None:
+            code = fail_start(attempt, f"{nodes} node(s) did not all join the head within {JOIN_TIMEOUT_S} s "
                                        f"(their logs: {attempt}/ray-node-*.log)")
+            return code
+        storage.write_json(attempt / "nodes.json", table)
+        refusal = feasible(command, [n["Resources"] for n in table])
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr, flush=True)
+            code = 3
+            return code
         if not os.environ.get("MLFLOW_TRACKING_URI"):
-            server = MlflowServer(out, local)
+            server = MlflowServer(out, folder, local, interface)
             env.update(server.start(attempt / "mlflow-server.log"))
-            say_where(env["MLFLOW_TRACKING_URI"], server, folder)
-        command = named_run(command, name, job_id)
-        if restart:
-            command = [*command, *resume_arguments(command, float(started.read_text(encoding="utf-8")))]
+            say_where(env["MLFLOW_TRACKING_URI"], server, folder, head, token)
+        command = named_run(command, name, folder.name.removeprefix("job-"))
+        if lineage.starts:
+            command = [*command, *resume_arguments(command, lineage.sweep_record)]
         print(f"slurm: running {shlex.join(command)}", flush=True)
-        code = run_command(command, env, stop, server)
+        code = run_command(command, env, stop, server, walltime_stop_s=signal_s / 2)
+        if server is not None:
+            server.snapshot(force=True)  # before a requeue: Slurm's SIGTERM and SIGKILL follow it
+        reason = requeue_decision(code, stop, lineage.starts, max_requeues,
+                                  made_progress(command, lineage.began, lineage.sweep_record))
+        if reason:
+            requeue(job_id, lineage)
     finally:
         if server is not None:
             server.snapshot(force=True)
             server.stop()
             shutil.rmtree(local, ignore_errors=True)
         end_step(step)
-    if stop.walltime and not stop.terminated:
-        requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-        print(f"slurm: job {job_id} requeued" if requeue.returncode == 0 else
-              f"slurm: could not requeue job {job_id}: {requeue.stderr.strip()}", flush=True)
-    print(f"slurm: the command exited {code}", flush=True)
+        lineage.end(code)
+        print(f"slurm: the command exited {code}", flush=True)
     return code
 
 
-def say_where(address: str, server: "MlflowServer", folder: Path) -> None:
-    """The job's MLflow address, its account and the tunnel line, in the log and in ``mlflow.json``."""
-    password = server.copy.parent / "admin-password"
-    storage.write_json(folder / "mlflow.json", {"uri": address, "user": "platform", "password_file": str(password)})
-    host, port = address.removeprefix("http://").split(":")
-    print(f"slurm: MLflow at {address} (user platform, password in {password}); from your machine: "
-          f"ssh -N -L 5000:{host}:{port} LOGIN-NODE, then http://127.0.0.1:5000", flush=True)
+def feasible(command: list[str], resources: list[dict]) -> str | None:
+    """Why the joined nodes cannot hold one of the command's trials (one line), or None."""
+    try:
+        _, needs = run_needs(command)
+    except Exception:  # the command's own configuration error: the command says it, in its words
+        return None
+    return fits(needs, resources) if needs is not None else None
 
 
-def run_command(command: list[str], env: dict[str, str], stop: "Stop", server: "MlflowServer | None") -> int:
-    """COMMAND until it ends, MLflow's copy kept fresh; its exit status."""
+def say_where(address: str, server: "MlflowServer", folder: Path, head: dict, token: Path) -> None:
+    """How to reach the job: MLflow's address, its account and the tunnel line, Ray's dashboard and
+    its two-hop tunnel (it listens on the first node's loopback only), in the log and in ``where.json``
+    (``python -m platform.cluster slurm tunnel JOBID`` prints them again)."""
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    node = head.get("node", host)
+    where = {"mlflow": address, "user": "platform", "password_file": str(server.password_file),
+             "mlflow_tunnel": f"ssh -N -L 5000:{host}:{port} LOGIN-NODE",
+             "dashboard_tunnel": f"ssh -N -L 8265:127.0.0.1:{head.get('dashboard_port', 8265)} -J LOGIN-NODE {node}",
+             "ray_token_file": str(token)}
+    storage.write_json(folder / "where.json", where)
+    print(f"slurm: MLflow at {address} (user platform, password in {server.password_file}); from your machine: "
+          f"{where['mlflow_tunnel']}, then http://127.0.0.1:5000", flush=True)
+    print(f"slurm: Ray's dashboard: {where['dashboard_tunnel']}, then http://127.0.0.1:8265", flush=True)
+
+
+def run_command(command: list[str], env: dict[str, str], stop: "Stop", server: "MlflowServer | None",
+                walltime_stop_s: float) -> int:
+    """COMMAND until it ends, MLflow's copy kept fresh; its exit status. After the walltime warning
+    it gets ``walltime_stop_s`` to save its state and stop; after Slurm's SIGTERM, KillWait."""
     # A session of its own: what is left of it when Slurm ends the job is ended here (with
     # proctrack/linuxproc, a process whose parent was killed first escapes the job and would
     # still drive the sweep that the next start resumes).
@@ -312,8 +521,11 @@ def run_command(command: list[str], env: dict[str, str], stop: "Stop", server: "
             copied_at_stop = True
         elif server is not None and time.time() - server.copied > SNAPSHOT_S:
             server.snapshot()
-        if stop.terminated and time.monotonic() - stop.terminated > grace:
-            print(f"slurm: the command did not end within {grace:.0f} s of Slurm's SIGTERM; ended", flush=True)
+        late = [(when, limit, what) for when, limit, what in ((stop.terminated, grace, "Slurm's SIGTERM"),
+                                                             (stop.walltime, walltime_stop_s, "the walltime warning"))
+                if when and time.monotonic() - when > limit]
+        if late:
+            print(f"slurm: the command did not end within {late[0][1]:.0f} s of {late[0][2]}; ended", flush=True)
             os.killpg(stop.command.pid, signal.SIGKILL)
             stop.command.wait()
     return stop.command.returncode
@@ -333,22 +545,26 @@ def fail_start(attempt: Path, why: str) -> int:
     return 3
 
 
-def joined(address: str, nodes: int, env: dict[str, str], step: subprocess.Popen, stop: Stop) -> bool:
-    """Whether all ``nodes`` Ray nodes are alive, waited for (the command sizes its work by them)."""
-    probe = ("import ray, sys, time\n"
+def joined(address: str, nodes: int, env: dict[str, str], step: subprocess.Popen, stop: Stop) -> list[dict] | None:
+    """Ray's node table (address, host name, resources) once all ``nodes`` nodes are alive, waited
+    for (the command sizes its work by them); None when they did not all join."""
+    probe = ("import json, ray, sys, time\n"
              "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-             "while sum(n['Alive'] for n in ray.nodes()) < int(sys.argv[2]): time.sleep(1)\n")
-    proc = subprocess.Popen([sys.executable, "-c", probe, address, str(nodes)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+             "while sum(n['Alive'] for n in ray.nodes()) < int(sys.argv[2]): time.sleep(1)\n"
+             "keys = ('NodeManagerAddress', 'NodeManagerHostname', 'Alive', 'Resources')\n"
+             "print(json.dumps([{k: n[k] for k in keys} for n in ray.nodes() if n['Alive']]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", probe, address, str(nodes)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     while proc.poll() is None:
         if step.poll() is not None or stop.terminated or time.monotonic() > deadline:
             proc.kill()
-            return False
+            return None
         time.sleep(0.5)
-    if proc.returncode == 0:
-        print(f"slurm: all {nodes} node(s) joined Ray at {address}", flush=True)
-    return proc.returncode == 0
+    if proc.returncode != 0:
+        return None
+    print(f"slurm: all {nodes} node(s) joined Ray at {address}", flush=True)
+    return json.loads(proc.stdout.read().strip().splitlines()[-1])
 
 
 def end_step(step: subprocess.Popen) -> None:
@@ -365,13 +581,18 @@ def end_step(step: subprocess.Popen) -> None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["node"]:
-        return node_task(Path(argv[1]))
+        return node_task(Path(argv[1]), argv[2] if len(argv) > 2 else None)
     p = argparse.ArgumentParser(prog="python -m platform.slurm_job")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--name", required=True)
+    p.add_argument("--max-requeues", type=int, default=MAX_REQUEUES)
+    p.add_argument("--script", type=Path, default=None)
+    p.add_argument("--node-interface", default=None)
+    p.add_argument("--signal-seconds", type=int, default=SIGNAL_S)
     at = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:at])
-    return job_main(args.out, args.name, argv[at + 1:])
+    return job_main(args.out, args.name, argv[at + 1:], args.max_requeues, args.script, args.node_interface,
+                    args.signal_seconds)
 
 
 if __name__ == "__main__":

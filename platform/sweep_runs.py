@@ -64,9 +64,16 @@ def sweep_state(base: TrainConfig, spec: SearchSpace, seeds: int, grid: str | No
             "grid": grid}
 
 
-def resumable_sweep(uri: str, base: TrainConfig, identity: dict[str, Any]) -> tuple[str, dict]:
-    """The sweep ``--resume`` continues, once it is known to have this identity and no live driver."""
-    found = latest_sweep(base.output_dir, base.method)
+def resumable_sweep(uri: str, base: TrainConfig, identity: dict[str, Any], folder: str | None = None) -> tuple[str, dict]:
+    """The sweep ``--resume`` continues (``folder``, else the method's newest under output_dir), once
+    it is known to have this identity and no live driver."""
+    if folder is not None:
+        text = storage.read_text(storage.join(folder, SWEEP_STATE))
+        if text is None:
+            raise UserError(f"--resume {folder}: no sweep there (no {SWEEP_STATE})")
+        found = folder, json.loads(text)
+    else:
+        found = latest_sweep(base.output_dir, base.method)
     if found is None:
         raise UserError(f"--resume: no earlier {base.method} sweep under {base.output_dir}")
     folder, state = found

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from methods.recipe import NAMED
-from platform import storage
+from platform import settings, storage
 from platform.config import TrainConfig, add_run_arguments, build_config, parse_tags
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
@@ -169,7 +169,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_run_arguments(p, sweep=True)
     p.add_argument("--num-samples", type=int, default=None,
                    help="trials to run (default: the space file's num_samples for this profile)")
-    p.add_argument("--resume", action="store_true", help="resume this method's most recent sweep (same arguments)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="SWEEP_FOLDER",
+                   help="resume this method's most recent sweep, or the sweep in SWEEP_FOLDER (same arguments)")
     p.add_argument("--space", type=Path, default=None, help="a search-space YAML instead of tune_spaces/METHOD.yaml")
     p.add_argument("--grid", default=None, metavar="PARAM", help="run the space file's one-parameter grid for PARAM")
     return p.parse_args(argv)
@@ -199,7 +200,9 @@ def main(argv=None) -> int:
     sentences = unit.preflight(base)
     uri = store.tracking_uri()
     identity = sweep_state(base, spec, seeds, args.grid)
-    found = resumable_sweep(uri, base, identity) if args.resume else None  # checked before Ray starts
+    # checked before Ray starts
+    found = resumable_sweep(uri, base, identity, args.resume if isinstance(args.resume, str) else None) \
+        if args.resume else None
     if found is not None and args.experiment is not None:
         parent_run = store.client(uri).get_run(found[1]["parent_run_id"])
         if store.client(uri).get_experiment(parent_run.info.experiment_id).name != args.experiment:
@@ -217,6 +220,8 @@ def main(argv=None) -> int:
     else:
         parent, folder = new_sweep(uri, base, spec, corpus, identity, args.experiment, extra_tags)
         state = {"expected_trials": spec.expected_trials()}
+        if settings.get(settings.SWEEP_RECORD):  # a Slurm job resumes exactly this sweep at its next start
+            storage.write_text(settings.get(settings.SWEEP_RECORD), folder)
     experiment = store.client(uri).get_experiment(parent.experiment_id).name
     sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment)
     if found is not None:

@@ -47,7 +47,11 @@ def test_print_renders_a_script_bash_accepts_with_the_settings_named(tmp_path, d
                  "signal": "B:USR1@600"}, d
     assert f". {Path(sys.prefix) / 'bin' / 'activate'}" in script  # the venv the render ran in
     assert f"export PLATFORM_DATA_DIR={data_root.resolve()}" in script  # absolute: the job starts elsewhere
-    assert script.rstrip().endswith("--name lab-sweeps -- python -m platform.tune una --num-samples 4")
+    assert script.rstrip().endswith("--name lab-sweeps --max-requeues=3 --signal-seconds=600 "
+                                    f"--script={ROOT / '.cluster' / 'slurm-lab-sweeps.sbatch'} -- "
+                                    "python -m platform.tune una --num-samples 4")
+    assert f"exec {Path(sys.prefix) / 'bin' / 'python'} -m platform.slurm_job" in script  # no bare python on PATH
+    assert "export HF_HUB_OFFLINE=1" in script  # the backbone was found on the login node (a local path here)
     assert (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").read_text() == script
     (ROOT / ".cluster" / "slurm-lab-sweeps.sbatch").unlink()
 
@@ -98,28 +102,25 @@ def test_slurm_time_formats(limit, expected):
     assert seconds(limit) == expected
 
 
-def test_a_requeued_sweep_resumes_the_sweep_its_job_began(tmp_path, monkeypatch):
-    """``--resume`` for the newest sweep of the method begun since the job first started; a fresh
-    start when the job had not begun one (an older sweep of the same method is not resumed)."""
+def test_a_requeued_sweep_resumes_exactly_the_sweep_its_job_began(tmp_path, monkeypatch):
+    """``--resume FOLDER`` for the sweep the job recorded when it began it, even where another job's
+    sweep of the same method is newer in the same output_dir; a fresh start when it had begun none."""
     from platform.slurm_job import named_run, resume_arguments
 
     command = ["python", "-m", "platform.tune", "una", "--set", f"output_dir={tmp_path}"]
-    older = tmp_path / "una-sweep-20250101-000000"
-    older.mkdir()
-    (older / "platform_sweep.json").write_text(json.dumps({"parent_run_id": "x"}))
-    first_start = time.time() - 5
-    assert resume_arguments(command, first_start) == []
-    newer = tmp_path / f"una-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
-    newer.mkdir()
-    (newer / "platform_sweep.json").write_text(json.dumps({"parent_run_id": "y"}))
-    assert resume_arguments(command, first_start) == ["--resume"]
-    monkeypatch.setenv("PLATFORM_OUTPUT_DIR", str(tmp_path))  # the job's default output_dir
-    assert resume_arguments(command[:4], first_start) == ["--resume"]
+    record = tmp_path / "job-7" / "sweep"
+    assert resume_arguments(command, record) == []
+    ours = tmp_path / "una-sweep-20250101-000000"
+    record.parent.mkdir()
+    record.write_text(str(ours))
+    (tmp_path / f"una-sweep-{time.strftime('%Y%m%d-%H%M%S')}").mkdir()  # another job's, newer
+    assert resume_arguments(command, record) == ["--resume", str(ours)]
+    assert resume_arguments([*command, "--resume"], record) == []  # the user's own --resume stands
     train = named_run(["python", "-m", "platform.train", "simcse", "--set", f"output_dir={tmp_path}"], "lab", "7")
     assert train[-2:] == ["--run-name", "lab-7"]
-    assert resume_arguments(train, first_start) == []
+    assert resume_arguments(train, record) == []
     (tmp_path / "lab-7").mkdir()
-    assert resume_arguments(train, first_start) == ["--resume", "lab-7"]
+    assert resume_arguments(train, record) == ["--resume", "lab-7"]
 
 
 def test_an_old_driver_is_named_with_the_build_it_would_need():
@@ -187,10 +188,11 @@ def test_the_command_waits_until_every_node_of_the_allocation_has_joined(monkeyp
         assert waiting.is_alive()  # one node of two: still waiting
         cluster.add_node(num_cpus=1)
         waiting.join(timeout=120)
-        assert found == {"ok": True}
+        table = found["ok"]
+        assert len(table) == 2 and all(n["Alive"] and n["Resources"]["CPU"] == 1 for n in table), table
         monkeypatch.setattr(slurm_job, "JOIN_TIMEOUT_S", 5)
         started = time.monotonic()
-        assert not slurm_job.joined(cluster.address, 3, env, step, slurm_job.Stop())
+        assert slurm_job.joined(cluster.address, 3, env, step, slurm_job.Stop()) is None
         assert time.monotonic() - started < 60
     finally:
         step.kill()
