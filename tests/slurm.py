@@ -33,7 +33,10 @@ DIFFERENCES = (
     "jobs run as root, the account that submits them here; a site runs them as the user",
     "the shared filesystem is this machine's own disk seen from both nodes, not NFS (no attribute caching "
     "or locking differences); each node's /tmp and /dev/shm are its own",
-    "both nodes share this machine's 2 cores (each offers 2 CPUs)",
+    "both nodes share this machine's 2 cores (each offers the CPUs the test names, 3 in the sweep's rehearsal) and its "
+    "memory (each says it has what the test names)",
+    "the nodes' addresses are on a bridge of this machine; the sweep's rehearsal gives them addresses in 203.0.113.0/24 "
+    "(TEST-NET-3), outside the private ranges, as a university's public node addresses are",
     "a node can be made slow to start Ray (slow_ray: its ray command sleeps first), so that a job is seen to "
     "wait for every node; a site's nodes are slow by chance",
     "the walltime warning is sent with scancel --signal=USR1 --batch, as Slurm's --signal=B:USR1 sends it, "
@@ -58,7 +61,7 @@ class Slurm:
     """A controller on this machine and ``nodes`` slurmd nodes of ``cpus`` CPUs each, in one partition."""
 
     def __init__(self, base: Path, nodes: int = 2, cpus: int = 2, tag: str = "s", subnet: str = "10.213.9",
-                 slow_ray: dict[str, float] | None = None):
+                 slow_ray: dict[str, float] | None = None, memory_mb: int | None = None):
         """``slow_ray``: node -> seconds its ``ray`` command waits before it starts (a slow node: a
         cold shared filesystem, a busy machine), so that a job's first Ray node is up well before it."""
         self.base = Path(base)
@@ -66,7 +69,7 @@ class Slurm:
         self.network = Network(tag, subnet)
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.ips = {name: f"{subnet}.{i + 2}" for i, name in enumerate(self.names)}  # .1 is this machine
-        self.cpus, self.tag = cpus, tag
+        self.cpus, self.tag, self.memory_mb = cpus, tag, memory_mb
         self.conf = self.base / "slurm.conf"
         self.procs: dict[str, subprocess.Popen] = {}
         self.munged_pid: int | None = None
@@ -80,7 +83,8 @@ class Slurm:
         host = socket.gethostname().split(".")[0]
         state = self.base / "state"
         state.mkdir(parents=True, exist_ok=True)
-        nodes = "\n".join(f"NodeName={n} NodeAddr={ip} CPUs={self.cpus} State=UNKNOWN" for n, ip in self.ips.items())
+        memory = f" RealMemory={self.memory_mb}" if self.memory_mb else ""
+        nodes = "\n".join(f"NodeName={n} NodeAddr={ip} CPUs={self.cpus}{memory} State=UNKNOWN" for n, ip in self.ips.items())
         self.conf.write_text(f"""ClusterName=rehearsal
 SlurmctldHost={host}({self.network.host})
 SlurmUser=root

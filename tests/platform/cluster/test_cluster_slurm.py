@@ -1,17 +1,24 @@
 """A sweep across a Slurm allocation with one command (``python -m platform.cluster slurm``), on a
-real Slurm (``tests/slurm.py``: Debian's slurmctld here, a slurmd in each of two node namespaces,
-this machine's disk as the shared filesystem, each node's /tmp its own). How it differs from a
-site's Slurm: ``tests/slurm.py``'s ``DIFFERENCES`` (and docs/slurm.md).
+real Slurm (``tests/slurm.py``: Debian's slurmctld here, a slurmd in each of two node namespaces on
+addresses outside the private ranges, this machine's disk as the shared filesystem, each node's /tmp
+its own, Slurm's default of one CPU per task). How it differs from a site's Slurm: ``tests/slurm.py``'s
+``DIFFERENCES`` (and docs/slurm.md).
 
-One sweep (6 trials, 2 at a time: a Train worker of 1.5 CPUs fits once on a node of 2, beside its
-data pipeline's 0.25-CPU tasks) is requeued twice mid-way (``scontrol requeue``, then the walltime
-warning as Slurm's ``--signal=B:USR1`` sends it). Read from its outcome:
+One sweep, submitted as the README's line (no ``--cpus-per-task``: the job is sized from the run; 6
+trials, 2 at a time: a Train worker of 1.5 CPUs fits once on a node, beside its data pipeline's
+0.25-CPU tasks), is stopped twice mid-way: by ``scontrol requeue`` (what a preemption does), then by
+the walltime warning (as Slurm's ``--signal=B:USR1`` sends it) after Slurm was told to refuse its
+requeue, so the job submits a successor that continues it. Beside it, a job whose node offers less
+than a trial needs (and whose login shell has ``SBATCH_EXPORT=NONE``). Read from their outcomes:
 
-- it ran across the allocation: each start's command began once both nodes had joined (the second
-  node starts Ray 30 s after the first), the trials trained on both nodes, and nothing of the job
-  is left running on a node;
-- it finishes on its third start with every trial's record intact in the job's MLflow (its shared
-  copy): no finished trial redone, none left RUNNING, its checkpoints in the shared output folder.
+- the sweep ran across the allocation: each start's command began once both nodes had joined (the
+  second node starts Ray 30 s after the first), the trials trained on both nodes, MLflow answered
+  on a public address, and nothing of the job is left running on a node;
+- it finishes in the successor with every trial's record intact in the job's MLflow (its shared
+  copy): no finished trial redone, none left RUNNING, the same sweep folder resumed, its
+  checkpoints in the shared output folder, each start's Ray logs kept;
+- ``status`` says the job's state, restarts, MLflow's address and both tunnel lines;
+- the job that cannot hold a trial ends within 2 minutes with one line, not requeued.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +55,9 @@ def slurm():
     # Not under /tmp: every node has its own /tmp; this folder is what they share.
     base = Path(tempfile.mkdtemp(prefix="platform-slurm-", dir="/var/tmp"))
     # n2's Ray starts 30 s after n1's: a command not held until every node joined would begin on n1's alone.
-    cluster = slurm_module.Slurm(base / "slurm", slow_ray={"n2": SLOW_RAY_S})
+    # 3 CPUs a node: the sweep asks for the 2 a trial needs, the one left runs the small job beside it.
+    cluster = slurm_module.Slurm(base / "slurm", cpus=3, subnet="203.0.113", memory_mb=16000,
+                                 slow_ray={"n2": SLOW_RAY_S})
     try:
         yield cluster.start()
     finally:
@@ -80,15 +90,20 @@ def login_env(slurm, shared_folder: Path) -> dict[str, str]:
     return env
 
 
-def submit(slurm, shared, name: str, samples: int, steps: int, *extra: str) -> tuple[str, Path]:
+def sweep_command(shared, samples: int, steps: int) -> list[str]:
     folder, model, corpus = shared
-    out = folder / name
+    return ["python", "-m", "platform.tune", "una", "--num-samples", str(samples),
+            *sets(model=model, corpus=corpus, batch_size=8, max_steps=steps, eval_steps=2, log_steps=2, num_workers=1,
+                  cpus_per_worker=1.5, augment_cpus=0.25, use_gpu="false")]
+
+
+def submit(slurm, shared, name: str, samples: int, steps: int, *extra: str) -> tuple[str, Path]:
+    """The README's line (``--nodes``, and no ``--cpus-per-task``), from a login shell."""
+    out = shared[0] / name
     proc = subprocess.run(
-        [sys.executable, "-m", "platform.cluster", "slurm", "--nodes", "2", "--cpus-per-task", "2", "--name", name,
-         "--output", str(out), *extra, "--", "python", "-m", "platform.tune", "una", "--num-samples", str(samples),
-         *sets(model=model, corpus=corpus, batch_size=8, max_steps=steps, eval_steps=2, log_steps=2, num_workers=1,
-               cpus_per_worker=1.5, augment_cpus=0.25, use_gpu="false")],
-        cwd=ROOT, env=login_env(slurm, folder), capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "platform.cluster", "slurm", "--nodes", "2", "--name", name, "--output", str(out), *extra,
+         "--", *sweep_command(shared, samples, steps)],
+        cwd=ROOT, env=login_env(slurm, shared[0]), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = re.search(r"^submitted job (\d+)", proc.stdout, re.M).group(1)
     assert f"log: {out}/slurm-{job}.out" in proc.stdout
@@ -100,9 +115,9 @@ def job_state(slurm, job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
-def runs(out: Path) -> list[dict]:
-    """The runs in the job's MLflow copy (the shared folder's), with their tags."""
-    with sqlite3.connect(f"file:{out / 'mlflow' / 'mlflow.db'}?mode=ro", uri=True) as db:
+def runs(folder: Path) -> list[dict]:
+    """The runs in the job's MLflow copy (in its folder on the shared filesystem), with their tags."""
+    with sqlite3.connect(f"file:{folder / 'mlflow.db'}?mode=ro", uri=True) as db:
         rows = db.execute("SELECT run_uuid, status, end_time FROM runs").fetchall()
         tags = db.execute("SELECT run_uuid, key, value FROM tags").fetchall()
     by_run = {r: {"id": r, "status": s, "end_time": e, "tags": {}} for r, s, e in rows}
@@ -111,9 +126,9 @@ def runs(out: Path) -> list[dict]:
     return list(by_run.values())
 
 
-def trials(out: Path) -> list[dict]:
+def trials(folder: Path) -> list[dict]:
     try:
-        return [r for r in runs(out) if "trial_id" in r["tags"]]
+        return [r for r in runs(folder) if "trial_id" in r["tags"]]
     except sqlite3.Error:  # no copy yet
         return []
 
@@ -157,36 +172,69 @@ def dump_stacks(out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def requeued(slurm, shared):
-    """One sweep (6 trials, 2 at a time, one Train worker per node) requeued twice mid-way: by
-    ``scontrol requeue`` (what a preemption does) after a trial finished, then by the walltime warning
-    after another. The trials finished before each requeue, the job's final state and its log."""
+def small(slurm, shared):
+    """A one-node job given 1 CPU where a trial needs 1.75 (sbatch's own --cpus-per-task over the
+    rendered one, as a site's submit plugin or defaults may give less), submitted from a login shell
+    with SBATCH_EXPORT=NONE: the job ends non-zero with one line, not requeued."""
+    out = shared[0] / "small"
+    env = {**login_env(slurm, shared[0]), "SBATCH_EXPORT": "NONE"}
+    proc = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "--name", "small", "--output", str(out),
+                           "--print", "--", *sweep_command(shared, 1, 4)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "#SBATCH --cpus-per-task=2\n" in proc.stdout, proc.stdout  # sized from the run: 1.5 + 0.25 CPUs
+    out.mkdir(parents=True)
+    submitted = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=1", str(ROOT / ".cluster" / "slurm-small.sbatch")],
+                               env=env, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0], out
+
+
+@pytest.fixture(scope="module")
+def requeued(slurm, shared, small):
+    """One sweep (6 trials, 2 at a time, one Train worker per node) stopped twice mid-way: by
+    ``scontrol requeue`` (what a preemption does) after a trial finished, then by the walltime
+    warning after another, with Slurm refusing the job's requeue (``Requeue=0``, as ``JobRequeue=0``
+    or a site's plugin does): the job submits a successor that continues the same sweep."""
     job, out = submit(slurm, shared, "sweep", SAMPLES, 24)
+    script = (ROOT / ".cluster" / "slurm-sweep.sbatch").read_text()
+    folder = out / f"job-{job}"
 
     def finished() -> dict[str, int]:
-        return {r["tags"]["trial_id"]: r["end_time"] for r in trials(out) if r["status"] == "FINISHED"}
+        return {r["tags"]["trial_id"]: r["end_time"] for r in trials(folder) if r["status"] == "FINISHED"}
 
     first = waited(slurm, out, job, "a trial to finish", finished, 900)
     assert slurm.run("scontrol", "requeue", job).returncode == 0
     waited(slurm, out, job, "the second start to resume the sweep",
-           lambda: re.search(r"^slurm: running .* --resume$", log(out, job), re.M), 600)
+           lambda: re.search(r"^slurm: running .* --resume \S+$", log(out, job), re.M), 600)
     second = waited(slurm, out, job, "another trial to finish", lambda: len(finished()) > len(first) and finished(), 900)
     # Two at a time, and MLflow's shared copy up to 30 s behind: a pair may finish within one copy.
     assert len(second) < SAMPLES - 1  # two trials still to come
+    assert slurm.run("scontrol", "update", f"JobId={job}", "Requeue=0").returncode == 0
     assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0  # as --signal=B:USR1@S sends it
-    waited(slurm, out, job, "the job to requeue itself", lambda: f"slurm: job {job} requeued" in log(out, job), 600)
+    successor = waited(slurm, out, job, "the job to submit its successor", lambda: re.search(
+        r"^slurm: Slurm refused the requeue .* job (\d+) submitted", log(out, job), re.M), 600).group(1)
     ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
-    waited(slurm, out, job, "the job to end", lambda: job_state(slurm, job).get("JobState") in ended, 1200)
-    state = job_state(slurm, job)
-    return {"job": job, "out": out, "first": first, "second": second, "state": state, "log": log(out, job)}
+    waited(slurm, out, successor, "the successor to end", lambda: job_state(slurm, successor).get("JobState") in ended,
+           1200)
+    status = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "status", successor], cwd=ROOT,
+                            env=login_env(slurm, shared[0]), capture_output=True, text=True, timeout=120)
+    return {"job": job, "successor": successor, "out": out, "folder": folder, "first": first, "second": second,
+            "state": job_state(slurm, job), "successor_state": job_state(slurm, successor), "log": log(out, job),
+            "successor_log": log(out, successor), "script": script, "status": status}
 
 
-def test_the_sweep_runs_across_the_allocation_and_leaves_nothing_on_a_node(slurm, shared, requeued):
-    text = requeued["log"]
-    assert requeued["state"]["JobState"] == "COMPLETED", (requeued["state"], text[-6000:], slurm.log()[-3000:])
+def test_the_readme_line_is_sized_from_the_run_and_the_sweep_runs_across_the_allocation(slurm, shared, requeued):
+    text = requeued["log"] + requeued["successor_log"]
+    assert requeued["successor_state"]["JobState"] == "COMPLETED", (requeued["successor_state"], text[-6000:],
+                                                                   slurm.log()[-3000:])
+    # No --cpus-per-task on the line: the script asks for what a trial needs on a node, under Slurm's default of 1.
+    assert "#SBATCH --cpus-per-task=2\n" in requeued["script"] and "#SBATCH --mem=14336M\n" in requeued["script"]
     # Each start's command began once both nodes had joined: its Ray line counts their CPUs.
     assert text.count("slurm: all 2 node(s) joined Ray") == 3, text[-6000:]
     assert len(re.findall(r"^Ray: the cluster at \S+ \(RAY_ADDRESS\), 4 CPUs", text, re.M)) == 3, text[-6000:]
+    # MLflow served the sweep on the first node's public address (no 403 for its Host header).
+    assert re.search(r"^slurm: MLflow at http://203\.0\.113\.\d+:\d+ ", text, re.M), text[-6000:]
     sweeps = list((requeued["out"] / "runs").glob("una-sweep-*"))
     assert len(sweeps) == 1 and list(sweeps[0].rglob("checkpoint_*")), sorted(requeued["out"].rglob("*"))[:50]
     # The trials' Train workers ran on both nodes (one fits on a node at a time).
@@ -207,17 +255,55 @@ def test_the_sweep_runs_across_the_allocation_and_leaves_nothing_on_a_node(slurm
         wait_for(f"nothing of the job left on {node}", lambda node=node: not left(node), timeout=60)
 
 
-def test_a_sweep_requeued_twice_finishes_with_every_trial_record_intact(requeued):
-    """The third start finishes the sweep; the trials finished before a requeue keep their runs (same
-    ids, same end), none is left RUNNING, none is trained twice."""
-    state, text, out = requeued["state"], requeued["log"], requeued["out"]
+def test_a_sweep_stopped_twice_finishes_in_its_successor_with_every_trial_record_intact(requeued):
+    """The successor finishes the sweep the job began (the same folder); the trials finished before a
+    stop keep their runs (same ids, same end), none is left RUNNING, none is trained twice; every
+    start's Ray logs are in the job's folder."""
+    state, folder = requeued["successor_state"], requeued["folder"]
+    text = requeued["log"] + requeued["successor_log"]
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, text[-8000:])
-    assert state["Restarts"] == "2", state
-    assert len(re.findall(r"^slurm: running .* --resume$", text, re.M)) == 2, text[-8000:]
-    found = trials(out)
+    assert requeued["state"]["Restarts"] == "1", requeued["state"]  # the refused requeue left it at one
+    resumed = re.findall(r"^slurm: running .* --resume (\S+)$", text, re.M)
+    (sweep,) = (requeued["out"] / "runs").glob("una-sweep-*")
+    assert resumed == [str(sweep)] * 2, text[-8000:]
+    found = trials(folder)
     assert len(found) == SAMPLES and all(r["status"] == "FINISHED" for r in found), found
-    assert not [r for r in runs(out) if r["status"] == "RUNNING"]
+    assert not [r for r in runs(folder) if r["status"] == "RUNNING"]
     ends = {r["tags"]["trial_id"]: r["end_time"] for r in found}
     assert all(ends[t] == end for t, end in {**requeued["first"], **requeued["second"]}.items()), (requeued, ends)
-    (parent,) = [r for r in runs(out) if r["tags"].get("sweep") == "true"]
+    (parent,) = [r for r in runs(folder) if r["tags"].get("sweep") == "true"]
     assert parent["status"] == "FINISHED"
+    assert sorted(p.name for p in folder.glob("attempt-*")) == ["attempt-0", "attempt-1", "attempt-2"]
+    killed = folder / "attempt-0" / "ray-logs"  # the start scontrol requeue ended
+    assert {p.relative_to(killed).as_posix() for p in killed.rglob("*.out")} >= \
+        {"n1/raylet.out", "n1/gcs_server.out", "n2/raylet.out"}, sorted(killed.rglob("*"))
+
+
+def test_status_says_the_state_restarts_and_how_to_reach_mlflow_and_the_dashboard(requeued):
+    proc = requeued["status"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert lines[f"job {requeued['successor']}"].startswith("COMPLETED, restarts 0"), proc.stdout
+    assert lines["start"].startswith("3 ") and "ended with exit code 0" in lines["start"], proc.stdout
+    mlflow = re.fullmatch(r"(http://203\.0\.113\.\d+):(\d+) \(user platform, password in \S+\)", lines["mlflow"])
+    assert mlflow, proc.stdout
+    host = mlflow.group(1).removeprefix("http://")
+    assert lines["mlflow tunnel"] == f"ssh -N -L 5000:{host}:{mlflow.group(2)} LOGIN-NODE, then http://127.0.0.1:5000"
+    assert re.fullmatch(r"ssh -N -L 8265:127\.0\.0\.1:\d+ -J LOGIN-NODE n1, then http://127\.0\.0\.1:8265 "
+                        r"\(Ray's token in \S+/ray_token\)", lines["dashboard tunnel"]), proc.stdout
+    nodes = [line for line in proc.stdout.splitlines() if line.startswith("ray node: ")]
+    assert len(nodes) == 2 and all(re.fullmatch(r"ray node: 203\.0\.113\.\d+ alive, 2 CPUs, 0 GPUs", n) for n in nodes), \
+        proc.stdout
+
+
+def test_a_job_whose_nodes_cannot_hold_a_trial_ends_at_once_with_one_line(slurm, small):
+    job, out = small
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    waited(slurm, out, job, "the small job to end", lambda: job_state(slurm, job).get("JobState") in ended, 600)
+    state, text = job_state(slurm, job), log(out, job)
+    assert state["JobState"] == "FAILED" and state["ExitCode"] == "3:0" and state["Restarts"] == "0", (state, text)
+    errors = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "cannot hold one trial" in errors[0] and "1.75 CPUs on one node" in errors[0] \
+        and "the largest node offers 1 CPUs" in errors[0], text[-3000:]
+    started = time.mktime(time.strptime(state["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+    assert time.mktime(time.strptime(state["EndTime"], "%Y-%m-%dT%H:%M:%S")) - started < 120, state
