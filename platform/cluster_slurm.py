@@ -38,11 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from platform.cluster_files import read_env
-from platform.errors import ConfigError, UserError
-from platform.slurm_sizing import partition_offer, run_needs, size
+from platform.errors import ConfigError, DataError, UserError
+from methods.encoder import pretrained_source
+from platform.data import data_dir
+from platform.slurm_sizing import partition_offer, platform_command, run_needs, size
+from platform.slurm_status import main as verb_main
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("train", "tune", "evaluate", "augment", "compare", "report")  # what a job may run: python -m platform.X
 NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 # Slurm's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
 # days-hours:minutes:seconds.
@@ -117,16 +119,6 @@ def seconds(limit: str) -> int:
     return {1: lambda a: a * 60, 2: lambda a, b: a * 60 + b, 3: lambda a, b, c: (a * 60 + b) * 60 + c}[len(parts)](*parts)
 
 
-def platform_command(command: list[str]) -> str:
-    """The platform command COMMAND runs (``tune``, ``train``, ...); anything else is refused."""
-    if len(command) >= 3 and Path(command[0]).name.startswith("python") and command[1] == "-m" \
-            and command[2].removeprefix("platform.") in COMMANDS and command[2].startswith("platform."):
-        return command[2].removeprefix("platform.")
-    shown = shlex.join(command) if command else "nothing"
-    raise ConfigError(f"COMMAND must be a platform command after --, such as python -m platform.tune una ... "
-                      f"({', '.join(COMMANDS)}); got {shown[:120]}")
-
-
 def check(job: SlurmJob, offer=None) -> SlurmJob:
     """Each mistake one line, before anything is written or submitted; ``--cpus-per-task`` and
     ``--mem`` sized from the run where the user named neither (``offer``: the partition's largest node)."""
@@ -176,10 +168,6 @@ def preflight(cfg, env: dict[str, str]) -> dict[str, str]:
     the run loads is in the Hugging Face cache the nodes read (fetched into it here when the login
     node can reach the hub); the job then runs with ``HF_HUB_OFFLINE=1`` (compute nodes often have no
     internet). What the job exports for it."""
-    from methods.encoder import pretrained_source
-    from platform.data import data_dir
-    from platform.errors import DataError
-
     try:
         data_dir(env.get("PLATFORM_DATA_DIR"))
     except DataError as exc:
@@ -331,8 +319,6 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
 
 def main(argv: list[str], env_file: Path) -> int:
     if argv[:1] and argv[0] in VERBS:
-        from platform.slurm_status import main as verb_main
-
         return verb_main(argv)
     options = argv[: argv.index("--")] if "--" in argv else argv
     named = [options[i + 1] for i, a in enumerate(options[:-1]) if a == "--env-file"]

@@ -25,13 +25,12 @@ from pathlib import Path
 
 from platform import settings, storage
 from platform.cluster_files import write_mlflow_auth, write_private
-from platform.cluster_slurm import (JOIN_TIMEOUT_S, MAX_REQUEUES, SIGNAL_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal,
-                                    platform_command)
+from platform.cluster_slurm import JOIN_TIMEOUT_S, MAX_REQUEUES, SIGNAL_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal
 from platform.config import build_config
 from platform.errors import UserError, cli_main
 from platform.mlflow_backup import copy_database
 from platform.run.ray_env import answers, free_port
-from platform.slurm_sizing import command_arguments, fits, run_needs
+from platform.slurm_sizing import command_arguments, fits, platform_command, run_needs
 
 RAY_LOGS = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "monitor.log", "dashboard.log",
             "python-core-driver-*.log", "worker-*.err", "worker-*.out")  # what a node keeps of Ray's session logs
@@ -414,12 +413,7 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
     signal.signal(signal.SIGUSR1, stop.on_usr1)
     signal.signal(signal.SIGTERM, stop.on_term)
     token = write_private(attempt / "ray_token", secrets.token_hex(32) + "\n")
-    # output_dir's default in the job, for the command and for finding what a requeued start resumes.
-    os.environ["PLATFORM_OUTPUT_DIR"] = os.environ.get("PLATFORM_OUTPUT_DIR") or str(out / "runs")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PLATFORM_CLUSTER": name,
-           settings.SWEEP_RECORD: str(lineage.sweep_record)}
-    if interface:
-        env.update(NCCL_SOCKET_IFNAME=interface, GLOO_SOCKET_IFNAME=interface)
+    env = job_environment(out, name, token, lineage, interface)
     print(f"slurm: job {job_id}{f' (start {lineage.starts + 1} of {folder.name})' if lineage.starts else ''}: {nodes} "
           f"node(s) {os.environ.get('SLURM_JOB_NODELIST', '')}", flush=True)
     if lineage.starts > max_requeues:
@@ -436,21 +430,9 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
     server = None
     code = 1
     try:
-        head = wait_for(attempt / "head.json", JOIN_TIMEOUT_S, lambda: step.poll() is None and not stop.terminated)
-        if not head:
-            code = fail_start(attempt, f"the Ray head did not start (its log: {attempt}/ray-node-0.log)")
-            return code
-        env["RAY_ADDRESS"] = head["address"]
-        table = joined(head["address"], nodes, env, step, stop)
-        if table is None:
-            code = fail_start(attempt, f"{nodes} node(s) did not all join the head within {JOIN_TIMEOUT_S} s "
-                                       f"(their logs: {attempt}/ray-node-*.log)")
-            return code
-        storage.write_json(attempt / "nodes.json", table)
-        refusal = feasible(command, [n["Resources"] for n in table])
-        if refusal:
-            print(f"error: {refusal}", file=sys.stderr, flush=True)
-            code = 3
+        head = ready_nodes(attempt, nodes, env, step, stop, command)
+        if isinstance(head, int):
+            code = head
             return code
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             server = MlflowServer(out, folder, local, interface)
@@ -476,6 +458,38 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         lineage.end(code)
         print(f"slurm: the command exited {code}", flush=True)
     return code
+
+
+def job_environment(out: Path, name: str, token: Path, lineage: Lineage, interface: str | None) -> dict[str, str]:
+    """What the Ray nodes and the command run with: the job's Ray token, its output folder as
+    output_dir's default, where the sweep records its folder, the network interface for NCCL and gloo."""
+    # output_dir's default in the job, for the command and for finding what a later start resumes.
+    os.environ["PLATFORM_OUTPUT_DIR"] = os.environ.get("PLATFORM_OUTPUT_DIR") or str(out / "runs")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PLATFORM_CLUSTER": name,
+           settings.SWEEP_RECORD: str(lineage.sweep_record)}
+    if interface:
+        env.update(NCCL_SOCKET_IFNAME=interface, GLOO_SOCKET_IFNAME=interface)
+    return env
+
+
+def ready_nodes(attempt: Path, nodes: int, env: dict[str, str], step: subprocess.Popen, stop: Stop,
+                command: list[str]) -> dict | int:
+    """The head's hand-off once every node has joined and they can hold one of the command's
+    trials (``RAY_ADDRESS`` set in ``env``); else the exit code, its one line said."""
+    head = wait_for(attempt / "head.json", JOIN_TIMEOUT_S, lambda: step.poll() is None and not stop.terminated)
+    if not head:
+        return fail_start(attempt, f"the Ray head did not start (its log: {attempt}/ray-node-0.log)")
+    env["RAY_ADDRESS"] = head["address"]
+    table = joined(head["address"], nodes, env, step, stop)
+    if table is None:
+        return fail_start(attempt, f"{nodes} node(s) did not all join the head within {JOIN_TIMEOUT_S} s "
+                                   f"(their logs: {attempt}/ray-node-*.log)")
+    storage.write_json(attempt / "nodes.json", table)
+    refusal = feasible(command, [n["Resources"] for n in table])
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr, flush=True)
+        return 3
+    return head
 
 
 def feasible(command: list[str], resources: list[dict]) -> str | None:

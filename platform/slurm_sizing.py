@@ -8,17 +8,33 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
+from platform.config import add_run_arguments, build_config
 from platform.errors import ConfigError
+from platform.space import load_space
+
+COMMANDS = ("train", "tune", "evaluate", "augment", "compare", "report")  # what a job may run: python -m platform.X
 
 # Host memory a node is asked for (--mem, GiB): our estimates, not measurements at a site. Ray's own
 # processes and object store on every node; the driver, Ray's head and MLflow on the first (every node
 # is asked for the same); a Train worker (a base model's weights and optimiser state on the host
 # side, tokenisation, a CUDA context); a trial's data pipeline and corpus columns.
 MEM_GB = {"node": 4, "head": 4, "worker_gpu": 12, "worker_cpu": 4, "trial": 2}
+
+
+def platform_command(command: list[str]) -> str:
+    """The platform command COMMAND runs (``tune``, ``train``, ...); anything else is refused."""
+    if len(command) >= 3 and Path(command[0]).name.startswith("python") and command[1] == "-m" \
+            and command[2].removeprefix("platform.") in COMMANDS and command[2].startswith("platform."):
+        return command[2].removeprefix("platform.")
+    shown = shlex.join(command) if command else "nothing"
+    raise ConfigError(f"COMMAND must be a platform command after --, such as python -m platform.tune una ... "
+                      f"({', '.join(COMMANDS)}); got {shown[:120]}")
 
 
 @dataclass(frozen=True)
@@ -45,11 +61,6 @@ def command_arguments(command: list[str]) -> argparse.Namespace:
     """COMMAND's run arguments (method, profile, --set, ...), ``--run-name``, ``--resume`` and a
     sweep's ``--space``/``--grid``/``--num-samples``, as the command itself reads them; its other
     options are left aside."""
-    from pathlib import Path
-
-    from platform.cluster_slurm import platform_command
-    from platform.config import add_run_arguments
-
     kind = platform_command(command)
     p = argparse.ArgumentParser(add_help=False)
     add_run_arguments(p, sweep=kind == "tune")
@@ -64,9 +75,6 @@ def command_arguments(command: list[str]) -> argparse.Namespace:
 def run_needs(command: list[str]):
     """(the run's configuration, its ``Needs``) for ``train`` and ``tune``; (None, None) for the other
     commands, which the job does not size."""
-    from platform.cluster_slurm import platform_command
-    from platform.config import build_config
-
     kind = platform_command(command)
     if kind not in ("train", "tune"):
         return None, None
@@ -74,8 +82,6 @@ def run_needs(command: list[str]):
     cfg = build_config(args)
     trials = 1
     if kind == "tune":
-        from platform.space import load_space
-
         spec = load_space(cfg, args.space, grid=args.grid)
         trials = max(1, min(spec.max_concurrent_trials, args.num_samples or spec.num_samples))
     return cfg, Needs(cfg.num_workers, cfg.cpus_per_worker, cfg.use_gpu, cfg.augment_cpus, trials)

@@ -16,7 +16,7 @@ from tests.helpers import ROOT, run_main
 DOCS = ROOT / "docs"
 COMMANDS = ("train", "tune", "evaluate", "report", "compare", "augment", "data", "cluster")
 # Subcommands whose flags live in their own parsers (``python -m platform.data fetch --help``).
-SUBCOMMANDS = {"data": [("fetch",)], "cluster": [("up",), ("down",), ("node-env",), ("slurm",)]}
+SUBCOMMANDS = {"data": [("fetch",)], "cluster": [("up",), ("down",), ("node-env",), ("slurm",), ("slurm", "logs")]}
 
 
 def _pages() -> dict[str, str]:

@@ -4,7 +4,6 @@ what a requeued start adds to the command. The job itself runs in tests/platform
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
