@@ -134,14 +134,18 @@ def node_task(attempt: Path, interface: str | None = None) -> int:
     print(f"{socket.gethostname()}: Ray node {rank} ({ip}, {cpus} CPUs, {gpus} GPUs)", flush=True)
     kept = attempt / "ray-logs" / socket.gethostname()
     copied = time.monotonic()
+    stopping = False
     while proc.poll() is None:
         time.sleep(1)
+        if not stopping and (attempt / "stop").exists():  # the job's normal end: Ray stopped here, the task exits 0
+            proc.send_signal(signal.SIGTERM)
+            stopping = True
         if time.monotonic() - copied > LOG_COPY_S:
             keep_logs(temp, kept)
             copied = time.monotonic()
     keep_logs(temp, kept)
     shutil.rmtree(temp, ignore_errors=True)
-    return 0 if proc.returncode in (0, -signal.SIGTERM, 128 + signal.SIGTERM) else proc.returncode
+    return 0 if stopping else proc.returncode  # `ray start --block` exits 1 when stopped, asked or not
 
 
 def keep_logs(temp: Path, into: Path) -> None:
@@ -454,7 +458,7 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
             server.snapshot(force=True)
             server.stop()
             shutil.rmtree(local, ignore_errors=True)
-        end_step(step)
+        end_step(step, attempt)
         lineage.end(code)
         print(f"slurm: the command exited {code}", flush=True)
     return code
@@ -581,14 +585,20 @@ def joined(address: str, nodes: int, env: dict[str, str], step: subprocess.Popen
     return json.loads(proc.stdout.read().strip().splitlines()[-1])
 
 
-def end_step(step: subprocess.Popen) -> None:
-    """The job's Ray nodes stopped: srun passes SIGTERM on to each ``ray start --block``."""
-    if step.poll() is None:
-        step.send_signal(signal.SIGTERM)
+def end_step(step: subprocess.Popen, attempt: Path) -> None:
+    """The job's Ray nodes stopped: each node's task sees the stop marker, stops its Ray and exits 0
+    (so Slurm records the step COMPLETED); one that does not within a minute gets srun's SIGTERM."""
+    (attempt / "stop").touch()
+    for signum in (None, signal.SIGTERM):
+        if step.poll() is not None:
+            return
+        if signum is not None:
+            step.send_signal(signum)
         try:
             step.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            step.kill()
+            pass
+    step.kill()
 
 
 @cli_main

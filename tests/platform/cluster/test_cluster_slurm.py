@@ -262,6 +262,9 @@ def test_a_sweep_stopped_twice_finishes_in_its_successor_with_every_trial_record
     state, folder = requeued["successor_state"], requeued["folder"]
     text = requeued["log"] + requeued["successor_log"]
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, text[-8000:])
+    # A normal end stops each node's Ray and its task exits 0: srun kills no task, none exits non-zero.
+    assert not re.search(r"^srun: error: \S+: task \d+: (Killed|Exited)", requeued["successor_log"], re.M), \
+        requeued["successor_log"][-4000:]
     assert requeued["state"]["Restarts"] == "1", requeued["state"]  # the refused requeue left it at one
     resumed = re.findall(r"^slurm: running .* --resume (\S+)$", text, re.M)
     (sweep,) = (requeued["out"] / "runs").glob("una-sweep-*")
