@@ -15,7 +15,9 @@ TASK_COLUMNS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", 
 # Published STS results (Spearman x100, SentEval "all" setting), by method and backbone. Per-task
 # numbers where the paper's table gives them, the average otherwise. ``best_of``: the paper's number is the
 # best of that many seeds (else a single run), which a row is compared with as such; ``variant``: a
-# row of a non-default option of the recipe.
+# row of a non-default option of the recipe; ``sd``, ``n_seeds``: a mean ± sd over that many seeds. No
+# row has those yet: PromptBERT's README gives "± 0.15" without the number of seeds, so it is checked
+# as one run (a mean varies less than one run: that check errs towards "inside").
 _SIMCSE_BERT = [68.40, 82.41, 74.38, 80.91, 78.56, 76.85, 72.23, 76.25]
 _SIMCSE_ROBERTA = [70.16, 81.77, 73.24, 81.36, 80.65, 80.22, 68.56, 76.57]
 
@@ -25,8 +27,10 @@ class Published(NamedTuple):
     backbone: str
     label: str
     scores: dict
-    best_of: int = 0
+    best_of: int = 0  # the paper's number is the best of this many seeds; 0: one run
     variant: str = ""
+    sd: float = 0.0  # with n_seeds: the paper's number is a mean ± sd over n_seeds seeds (checked by Welch's test)
+    n_seeds: int = 0
 
 
 PUBLISHED = [Published(*row) for row in [

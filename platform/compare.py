@@ -89,7 +89,7 @@ def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
         return Result(label, _backbone_of(Path(path)), {}, path)
     uri = store.tracking_uri()
     runs = store.client(uri).search_runs([e.experiment_id for e in store.client(uri).search_experiments()],
-                                         filter_string=f"attributes.run_name = '{reference}' and attributes.status = 'FINISHED'",
+                                         filter_string=f"attributes.run_name = {store.quoted(reference)} and attributes.status = 'FINISHED'",
                                          order_by=["attributes.start_time DESC"], max_results=10)
     runs = [r for r in runs if PARENT_TAG not in r.data.tags]
     if not runs:
@@ -173,9 +173,14 @@ def table(first: Result, others: list[Result], seed: int, resamples: int):
             iv = found[task]
             rows.append({"reference": first.label, "other": other.label, "task": SHORT_NAMES.get(task, task),
                          "delta": iv.estimate, "ci_low": iv.low, "ci_high": iv.high, "p": iv.p,
-                         "p_holm": adjusted.get(task), "significant": (adjusted.get(task, iv.p) or 1.0) < uncertainty.ALPHA,
+                         "p_holm": adjusted.get(task), "significant": significant(adjusted.get(task, iv.p)),
                          "n": iv.n, "method": iv.method})
     return pd.DataFrame(rows)
+
+
+def significant(p: float | None) -> bool:
+    """p below ALPHA; a p of exactly 0 is (a resampling p that no resample reached), a missing one is not."""
+    return p is not None and bool(p < uncertainty.ALPHA)
 
 
 def markdown(frame, first: Result) -> str:

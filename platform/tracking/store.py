@@ -170,6 +170,16 @@ def _check_database(uri: str, timeout: float) -> None:
         raise UserError(f"MLflow store {redact(uri)} is unreachable ({reason}); check MLFLOW_TRACKING_URI") from None
 
 
+def quoted(value: str) -> str:
+    """``value`` as a string literal of MLflow's search filter (single quotes, or double quotes where
+    it holds a single one); one line of UserError where it holds both."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise UserError(f"{value!r} holds both kinds of quote: MLflow's search cannot name it; use the run's id")
+
+
 def client(uri: str | None = None):
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -303,7 +313,7 @@ def find_run(uri: str, experiment: str, name_or_id: str):
     except MlflowException:
         pass
     exp = c.get_experiment_by_name(experiment)
-    found = c.search_runs([exp.experiment_id], f"attributes.run_name = '{name_or_id}'") if exp else []
+    found = c.search_runs([exp.experiment_id], f"attributes.run_name = {quoted(name_or_id)}") if exp else []
     if len(found) != 1:
         what = "no run" if not found else f"{len(found)} runs"
         raise UserError(f"{what} named or numbered {name_or_id!r} in experiment {experiment!r} of {redact(uri)}")

@@ -57,14 +57,17 @@ def test_the_paired_bootstrap_rejects_at_about_its_rate_under_the_null_and_sees_
     assert better.p < 0.01 and better.low > 0
 
 
-def test_the_sign_flip_p_value_is_exact_for_five_seeds():
-    """Differences 1, 2, 3, 4, -0.5: of the 2^5 = 32 sign assignments, those whose mean is at least
-    the observed 1.9 in size flip at most the 0.5 (2 of them) or are their mirror images (2): p = 4/32."""
+def test_the_same_seeds_are_compared_paired_with_a_t_test():
+    """Differences 1, 2, 3, 4, -0.5: their mean, its t-interval and the paired t-test's p, as scipy's."""
+    from scipy.stats import ttest_rel
+
     a = {s: 70 + d for s, d in zip(range(5), [1, 2, 3, 4, -0.5])}
-    b = {s: 70.0 for s in range(5)}
+    b = {s: 70.0 + 0.1 * s for s in range(5)}
     iv = across_seeds(a, b, seed=0)
-    assert iv.p == pytest.approx(4 / 32) and iv.estimate == pytest.approx(1.9)
-    assert iv.method.startswith("paired by seed: exact") and iv.n == 5
+    x, y = [a[s] for s in range(5)], [b[s] for s in range(5)]
+    ci = ttest_rel(x, y).confidence_interval(0.95)
+    assert iv.p == pytest.approx(ttest_rel(x, y).pvalue) and (iv.low, iv.high) == pytest.approx((ci.low, ci.high))
+    assert iv.estimate == pytest.approx(1.9 - 0.2) and iv.method.startswith("paired by seed") and iv.n == 5
 
 
 def test_other_seeds_are_compared_unpaired_with_welch():
@@ -89,4 +92,5 @@ def test_the_same_seed_gives_the_same_interval():
     first, again, other = (paired_pairs(a, b, gold, seed=s) for s in (5, 5, 6))
     assert (first.low, first.high, first.p) == (again.low, again.high, again.p)
     assert (first.low, first.high) != (other.low, other.high)
-    assert uncertainty.mean_interval([75.0], seed=0).method == "one seed: no interval"
+    assert uncertainty.reproduction_interval([75.0, 75.2, 75.1], best_of=5, seed=1) == \
+        uncertainty.reproduction_interval([75.0, 75.2, 75.1], best_of=5, seed=1)
