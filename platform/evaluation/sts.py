@@ -5,8 +5,10 @@ STS12-16 in the "all" setting (one correlation over the concatenation of a year'
 and SICK-R on their test splits, no truncation. STS-B dev is the checkpoint-selection metric.
 
 The geometry of the embedding space beside it: Wang and Isola's (2020) alignment and uniformity,
-as SimCSE (Gao et al., 2021, Sec. 5 and Fig. 2) measures them on STS-B dev, on L2-normalised
-embeddings f(x), from the embeddings STS-B dev is scored with (no second encoding pass):
+as SimCSE (Gao et al., 2021, Sec. 3, footnote 3, and Fig. 2) defines them, on L2-normalised
+embeddings f(x). SimCSE measures them on the whole STS-B; the platform measures them on STS-B dev,
+from the embeddings STS-B dev is scored with at every evaluation (no second encoding pass, and the
+test split stays out of anything read during training): the values are not SimCSE's to the digit.
 
 - alignment (Wang & Isola, 2020, Eq. 2 with alpha = 2; SimCSE Eq. 2): the mean over positive
   pairs of ``||f(x) - f(y)||^2``; SimCSE's positives are the STS-B dev pairs with a gold score above
@@ -31,7 +33,7 @@ from methods.prompt import PromptPooling
 from platform.console import pyplot
 from platform.data import SHORT_NAMES, STS_TASKS, STSPairs, load_sts
 
-POSITIVE_ABOVE = 4.0  # SimCSE Sec. 5: "pairs with scores higher than 4" are positives
+POSITIVE_ABOVE = 4.0  # SimCSE Sec. 3, footnote 3: STS-B pairs with scores higher than 4 are positives
 GEOMETRY = ("alignment", "uniformity")  # in the final table beside the tasks
 
 
@@ -116,7 +118,7 @@ class STSEvaluator:
 
     def geometry(self, emb: torch.Tensor) -> dict[str, float]:
         """Alignment and uniformity (``platform.evaluation.geometry``) of the first task's pairs, from
-        the embeddings of ``self.sentences``: STS-B dev's, as SimCSE's Sec. 5 measures them."""
+        the embeddings of ``self.sentences``: STS-B dev's (SimCSE's footnote 3 uses the whole STS-B)."""
         first, second = self.index[0]
         return geometry(emb, first, second, self.pairs[0].scores)
 

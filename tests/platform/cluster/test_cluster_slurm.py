@@ -204,6 +204,12 @@ def requeued(slurm, shared, small):
         return {r["tags"]["trial_id"]: r["end_time"] for r in trials(folder) if r["status"] == "FINISHED"}
 
     first = waited(slurm, out, job, "a trial to finish", finished, 900)
+    # The small job ended long before (Slurm forgets an ended job after MinJobAge, 300 s): read it now.
+    small_job, small_out = small
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    waited(slurm, small_out, small_job, "the small job to end",
+           lambda: job_state(slurm, small_job).get("JobState") in ended, 600)
+    small_state = job_state(slurm, small_job)
     assert slurm.run("scontrol", "requeue", job).returncode == 0
     waited(slurm, out, job, "the second start to resume the sweep",
            lambda: re.search(r"^slurm: running .* --resume \S+$", log(out, job), re.M), 600)
@@ -214,14 +220,16 @@ def requeued(slurm, shared, small):
     assert slurm.run("scancel", "--signal=USR1", "--batch", job).returncode == 0  # as --signal=B:USR1@S sends it
     successor = waited(slurm, out, job, "the job to submit its successor", lambda: re.search(
         r"^slurm: Slurm refused the requeue .* job (\d+) submitted", log(out, job), re.M), 600).group(1)
-    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    waited(slurm, out, job, "the job to end", lambda: job_state(slurm, job).get("JobState") in ended, 600)
+    state = job_state(slurm, job)
     waited(slurm, out, successor, "the successor to end", lambda: job_state(slurm, successor).get("JobState") in ended,
            1200)
     status = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "status", successor], cwd=ROOT,
                             env=login_env(slurm, shared[0]), capture_output=True, text=True, timeout=120)
     return {"job": job, "successor": successor, "out": out, "folder": folder, "first": first, "second": second,
-            "state": job_state(slurm, job), "successor_state": job_state(slurm, successor), "log": log(out, job),
-            "successor_log": log(out, successor), "script": script, "status": status}
+            "state": state, "successor_state": job_state(slurm, successor), "log": log(out, job),
+            "successor_log": log(out, successor), "script": script, "status": status, "small_state": small_state,
+            "small_log": log(small_out, small_job)}
 
 
 def test_the_readme_line_is_sized_from_the_run_and_the_sweep_runs_across_the_allocation(slurm, shared, requeued):
@@ -299,11 +307,8 @@ def test_status_says_the_state_restarts_and_how_to_reach_mlflow_and_the_dashboar
         proc.stdout
 
 
-def test_a_job_whose_nodes_cannot_hold_a_trial_ends_at_once_with_one_line(slurm, small):
-    job, out = small
-    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
-    waited(slurm, out, job, "the small job to end", lambda: job_state(slurm, job).get("JobState") in ended, 600)
-    state, text = job_state(slurm, job), log(out, job)
+def test_a_job_whose_nodes_cannot_hold_a_trial_ends_at_once_with_one_line(requeued):
+    state, text = requeued["small_state"], requeued["small_log"]
     assert state["JobState"] == "FAILED" and state["ExitCode"] == "3:0" and state["Restarts"] == "0", (state, text)
     errors = [line for line in text.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "cannot hold one trial" in errors[0] and "1.75 CPUs on one node" in errors[0] \
