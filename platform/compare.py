@@ -7,10 +7,13 @@ first), its 95 % confidence interval, a p-value against no difference, whether i
 after Holm's correction over the 7 tasks, and what it rests on
 (``platform.evaluation.uncertainty``):
 
-- two results with several seeds each: their seeds' scores, paired by seed where both ran the
-  same seeds (exact sign-flip permutation), else unpaired (Welch's t-test);
-- otherwise, one checkpoint each (a run's best): both embedded on the same test pairs, and a
-  paired bootstrap over the pairs.
+- two results with several seeds each: a claim about the recipes, from their seeds' scores (paired
+  t-test where both ran the same seeds, else Welch's);
+- otherwise, a claim about two checkpoints (a run's best; of a run with seeds, its best seed by
+  STS-B dev, said so): both embedded on the same test pairs, and a paired bootstrap over the pairs.
+  It says nothing about the recipes: two seeds of one recipe often differ "significantly" so.
+
+The two kinds of claim are printed as two tables and drawn with their own markers.
 
 The table is printed and logged as a run of the ``comparisons`` experiment (CSV, Markdown and a
 forest plot of the differences per task).
@@ -43,6 +46,7 @@ from platform.tracking.names import BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, MODEL_
 from platform.tracking.recorder import Run
 
 COMPARISONS_EXPERIMENT = "comparisons"
+RECIPES, CHECKPOINTS = "recipes (over seeds)", "checkpoints (over test pairs)"  # the two kinds of claim
 ROWS = [*STS_TASKS, "avg"]
 
 
@@ -153,6 +157,15 @@ def by_pairs(first: dict[str, np.ndarray], other: dict[str, np.ndarray], seed: i
     return out
 
 
+def standing(result: Result, claim: str) -> str:
+    """What stands for a side in a claim: its seeds, its checkpoint, or its best seed's checkpoint."""
+    if claim == RECIPES:
+        return f"{len(result.seeds)} seeds"
+    if len(result.seeds) >= 2:
+        return f"best of {len(result.seeds)} seeds by STS-B dev"
+    return "its checkpoint"
+
+
 def table(first: Result, others: list[Result], seed: int, resamples: int):
     """One row per other reference and task: the difference, its interval, p, Holm's p, significance."""
     import pandas as pd
@@ -168,10 +181,13 @@ def table(first: Result, others: list[Result], seed: int, resamples: int):
                 if r.label not in cache:
                     cache[r.label] = similarities(r.checkpoint)
             found = by_pairs(cache[first.label], cache[other.label], seed, resamples)
+        claim = RECIPES if len(first.seeds) >= 2 and len(other.seeds) >= 2 else CHECKPOINTS
         adjusted = uncertainty.holm({t: found[t].p for t in STS_TASKS})
         for task in ROWS:
             iv = found[task]
-            rows.append({"reference": first.label, "other": other.label, "task": SHORT_NAMES.get(task, task),
+            rows.append({"reference": first.label, "other": other.label, "claim": claim,
+                         "sides": f"{standing(other, claim)} against {standing(first, claim)}",
+                         "task": SHORT_NAMES.get(task, task),
                          "delta": iv.estimate, "ci_low": iv.low, "ci_high": iv.high, "p": iv.p,
                          "p_holm": adjusted.get(task), "significant": significant(adjusted.get(task, iv.p)),
                          "n": iv.n, "method": iv.method})
@@ -187,12 +203,23 @@ def markdown(frame, first: Result) -> str:
     lines = [f"# Against {first.label}", "",
              "Difference (other minus reference) of Spearman x100, its 95 % confidence interval and p-value against "
              "no difference; significant: Holm-adjusted p < 0.05 over the 7 tasks (the average: its own p, not "
-             "adjusted). A difference whose interval holds 0 is not evidence of one.", "",
-             "| other | task | Δ | 95 % CI | p | p (Holm) | significant | n | method |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in frame.to_dict("records"):
-        holm = "" if r["p_holm"] is None or (isinstance(r["p_holm"], float) and math.isnan(r["p_holm"])) else f"{r['p_holm']:.3f}"
-        lines.append(f"| {r['other']} | {r['task']} | {r['delta']:+.2f} | [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
-                     f"{r['p']:.3f} | {holm} | {'yes' if r['significant'] else 'no'} | {r['n']} | {r['method']} |")
+             "adjusted). A difference whose interval holds 0 is not evidence of one."]
+    about = {RECIPES: "what each recipe gives over its seeds: evidence about the recipes.",
+             CHECKPOINTS: "two checkpoints over the same test pairs: nothing about the recipes (two seeds of one "
+                          "recipe often differ so)."}
+    for claim in (RECIPES, CHECKPOINTS):
+        part = frame[frame["claim"] == claim].to_dict("records") if len(frame) else []
+        if not part:
+            continue
+        lines += ["", f"## Claims about {claim}", "", f"Each row compares {about[claim]}", "",
+                  "| other | task | Δ | 95 % CI | p | p (Holm) | significant | n | what stands for each side | method |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in part:
+            holm = "" if r["p_holm"] is None or (isinstance(r["p_holm"], float) and math.isnan(r["p_holm"])) \
+                else f"{r['p_holm']:.3f}"
+            lines.append(f"| {r['other']} | {r['task']} | {r['delta']:+.2f} | [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
+                         f"{r['p']:.3f} | {holm} | {'yes' if r['significant'] else 'no'} | {r['n']} | {r['sides']} | "
+                         f"{r['method']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -207,8 +234,10 @@ def forest(frame, path: Path, first: Result) -> Path:
     for k, other in enumerate(others):
         part = frame[frame["other"] == other]
         y = [len(tasks) - 1 - tasks.index(t) + (k - (len(others) - 1) / 2) * step for t in part["task"]]
+        recipes = part["claim"].iloc[0] == RECIPES  # filled circles: recipes; open squares: checkpoints
         ax.errorbar(part["delta"], y, xerr=[part["delta"] - part["ci_low"], part["ci_high"] - part["delta"]],
-                    fmt="o", capsize=3, label=other)
+                    fmt="o" if recipes else "s", mfc=None if recipes else "none", capsize=3,
+                    label=f"{other}: {'recipes, over seeds' if recipes else 'checkpoints, over test pairs'}")
         for yy, (_, r) in zip(y, part.iterrows()):
             if r["significant"]:
                 ax.annotate("*", (r["ci_high"], yy), textcoords="offset points", xytext=(4, -4))

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
+from scipy.stats import ttest_rel
 
-from platform.compare import COMPARISONS_EXPERIMENT, Result, check
+from platform.compare import CHECKPOINTS, COMPARISONS_EXPERIMENT, RECIPES, Result, check
 from platform.errors import UserError
 from tests.helpers import assert_user_error, run_main, sets
 
@@ -49,7 +50,8 @@ def test_two_recipes_with_three_seeds_are_compared_by_seed_and_logged(three_seed
     assert proc.returncode == 0, proc.stderr[-3000:]
     frame = pd.read_csv(tmp_path / "comparison.csv")
     assert list(frame["task"]) == ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "avg"]
-    assert set(frame["n"]) == {3} and set(frame["method"]) == {"paired by seed: exact sign-flip permutation"}
+    assert set(frame["n"]) == {3} and set(frame["claim"]) == {RECIPES}
+    assert set(frame["method"]) == {"paired by seed (each seed fixes data order and initialisation on both sides): t-test"}
     una = {int(r.data.tags["seed"]): r.data.metrics["sts_avg"] for r in c.search_runs(
         [runs["una"].info.experiment_id], f"tags.`mlflow.parentRunId` = '{runs['una'].info.run_id}'")}
     simcse = {int(r.data.tags["seed"]): r.data.metrics["sts_avg"] for r in c.search_runs(
@@ -58,8 +60,9 @@ def test_two_recipes_with_three_seeds_are_compared_by_seed_and_logged(three_seed
     avg = frame[frame["task"] == "avg"].iloc[0]
     assert avg["delta"] == pytest.approx(sum(una[s] - simcse[s] for s in una) / 3)
     assert avg["ci_low"] <= avg["delta"] <= avg["ci_high"]
-    assert avg["p"] >= 2 / 8  # 3 seeds: at best 2 of the 8 sign assignments are as extreme
-    assert "| avg |" in proc.stdout and "Holm" in proc.stdout
+    assert avg["p"] == pytest.approx(ttest_rel([una[s] for s in sorted(una)], [simcse[s] for s in sorted(una)]).pvalue)
+    assert "| avg |" in proc.stdout and "Holm" in proc.stdout and "## Claims about recipes (over seeds)" in proc.stdout
+    assert "| 3 seeds against 3 seeds |" in proc.stdout and "Claims about checkpoints" not in proc.stdout
     logged = _comparison_run(c)
     assert logged.info.status == "FINISHED"
     artifacts = {a.path for a in c.list_artifacts(logged.info.run_id)}
@@ -74,7 +77,8 @@ def test_two_checkpoints_are_compared_over_the_test_pairs(three_seeds, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     frame = pd.read_csv(tmp_path / "comparison.csv")
     assert list(frame["n"])[:7] == [3108, 1500, 3750, 3000, 1186, 1379, 4927]
-    assert frame["method"].str.startswith("paired bootstrap over pairs").all()
+    assert frame["method"].str.startswith("paired bootstrap over pairs").all() and set(frame["claim"]) == {CHECKPOINTS}
+    assert "## Claims about checkpoints (over test pairs)" in proc.stdout and "nothing about the recipes" in proc.stdout
     assert (frame["ci_low"] <= frame["delta"]).all() and (frame["delta"] <= frame["ci_high"]).all()
     assert frame["p_holm"].iloc[:7].ge(frame["p"].iloc[:7]).all()
     again = run_main("compare", first, second, "--resamples", "300", "--out", str(tmp_path / "again"), "--no-log",
@@ -105,8 +109,9 @@ def test_the_report_says_against_simcse_and_against_published(three_seeds, tmp_p
     assert "Published averages against our seeds" in text and (tmp_path / "report" / "geometry.png").is_file()
     frame = pd.DataFrame([{"recipe": "simcse", "backbone": "bert-base-uncased", "Avg.": 76.0,
                            "seed averages": {1: 75.8, 2: 76.3, 3: 76.1}},
-                          {"recipe": "una", "backbone": "bert-base-uncased", "Avg.": 76.4,
-                           "seed averages": {1: 76.5, 2: 76.2, 3: 76.6}}])
+                          {"recipe": "una", "backbone": "bert-base-uncased", "Avg.": 78.4,
+                           "seed averages": {1: 78.5, 2: 78.2, 3: 78.6}}])
     published = "\n".join(against_published(frame))
     assert "76.25 published is inside" in published and "76.14 published is outside" in published
+    assert "the 95 % prediction interval of one run from our 3 seeds" in published
     assert "paired by seed" in "\n".join(against_simcse(frame))

@@ -196,3 +196,16 @@ def test_the_command_waits_until_every_node_of_the_allocation_has_joined(monkeyp
     finally:
         step.kill()
         cluster.shutdown()
+
+
+def test_resume_names_a_sweep_folder_or_refuses_one_without_a_sweep(tmp_path, tiny_model):
+    """``tune --resume FOLDER`` (what a Slurm job's later start runs) reads that folder's sweep, and
+    refuses in one line a folder that holds none; no other sweep of the method is looked at."""
+    from platform.config import TrainConfig
+    from platform.errors import UserError
+    from platform.sweep_runs import resumable_sweep
+
+    base = TrainConfig(method="una", model=str(tiny_model), output_dir=str(tmp_path))
+    (tmp_path / f"una-sweep-{time.strftime('%Y%m%d-%H%M%S')}").mkdir()
+    with pytest.raises(UserError, match=r"--resume .*/empty: no sweep there"):
+        resumable_sweep("sqlite:///unused.db", base, {}, folder=str(tmp_path / "empty"))
