@@ -315,3 +315,29 @@ def test_a_job_whose_nodes_cannot_hold_a_trial_ends_at_once_with_one_line(requeu
         and "the largest node offers 1 CPUs" in errors[0], text[-3000:]
     started = time.mktime(time.strptime(state["StartTime"], "%Y-%m-%dT%H:%M:%S"))
     assert time.mktime(time.strptime(state["EndTime"], "%Y-%m-%dT%H:%M:%S")) - started < 120, state
+
+
+def test_two_jobs_of_the_default_name_each_keep_their_own_runs(slurm, shared, requeued):
+    """Two `train` jobs submitted at once with the default name (one output folder): each ends
+    COMPLETED with its run FINISHED in its own MLflow copy, and neither copy holds the other's run."""
+    folder, model, corpus = shared
+    out = folder / "default-name"
+    command = ["python", "-m", "platform.train", "simcse",
+               *sets(model=model, corpus=corpus, batch_size=8, max_steps=4, eval_steps=2, log_steps=2, num_workers=1,
+                     cpus_per_worker=1, augment_cpus=0.25, use_gpu="false")]
+    jobs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "--output", str(out), "--", *command],
+                              cwd=ROOT, env=login_env(slurm, folder), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        jobs.append(re.search(r"^submitted job (\d+)", proc.stdout, re.M).group(1))
+    (ROOT / ".cluster" / "slurm-platform.sbatch").unlink(missing_ok=True)
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    states = {job: waited(slurm, out, job, f"job {job} to end", lambda job=job: (
+        job_state(slurm, job) if job_state(slurm, job).get("JobState") in ended else None), 900) for job in jobs}
+    for job in jobs:
+        assert states[job]["JobState"] == "COMPLETED", (states[job], log(out, job)[-6000:])
+        (run,) = [r for r in runs(out / f"job-{job}") if r["tags"].get("mlflow.runName") == f"platform-{job}"]
+        assert run["status"] == "FINISHED", run
+        others = [r for r in runs(out / f"job-{job}") if r["tags"].get("mlflow.runName", "").startswith("platform-")]
+        assert others == [run], others
