@@ -86,8 +86,7 @@ def gpu_check() -> str | None:
 
 def node_task(attempt: Path, interface: str | None = None) -> int:
     """One Ray node of the job on this node (``srun``'s task): the head on the allocation's first
-    node, else a node joining it; until Ray ends or the job stops it. Ray's session logs are copied
-    into the attempt's folder as it runs and at its end (a node's /tmp goes with the job)."""
+    node, else a node joining it; until Ray ends or the job stops it (``watch``)."""
     rank = int(os.environ.get("SLURM_NODEID", "0"))
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
@@ -132,12 +131,18 @@ def node_task(attempt: Path, interface: str | None = None) -> int:
         storage.write_json(head_file, {"address": hostport(ip, port), "node": socket.gethostname(),
                                        "dashboard_port": dashboard})
     print(f"{socket.gethostname()}: Ray node {rank} ({ip}, {cpus} CPUs, {gpus} GPUs)", flush=True)
+    return watch(proc, attempt, temp)
+
+
+def watch(proc: subprocess.Popen, attempt: Path, temp: Path) -> int:
+    """This node's Ray until it ends: its logs copied into the attempt's folder as it runs and at its
+    end; stopped at the job's stop marker (its normal end), and then the task exits 0."""
     kept = attempt / "ray-logs" / socket.gethostname()
     copied = time.monotonic()
     stopping = False
     while proc.poll() is None:
         time.sleep(1)
-        if not stopping and (attempt / "stop").exists():  # the job's normal end: Ray stopped here, the task exits 0
+        if not stopping and (attempt / "stop").exists():
             proc.send_signal(signal.SIGTERM)
             stopping = True
         if time.monotonic() - copied > LOG_COPY_S:
