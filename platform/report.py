@@ -15,22 +15,38 @@ import argparse
 import math
 import time
 from pathlib import Path
-
-from methods.published import BEST_OF, PUBLISHED, TASK_COLUMNS
-from methods.recipe import NAMED
 from platform import storage
 from platform.config import smoke_reason
 from platform.console import command_parser, markdown_table, pyplot
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main, writable_dir
-from platform.evaluation import uncertainty
+from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import geometry_figure
 from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
-from platform.tracking.names import (BEST, BEST_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
-                                     PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting,
-                                     sts, vs_backbone)
+from platform.tracking.names import (
+    BEST,
+    BEST_RUN_ID_TAG,
+    BEST_SEED_TAG,
+    METHOD_TAG,
+    MODEL_TAG,
+    PARENT_TAG,
+    PROFILE_TAG,
+    RECIPE_TAG,
+    SEED_TAG,
+    SEEDS_TAG,
+    STS_AVG,
+    SWEEP_TAG,
+    run_setting,
+    sts,
+    vs_backbone,
+)
 from platform.tracking.recorder import Run, trial_key
+
+import numpy as np
+
+from methods.published import BEST_OF, PUBLISHED, TASK_COLUMNS
+from methods.recipe import NAMED
 
 REPORTS_EXPERIMENT = "reports"
 
@@ -200,7 +216,8 @@ def _cell(row: dict, column: str) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def markdown(frame, references: list[dict], experiments: list[str], published: bool = False) -> str:
+def markdown(frame, references: list[dict], experiments: list[str], published: bool = False,
+             significance: bool = False) -> str:
     extra = [c for c in frame.columns if c.startswith(("transfer_", "cluster_"))]
     maxima = "Avg. max" in frame.columns and frame["Avg. max"].notna().any()
     columns = ["recipe", "backbone", "seeds", *TASK_COLUMNS, *(["Avg. max"] if maxima else []), "STS-B dev", *extra,
@@ -239,6 +256,8 @@ def markdown(frame, references: list[dict], experiments: list[str], published: b
     lines += against_simcse(frame)
     if published:
         lines += against_published(frame)
+    if significance:
+        lines += significance_section(frame)
     lines += mteb_section(frame)
     lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
     return "\n".join(lines)
@@ -272,6 +291,42 @@ def against_simcse(frame, seed: int = 0) -> list[str]:
         return []
     return ["", "Against SimCSE on the same backbone (the 7-task average; 95 % interval and p over the seeds):", "",
             *lines]
+
+
+def significance_section(frame, seed: int = 0) -> list[str]:
+    """``--significance``: the recipes with 3 or more seeds on one backbone, all against all on the
+    7-task average: Almost Stochastic Order's ε_min matrix, each pair's difference with its t-interval,
+    p, Holm's p over every pair, Cohen's d, each recipe's rank with its bootstrap interval, and the
+    seeds a 0.5-point difference needs at the seeds' spread."""
+    lines = ["", "Significance across recipes (--significance; the 7-task average, recipes with 3 or more seeds):"]
+    for backbone in sorted(set(frame["backbone"])):
+        scores = {r["recipe"]: _seeds_of(r) for r in frame.to_dict("records")
+                  if r["backbone"] == backbone and len(_seeds_of(r)) >= 3}
+        if len(scores) < 2:
+            lines += ["", f"- {backbone}: fewer than two recipes with 3 or more seeds (train each with --seeds 3 or more)"]
+            continue
+        names = list(scores)
+        values = {n: list(scores[n].values()) for n in names}
+        eps = significance.aso_matrix(values, seed=seed)
+        lines += ["", f"{backbone}: Almost Stochastic Order, ε_min of the row over the column (below 0.5: the row is "
+                      "almost stochastically better; 95 % confidence, Bonferroni over the pairs):", "",
+                  *markdown_table(["ε_min", *names], [[a, *(f"{eps[i, j]:.2f}" for j in range(len(names)))]
+                                                      for i, a in enumerate(names)])]
+        pairs = {f"{a} − {b}": uncertainty.across_seeds(scores[a], scores[b], seed)
+                 for i, a in enumerate(names) for b in names[i + 1:]}
+        adjusted = uncertainty.holm({k: iv.p for k, iv in pairs.items()})
+        rows = [[k, f"{iv.estimate:+.2f}", f"[{iv.low:+.2f}, {iv.high:+.2f}]", f"{iv.p:.3f}", f"{adjusted[k]:.3f}",
+                 f"{significance.cohens_d(values[k.split(' − ')[0]], values[k.split(' − ')[1]]):+.2f}"]
+                for k, iv in pairs.items()]
+        lines += ["", "Each pair (paired by seed where both ran the same seeds, else Welch), Holm over every pair:", "",
+                  *markdown_table(["pair", "Δ", "95 % CI", "p", "p (Holm)", "Cohen's d"], rows)]
+        ranks = significance.rank_intervals(values, seed=seed)
+        sd = float(np.sqrt(np.mean([np.var(v, ddof=1) for v in values.values()])))
+        lines += ["", "Ranks by mean, with their 95 % bootstrap interval over the seeds: " + ", ".join(
+                      f"{n} {r} [{lo}-{hi}]" for n, (r, lo, hi) in sorted(ranks.items(), key=lambda x: x[1][0])) + ".",
+                  f"Power: with σ = {sd:.2f} (the seeds' pooled standard deviation), detecting Δ = 0.5 at α = .05 "
+                  f"with power 0.8 needs {uncertainty.seeds_needed(sd, 0.5) if sd > 0 else 2} seeds per recipe."]
+    return lines
 
 
 def against_published(frame, seed: int = 0) -> list[str]:
@@ -398,6 +453,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--against", choices=["published"], default=None,
                    help="published: say for each row whether its paper's average lies in the 95 %% prediction interval of "
                         "a reproduction from our seeds (one run, or the best of k where the paper reports its best)")
+    p.add_argument("--significance", action="store_true",
+                   help="add the recipes with 3 or more seeds all against all: Almost Stochastic Order, Holm over every "
+                        "pair, Cohen's d, rank intervals and the seeds a 0.5-point difference needs")
     p.add_argument("--no-log", action="store_true", help=f"do not log the report to the {REPORTS_EXPERIMENT!r} experiment")
     return p.parse_args(argv)
 
@@ -414,7 +472,7 @@ def main(argv=None) -> int:
     references = reference_rows(frame)
     tmp = storage.staging(out)
     try:
-        (tmp / "report.md").write_text(markdown(frame, references, names, args.against == "published"), encoding="utf-8")
+        (tmp / "report.md").write_text(markdown(frame, references, names, args.against == "published", args.significance), encoding="utf-8")
         frame.drop(columns=["baseline", "seed averages"], errors="ignore").to_csv(tmp / "report.csv", index=False)
         plot(frame, tmp / "report.png")
         geometry_plot(uri, frame, tmp / "geometry.png")
