@@ -100,7 +100,10 @@ def partition_offer(partition: str | None) -> Offer | None:
     """The partition's (or the default partition's) largest node; None where Slurm does not answer."""
     if shutil.which("sinfo") is None:
         return None
-    proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"], capture_output=True, text=True, timeout=60)
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):  # a controller that does not answer: the script is not capped
+        return None
     if proc.returncode != 0:
         return None
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.count("|") == 3]
