@@ -17,16 +17,24 @@ from platform.errors import ConfigError, UserError
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def ask(*command: str) -> subprocess.CompletedProcess | None:
+    """A Slurm command's answer; None where it is missing or does not answer within a minute."""
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def slurm_state(job: str) -> dict[str, str]:
     """What Slurm says of the job: ``scontrol show job`` while the controller remembers it, else
     ``sacct`` (the last of its starts); empty when neither knows it."""
-    if shutil.which("scontrol"):
-        proc = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=60)
-        if proc.returncode == 0 and "JobState=" in proc.stdout:
-            return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
-    if shutil.which("sacct"):
-        proc = subprocess.run(["sacct", "-j", job, "--duplicates", "-X", "-n", "-P", "-o",
-                               "JobID,State,ExitCode,NodeList,Elapsed,Reason"], capture_output=True, text=True, timeout=60)
+    proc = ask("scontrol", "show", "job", job)
+    if proc is not None and proc.returncode == 0 and "JobState=" in proc.stdout:
+        return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+    proc = ask("sacct", "-j", job, "--duplicates", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,NodeList,Elapsed,Reason")
+    if proc is not None:
         rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith(job)]
         if proc.returncode == 0 and rows:
             last = rows[-1] + [""] * 6
@@ -113,9 +121,10 @@ def logs(job: str, state: dict[str, str], folder: Path | None, lines: int) -> No
 
 
 def cancel(job: str) -> None:
-    proc = subprocess.run(["scancel", job], capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        raise UserError(f"scancel {job} refused: {' '.join(proc.stderr.split())[:200]}")
+    proc = ask("scancel", job)
+    if proc is None or proc.returncode != 0:
+        why = " ".join(proc.stderr.split())[:200] if proc is not None else "scancel is not on PATH or did not answer"
+        raise UserError(f"scancel {job} refused: {why}")
     print(f"job {job} cancelled: its command stops as Ctrl-C stops it (runs KILLED, resumable with the same command and "
           "--resume)")
 

@@ -320,3 +320,9 @@ with sqlite3.connect(local / "mlflow.db") as db:
     assert "direct: refused" in proc.stdout, proc.stdout  # SQLite on the shared path fails under the shim
     assert "restored: ['a']" in proc.stdout, proc.stdout  # the copy made before 'b' came back whole
     assert (shared / "job-1" / "mlflow.db").is_file() and not list((shared / "job-1").glob(".*"))
+
+
+def test_status_of_a_job_no_one_knows_is_one_line(tmp_path):
+    env = {"SLURM_CONF": str(tmp_path / "none.conf")}  # no controller to ask
+    assert_user_error(slurm("status", "12345", "--output", str(tmp_path), env=env), "knows no job 12345", "--output")
+    assert_user_error(slurm("cancel", "x", env=env), "JOBID must be Slurm's job number")
