@@ -323,6 +323,6 @@ with sqlite3.connect(local / "mlflow.db") as db:
 
 
 def test_status_of_a_job_no_one_knows_is_one_line(tmp_path):
-    env = {"SLURM_CONF": str(tmp_path / "none.conf")}  # no controller to ask
+    env = {"PATH": str(tmp_path)}  # no Slurm command on PATH: nothing knows the job
     assert_user_error(slurm("status", "12345", "--output", str(tmp_path), env=env), "knows no job 12345", "--output")
     assert_user_error(slurm("cancel", "x", env=env), "JOBID must be Slurm's job number")
