@@ -37,10 +37,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from platform.cluster_files import read_env
-from platform.errors import ConfigError, DataError, UserError
 from methods.encoder import pretrained_source
+from platform.cluster_files import read_env
 from platform.data import data_dir
+from platform.errors import ConfigError, DataError, UserError
 from platform.slurm_sizing import partition_offer, platform_command, run_needs, size
 from platform.slurm_status import main as verb_main
 
