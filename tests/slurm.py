@@ -12,6 +12,7 @@ Needs root (namespaces, mounts, bridges) and Debian's ``slurm-wlm`` and ``munge`
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import socket
@@ -35,8 +36,9 @@ DIFFERENCES = (
     "or locking differences); each node's /tmp and /dev/shm are its own",
     "both nodes share this machine's 2 cores (each offers the CPUs the test names, 3 in the sweep's rehearsal) and its "
     "memory (each says it has what the test names)",
-    "the nodes' addresses are on a bridge of this machine; the sweep's rehearsal gives them addresses in 203.0.113.0/24 "
-    "(TEST-NET-3), outside the private ranges, as a university's public node addresses are",
+    "the nodes' addresses are on a bridge of this machine; the sweep's rehearsal gives them addresses in 198.18.7.0/24 "
+    "(of the benchmarking range 198.18.0.0/15), outside the private ranges, as a university's public node addresses "
+    "are; a subnet that holds an address this machine reaches (the package registries') or has a route is refused",
     "a node can be made slow to start Ray (slow_ray: its ray command sleeps first), so that a job is seen to "
     "wait for every node; a site's nodes are slow by chance",
     "the walltime warning is sent with scancel --signal=USR1 --batch, as Slurm's --signal=B:USR1 sends it, "
@@ -67,6 +69,7 @@ class Slurm:
         self.base = Path(base)
         self.slow_ray = dict(slow_ray or {})
         self.network = Network(tag, subnet)
+        self.subnet = subnet
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.ips = {name: f"{subnet}.{i + 2}" for i, name in enumerate(self.names)}  # .1 is this machine
         self.cpus, self.tag, self.memory_mb = cpus, tag, memory_mb
@@ -122,6 +125,7 @@ PartitionName=main Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE Sta
 
     def start(self, timeout: float = 60) -> "Slurm":
         self.base.mkdir(parents=True, exist_ok=True)
+        self._check_subnet()
         self.network.up()
         self._write_config()
         run_dir = Path("/run/munge")
@@ -142,6 +146,24 @@ PartitionName=main Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE Sta
                 return self
             time.sleep(1)
         raise TimeoutError(f"the nodes did not come up: {states}; {self.log()[-2000:]}")
+
+    def _check_subnet(self) -> None:
+        """The nodes' subnet shadows nothing this machine reaches: no route of its own already covers
+        it, and none of the package registries' addresses is in it (a bridge on it would take their
+        traffic, and every install beside the rehearsal would fail)."""
+        subnet = ipaddress.ip_network(f"{self.subnet}.0/24")
+        routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout.splitlines()
+        taken = [r for r in routes if not r.startswith("default") and
+                 ipaddress.ip_network(r.split()[0], strict=False).overlaps(subnet)]
+        reached = []
+        for host in ("deb.debian.org", "pypi.org", "files.pythonhosted.org", "registry.npmjs.org"):
+            try:
+                reached += [a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET)]
+            except OSError:  # not resolvable here: nothing to shadow
+                pass
+        inside = sorted({a for a in reached if ipaddress.ip_address(a) in subnet})
+        if taken or inside:
+            raise RuntimeError(f"the rehearsal's subnet {subnet} would shadow {', '.join(taken + inside)}: choose another")
 
     def _start_node(self, name: str, ip: str) -> None:
         netns, veth = f"p{self.tag}{name}", f"v{self.tag}{name}"

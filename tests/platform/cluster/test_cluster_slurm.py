@@ -56,7 +56,7 @@ def slurm():
     base = Path(tempfile.mkdtemp(prefix="platform-slurm-", dir="/var/tmp"))
     # n2's Ray starts 30 s after n1's: a command not held until every node joined would begin on n1's alone.
     # 3 CPUs a node: the sweep asks for the 2 a trial needs, the one left runs the small job beside it.
-    cluster = slurm_module.Slurm(base / "slurm", cpus=3, subnet="203.0.113", memory_mb=16000,
+    cluster = slurm_module.Slurm(base / "slurm", cpus=3, subnet="198.18.7", memory_mb=16000,
                                  slow_ray={"n2": SLOW_RAY_S})
     try:
         yield cluster.start()
@@ -242,7 +242,7 @@ def test_the_readme_line_is_sized_from_the_run_and_the_sweep_runs_across_the_all
     assert text.count("slurm: all 2 node(s) joined Ray") == 3, text[-6000:]
     assert len(re.findall(r"^Ray: the cluster at \S+ \(RAY_ADDRESS\), 4 CPUs", text, re.M)) == 3, text[-6000:]
     # MLflow served the sweep on the first node's public address (no 403 for its Host header).
-    assert re.search(r"^slurm: MLflow at http://203\.0\.113\.\d+:\d+ ", text, re.M), text[-6000:]
+    assert re.search(r"^slurm: MLflow at http://198\.18\.7\.\d+:\d+ ", text, re.M), text[-6000:]
     sweeps = list((requeued["out"] / "runs").glob("una-sweep-*"))
     assert len(sweeps) == 1 and list(sweeps[0].rglob("checkpoint_*")), sorted(requeued["out"].rglob("*"))[:50]
     # The trials' Train workers ran on both nodes (one fits on a node at a time).
@@ -296,14 +296,14 @@ def test_status_says_the_state_restarts_and_how_to_reach_mlflow_and_the_dashboar
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
     assert lines[f"job {requeued['successor']}"].startswith("COMPLETED, restarts 0"), proc.stdout
     assert lines["start"].startswith("3 ") and "ended with exit code 0" in lines["start"], proc.stdout
-    mlflow = re.fullmatch(r"(http://203\.0\.113\.\d+):(\d+) \(user platform, password in \S+\)", lines["mlflow"])
+    mlflow = re.fullmatch(r"(http://198\.18\.7\.\d+):(\d+) \(user platform, password in \S+\)", lines["mlflow"])
     assert mlflow, proc.stdout
     host = mlflow.group(1).removeprefix("http://")
     assert lines["mlflow tunnel"] == f"ssh -N -L 5000:{host}:{mlflow.group(2)} LOGIN-NODE, then http://127.0.0.1:5000"
     assert re.fullmatch(r"ssh -N -L 8265:127\.0\.0\.1:\d+ -J LOGIN-NODE n1, then http://127\.0\.0\.1:8265 "
                         r"\(Ray's token in \S+/ray_token\)", lines["dashboard tunnel"]), proc.stdout
     nodes = [line for line in proc.stdout.splitlines() if line.startswith("ray node: ")]
-    assert len(nodes) == 2 and all(re.fullmatch(r"ray node: 203\.0\.113\.\d+ alive, 2 CPUs, 0 GPUs", n) for n in nodes), \
+    assert len(nodes) == 2 and all(re.fullmatch(r"ray node: 198\.18\.7\.\d+ alive, 2 CPUs, 0 GPUs", n) for n in nodes), \
         proc.stdout
 
 

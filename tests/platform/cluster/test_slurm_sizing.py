@@ -208,7 +208,7 @@ def test_the_jobs_mlflow_answers_at_a_public_address(tmp_path):
     from platform.run.ray_env import free_port
     from platform.slurm_job import allowed_hosts
 
-    public = "203.0.113.7"
+    public = "198.18.7.7"
 
     def serve(*extra: str) -> tuple[subprocess.Popen, int]:
         port = free_port()
