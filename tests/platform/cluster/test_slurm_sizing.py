@@ -326,3 +326,16 @@ def test_status_of_a_job_no_one_knows_is_one_line(tmp_path):
     env = {"PATH": str(tmp_path)}  # no Slurm command on PATH: nothing knows the job
     assert_user_error(slurm("status", "12345", "--output", str(tmp_path), env=env), "knows no job 12345", "--output")
     assert_user_error(slurm("cancel", "x", env=env), "JOBID must be Slurm's job number")
+
+
+def test_a_nodes_address_comes_from_its_interface_and_loopback_is_refused():
+    from platform.errors import UserError
+    from platform.slurm_job import hostport, node_ip
+
+    route = subprocess.run(["ip", "route", "show", "default"], capture_output=True, text=True).stdout.split()
+    if "dev" in route:  # the default route's interface has a global address
+        ip = node_ip(route[route.index("dev") + 1])
+        assert ip and not ip.startswith("127.")
+    with pytest.raises(UserError, match="--node-interface lo: .* no such interface with a global address"):
+        node_ip("lo")
+    assert hostport("10.0.0.2", 6379) == "10.0.0.2:6379" and hostport("fd00::2", 6379) == "[fd00::2]:6379"
