@@ -41,7 +41,7 @@ from methods.encoder import pretrained_source
 from platform.cluster_files import read_env
 from platform.data import data_dir
 from platform.errors import ConfigError, DataError, UserError
-from platform.slurm_sizing import partition_offer, platform_command, run_needs, size
+from platform.slurm_sizing import gres_gpus, partition_offer, platform_command, run_needs, size
 from platform.slurm_status import main as verb_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,10 +96,7 @@ class SlurmJob:
     @property
     def gpus(self) -> int:
         """GPUs per node: --gpus-per-node's N (or TYPE:N), else a GPU --gres's (gpu[:TYPE]:N)."""
-        for value in filter(None, [self.gpus_per_node, *(self.gres or "").split(",")]):
-            if value is self.gpus_per_node or value.split(":")[0] == "gpu":
-                return int(value.split(":")[-1]) if value.split(":")[-1].isdigit() else 1
-        return 0
+        return gres_gpus(f"gpu:{self.gpus_per_node}") if self.gpus_per_node else gres_gpus(self.gres or "")
 
     @property
     def script(self) -> Path:
@@ -264,8 +261,8 @@ def submit(job: SlurmJob, dry: bool) -> int:
     if job.env.get("MLFLOW_TRACKING_URI"):
         print(f"MLflow: {job.env['MLFLOW_TRACKING_URI']}")
     else:
-        print(f"MLflow: on the job's first node once it runs; its address and the tunnel line are in the log and in "
-              f"{job.out}/job-{job_id}/mlflow.json")
+        print(f"MLflow: on the job's first node once it runs; its address and the tunnel lines: python -m "
+              f"platform.cluster slurm status {job_id} (also in the log and {job.out}/job-{job_id}/where.json)")
     return 0
 
 

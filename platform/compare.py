@@ -125,9 +125,9 @@ def check(results: list[Result]) -> None:
                                 "scored on the same 7 tasks (a run that finished its final evaluation)")
 
 
-def by_seeds(first: Result, other: Result, seed: int, resamples: int) -> dict[str, uncertainty.Interval]:
+def by_seeds(first: Result, other: Result) -> dict[str, uncertainty.Interval]:
     return {t: uncertainty.across_seeds({s: v[t] for s, v in other.seeds.items()},
-                                        {s: v[t] for s, v in first.seeds.items()}, seed, resamples) for t in ROWS}
+                                        {s: v[t] for s, v in first.seeds.items()}) for t in ROWS}
 
 
 def similarities(checkpoint_path: str) -> dict[str, np.ndarray]:
@@ -173,7 +173,7 @@ def table(first: Result, others: list[Result], seed: int, resamples: int):
     rows, cache = [], {}
     for other in others:
         if len(first.seeds) >= 2 and len(other.seeds) >= 2:
-            found = by_seeds(first, other, seed, resamples)
+            found = by_seeds(first, other)
         else:
             for r in (first, other):
                 if r.checkpoint is None:

@@ -15,6 +15,11 @@ import argparse
 import math
 import time
 from pathlib import Path
+
+import numpy as np
+
+from methods.published import BEST_OF, PUBLISHED, TASK_COLUMNS
+from methods.recipe import NAMED
 from platform import storage
 from platform.config import smoke_reason
 from platform.console import command_parser, markdown_table, pyplot
@@ -24,29 +29,10 @@ from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import geometry_figure
 from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
-from platform.tracking.names import (
-    BEST,
-    BEST_RUN_ID_TAG,
-    BEST_SEED_TAG,
-    METHOD_TAG,
-    MODEL_TAG,
-    PARENT_TAG,
-    PROFILE_TAG,
-    RECIPE_TAG,
-    SEED_TAG,
-    SEEDS_TAG,
-    STS_AVG,
-    SWEEP_TAG,
-    run_setting,
-    sts,
-    vs_backbone,
-)
+from platform.tracking.names import (BEST, BEST_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
+                                     PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting,
+                                     sts, vs_backbone)
 from platform.tracking.recorder import Run, trial_key
-
-import numpy as np
-
-from methods.published import BEST_OF, PUBLISHED, TASK_COLUMNS
-from methods.recipe import NAMED
 
 REPORTS_EXPERIMENT = "reports"
 
@@ -217,7 +203,7 @@ def _cell(row: dict, column: str) -> str:
 
 
 def markdown(frame, references: list[dict], experiments: list[str], published: bool = False,
-             significance: bool = False) -> str:
+             all_pairs: bool = False) -> str:
     extra = [c for c in frame.columns if c.startswith(("transfer_", "cluster_"))]
     maxima = "Avg. max" in frame.columns and frame["Avg. max"].notna().any()
     columns = ["recipe", "backbone", "seeds", *TASK_COLUMNS, *(["Avg. max"] if maxima else []), "STS-B dev", *extra,
@@ -256,7 +242,7 @@ def markdown(frame, references: list[dict], experiments: list[str], published: b
     lines += against_simcse(frame)
     if published:
         lines += against_published(frame)
-    if significance:
+    if all_pairs:
         lines += significance_section(frame)
     lines += mteb_section(frame)
     lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
@@ -268,7 +254,7 @@ def _seeds_of(row: dict) -> dict[int, float]:
     return found if isinstance(found, dict) else {}
 
 
-def against_simcse(frame, seed: int = 0) -> list[str]:
+def against_simcse(frame) -> list[str]:
     """Under the table: each recipe's 7-task average against the SimCSE row of its backbone, the
     difference with its 95 % interval and p over their seeds (``uncertainty.across_seeds``)."""
     rows = frame.to_dict("records")
@@ -283,7 +269,7 @@ def against_simcse(frame, seed: int = 0) -> list[str]:
             lines.append(f"- {row['recipe']} ({row['backbone']}): {row['Avg.'] - base['Avg.']:+.2f} against SimCSE, "
                          f"no interval: {min(len(a), len(b))} seed on one side (train both with --seeds N, N >= 2)")
             continue
-        iv = uncertainty.across_seeds(a, b, seed)
+        iv = uncertainty.across_seeds(a, b)
         verdict = "a difference" if iv.p < uncertainty.ALPHA else "not evidence of a difference"
         lines.append(f"- {row['recipe']} ({row['backbone']}): {iv.estimate:+.2f} [{iv.low:+.2f}, {iv.high:+.2f}] against "
                      f"SimCSE, p = {iv.p:.3f} ({iv.method}, {len(a)} and {len(b)} seeds): {verdict}")
@@ -312,7 +298,7 @@ def significance_section(frame, seed: int = 0) -> list[str]:
                       "almost stochastically better; 95 % confidence, Bonferroni over the pairs):", "",
                   *markdown_table(["ε_min", *names], [[a, *(f"{eps[i, j]:.2f}" for j in range(len(names)))]
                                                       for i, a in enumerate(names)])]
-        pairs = {f"{a} − {b}": uncertainty.across_seeds(scores[a], scores[b], seed)
+        pairs = {f"{a} − {b}": uncertainty.across_seeds(scores[a], scores[b])
                  for i, a in enumerate(names) for b in names[i + 1:]}
         adjusted = uncertainty.holm({k: iv.p for k, iv in pairs.items()})
         rows = [[k, f"{iv.estimate:+.2f}", f"[{iv.low:+.2f}, {iv.high:+.2f}]", f"{iv.p:.3f}", f"{adjusted[k]:.3f}",

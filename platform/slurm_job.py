@@ -328,9 +328,6 @@ class Lineage:
         self.attempt.mkdir()
         (self.attempt / "slurm-job-id").write_text(job_id, encoding="utf-8")
         self.sweep_record = self.folder / "sweep"
-        started = self.folder / "first-start"
-        if not started.exists():
-            started.write_text(str(time.time()), encoding="utf-8")
         self.began = time.time()
 
     def wait_previous(self, timeout: float = 60) -> None:
@@ -371,20 +368,20 @@ def made_progress(command: list[str], since: float, record: Path) -> bool:
     return False
 
 
-def requeue_decision(code: int, stop: Stop, starts: int, max_requeues: int, progress: bool) -> str | None:
-    """Why the job requeues itself (None: it does not): after the walltime warning only, when the
-    command did not finish (exit 0 wins, whenever the signal came), the job has requeues left, and this
-    start saved something to resume from."""
+def requeue_decision(code: int, stop: Stop, starts: int, max_requeues: int, progress: bool) -> bool:
+    """Whether the job requeues itself (saying why not where it matters): after the walltime warning
+    only, when the command did not finish (exit 0 wins, whenever the signal came), the job has requeues
+    left, and this start saved something to resume from."""
     if code == 0 or not stop.walltime or stop.terminated:
-        return None
+        return False
     if starts >= max_requeues:
         print(f"slurm: not requeued: the job has started {starts + 1} times (--max-requeues {max_requeues})", flush=True)
-        return None
+        return False
     if not progress:
         print("slurm: not requeued: this start finished no trial and saved no checkpoint (a requeue would do the same "
               "again); resubmit with a longer --time", flush=True)
-        return None
-    return "the walltime"
+        return False
+    return True
 
 
 def requeue(job_id: str, lineage: Lineage) -> None:
@@ -454,9 +451,8 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         code = run_command(command, env, stop, server, walltime_stop_s=signal_s / 2)
         if server is not None:
             server.snapshot(force=True)  # before a requeue: Slurm's SIGTERM and SIGKILL follow it
-        reason = requeue_decision(code, stop, lineage.starts, max_requeues,
-                                  made_progress(command, lineage.began, lineage.sweep_record))
-        if reason:
+        if requeue_decision(code, stop, lineage.starts, max_requeues,
+                            made_progress(command, lineage.began, lineage.sweep_record)):
             requeue(job_id, lineage)
     finally:
         if server is not None:

@@ -87,6 +87,17 @@ def run_needs(command: list[str]):
     return cfg, Needs(cfg.num_workers, cfg.cpus_per_worker, cfg.use_gpu, cfg.augment_cpus, trials)
 
 
+def gres_gpus(gres: str) -> int:
+    """The GPUs a GRES string names (``gpu:2``, ``gpu:a100:2``, sinfo's ``gpu:a100:4(S:0-1)``; a bare
+    ``gpu`` is one), summed over its comma-separated items."""
+    count = 0
+    for item in filter(None, gres.split(",")):
+        parts = item.split("(")[0].split(":")
+        if parts[0] in ("gpu", "gres/gpu"):
+            count += int(parts[-1]) if parts[-1].isdigit() else 1
+    return count
+
+
 @dataclass(frozen=True)
 class Offer:
     """The largest node of a partition, as ``sinfo`` reports it (memory 0: not known to Slurm)."""
@@ -110,14 +121,11 @@ def partition_offer(partition: str | None) -> Offer | None:
     wanted = [r for r in rows if (r[0].rstrip("*") == partition if partition else r[0].endswith("*"))]
     if not wanted:
         return None
-    def gpus(gres: str) -> int:
-        return sum(int(g.split("(")[0].split(":")[-1]) for g in gres.split(",")
-                   if g.startswith("gpu") and g.split("(")[0].split(":")[-1].isdigit())
     # Memory of 1 MB is Slurm's "not configured" (RealMemory unset).
     return Offer(wanted[0][0].rstrip("*"), max(int(r[1].rstrip("+")) for r in wanted),
                  max((int(r[2].rstrip("+")) for r in wanted if r[2].rstrip("+").isdigit() and int(r[2].rstrip("+")) > 1),
                      default=0),
-                 max(gpus(r[3]) for r in wanted))
+                 max(gres_gpus(r[3]) for r in wanted))
 
 
 def size(needs: Needs, nodes: int, gpus: int, cpus_named: int | None, offer: Offer | None) -> tuple[int, int, str]:

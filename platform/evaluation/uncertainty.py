@@ -161,14 +161,13 @@ def paired_pairs(sims_a: np.ndarray, sims_b: np.ndarray, gold: np.ndarray, seed:
                     "paired bootstrap over pairs", level, res.bootstrap_distribution)
 
 
-def across_seeds(a: dict[int, float], b: dict[int, float], seed: int = 0, resamples: int = RESAMPLES,
-                 level: float = LEVEL) -> Interval:
+def across_seeds(a: dict[int, float], b: dict[int, float], level: float = LEVEL) -> Interval:
     """A minus B from their seeds' scores (``seed -> score``): a t-interval and a t-test's p (Student,
     1908; Welch, 1947), which can reject with 3 seeds where the exact sign flip cannot (its smallest
     two-sided p is 2/2^N: 6 seeds for p < .05). Paired by seed when both ran the same seeds (a seed
     fixes the data order and the initialisation on both sides): the mean of the differences d,
     d̄ ± t_{N-1} s_d / √N (``scipy.stats.ttest_rel``); else unpaired: Welch's interval and test
-    (``scipy.stats.ttest_ind``, unequal variances). ``seed`` and ``resamples``: unused (no resampling)."""
+    (``scipy.stats.ttest_ind``, unequal variances). No resampling: no seed."""
     from scipy.stats import ttest_ind, ttest_rel
 
     if set(a) == set(b) and len(a) >= 2:

@@ -63,7 +63,7 @@ def test_the_same_seeds_are_compared_paired_with_a_t_test():
 
     a = {s: 70 + d for s, d in zip(range(5), [1, 2, 3, 4, -0.5])}
     b = {s: 70.0 + 0.1 * s for s in range(5)}
-    iv = across_seeds(a, b, seed=0)
+    iv = across_seeds(a, b)
     x, y = [a[s] for s in range(5)], [b[s] for s in range(5)]
     ci = ttest_rel(x, y).confidence_interval(0.95)
     assert iv.p == pytest.approx(ttest_rel(x, y).pvalue) and (iv.low, iv.high) == pytest.approx((ci.low, ci.high))
@@ -72,11 +72,11 @@ def test_the_same_seeds_are_compared_paired_with_a_t_test():
 
 def test_other_seeds_are_compared_unpaired_with_welch():
     a, b = {1: 75.0, 2: 76.1, 3: 75.4}, {4: 74.0, 5: 74.9, 6: 73.8}
-    iv = across_seeds(a, b, seed=0)
+    iv = across_seeds(a, b)
     assert "unpaired" in iv.method and "Welch" in iv.method
     assert iv.p == pytest.approx(ttest_ind(list(a.values()), list(b.values()), equal_var=False).pvalue)
     with pytest.raises(ValueError, match="at least 2 seeds"):
-        across_seeds({1: 75.0}, {2: 74.0, 3: 73.0}, seed=0)
+        across_seeds({1: 75.0}, {2: 74.0, 3: 73.0})
 
 
 def test_holm_adjusts_step_down():
