@@ -31,6 +31,7 @@ from platform.errors import UserError, cli_main
 from platform.mlflow_backup import copy_database
 from platform.run.ray_env import answers, free_port
 from platform.slurm_sizing import command_arguments, fits, platform_command, run_needs
+from platform.slurm_status import ask
 
 RAY_LOGS = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "monitor.log", "dashboard.log",
             "python-core-driver-*.log", "worker-*.err", "worker-*.out")  # what a node keeps of Ray's session logs
@@ -388,22 +389,22 @@ def requeue(job_id: str, lineage: Lineage) -> None:
     """``scontrol requeue``; where Slurm refuses it (``JobRequeue=0``, ``--no-requeue``, a site's
     plugin), a job submitted to start once this one ends (``--dependency=afterany``), which continues
     this lineage's sweep."""
-    proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-    if proc.returncode == 0:
+    proc = ask("scontrol", "requeue", job_id)
+    if proc is not None and proc.returncode == 0:
         print(f"slurm: job {job_id} requeued", flush=True)
         return
-    why = " ".join(proc.stderr.split())[:200]
+    why = " ".join(proc.stderr.split())[:200] if proc is not None else "scontrol did not answer"
     script = lineage.folder / "job.sbatch"
     first = lineage.folder.name.removeprefix("job-")
-    follow = subprocess.run(["sbatch", "--parsable", f"--dependency=afterany:{job_id}",
-                             f"--export=ALL,{settings.SLURM_LINEAGE}={first}", str(script)],
-                            capture_output=True, text=True)
-    if follow.returncode == 0:
+    follow = ask("sbatch", "--parsable", f"--dependency=afterany:{job_id}",
+                 f"--export=ALL,{settings.SLURM_LINEAGE}={first}", str(script))
+    if follow is not None and follow.returncode == 0:
         print(f"slurm: Slurm refused the requeue ({why}); job {follow.stdout.strip().split(';')[0]} submitted to "
               f"continue once this one ends", flush=True)
     else:
         print(f"slurm: could not requeue job {job_id} ({why}) nor submit its successor "
-              f"({' '.join(follow.stderr.split())[:200]}); resubmit the same command", flush=True)
+              f"({' '.join(follow.stderr.split())[:200] if follow is not None else 'sbatch did not answer'}); "
+              "resubmit the same command", flush=True)
 
 
 def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_REQUEUES, script: Path | None = None,

@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from platform.config import add_run_arguments, build_config
 from platform.errors import ConfigError
+from platform.slurm_status import ask
 from platform.space import load_space
 
 COMMANDS = ("train", "tune", "evaluate", "augment", "compare", "report")  # what a job may run: python -m platform.X
@@ -109,13 +108,8 @@ class Offer:
 
 def partition_offer(partition: str | None) -> Offer | None:
     """The partition's (or the default partition's) largest node; None where Slurm does not answer."""
-    if shutil.which("sinfo") is None:
-        return None
-    try:
-        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):  # a controller that does not answer: the script is not capped
-        return None
-    if proc.returncode != 0:
+    proc = ask("sinfo", "-h", "-N", "-o", "%P|%c|%m|%G")
+    if proc is None or proc.returncode != 0:  # no Slurm here, or a controller that does not answer: not capped
         return None
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.count("|") == 3]
     wanted = [r for r in rows if (r[0].rstrip("*") == partition if partition else r[0].endswith("*"))]
