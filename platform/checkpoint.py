@@ -156,7 +156,7 @@ def load_train_state(directory: Path, rank: int, model, optimizer, schedule, sca
     """Restore model, optimizer, scheduler, fp16's loss scale and this rank's RNG; return the position."""
     state = torch.load(directory / TRAIN_STATE, map_location="cpu", weights_only=True)
     getattr(model, "module", model).load_state_dict(state.pop("model"))
-    optimizer.load_state_dict(state.pop("optimizer"))
+    load_optimizer(optimizer, state.pop("optimizer"))
     schedule.load_state_dict(state.pop("scheduler"))
     saved_scale = state.pop("scaler", None)
     if scaler is not None and saved_scale:
@@ -168,6 +168,21 @@ def load_train_state(directory: Path, rank: int, model, optimizer, schedule, sca
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
     return Position(**{f.name: state[f.name] for f in dataclasses.fields(Position) if f.name in state})
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """``optimizer.load_state_dict(saved)``, the optimizer keeping the update kernel it was built
+    with (fused or foreach: ``loop.optimizer_kernel``), where ``load_state_dict`` would take the
+    saved groups' (a state written on another device or by an older version), and each ``step``
+    count where that kernel keeps it (fused: on the parameter's device)."""
+    kernels = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, kernel in zip(optimizer.param_groups, kernels):
+        group.update(kernel)
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if torch.is_tensor(step):
+                optimizer.state[p]["step"] = step.to(p.device if kernel["fused"] else "cpu", torch.float32)
 
 
 def read_state(path: str | os.PathLike) -> dict[str, Any]:

@@ -199,10 +199,25 @@ def mixed_precision(precision: str, device: torch.device):
     return autocast, torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 
+FUSED_DEVICES = ("cuda", "cpu")  # where torch has fused Adam(W) kernels (CPU since torch 2.4)
+
+
+def optimizer_kernel(device: torch.device) -> dict[str, bool]:
+    """How Adam(W)'s update runs, chosen here only: one fused kernel where torch has one for the
+    device (what the Hugging Face Trainer defaults to on CUDA), else the multi-tensor ``foreach``
+    path. The same update either way (tests/platform/run/test_optimizer.py bounds the difference);
+    fused reads the parameters once per step instead of once per elementwise operation. A restored
+    optimizer keeps it (``checkpoint.load_train_state``)."""
+    return {"fused": True} if device.type in FUSED_DEVICES else {"foreach": True}
+
+
 def make_optimizer(cfg: TrainConfig, recipe: Recipe, model, steps: int):
-    """AdamW or Adam over the recipe's parameter groups; linear decay to 0 after the warm-up, or constant."""
+    """AdamW or Adam over the recipe's parameter groups, with ``optimizer_kernel``'s update; linear
+    decay to 0 after the warm-up, or constant."""
     kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = kind(recipe.param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    device = next(model.parameters()).device
+    optimizer = kind(recipe.param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                     **optimizer_kernel(device))
     if cfg.schedule == "constant":
         return optimizer, get_constant_schedule_with_warmup(optimizer, cfg.warmup_steps)
     return optimizer, get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, steps)
