@@ -340,11 +340,14 @@ class Encoder(nn.Module):
         out[torch.tensor(batches.order)] = torch.cat(chunks)
         return F.normalize(out, dim=-1) if normalize else out
 
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Hugging Face format: backbone weights (safetensors) + config + tokenizer."""
+    def save_pretrained(self, directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Hugging Face format: backbone weights (safetensors) + config + tokenizer. ``state_dict``:
+        the backbone's weights from elsewhere (a copy taken earlier) instead of its live ones."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(directory, safe_serialization=True)
+        # transformers pops the tensors it writes from the dict it is given: a shallow copy keeps ours
+        self.backbone.save_pretrained(directory, safe_serialization=True,
+                                      state_dict=dict(state_dict) if state_dict is not None else None)
         self.tokenizer.save_pretrained(directory)
         if self.prompt is not None:
             (directory / PROMPT_FILE).write_text(json.dumps(dataclasses.asdict(self.prompt), indent=1) + "\n")

@@ -239,7 +239,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
     else none). ``loss_avg``: the mean training loss since the last evaluation."""
     metrics: dict[str, Any] = {STEP: pos.step, "epoch": pos.epoch, TRAIN_LOSS: loss_avg,
                                "train_time_s": pos.train_time_s}
-    write, kind, improved = None, None, False
+    write, kind, improved, snapshot = None, None, False, None
     if rt.is_chief:
         exported = recipe.export_encoder(model)
         emb = evaluator.encode(exported, pooler=recipe.eval_pooler(), prompt=recipe.dev_prompt())
@@ -247,6 +247,8 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
         geometry = {DEV_GEOMETRY[k]: v for k, v in evaluator.geometry(emb).items()}  # the same embeddings
         improved = pos.improve(dev)
         kind = rt.policy.kind(improved, pos.epoch, last=pos.step >= steps)
+        # The new best's weights copied aside now; written to its folder while training goes on.
+        snapshot = rt.writer.snapshot(exported) if improved and kind else None
         metrics.update({DEV_METRIC: dev, BEST: pos.best, **geometry})
         state = {"step": pos.step, "epoch": pos.epoch, DEV_METRIC: dev, **geometry, "method": cfg.method,
                  "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(),
@@ -259,8 +261,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
             if improved:
                 pos.best_name = name  # saved with the state: what a restart from it keeps as the best
             resumable = kind == checkpoint.STATE_KIND
-            checkpoint.save(folder, exported if improved else None,
-                            state if resumable else {**state, "resume_from": rt.kept.state})
+            checkpoint.save(folder, None, state if resumable else {**state, "resume_from": rt.kept.state})
             if resumable:
                 checkpoint.save_train_state(folder, model, *optim[:2], pos, scaler=optim[2])
                 checkpoint.save_points(folder, log.points())
@@ -270,7 +271,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
             # report kills its workers with no shutdown hook, and whatever was still queued.
             log.flush()
         say(progress_line(rt.ctx.label, pos, steps, metrics[TRAIN_LOSS], dev, improved))
-    rt.report(metrics, write, kind, improved, log)
+    rt.report(metrics, write, kind, improved, log, snapshot)
 
 
 def announce_resume(pos: Position, log: StepLog) -> None:
@@ -350,6 +351,7 @@ class Runtime:
         self.ctx, self.cfg = ctx, cfg
         self.rank, self.world, self.device = 0, 1, torch.device("cpu")
         self.policy, self.kept = checkpoint.Policy(cfg.checkpoint_minutes), checkpoint.Kept()
+        self.writer = checkpoint.ModelWriter()  # rank 0's new best models, written in the background
 
     def restored(self, name: str, pos: Position, latest: str = "") -> Position:
         """Started again from the state checkpoint ``name``: what the abandoned attempt wrote after
@@ -403,14 +405,17 @@ class Runtime:
         return None
 
     def report(self, metrics: dict[str, Any], write: Callable[[Path, str], None] | None, kind: str | None,
-               improved: bool, log: StepLog) -> None:
+               improved: bool, log: StepLog, snapshot: checkpoint.Snapshot | None = None) -> None:
         """Hand an evaluation's metrics on, with a checkpoint of ``kind`` (rank 0's choice) that
-        ``write(folder, name)`` fills on rank 0; a state holds the step metrics so far, which MLflow
-        is sent once the state is persisted (``log.persisted``)."""
+        ``write(folder, name)`` fills on rank 0, and ``snapshot``'s model in its ``model/`` (a new
+        best), written in the background: the checkpoint is named (renamed into place, reported)
+        only once complete. A state holds the step metrics so far, which MLflow is sent once the
+        state is persisted (``log.persisted``)."""
         raise NotImplementedError
 
     def close(self) -> None:
-        """The loop's end (after its last report)."""
+        """The loop's end (after its last report): the model in flight written."""
+        self.writer.close()
 
     def metric_log(self) -> StepLog:
         """Rank 0's step metrics, and MLflow's system metrics of its node for the run."""
@@ -456,11 +461,13 @@ class ProcessRuntime(Runtime):
         log.restore(load_points(str(latest)), pos.step)
         return self.restored(latest.name, pos)
 
-    def report(self, metrics, write, kind, improved, log):
+    def report(self, metrics, write, kind, improved, log, snapshot=None):
         if self.world > 1:
             dist.barrier()
         if not (self.is_chief and kind):
             return
+        # Checkpoints appear in the order they were reported: a state names the best before it.
+        self.writer.collect(wait=True)
         name = checkpoint.new_name(metrics[STEP])
         state = kind == checkpoint.STATE_KIND
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -468,12 +475,24 @@ class ProcessRuntime(Runtime):
         write(staging, name)
         if state:
             checkpoint.save_rng(staging, self.rank)
-        staging.rename(self.run_dir / name)
-        self.kept.wrote(name, kind, improved)
-        if state:
             self.policy.wrote_state(metrics["epoch"])
-            log.persisted()
-        checkpoint.prune(str(self.run_dir), self.kept.names(), whole=True)
+
+        def publish() -> None:  # a process killed before the rename leaves a .tmp- folder: no checkpoint
+            if snapshot is not None:
+                self.writer.write(snapshot, staging / checkpoint.MODEL)
+            staging.rename(self.run_dir / name)
+
+        def settle() -> None:  # the earlier best goes only once this one is complete
+            self.kept.wrote(name, kind, improved)
+            if state:
+                log.persisted()
+            checkpoint.prune(str(self.run_dir), self.kept.names(), whole=True)
+
+        if snapshot is None:
+            publish()
+            settle()
+        else:
+            self.writer.submit(publish, settle)
 
 
 class RayTrainRuntime(Runtime):
@@ -567,7 +586,7 @@ class RayTrainRuntime(Runtime):
             log.restore(load_points(str(directory)), pos.step)
         return self.restored(found.path.rstrip("/").rsplit("/", 1)[1], pos, latest)
 
-    def report(self, metrics, write, kind, improved, log):
+    def report(self, metrics, write, kind, improved, log, snapshot=None):
         import ray.train
 
         kind, name = self._agree(kind, metrics[STEP])
@@ -581,10 +600,18 @@ class RayTrainRuntime(Runtime):
         if self.is_chief:
             write(folder, name)
         found = ray.train.Checkpoint.from_directory(str(folder)) if self.is_chief or state else None
-        # Uploaded in the background (Ray removes the local copy after): the loop goes on training.
+        upload = None
+        if snapshot is not None:
+            storage = ray.train.get_context().get_storage()
+
+            def upload(local, dir_name):  # in Ray's upload thread: the model written, then persisted
+                self.writer.write(snapshot, Path(local.path) / checkpoint.MODEL)
+                return storage.persist_current_checkpoint(local, dir_name)
+        # Written and uploaded in the background (Ray removes the local copy after), the report
+        # reaching the controller only then: the loop goes on training.
         ray.train.report(metrics, checkpoint=found, checkpoint_dir_name=name,
                          checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-                         delete_local_checkpoint_after_upload=True)
+                         delete_local_checkpoint_after_upload=True, checkpoint_upload_fn=upload)
         if found is None:
             shutil.rmtree(folder, ignore_errors=True)
         if not self.is_chief:
@@ -619,6 +646,7 @@ class RayTrainRuntime(Runtime):
             checkpoint.prune(self.ctx.run_dir, keep, up_to=checkpoint.step_of(name))
 
     def close(self) -> None:
+        super().close()
         self._committer.shutdown(wait=True)
         atexit.unregister(os._exit)
 
