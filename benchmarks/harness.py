@@ -49,6 +49,20 @@ class Case:
     gpu: bool = False  # measured on a GPU machine (which has neither Ray nor MLflow): its figures are a GPU's
 
 
+def missed(ratio: dict[str, Any]) -> str:
+    """`` **missed**`` where a ratio's value misses the target it opens with (``<= x``, ``>= x``,
+    ``< x``, ``> x``, ``~x`` within 10 %), else nothing (also for a target it cannot read)."""
+    import re
+
+    found = re.match(r"\s*(<=|>=|<|>|~)\s*([0-9]+(?:\.[0-9]+)?)", str(ratio.get("target") or ""))
+    if not found:
+        return ""
+    op, bound, value = found[1], float(found[2]), ratio["value"]
+    met = {"<=": value <= bound, ">=": value >= bound, "<": value < bound, ">": value > bound,
+           "~": abs(value - bound) <= 0.1 * bound}[op]
+    return "" if met else " **missed**"
+
+
 class Bench:
     """What a case hands the harness besides its printed tables: named figures and ratios."""
 
@@ -344,7 +358,7 @@ def _render(record: dict[str, Any]) -> list[str]:
                f"    {record['command']}", ""]
     if record.get("ratios"):
         out += ["| ratio | value | target |", "|---|---|---|"]
-        out += [f"| {k} | {v['value']:.3f} | {v.get('target') or ''} |" for k, v in record["ratios"].items()] + [""]
+        out += [f"| {k} | {v['value']:.3f} | {v.get('target') or ''}{missed(v)} |" for k, v in record["ratios"].items()] + [""]
     for table in record.get("tables", []):
         width = max(len(row) for row in table)
         rows = [row + [""] * (width - len(row)) for row in table]

@@ -5,13 +5,20 @@
 
 The loop's evaluation (``platform.run.loop.evaluate_and_report``) exports the encoder, encodes STS-B dev's
 3,000 sentences (length-sorted batches of ``eval_batch_size``, fp32, no truncation; the
-``STSEvaluator`` keeps them tokenised from its first evaluation), scores Spearman, and writes the model when the score improved. Here each piece is timed
+``STSEvaluator`` keeps them tokenised from its first evaluation), scores Spearman, and, when the score
+improved, copies the weights aside (``checkpoint.ModelWriter``) for a background thread to write. Here
+each piece is timed
 apart, after ``--train-steps`` training steps between evaluations (as a run interleaves them), for the
 backbone eager and compiled as ``static_shapes`` + ``compile`` leave it. Variants of the encoding:
 ``as-is``; ``width/32`` (every batch padded to a multiple of 32 tokens: a few shapes for the compiled
 backbone); ``eager`` (the compiled backbone run eager for the evaluation, ``torch.compiler.set_stance``);
 ``bf16`` (the encoding under bf16 autocast, on a GPU); ``tokenised once`` (``STSEvaluator``'s own path:
-the sentences tokenised at the first evaluation and kept, as a run's evaluator does).
+the sentences tokenised at the first evaluation and kept, as a run's evaluator does). The model's save
+in three figures, every evaluation counted as a new best (early in a run nearly every one is): the time
+the training thread is blocked (``save blocked s``: waiting for the previous write, then the copy), the
+background write's own time (``write in background s``, measured in its thread, training going on), and
+the synchronous ``save_pretrained`` the loop paid before (``synchronous save s``, into a folder of its
+own just before). ``total s``: what the training thread pays, the tokenising-alone column left out.
 STS-B dev itself where ``$PLATFORM_DATA_DIR`` is set, else 1,500 random pairs of 8-40 vocabulary words
 (``benchmarks.common.dev_pairs``; the GPU machine has no data): what STS-B dev costs, not its score. Random
 bert-base weights (``BertConfig()``); the tokenizer (bert-base-uncased's vocabulary) from ``--tokenizer``
@@ -30,6 +37,7 @@ from pathlib import Path
 import torch
 
 from methods.encoder import Encoder
+from platform import checkpoint
 from platform.config import TrainConfig
 from platform.evaluation.sts import STSEvaluator
 from platform.run.loop import apply_step, compile_backbone, forward_backward, make_optimizer, mixed_precision
@@ -64,7 +72,9 @@ def variant_context(name: str):
     return contextlib.nullcontext()
 
 
-def measure(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_steps: int, variants: list[str]) -> None:
+def measure(size: str, tokenizer: str | None, compile_mode: str, evals: int, train_steps: int,
+            variants: list[str]) -> dict[str, list[float]]:
+    """Prints the table; returns each evaluation's save figures (blocked, background, synchronous)."""
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     work = Path(tempfile.mkdtemp())
@@ -98,12 +108,20 @@ def measure(size: str, tokenizer: str | None, compile_mode: str, evals: int, tra
     print(f"device={torch.cuda.get_device_name() if gpu else 'cpu'} torch={torch.__version__} model={size} "
           f"compile={compile_mode} eval_batch_size={cfg.eval_batch_size} sentences={len(evaluator.sentences)} "
           f"train steps between evaluations={train_steps}", flush=True)
-    print("| encoding | evaluation | export s | tokenise alone s | encode s | score s | save model s | total s |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
-    save_dir = work / "checkpoint"
+    print("| encoding | evaluation | export s | tokenise alone s | encode s | score s | save blocked s | "
+          "write in background s | synchronous save s | total s |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    writer, background = checkpoint.ModelWriter(), []
+    saves: dict[str, list[float]] = {"blocked": [], "background": [], "synchronous": []}
+
+    def write_in_background(snapshot, folder):
+        t = time.perf_counter()
+        writer.write(snapshot, folder)
+        background.append(time.perf_counter() - t)
+
+    train(train_steps)
     for name in variants:
         for e in range(1, evals + 1):
-            train(train_steps)
             Bench.sync()
             t0 = time.perf_counter()
             encoder = recipe.export_encoder(model)
@@ -121,10 +139,20 @@ def measure(size: str, tokenizer: str | None, compile_mode: str, evals: int, tra
             t3 = time.perf_counter()
             evaluator.score(emb)
             t4 = time.perf_counter()
-            encoder.save_pretrained(save_dir)
+            folder = work / f"checkpoint-{name.replace('/', '-')}-{e}"
+            encoder.save_pretrained(folder / "synchronous")  # what the loop paid before, into a new folder
             t5 = time.perf_counter()
-            print(f"| {name} | {e} | {t1 - t0:.3f} | {t2 - t1:.3f} | {t3 - t2:.3f} | {t4 - t3:.3f} | {t5 - t4:.3f} | "
-                  f"{t5 - t0 - (t2 - t1):.3f} |", flush=True)
+            snapshot = writer.snapshot(encoder)  # the loop's path: copied aside, written while training goes on
+            t6 = time.perf_counter()
+            writer.submit(lambda s=snapshot, f=folder: write_in_background(s, f / "model"), lambda: None)
+            train(train_steps)  # the steps to the next evaluation, as the write runs
+            writer.collect(wait=True)
+            print(f"| {name} | {e} | {t1 - t0:.3f} | {t2 - t1:.3f} | {t3 - t2:.3f} | {t4 - t3:.3f} | {t6 - t5:.3f} | "
+                  f"{background[-1]:.3f} | {t5 - t4:.3f} | {t4 - t0 - (t2 - t1) + t6 - t5:.3f} |", flush=True)
+            for key, value in zip(saves, (t6 - t5, background[-1], t5 - t4)):
+                saves[key].append(value)
+    writer.close()
+    return saves
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -137,8 +165,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, bench: Bench) -> None:
+    import statistics
+
     torch.backends.cuda.matmul.allow_tf32 = True  # as gpu_speed.py
-    measure(args.model, args.tokenizer, args.compile, args.evals, args.train_steps, args.variants)
+    saves = measure(args.model, args.tokenizer, args.compile, args.evals, args.train_steps, args.variants)
+    median = {k: bench.figure(f"save {k} s (median)", statistics.median(v)) for k, v in saves.items()}
+    bench.ratio("save: training thread blocked s (median)", median["blocked"], "<= 0.1")
+    bench.ratio("save blocked / synchronous save (median)", median["blocked"] / median["synchronous"])
 
 
 CASE = Case("eval-cost", "one STS-B dev evaluation inside a run, piece by piece (export, encoding variants, "

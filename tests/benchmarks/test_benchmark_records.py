@@ -118,3 +118,17 @@ def test_a_case_shorter_than_the_window_has_its_whole_run_as_its_busiest_stretch
     assert proc.returncode == 0, proc.stderr[-2000:]
     cores, peak = json.loads(proc.stdout.splitlines()[-1])
     assert cores > 0.3 and peak >= cores * 0.999, (cores, peak)
+
+
+def test_a_ratio_that_misses_its_target_is_flagged_on_the_page(tmp_path):
+    """The page marks each ratio whose value misses the target it opens with, and only those."""
+    ratios = {"fast": {"value": 0.05, "target": "<= 0.1"}, "slow": {"value": 0.7, "target": "<= 0.1"},
+              "about one": {"value": 1.05, "target": "~1: the host adds nothing"},
+              "far from one": {"value": 1.6, "target": "~1: the host adds nothing"},
+              "more": {"value": 0.9, "target": "> 1"}, "free": {"value": 3.0, "target": ""}}
+    _write(tmp_path, [_record("eval-cost", ratios=ratios)])
+    subprocess.run([sys.executable, "-m", "benchmarks", "report", "--results", str(tmp_path)], cwd=ROOT,
+                   capture_output=True, text=True, timeout=300, check=True)
+    page = (tmp_path / "RESULTS.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines() if line.startswith("| ") and "|" in line[2:]}
+    assert {k for k, line in rows.items() if "**missed**" in line} == {"slow", "far from one", "more"}
