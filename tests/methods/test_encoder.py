@@ -137,3 +137,26 @@ def test_step_inputs_are_what_tokenize_gives(tiny_model):
     # Rows of a shorter batch are cut to that batch's longest row, as tokenize pads them.
     short = inputs.nest(inputs.collate({k: v[1:] for k, v in arrays.items()}))
     assert torch.equal(short["sentence"]["input_ids"], enc.tokenize(batch["sentence"][1:], max_len=8)["input_ids"])
+
+
+@pytest.mark.parametrize("recipe", ["simcse", "promptbert", "cotbert"])
+def test_evaluation_batches_padded_to_a_few_widths_embed_as_unpadded_ones(tiny_model, recipe):
+    """``Encoder.batches`` rounds each batch's width up to ``WIDTH_MULTIPLE`` tokens (a compiled
+    backbone reuses its graphs): every pooler gives the unpadded batch's embeddings, to float
+    rounding, the prompt poolers (wrapped and joined templates) included; the widths used are
+    multiples of 32 only."""
+    from methods.encoder import WIDTH_MULTIPLE
+
+    r = Recipe.named(recipe)
+    encoder = r.export_encoder(r.build(Encoder.from_pretrained(str(tiny_model))))
+    sentences = SENTS + ["a much longer sentence about a man who plays the guitar on a stage in front of people " * 2,
+                         "two dogs run", "prices rose again this year as they did the year before"]
+    poolers = [r.eval_pooler()] if recipe != "simcse" else ["cls", "cls_before_pooler", "avg", "avg_first_last"]
+    padded = encoder.batches(sentences, batch_size=2, prompt=r.dev_prompt())
+    plain = encoder.batches(sentences, batch_size=2, prompt=r.dev_prompt(), multiple=1)
+    assert {c["input_ids"].shape[1] % WIDTH_MULTIPLE for c in padded.chunks} == {0}
+    assert any(c["input_ids"].shape[1] % WIDTH_MULTIPLE for c in plain.chunks)
+    for pooler in poolers:
+        a, b = encoder.encode_batches(padded, pooler=pooler), encoder.encode_batches(plain, pooler=pooler)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(a[0], a[3], atol=1e-4)
