@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
-from methods.encoder import Encoder
+from methods.encoder import Encoder, shared_tokenizer
 from methods.ingredients import derive_seed, epoch_permutation
 from methods.recipe import Recipe
 from platform import settings
@@ -376,18 +376,20 @@ class Runtime:
 
     def batches(self, recipe: Recipe, epoch: int, inputs: StepInputs) -> Iterator[dict[str, Any]]:
         """This worker's share of the epoch's global batches, with the recipe's per-epoch columns,
-        as the step's tensors on this worker's device: made a batch ahead in a helper thread."""
+        as the step's tensors on this worker's device. The host makes ``STEPS_PER_BLOCK`` steps'
+        rows at a time in a helper thread (gathered, augmented, tokenised to fixed width), a block
+        ahead; each block goes to the device in one copy, and each step's batch is a slice of it
+        there (``DeviceBlock``): no per-step host work, no per-step transfer."""
         corpus = self.ctx.corpus or self._read_corpus(recipe)
-        pin = self.device.type == "cuda"
+        local = self.cfg.batch_size // self.world
 
-        def made() -> Iterator[dict[str, torch.Tensor]]:
-            for batch in local_batches(corpus.columns, self.cfg, self.rank, self.world, epoch):
-                batch = recipe.augment(batch, corpus.statistics, epoch) if recipe.augments_per_epoch else batch
-                flat = inputs.collate(inputs.arrays(batch))
-                yield {k: t.pin_memory() for k, t in flat.items()} if pin else flat
+        def made() -> Iterator[DeviceBlock]:
+            for rows in local_batches(corpus.columns, self.cfg, self.rank, self.world, epoch, STEPS_PER_BLOCK):
+                rows = recipe.augment(rows, corpus.statistics, epoch) if recipe.augments_per_epoch else rows
+                yield DeviceBlock.of(inputs, inputs.arrays(rows), pin=self.device.type == "cuda")
 
-        for flat in prefetched(made()):
-            yield inputs.nest(flat, self.device)
+        for block in prefetched(made()):
+            yield from block.steps(local, self.device)
 
     def _read_corpus(self, recipe: Recipe) -> CorpusData:
         # Generated columns and statistics come from the cache the driver filled.
@@ -668,20 +670,66 @@ def prefetched(items: Iterator[Any]) -> Iterator[Any]:
 
 
 def local_batches(
-    columns: dict[str, Any], cfg: TrainConfig, rank: int, world: int, epoch: int
+    columns: dict[str, Any], cfg: TrainConfig, rank: int, world: int, epoch: int, steps: int = 1
 ) -> Iterator[dict[str, np.ndarray]]:
     """Global batches of a seeded per-epoch permutation; this rank takes its contiguous slice,
     so W workers together see exactly the batches one worker would (drop_last). ``columns``:
-    Arrow arrays or lists; a batch's rows are taken from them as it is made."""
+    Arrow arrays or lists; a batch's rows are taken from them as it is made. ``steps``: this
+    rank's rows of that many consecutive batches in one (the last block may hold fewer)."""
     import pyarrow as pa
 
     table = pa.table(columns)
     perm = epoch_permutation(cfg.seed, epoch, table.num_rows)
     local = cfg.batch_size // world
-    for start in range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size):
-        idx = perm[start + rank * local : start + (rank + 1) * local]
+    starts = range(0, len(perm) - cfg.batch_size + 1, cfg.batch_size)
+    for first in range(0, len(starts), steps):
+        idx = np.concatenate([perm[s + rank * local : s + (rank + 1) * local] for s in starts[first:first + steps]])
         rows = table.take(idx)
         yield {"row": idx, **{k: rows.column(k).to_numpy(zero_copy_only=False) for k in rows.column_names}}
+
+
+STEPS_PER_BLOCK = 64  # steps' rows made on the host, and sent to the device, at a time
+
+
+@dataclasses.dataclass
+class DeviceBlock:
+    """Consecutive steps' rows as ``StepInputs.arrays`` made them (text columns at fixed width,
+    with their lengths), as tensors; ``steps`` moves them to the device once and cuts each step's
+    batch there: what ``StepInputs.collate`` + ``nest`` give for the same rows (a text column cut
+    to its batch's longest row, or to the fixed width when ``static``)."""
+
+    inputs: StepInputs
+    tensors: dict[str, torch.Tensor]
+    lengths: dict[str, np.ndarray]  # each text column's token counts, on the host: a step's width without a read
+
+    @classmethod
+    def of(cls, inputs: StepInputs, arrays: dict[str, np.ndarray], pin: bool) -> "DeviceBlock":
+        sep = StepInputs.SEP
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64 if k.endswith(sep + "input_ids") else None))
+                   for k, v in arrays.items()}
+        lengths = {c: np.asarray(arrays[f"{c}{sep}length"]) for c in inputs.recipe.text_columns}
+        if pin:
+            tensors = {k: t.pin_memory() for k, t in tensors.items()}
+        return cls(inputs, tensors, lengths)
+
+    def steps(self, local: int, device: torch.device) -> Iterator[dict[str, Any]]:
+        sep, inputs = StepInputs.SEP, self.inputs
+        placed = {k: t.to(device, non_blocking=True) for k, t in self.tensors.items()}
+        types = "token_type_ids" in shared_tokenizer(inputs.tokenizer).model_input_names
+        fixed = inputs.recipe.encoder.token_width(inputs.max_len) if inputs.static else None
+        positions = torch.arange(max(t.shape[1] for k, t in placed.items() if k.endswith(sep + "input_ids")),
+                                 device=device)
+        tokenised = {f"{c}{sep}{k}" for c in inputs.recipe.text_columns for k in ("input_ids", "length")}
+        for start in range(0, len(next(iter(self.lengths.values()))) - local + 1, local):
+            rows = slice(start, start + local)
+            batch: dict[str, Any] = {k: t[rows] for k, t in placed.items() if k not in tokenised}
+            for column in inputs.recipe.text_columns:
+                width = fixed or int(self.lengths[column][rows].max())
+                ids = placed[f"{column}{sep}input_ids"][rows, :width]
+                made = {"input_ids": ids, **({"token_type_ids": torch.zeros_like(ids)} if types else {}),
+                        "attention_mask": (positions[:width] < placed[f"{column}{sep}length"][rows, None]).long()}
+                batch[column] = made
+            yield batch
 
 
 def ray_collate(inputs):
