@@ -3,7 +3,6 @@ goes on; one write in flight; a failed write stops the run; a kill mid-write los
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
