@@ -8,7 +8,10 @@ after Holm's correction over the 7 tasks, and what it rests on
 (``platform.evaluation.uncertainty``):
 
 - two results with several seeds each: a claim about the recipes, from their seeds' scores (paired
-  t-test where both ran the same seeds, else Welch's);
+  t-test where both ran the same seeds, else Welch's); with 3 or more seeds each whose final
+  evaluations kept their per-pair similarities, beside it the interval over seeds and test pairs
+  (``uncertainty.two_level``: the pairs STS-B shares with STS12-16 drawn jointly, STS12-16 within
+  their subsets), the seeds' share of its variance, and Cohen's d;
 - otherwise, a claim about two checkpoints (a run's best; of a run with seeds, its best seed by
   STS-B dev, said so): both embedded on the same test pairs, and a paired bootstrap over the pairs.
   It says nothing about the recipes: two seeds of one recipe often differ "significantly" so.
@@ -39,8 +42,9 @@ from platform.data import SHORT_NAMES, STS_TASKS, load_sts
 from platform.errors import UserError, cli_main
 from platform.evaluate import reference as model_reference
 from platform.evaluate import resolve_model
-from platform.evaluation import uncertainty
+from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import STSEvaluator
+from platform.run.final_evaluation import PAIRS_ARTIFACT
 from platform.tracking import store
 from platform.tracking.names import BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, sts
 from platform.tracking.recorder import Run
@@ -60,6 +64,8 @@ class Result:
     seeds: dict[int, dict[str, float]]
     checkpoint: str | None
     seed: int = 0
+    seed_runs: dict[int, str] = dataclasses.field(default_factory=dict)  # seed -> its MLflow run
+    uri: str | None = None
 
 
 def _scores(metrics: dict[str, float]) -> dict[str, float]:
@@ -71,13 +77,15 @@ def from_run(uri: str, run, label: str) -> Result:
     client = store.client(uri)
     if run.data.tags.get(BEST_RUN_ID_TAG) and run.data.tags.get(SWEEP_TAG) == "true":
         run = client.get_run(run.data.tags[BEST_RUN_ID_TAG])
-    seeds = {int(r.data.tags[SEED_TAG]): _scores(r.data.metrics)
-             for r in store.child_runs(uri, run.info.run_id, "attributes.status = 'FINISHED'") if SEED_TAG in r.data.tags}
+    children = [r for r in store.child_runs(uri, run.info.run_id, "attributes.status = 'FINISHED'") if SEED_TAG in r.data.tags]
+    seeds = {int(r.data.tags[SEED_TAG]): _scores(r.data.metrics) for r in children}
+    runs = {int(r.data.tags[SEED_TAG]): r.info.run_id for r in children}
     if not seeds:
         seeds = {int(run.data.params.get("seed", 0)): _scores(run.data.metrics)}
+        runs = {int(run.data.params.get("seed", 0)): run.info.run_id}
     model = run.data.tags.get(MODEL_TAG) or run.data.params.get("model", "")
     return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get(BEST_CHECKPOINT_TAG),
-                  int(run.data.params.get("seed", 0) or 0))
+                  int(run.data.params.get("seed", 0) or 0), runs, uri)
 
 
 def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
@@ -132,14 +140,43 @@ def by_seeds(first: Result, other: Result) -> dict[str, uncertainty.Interval]:
 
 def similarities(checkpoint_path: str) -> dict[str, np.ndarray]:
     """The cosine similarity of each test pair of the 7 tasks, for a checkpoint."""
-    import torch.nn.functional as F
-
     path, pooler = resolve_model(checkpoint_path, None)
     encoder = Encoder.from_pretrained(path, pooler=pooler)
     evaluator = STSEvaluator(STS_TASKS)
-    emb = evaluator.encode(encoder, progress="embedding the 7 STS tasks")
-    return {t: F.cosine_similarity(emb[i1].double(), emb[i2].double(), dim=-1).numpy()
-            for t, (i1, i2) in zip(evaluator.tasks, evaluator.index)}
+    return evaluator.similarities(evaluator.encode(encoder, progress="embedding the 7 STS tasks"))
+
+
+def seed_similarities(result: Result) -> list[dict[str, np.ndarray]] | None:
+    """Each seed's per-pair similarities, as its final evaluation logged them (``sts_pairs.npz``);
+    None when a seed's run lacks them (a run from before they were kept, or scores alone)."""
+    import mlflow
+
+    if not result.uri or set(result.seed_runs) != set(result.seeds):
+        return None
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed, run_id in sorted(result.seed_runs.items()):
+            try:
+                path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=PAIRS_ARTIFACT,
+                                                           dst_path=str(Path(tmp) / str(seed)), tracking_uri=result.uri)
+            except Exception:  # noqa: BLE001 - not logged: the comparison goes on over seeds alone
+                return None
+            with np.load(path) as found:
+                out.append({t: found[t] for t in STS_TASKS if t in found})
+    return out if all(set(s) == set(STS_TASKS) for s in out) else None
+
+
+def by_seeds_and_pairs(first: Result, other: Result, seed: int, resamples: int) -> dict[str, uncertainty.Interval] | None:
+    """The interval over seeds and test pairs (``uncertainty.two_level``), where both sides have 3
+    or more seeds with their per-pair similarities; else None."""
+    if len(first.seeds) < 3 or len(other.seeds) < 3:
+        return None
+    a, b = seed_similarities(first), seed_similarities(other)
+    if a is None or b is None:
+        return None
+    pairs = {t: load_sts(t) for t in STS_TASKS}
+    return uncertainty.two_level(a, b, {t: pairs[t].scores for t in STS_TASKS}, uncertainty.PairDesign.of(pairs),
+                                 seed, resamples)
 
 
 def by_pairs(first: dict[str, np.ndarray], other: dict[str, np.ndarray], seed: int,
@@ -172,8 +209,10 @@ def table(first: Result, others: list[Result], seed: int, resamples: int):
 
     rows, cache = [], {}
     for other in others:
+        both = None
         if len(first.seeds) >= 2 and len(other.seeds) >= 2:
             found = by_seeds(first, other)
+            both = by_seeds_and_pairs(first, other, seed, resamples)
         else:
             for r in (first, other):
                 if r.checkpoint is None:
@@ -190,8 +229,17 @@ def table(first: Result, others: list[Result], seed: int, resamples: int):
                          "task": SHORT_NAMES.get(task, task),
                          "delta": iv.estimate, "ci_low": iv.low, "ci_high": iv.high, "p": iv.p,
                          "p_holm": adjusted.get(task), "significant": significant(adjusted.get(task, iv.p)),
-                         "n": iv.n, "method": iv.method})
+                         "n": iv.n, "method": iv.method, **extra(first, other, task, both)})
     return pd.DataFrame(rows)
+
+
+def extra(first: Result, other: Result, task: str, both: dict[str, uncertainty.Interval] | None) -> dict:
+    """A recipe row's interval over seeds and pairs, the seeds' share of its variance, and Cohen's
+    d over the seeds (None where they do not apply)."""
+    if both is None:
+        return {"sp_low": None, "sp_high": None, "seed_share": None, "cohens_d": None}
+    d = significance.cohens_d([v[task] for v in other.seeds.values()], [v[task] for v in first.seeds.values()])
+    return {"sp_low": both[task].low, "sp_high": both[task].high, "seed_share": both[task].seed_share, "cohens_d": d}
 
 
 def significant(p: float | None) -> bool:
@@ -211,16 +259,29 @@ def markdown(frame, first: Result) -> str:
         part = frame[frame["claim"] == claim].to_dict("records") if len(frame) else []
         if not part:
             continue
-        lines += ["", f"## Claims about {claim}", "", f"Each row compares {about[claim]}", "",
-                  "| other | task | Δ | 95 % CI | p | p (Holm) | significant | n | what stands for each side | method |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        pairs = claim == RECIPES and any(_given(r.get("sp_low")) for r in part)
+        lines += ["", f"## Claims about {claim}", "", f"Each row compares {about[claim]}", ""]
+        if pairs:
+            lines += ["Over seeds and pairs: the interval that also counts the test pairs drawn (the pairs STS-B shares "
+                      "with STS12-16 drawn jointly, STS12-16 within their subsets); seed share: the seeds' part of its "
+                      "variance; d: Cohen's d over the seeds.", ""]
+        head = "| other | task | Δ | 95 % CI | p | p (Holm) | significant | n |"
+        head += " over seeds and pairs | seed share | d |" if pairs else ""
+        lines += [head + " what stands for each side | method |", "|---" * (head.count("|") + 1) + "|"]
         for r in part:
             holm = "" if r["p_holm"] is None or (isinstance(r["p_holm"], float) and math.isnan(r["p_holm"])) \
                 else f"{r['p_holm']:.3f}"
-            lines.append(f"| {r['other']} | {r['task']} | {r['delta']:+.2f} | [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
-                         f"{r['p']:.3f} | {holm} | {'yes' if r['significant'] else 'no'} | {r['n']} | {r['sides']} | "
-                         f"{r['method']} |")
+            line = (f"| {r['other']} | {r['task']} | {r['delta']:+.2f} | [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] | "
+                    f"{r['p']:.3f} | {holm} | {'yes' if r['significant'] else 'no'} | {r['n']} |")
+            if pairs:
+                line += (f" [{r['sp_low']:+.2f}, {r['sp_high']:+.2f}] | {r['seed_share']:.2f} | {r['cohens_d']:+.2f} |"
+                         if _given(r.get("sp_low")) else " | | |")
+            lines.append(line + f" {r['sides']} | {r['method']} |")
     return "\n".join(lines) + "\n"
+
+
+def _given(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 def forest(frame, path: Path, first: Result) -> Path:

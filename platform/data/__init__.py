@@ -133,6 +133,7 @@ class STSPairs:
     sent1: list[str]
     sent2: list[str]
     scores: np.ndarray
+    subset: list[str] | None = None  # STS12-16: each pair's subset (a resampling stratum)
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -163,6 +164,7 @@ def load_sts_year(task: str, root: Path) -> STSPairs:
     s1: list[str] = []
     s2: list[str] = []
     scores: list[float] = []
+    labels: list[str] = []
     for subset in subsets:
         inputs = _read_lines(base / f"STS.input.{subset}.txt")
         gold = _read_lines(base / f"STS.gs.{subset}.txt")
@@ -177,7 +179,8 @@ def load_sts_year(task: str, root: Path) -> STSPairs:
             s1.append(_detok(cols[0]))
             s2.append(_detok(cols[1]))
             scores.append(float(g))
-    return STSPairs(task, s1, s2, np.asarray(scores, dtype=np.float64))
+            labels.append(subset)
+    return STSPairs(task, s1, s2, np.asarray(scores, dtype=np.float64), labels)
 
 
 def _tsv_pairs(name: str, path: Path, columns: tuple[int, int, int], header: bool = False) -> STSPairs:

@@ -122,6 +122,12 @@ class STSEvaluator:
         first, second = self.index[0]
         return geometry(emb, first, second, self.pairs[0].scores)
 
+    def similarities(self, emb: torch.Tensor) -> dict[str, np.ndarray]:
+        """Each task's cosine similarity of every pair (float64), from the embeddings of
+        ``self.sentences``: what ``score`` ranks, kept for the evidence over seeds and pairs."""
+        return {task: F.cosine_similarity(emb[i1].double(), emb[i2].double(), dim=-1).numpy()
+                for task, (i1, i2) in zip(self.tasks, self.index)}
+
     def score(self, emb: torch.Tensor) -> dict[str, float]:
         """The tasks' scores from the embeddings of ``self.sentences`` (in that order)."""
         return {

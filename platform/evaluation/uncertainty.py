@@ -13,6 +13,12 @@
   with other seeds, Welch's interval and test (``scipy.stats.ttest_ind``, unequal variances), and
   the result says it is unpaired. A t-interval covers at its level with 3 seeds, where a percentile
   bootstrap over 3 seeds covers about 75 %.
+- **Two recipes, their seeds and the test pairs** (``two_level``): a two-level bootstrap (Davison
+  and Hinkley, 1997, Sec. 3.8): each resample draws every side's seeds with replacement, then the
+  test pairs once for both sides, the pairs that STS-B's test split shares with STS12-16 drawn
+  jointly and STS12-16 within their subsets (``PairDesign``); the interval is Δ ± t·SE with the
+  resamples' SE and Welch's degrees of freedom over the seeds (a percentile interval over 3-5
+  seeds undercovers), with the seeds' share of that variance.
 - **A published number** (``reproduction_interval``): the prediction interval of one more run, or of
   the best of k runs for a paper that reports its best seed; ``summary_p`` for a paper's mean ± sd.
 - **Several tasks** (``holm``): Holm's (1979) step-down correction of the tasks' p-values, which
@@ -77,6 +83,7 @@ class Interval:
     method: str = ""
     level: float = LEVEL
     draws: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)  # the bootstrap's, where kept
+    seed_share: float | None = None  # of a two-level bootstrap's variance, the share the seeds alone give
 
     def covers(self, value: float) -> bool:
         return self.low <= value <= self.high
@@ -88,7 +95,7 @@ class ResampledSpearman:
     resample: a resample is its multiplicities ``m`` (how often each pair was drawn), an element's
     rank in it is the count of drawn values below it plus half its tie group's (ties averaged, as
     ``scipy.stats.rankdata``), and the Pearson correlation of those ranks is weighted by ``m``
-    (the ranks' mean is ``(n + 1) / 2`` on every resample). Equal to ``spearman`` on the resampled
+    (the ranks' mean is ``(size + 1) / 2`` on each resample). Equal to ``spearman`` on the resampled
     values (``tests/platform/test_uncertainty.py``), at a fraction of the cost."""
 
     def __init__(self, gold: np.ndarray):
@@ -116,12 +123,18 @@ class ResampledSpearman:
     def __call__(self, sims: np.ndarray, m: np.ndarray, ry: np.ndarray | None = None) -> np.ndarray:
         """``(rows,)``: Spearman x100 of ``sims`` against the gold scores on each resample ``m``
         (``ry``: the gold's centred ranks on them, ``ranks_gold(m)``, when already made)."""
-        rx = self._ranks(m, self._groups(np.asarray(sims, float))) - (self.n + 1) / 2
+        rx = self._ranks(m, self._groups(np.asarray(sims, float))) - self._centre(m)
         ry = self.ranks_gold(m) if ry is None else ry
         return 100 * (m * rx * ry).sum(1) / np.sqrt((m * rx * rx).sum(1) * (m * ry * ry).sum(1))
 
     def ranks_gold(self, m: np.ndarray) -> np.ndarray:
-        return self._ranks(m, self.gold) - (self.n + 1) / 2
+        return self._ranks(m, self.gold) - self._centre(m)
+
+    @staticmethod
+    def _centre(m: np.ndarray) -> np.ndarray:
+        """The ranks' mean on each resample, (size + 1) / 2: a resample drawn jointly with another
+        task's (``PairDesign``) need not hold as many pairs as the task has."""
+        return (m.sum(1, keepdims=True) + 1) / 2
 
 
 def _bootstrap(statistic, n: int, seed: int, resamples: int, level: float):
@@ -187,6 +200,102 @@ def across_seeds(a: dict[int, float], b: dict[int, float], level: float = LEVEL)
     low, high = (float(v) if np.isfinite(v) else float(x.mean() - y.mean()) for v in (ci.low, ci.high))
     return Interval(float(x.mean() - y.mean()), low, high, len(x) + len(y), float(res.pvalue),
                     "unpaired (other seeds): Welch's t-test", level)
+
+
+@dataclasses.dataclass
+class PairDesign:
+    """How the 7 tasks' test pairs are drawn together in one resample: each task's strata are
+    resampled within themselves (STS12-16: a year's subsets, each its own sample of the "all"
+    setting's concatenation), and a pair a task shares with an earlier task (STS-B's test split
+    reuses STS12-16 pairs: 60 % of it) takes that pair's draw, so the average's interval sees the
+    tasks' dependence instead of treating them as independent samples."""
+
+    sizes: dict[str, int]
+    strata: dict[str, list[np.ndarray]]  # per task: index arrays, each drawn within itself
+    twins: dict[str, list[tuple[np.ndarray, str, np.ndarray]]]  # task: [(its shared pairs, an earlier task, their indices there)]
+
+    @classmethod
+    def of(cls, pairs: dict) -> "PairDesign":
+        """From each task's pairs (``sent1``, ``sent2`` and, where it has subsets, ``subset``: a label
+        per pair), in the order given: a pair of a later task equal to one of an earlier task (the
+        same two sentences, in either order) is its twin."""
+        sizes, strata, twins, seen = {}, {}, {}, {}
+        for task, p in pairs.items():
+            n = len(p.sent1)
+            sizes[task] = n
+            keys = [frozenset((a, b)) for a, b in zip(p.sent1, p.sent2)]
+            shared = [(i, seen[k]) for i, k in enumerate(keys) if k in seen]
+            own = np.setdiff1d(np.arange(n), np.array([i for i, _ in shared], dtype=int))
+            subset = getattr(p, "subset", None)
+            labels = np.asarray(subset)[own] if subset is not None else np.zeros(len(own), dtype=int)
+            strata[task] = [own[labels == label] for label in dict.fromkeys(labels.tolist())]
+            by_source: dict[str, list[tuple[int, int]]] = {}
+            for i, (source, j) in shared:
+                by_source.setdefault(source, []).append((i, j))
+            twins[task] = [(np.array([i for i, _ in found]), source, np.array([j for _, j in found]))
+                           for source, found in by_source.items()]
+            for i, k in enumerate(keys):
+                seen.setdefault(k, (task, i))
+        return cls(sizes, {t: [s for s in st if len(s)] for t, st in strata.items()}, twins)
+
+    def draw(self, rng: np.random.Generator, resamples: int) -> dict[str, np.ndarray]:
+        """Each task's multiplicities ``[resamples, n]`` (how often each pair was drawn)."""
+        out = {}
+        for task, n in self.sizes.items():
+            m = np.zeros((resamples, n), dtype=np.int64)
+            for stratum in self.strata[task]:
+                m[:, stratum] = rng.multinomial(len(stratum), np.full(len(stratum), 1 / len(stratum)), size=resamples)
+            for mine, source, theirs in self.twins[task]:
+                m[:, mine] = out[source][:, theirs]
+            out[task] = m
+        return out
+
+
+def two_level(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]], gold: dict[str, np.ndarray],
+              design: PairDesign, seed: int, resamples: int = RESAMPLES, level: float = LEVEL) -> dict[str, Interval]:
+    """B minus A, per task and for the average of the tasks, from each seed's cosine similarities on
+    the test pairs (``a``, ``b``: one ``{task: similarities}`` per seed). Each resample draws each
+    side's seeds with replacement and the pairs once for both (``design``); Δ is the mean over the
+    drawn seeds of B's Spearman x100 less A's, on the drawn pairs. The estimate is Δ on all seeds and
+    pairs; the interval Δ ± t_ν·SE, SE the resamples' standard deviation, ν Welch-Satterthwaite's
+    over the seeds; p the matching two-sided t. ``seed_share``: the seeds' variance of Δ (the pairs
+    fixed) over SE²."""
+    from scipy.stats import t as student
+
+    rng = np.random.default_rng(seed)
+    m = design.draw(rng, resamples)
+    drawn, full = {}, {}
+    for task, g in gold.items():
+        rho = ResampledSpearman(g)
+        drawn[task] = tuple(np.stack([rho(np.asarray(s[task], float), m[task]) for s in side]) for side in (a, b))
+        full[task] = tuple(np.array([100 * spearman(np.asarray(s[task], float), np.asarray(g, float)) for s in side])
+                           for side in (a, b))
+    tasks = list(gold)
+    drawn["avg"] = tuple(np.mean([drawn[t][k] for t in tasks], axis=0) for k in (0, 1))
+    full["avg"] = tuple(np.mean([full[t][k] for t in tasks], axis=0) for k in (0, 1))
+    draws = {}
+    for key, (ra, rb) in drawn.items():
+        d = rb.mean(0) - ra.mean(0)
+        # The pairs' variance of the seeds' mean difference holds each seed's own pair noise again,
+        # which the seeds' variance already counts: that part (the seeds' deviations' pair variance
+        # over k - 1) is taken out, leaving the recipes' own pair effects.
+        within = sum((r - r.mean(0)).var(axis=1, ddof=1).mean() / (len(r) - 1) for r in (ra, rb))
+        draws[key] = (d, max(float(d.var(ddof=1)) - float(within), 0.0))
+    out = {}
+    for key, (d, vp) in draws.items():
+        fa, fb = full[key]
+        estimate = float(fb.mean() - fa.mean())
+        va, vb = fa.var(ddof=1) / len(fa), fb.var(ddof=1) / len(fb)
+        se = float(np.sqrt(va + vb + vp))
+        seeds = va ** 2 / (len(fa) - 1) + vb ** 2 / (len(fb) - 1)
+        df = (va + vb + vp) ** 2 / seeds if seeds > 0 else np.inf  # the pairs' part known from many resamples
+        q = float(student.ppf((1 + level) / 2, df))
+        p = float(2 * student.sf(abs(estimate) / se, df)) if se > 0 else float(estimate == 0)
+        n = sum(design.sizes.values()) if key == "avg" else design.sizes[key]
+        out[key] = Interval(estimate, estimate - q * se, estimate + q * se, n, p,
+                            f"seeds ({len(b)} and {len(a)}) and the pairs, two levels", level, d,
+                            seed_share=min(1.0, float((va + vb) / se ** 2)) if se > 0 else None)
+    return out
 
 
 def sign_flip_floor(n: int) -> float:

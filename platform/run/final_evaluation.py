@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from methods.encoder import Encoder
 from platform import checkpoint, settings, storage
 from platform.config import smoke_reason
@@ -103,16 +105,19 @@ def _on_its_device(encoder: Encoder) -> Encoder:
     return encoder.to("cuda") if torch.cuda.is_available() else encoder
 
 
-def score_checkpoint(location: str, pairs: dict) -> dict[str, float]:
-    """(task) The 7 STS tasks and their mean on the checkpoint at ``location``."""
+def score_checkpoint(location: str, pairs: dict) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """(task) The 7 STS tasks and their mean on the checkpoint at ``location``, and each task's
+    per-pair cosine similarities."""
     with storage.local_copy(location) as folder:
         state = checkpoint.read_state(folder)
         encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
         tasks = {t: p for t, p in pairs.items() if t != DEV}
-        scores = with_mean(STSEvaluator.from_pairs(tasks)(encoder, progress=f"STS, {len(STS_TASKS)} tasks"))
+        evaluator = STSEvaluator.from_pairs(tasks)
+        emb = evaluator.encode(encoder, progress=f"STS, {len(STS_TASKS)} tasks")
+        scores = with_mean(evaluator.score(emb))
         # Its geometry is its STS-B dev evaluation's, kept in its state: no second encoding of dev.
         scores.update({k: state[DEV_GEOMETRY[k]] for k in GEOMETRY if DEV_GEOMETRY[k] in state})
-        return scores
+        return scores, evaluator.similarities(emb)
 
 
 def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict],
@@ -137,11 +142,24 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False, alone: bool = Fal
     the run's device (``alone``: as ``on_device`` says), logged on ``run`` as ``sts_<task>`` at the
     checkpoint's step; printed unless ``quiet``."""
     state = checkpoint.read_state_at(location)
-    scores = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state), alone=alone)
+    scores, similarities = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state), alone=alone)
     if not quiet:
         print(format_table(scores), flush=True)
     recorder.log_results(run, {sts(k): v for k, v in scores.items()}, state["step"])
+    log_pair_similarities(run, similarities)
     return scores
+
+
+PAIRS_ARTIFACT = "sts_pairs.npz"  # each task's per-pair cosine similarities: the evidence over seeds and pairs
+
+
+def log_pair_similarities(run: Run, similarities: dict[str, np.ndarray]) -> None:
+    """The run's per-pair similarities (float64, as scored: about 150 kB for the 7 tasks) as
+    ``sts_pairs.npz``, what ``platform.compare`` resamples seeds and pairs from."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / PAIRS_ARTIFACT
+        np.savez_compressed(path, **{t: np.asarray(v, np.float64) for t, v in similarities.items()})
+        run.log_file(path)
 
 
 BASELINE = "baseline_sts"

@@ -63,6 +63,13 @@ def test_two_recipes_with_three_seeds_are_compared_by_seed_and_logged(three_seed
     assert avg["p"] == pytest.approx(ttest_rel([una[s] for s in sorted(una)], [simcse[s] for s in sorted(una)]).pvalue)
     assert "| avg |" in proc.stdout and "Holm" in proc.stdout and "## Claims about recipes (over seeds)" in proc.stdout
     assert "| 3 seeds against 3 seeds |" in proc.stdout and "Claims about checkpoints" not in proc.stdout
+    # Each seed's final evaluation kept its per-pair similarities: the interval over seeds and pairs.
+    for run_id in [r.info.run_id for side in ("una", "simcse") for r in c.search_runs(
+            [runs[side].info.experiment_id], f"tags.`mlflow.parentRunId` = '{runs[side].info.run_id}'")]:
+        assert "sts_pairs.npz" in {a.path for a in c.list_artifacts(run_id)}
+    assert avg["sp_low"] <= avg["delta"] <= avg["sp_high"] and 0 <= avg["seed_share"] <= 1
+    assert frame["sp_low"].notna().all() and frame["cohens_d"].notna().all()
+    assert "over seeds and pairs" in proc.stdout and "seed share" in proc.stdout
     logged = _comparison_run(c)
     assert logged.info.status == "FINISHED"
     artifacts = {a.path for a in c.list_artifacts(logged.info.run_id)}
@@ -107,6 +114,10 @@ def test_the_report_says_against_simcse_and_against_published(three_seeds, tmp_p
     text = (tmp_path / "report" / "report.md").read_text()
     assert "- una (" in text and "against SimCSE, p = " in text and "3 and 3 seeds" in text
     assert "Published averages against our seeds" in text and (tmp_path / "report" / "geometry.png").is_file()
+    proc = run_main("report", "--out", str(tmp_path / "significance"), "--significance", "--no-log", env=three_seeds["env"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "significance" / "report.md").read_text()
+    assert "Significance across recipes" in text and ("una − simcse" in text or "simcse − una" in text), text[-2000:]
     frame = pd.DataFrame([{"recipe": "simcse", "backbone": "bert-base-uncased", "Avg.": 76.0,
                            "seed averages": {1: 75.8, 2: 76.3, 3: 76.1}},
                           {"recipe": "una", "backbone": "bert-base-uncased", "Avg.": 78.4,
