@@ -181,16 +181,23 @@ def by_seeds_and_pairs(first: Result, other: Result, seed: int, resamples: int) 
 
 def by_pairs(first: dict[str, np.ndarray], other: dict[str, np.ndarray], seed: int,
              resamples: int) -> dict[str, uncertainty.Interval]:
-    """Each task's paired bootstrap; the average's from the tasks' resampled differences, draw by
-    draw (the tasks are resampled independently, so their i-th draws make a draw of the average)."""
-    gold = {t: load_sts(t).scores for t in STS_TASKS}
+    """Each task's paired bootstrap; the average's from joint draws of all 7 tasks' pairs
+    (``uncertainty.PairDesign``: STS-B's pairs that are STS12-16 pairs drawn as their twins,
+    STS12-16 within their subsets), both checkpoints scored on each."""
+    pairs = {t: load_sts(t) for t in STS_TASKS}
+    gold = {t: pairs[t].scores for t in STS_TASKS}
     out = {t: uncertainty.paired_pairs(other[t], first[t], gold[t], seed + i, resamples) for i, t in enumerate(STS_TASKS)}
-    draws = np.mean([out[t].draws for t in STS_TASKS], axis=0)
+    m = uncertainty.PairDesign.of(pairs).draw(np.random.default_rng(seed), resamples)
+    deltas = []
+    for t in STS_TASKS:
+        rho = uncertainty.ResampledSpearman(gold[t])
+        deltas.append(rho(other[t], m[t]) - rho(first[t], m[t]))
+    draws = np.mean(deltas, axis=0)
     mean = float(np.mean([out[t].estimate for t in STS_TASKS]))
     low, high = np.quantile(draws, [(1 - uncertainty.LEVEL) / 2, (1 + uncertainty.LEVEL) / 2])
     p = float(((np.abs(draws - mean) >= abs(mean)).sum() + 1) / (len(draws) + 1))
     out["avg"] = uncertainty.Interval(mean, float(low), float(high), sum(out[t].n for t in STS_TASKS), p,
-                                      "paired bootstrap over pairs, tasks resampled independently")
+                                      "paired bootstrap over pairs, the tasks' shared pairs drawn jointly", draws=draws)
     return out
 
 
