@@ -161,8 +161,8 @@ def test_the_best_trial_is_finalized_from_s3(sweep):
         assert {"una.alpha", "una.beta", "una.r", "lr"} <= set(child.data.params)
         assert child.data.tags["best_checkpoint"].startswith(f"s3://{BUCKET}/")
     assert parent.data.tags["best_checkpoint"].startswith(f"{sweep['output']}/una-sweep-")
-    # the model: once, logged; beside it its scores, its configuration and its geometry figure
-    assert {a.path for a in c.list_artifacts(best.info.run_id)} == {"sts_results.json", "config.json", "plots"}
+    # the model: once, logged; beside it its scores, their per-pair similarities, its configuration and its geometry figure
+    assert {a.path for a in c.list_artifacts(best.info.run_id)} == {"sts_results.json", "sts_pairs.npz", "config.json", "plots"}
     assert {a.path for a in c.list_artifacts(best.info.run_id, "plots")} == {"plots/geometry.png"}
     assert best.data.tags["logged_model"].startswith("models:/m-")
 

@@ -74,8 +74,8 @@ def test_train_on_two_nodes_equals_one_process_end_to_end(two_node_cluster, tiny
     assert run.data.params["batch_size"] == "8" and run.data.params["temperature"] == "0.05"
     for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"):
         assert f"sts_{task}" in run.data.metrics
-    # the model: once, logged; beside it its scores, its configuration and its geometry figure
-    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json", "config.json", "plots"}
+    # the model: once, logged; beside it its scores, their per-pair similarities, its configuration and its geometry figure
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"sts_results.json", "sts_pairs.npz", "config.json", "plots"}
     assert {a.path for a in c.list_artifacts(run.info.run_id, "plots")} == {"plots/geometry.png"}
 
     import mlflow

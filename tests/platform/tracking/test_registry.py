@@ -107,8 +107,10 @@ def test_the_model_is_stored_once_as_the_runs_logged_model(registered):
     r = registered
     assert r.champion.source == r.model_uri and r.model_uri.startswith("models:/m-")
     assert [o.model_id for o in r.run.outputs.model_outputs] == [r.model_uri[len("models:/"):]]
-    # Beside the model, only the run's files: its scores, its configuration and SimCSE's Fig. 2 of it.
-    assert {a.path for a in r.client.list_artifacts(r.run.info.run_id)} == {"sts_results.json", "config.json", "plots"}
+    # Beside the model, only the run's files: its scores, their per-pair similarities (the evidence over
+    # seeds and pairs), its configuration and SimCSE's Fig. 2 of it.
+    assert {a.path for a in r.client.list_artifacts(r.run.info.run_id)} == {"sts_results.json", "sts_pairs.npz",
+                                                                            "config.json", "plots"}
     assert {a.path for a in r.client.list_artifacts(r.run.info.run_id, "plots")} == {"plots/geometry.png"}
 
 
