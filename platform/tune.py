@@ -29,7 +29,8 @@ from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.sweep_runs import Sweep, TrialRuns, finish_sweep, new_sweep, resumable_sweep, sweep_state, trial_runs
 from platform.tracking import hub, store
-from platform.tracking.names import BEST, BEST_RUN_ID_TAG, DEV_METRIC, RESUMED_FINISHED, RESUMED_TAG, STEP
+from platform.tracking.names import (BEST, BEST_RUN_ID_TAG, CORPUS_SHA256_TAG, DEV_METRIC, RESUMED_FINISHED, RESUMED_TAG,
+                                     STEP)
 from platform.tracking.recorder import Run
 
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
@@ -61,7 +62,9 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
     with run.closing():
         # Its columns were generated before the trials (searched SAN scales, AugCSE sets): read here.
         corpus = unit.prepare(cfg, sweep.sentences, generate=False)
-        if not run.resumed:
+        # Whether this run has them, not whether it was resumed: a start stopped before it logged
+        # them (a Slurm requeue mid-preparation) leaves a reopened run without them.
+        if CORPUS_SHA256_TAG not in found.data.tags:
             run.log_config(cfg)
             run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
         result = unit.run_configuration(

@@ -30,9 +30,9 @@ from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.tracking import recorder, store
 from platform.checkpoint import exists as checkpoint_exists
-from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, BEST_SEED_TAG, DRIVER_TAG, METHOD_TAG,
-                                     MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG, SEED_TAG, SEEDS_TAG,
-                                     STS_PREFIX, sts)
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, BEST_SEED_TAG, CORPUS_SHA256_TAG, DRIVER_TAG,
+                                     METHOD_TAG, MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG,
+                                     SEED_TAG, SEEDS_TAG, STS_PREFIX, sts)
 from platform.tracking.recorder import Run
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
@@ -238,7 +238,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, storage
     seed_run = (Run.reopen(run.uri, found.info.run_id, run.in_trial) if found is not None
                 else run.child(seed_name, {**run_tags(scfg), SEED_TAG: str(seed)}))
     with seed_run.closing():
-        if found is None:
+        if found is None or CORPUS_SHA256_TAG not in found.data.tags:  # a start stopped before it logged them
             seed_run.log_config(scfg)
             seed_run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
         out = fit(scfg, corpus, seed_run, storage_path=storage_path, name=seed_name, tune_reports=tune_reports,
