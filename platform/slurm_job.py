@@ -573,16 +573,20 @@ def joined(address: str, nodes: int, env: dict[str, str], step: subprocess.Popen
              "while sum(n['Alive'] for n in ray.nodes()) < int(sys.argv[2]): time.sleep(1)\n"
              "keys = ('NodeManagerAddress', 'NodeManagerHostname', 'Alive', 'Resources')\n"
              "print(json.dumps([{k: n[k] for k in keys} for n in ray.nodes() if n['Alive']]))\n")
-    proc = subprocess.Popen([sys.executable, "-c", probe, address, str(nodes)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
-    while proc.poll() is None:
+    while True:  # a probe that fails (the head's GCS not answering yet on a loaded node) is tried again
+        proc = subprocess.Popen([sys.executable, "-c", probe, address, str(nodes)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        while proc.poll() is None:
+            if step.poll() is not None or stop.terminated or time.monotonic() > deadline:
+                proc.kill()
+                return None
+            time.sleep(0.5)
+        if proc.returncode == 0:
+            break
         if step.poll() is not None or stop.terminated or time.monotonic() > deadline:
-            proc.kill()
             return None
-        time.sleep(0.5)
-    if proc.returncode != 0:
-        return None
+        time.sleep(2)
     print(f"slurm: all {nodes} node(s) joined Ray at {address}", flush=True)
     return json.loads(proc.stdout.read().strip().splitlines()[-1])
 
