@@ -13,12 +13,14 @@
   with other seeds, Welch's interval and test (``scipy.stats.ttest_ind``, unequal variances), and
   the result says it is unpaired. A t-interval covers at its level with 3 seeds, where a percentile
   bootstrap over 3 seeds covers about 75 %.
-- **Two recipes, their seeds and the test pairs** (``two_level``): a two-level bootstrap (Davison
-  and Hinkley, 1997, Sec. 3.8): each resample draws every side's seeds with replacement, then the
-  test pairs once for both sides, the pairs that STS-B's test split shares with STS12-16 drawn
-  jointly and STS12-16 within their subsets (``PairDesign``); the interval is Δ ± t·SE with the
-  resamples' SE and Welch's degrees of freedom over the seeds (a percentile interval over 3-5
-  seeds undercovers), with the seeds' share of that variance.
+- **Two recipes, their seeds and the test pairs** (``two_level``): the variance of Δ in a crossed
+  seeds x pairs design, in components (Searle, Casella and McCulloch, 1992, Ch. 3): the seeds'
+  variance of each side's mean, plus the pairs' variance of the seeds' mean difference over
+  bootstrap draws of the test pairs (the same draw for both sides; the pairs that STS-B's test split
+  shares with STS12-16 drawn jointly, STS12-16 within their subsets: ``PairDesign``), less what that
+  term counts again of each seed's own pair noise. Resampling seeds and pairs both would count it
+  twice (it covered 0 in every simulation). The interval is Δ ± t·SE, Welch's degrees of freedom
+  over the seeds, with the seeds' share of that variance.
 - **A published number** (``reproduction_interval``): the prediction interval of one more run, or of
   the best of k runs for a paper that reports its best seed; ``summary_p`` for a paper's mean ± sd.
 - **Several tasks** (``holm``): Holm's (1979) step-down correction of the tasks' p-values, which
@@ -254,12 +256,14 @@ class PairDesign:
 def two_level(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]], gold: dict[str, np.ndarray],
               design: PairDesign, seed: int, resamples: int = RESAMPLES, level: float = LEVEL) -> dict[str, Interval]:
     """B minus A, per task and for the average of the tasks, from each seed's cosine similarities on
-    the test pairs (``a``, ``b``: one ``{task: similarities}`` per seed). Each resample draws each
-    side's seeds with replacement and the pairs once for both (``design``); Δ is the mean over the
-    drawn seeds of B's Spearman x100 less A's, on the drawn pairs. The estimate is Δ on all seeds and
-    pairs; the interval Δ ± t_ν·SE, SE the resamples' standard deviation, ν Welch-Satterthwaite's
-    over the seeds; p the matching two-sided t. ``seed_share``: the seeds' variance of Δ (the pairs
-    fixed) over SE²."""
+    the test pairs (``a``, ``b``: one ``{task: similarities}`` per seed). The estimate is the seeds'
+    mean Spearman x100 of B less A's on all pairs. SE² = s_A²/n_A + s_B²/n_B (the seeds) + V_pairs,
+    V_pairs the variance over ``resamples`` draws of the pairs (``design``, one draw for both sides)
+    of the seeds' mean difference, less Σ_side mean_s Var(ρ_s − ρ̄)/(k − 1) (each seed's own pair
+    noise, which the seeds' term holds already), floored at 0. The interval Δ ± t_ν·SE, ν
+    Welch-Satterthwaite's over the seeds; p the matching two-sided t. ``seed_share``: the seeds'
+    terms over SE². ``tests/platform/evaluation/test_calibration.py`` checks a draw against a direct
+    computation and the coverage by simulation."""
     from scipy.stats import t as student
 
     rng = np.random.default_rng(seed)
