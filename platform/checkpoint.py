@@ -324,11 +324,13 @@ class Best(NamedTuple):
     dev: float
 
 
-def best_under(location: str) -> Best | None:
+def best_under(location: str, up_to: int | None = None) -> Best | None:
     """The checkpoint with the best STS-B dev under a fit's storage (the first step to reach it),
-    and that score; None when no checkpoint was evaluated."""
+    and that score; None when no checkpoint was evaluated. ``up_to``: only checkpoints of that
+    step or before (those reported: a later one may still be uploading)."""
     found = [(-float(state[DEV_METRIC]), state.get("step", 0), folder)
-             for state, folder in checkpoints_under(location) if DEV_METRIC in state]
+             for state, folder in checkpoints_under(location)
+             if DEV_METRIC in state and (up_to is None or state.get("step", 0) <= up_to)]
     return Best(min(found)[2], -min(found)[0]) if found else None
 
 

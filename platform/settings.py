@@ -17,6 +17,7 @@ CACHE_DIR = "PLATFORM_CACHE_DIR"  # generated columns, statistics, embeddings, l
 DATA_MIRROR = "PLATFORM_DATA_MIRROR"  # `platform.data fetch` from a mirror folder or URL instead of the sources
 EMBEDDING_CACHE_GB = "PLATFORM_EMBEDDING_CACHE_GB"  # the embedding store's size bound (default 4)
 TRACKING_WAIT = "PLATFORM_TRACKING_WAIT"  # seconds a fit's end waits for an absent tracking server (default 600)
+STALL_MINUTES = "PLATFORM_STALL_MINUTES"  # minutes a running trial may report nothing before its sweep fails (default 30)
 STORAGE_TIMEOUT = "PLATFORM_STORAGE_TIMEOUT"  # seconds the output_dir check waits for object storage (default 30)
 GIT_COMMIT = "PLATFORM_GIT_COMMIT"  # the driver's commit, for workers running in a copy without .git
 OUTPUT_DIR = "PLATFORM_OUTPUT_DIR"  # output_dir's default (the cluster's RUNS_URI on its head)
@@ -42,6 +43,7 @@ OMP_THREADS = "OMP_NUM_THREADS"  # OpenMP's (Ray sets it for each task, by its C
 READ_DEFAULTS = {
     EMBEDDING_CACHE_GB: 4.0,
     TRACKING_WAIT: 600.0,
+    STALL_MINUTES: 30.0,
     STORAGE_TIMEOUT: 30.0,
     SYSTEM_METRICS_INTERVAL: 10.0,
     AUTOSCALING_CONFIG: "~/ray_bootstrap_config.yaml",  # where `ray up` leaves the launcher config on the head

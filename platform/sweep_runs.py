@@ -1,13 +1,16 @@
 """A sweep's MLflow runs and its state in storage: the parent run (started, or found again by
-``--resume`` with the same identity), each trial's run, opened and ended by one Tune callback from
-Tune's trial events (``TrialRuns``, the ``MLflowLoggerCallback`` pattern), and the winner recorded
-on the parent at the end."""
+``--resume`` with the same identity), each trial's run (opened by the trial, written and ended by
+one Tune callback on the driver from Tune's events: ``TrialRuns``, the ``MLflowLoggerCallback``
+pattern), and the winner recorded on the parent at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -23,15 +26,12 @@ from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import STS_TASKS
 from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, BEST_RUN_ID_TAG, DEV_METRIC, NOTE_TAG,
-                                     PARENT_TAG, REGISTERED_MODEL_TAG, SEARCHED_TAG, SEEDS_TAG, SENDER_TAG, STEP,
-                                     STOPPED_BY_SCHEDULER_TAG, STORAGE_TAG, SWEEP_TAG, TRAIN_LOSS, TRIAL_ID_TAG, WINNER,
-                                     WORK_DONE_TAG, sts, vs_backbone)
-from platform.tracking.recorder import Run, TrackingUnavailable, winner_key
+                                     PARENT_TAG, POINTS_RUN, PROGRESS_LINE, REGISTERED_MODEL_TAG, SEARCHED_TAG,
+                                     SEEDS_TAG, STEP, STOPPED_BY_SCHEDULER_TAG, STORAGE_TAG, SWEEP_TAG, TRIAL_ID_TAG,
+                                     WINNER, sts, vs_backbone)
+from platform.tracking.recorder import Run, winner_key
 
 SWEEP_STATE = "platform_sweep.json"
-POINTS_WAIT_S = 60.0  # how long closing a trial Tune ended waits for its points to reach MLflow
-SENDER_WAIT_S = 60.0  # how long a trial Tune ended waits for the process sending its points to end
-SENDER_CHECK_S = 0.5  # how often the sweep's driver asks Ray about those processes
 
 
 @dataclasses.dataclass
@@ -110,7 +110,7 @@ def new_sweep(uri: str, base: TrainConfig, spec: SearchSpace, corpus, identity: 
 
 
 # ------------------------------------------------------------------------------------------------
-# The trials' runs: opened and ended by the driver, from Tune's trial events
+# The trials' runs: each opened by its trial, written and ended by the driver from Tune's events
 
 
 def trial_runs(uri: str, parent: str, trial_id: str, where: str = "") -> list:
@@ -118,30 +118,51 @@ def trial_runs(uri: str, parent: str, trial_id: str, where: str = "") -> list:
     return store.child_runs(uri, parent, f"tags.{TRIAL_ID_TAG} = '{trial_id}'" + where, order_by=["attributes.start_time DESC"])
 
 
-class TrialRuns:
-    """Every trial's MLflow run, from Tune's own events (the ``MLflowLoggerCallback`` pattern):
-    opened when Tune starts the trial (reopened when a resumed sweep runs it again), ended when
-    Tune ends it: FINISHED when its work completed or the scheduler stopped it after a report with
-    its best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted.
-    Before a run ends, the recorder completes its step metrics and names its best checkpoint from
-    storage (``recorder.finish_fit``); a FINISHED trial keeps its best checkpoint, without
-    optimizer state, and nothing else.
+def open_trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig):
+    """The trial's run, made by the trial itself as it starts (reopened when a resumed sweep runs
+    the trial again), and the MLflow run found, if any; None for the run when it finished with its
+    best checkpoint in storage (the trial reports its result again)."""
+    found = trial_runs(sweep.uri, sweep.parent, trial_id)
+    if found and found[0].info.status == "FINISHED" and checkpoint_exists(found[0].data.tags.get(BEST_CHECKPOINT_TAG)):
+        return None, found[0]
+    if found:
+        return Run.reopen(sweep.uri, found[0].info.run_id, in_trial=True), found[0]
+    run = Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), TRIAL_ID_TAG: trial_id},
+                     parent=Run(sweep.uri, sweep.parent), in_trial=True)
+    return run, None
 
-    A trial Tune ended is closed once the process that sends its points has ended (``ended``,
-    then ``settle``): Tune calls its callbacks before it stops the trial's actor, and the
-    scheduler's decision reaches a trial while it trains on, so its rank 0 may still evaluate,
-    print and send points, and write a state, until Ray has stopped its workers. Its run's
-    description, best checkpoint and kept checkpoints are decided after the last of them."""
+
+_ACTIVE: list = []  # the sweep's TrialRuns in this driver (Tune restores its own copy on --resume)
+
+
+class TrialRuns:
+    """Every trial's own MLflow run, written and ended by the sweep's driver from Tune's events
+    (the ``MLflowLoggerCallback`` pattern): the points of each result Tune hands over go to the
+    run (``RunWriter``, never blocking Tune's driver loop), and the run ends when Tune ends the
+    trial: FINISHED when its work completed or the scheduler stopped it after a report, with its
+    best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted. The
+    end is queued behind the trial's points: it is decided once they are in MLflow, from the
+    checkpoints of the steps Tune received (a later one may still be uploading as Ray stops the
+    trial). A FINISHED trial keeps its best checkpoint, without optimizer state, and nothing else.
+
+    A trial that reports nothing for ``$PLATFORM_STALL_MINUTES`` (default 30) fails the sweep:
+    one line names it, the driver's threads are dumped beside the sweep's state, the runs end
+    FAILED, and ``--resume`` continues."""
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
-        # Each trial's evaluations as Tune received them ({trial_id: [(step, metrics)]}): what the
-        # recorder completes its run with when the trial ends before its next state.
-        self.evaluations: dict[str, list[tuple[int, dict[str, float]]]] = {}
-        # The trials Tune ended whose runs are not closed yet, each with when it stops waiting for
-        # its points' sender (a monotonic time: a restored sweep's entries close at its first check).
-        self.ending: dict[str, float] = {}
-        self._checked = 0.0
+        self.stopped: set[str] = set()  # trials the scheduler stopped (their last result says done)
+        self.last_step: dict[str, int] = {}  # each trial's last step Tune received
+        self._start()
+
+    def _start(self) -> None:
+        self.writer = recorder.RunWriter(self.sweep.uri)
+        self.progress: dict[str, float] = {}  # running trials: when each last started or reported
+        self._watching = False
+        _ACTIVE[:] = [self]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k in ("sweep", "stopped", "last_step")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restored (Tune unpickles a resumed sweep's callbacks in the new driver): MLflow is reached
@@ -149,54 +170,30 @@ class TrialRuns:
         nodes starts its server elsewhere; a replaced head)."""
         self.__dict__.update(state)
         self.sweep = dataclasses.replace(self.sweep, uri=store.tracking_uri())
+        self._start()
 
     def received(self, trial_id: str, result: dict[str, Any]) -> None:
-        if DEV_METRIC in result and STEP in result:
-            numbers = {k: float(result[k]) for k in (DEV_METRIC, BEST, TRAIN_LOSS) if k in result}
-            self.evaluations.setdefault(trial_id, []).append((int(result[STEP]), numbers))
+        """A result of the trial's: its line printed, its points queued for its run."""
+        self.progress[trial_id] = time.monotonic()
+        if result.get(PROGRESS_LINE):
+            print(result[PROGRESS_LINE], flush=True)
+        if result.get(POINTS_RUN):
+            self.writer.log(result[POINTS_RUN], recorder.points_in(result))
+        if STEP in result:
+            self.last_step[trial_id] = int(result[STEP])
+        if result.get("done"):  # the scheduler's decision: Tune marks the result it stops a trial on
+            self.stopped.add(trial_id)
 
-    def open(self, trial_id: str, config: dict[str, Any]) -> None:
-        sweep = self.sweep
-        found = trial_runs(sweep.uri, sweep.parent, trial_id)
-        if found and found[0].info.status == "FINISHED" and checkpoint_exists(found[0].data.tags.get(BEST_CHECKPOINT_TAG)):
-            return  # the trial reports its result again
-        if found:
-            Run.reopen(sweep.uri, found[0].info.run_id, in_trial=True)
-            return
-        cfg = sweep.base.with_values(config, source="search space")
-        Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), TRIAL_ID_TAG: trial_id},
-                   parent=Run(sweep.uri, sweep.parent), in_trial=True)
+    def ended(self, trial_id: str, outcome: str | None = None) -> None:
+        """Tune ended the trial: its runs end once its points are sent, without waiting here."""
+        self.progress.pop(trial_id, None)
+        outcome = outcome or ("stopped" if trial_id in self.stopped else "completed")
+        up_to = self.last_step.get(trial_id)
 
-    def ended(self, trial_id: str) -> None:
-        """Tune ended the trial (its work done, or the scheduler stopped it): its run is closed by
-        ``settle`` once the process sending its points has ended."""
-        self.ending[trial_id] = time.monotonic() + SENDER_WAIT_S
-
-    def settle(self, wait: bool = False) -> None:
-        """Close (and print) each trial Tune ended whose points' sender has ended, or has had
-        ``SENDER_WAIT_S``; at most every ``SENDER_CHECK_S`` (Tune calls this between its steps).
-        With ``wait``: every such trial, waiting for each (the sweep's end, its actors stopped)."""
-        if not self.ending or (not wait and time.monotonic() < self._checked + SENDER_CHECK_S):
-            return
-        for trial_id, until in list(self.ending.items()):
-            quiet = self.senders_ended(trial_id) or time.monotonic() >= until
-            while wait and not quiet:
-                time.sleep(SENDER_CHECK_S)
-                quiet = self.senders_ended(trial_id) or time.monotonic() >= until
-            if quiet:
-                del self.ending[trial_id]
-                if self.close(trial_id, "stopped"):
-                    print(trial_line(self.sweep.uri, self.sweep.parent, trial_id), flush=True)
-        self._checked = time.monotonic()
-
-    def senders_ended(self, trial_id: str) -> bool:
-        """Whether every Ray actor that sends points to the trial's open runs (its seeds' too) has
-        ended; True when the runs cannot be read (closing then does what it can, as it would)."""
-        try:
-            runs = [r for found, seeds in self.open_runs(trial_id) for r in (found, *seeds)]
-        except Exception:  # noqa: BLE001 - the tracking server away
-            return True
-        return ray_env.actors_ended([r.data.tags[SENDER_TAG] for r in runs if r.data.tags.get(SENDER_TAG)])
+        def end() -> None:
+            if self.close(trial_id, outcome, up_to):
+                print(trial_line(self.sweep.uri, self.sweep.parent, trial_id), flush=True)
+        self.writer.call(end, f"ending trial {trial_id}'s run")
 
     def open_runs(self, trial_id: str) -> list[tuple[Any, list]]:
         """The trial's runs still RUNNING, each with its seeds' runs still RUNNING."""
@@ -204,31 +201,25 @@ class TrialRuns:
         return [(found, store.child_runs(uri, found.info.run_id, "attributes.status = 'RUNNING'"))
                 for found in trial_runs(uri, parent, trial_id, " and attributes.status = 'RUNNING'")]
 
-    def close(self, trial_id: str, outcome: str) -> bool:
-        """End the still-open runs of a trial (and of its seeds): ``completed`` where the work
-        marked itself done, else ``outcome`` (``stopped`` by the scheduler, ``failed``,
-        ``interrupted``). Whether it had an open run."""
+    def close(self, trial_id: str, outcome: str, up_to: int | None = None) -> bool:
+        """End the still-open runs of a trial (and of its seeds) with ``outcome`` (``completed``,
+        ``stopped`` by the scheduler, ``failed``, ``interrupted``), each with its best checkpoint
+        of the steps up to ``up_to`` in storage. Whether it had an open run."""
         sweep = self.sweep
         runs = self.open_runs(trial_id)
         for found, seeds in runs:
             for r in [*seeds, found]:
-                done = r.data.tags.get(WORK_DONE_TAG) == "true"
                 fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
-                if done or (r is found and sweep.seeds > 1):  # named by the fit's end (a configuration's: its seeds' best)
+                run = Run(sweep.uri, r.info.run_id)
+                if r is found and sweep.seeds > 1:  # named by the trial: its seeds' best
                     best = r.data.tags.get(BEST_CHECKPOINT_TAG)
-                else:  # Tune ended the fit: the recorder completes it from storage and Tune's reports
-                    try:
-                        if r is found and sweep.seeds == 1:
-                            recorder.complete_evaluations(sweep.uri, r.info.run_id, self.evaluations.get(trial_id, []),
-                                                          POINTS_WAIT_S)
-                        best = recorder.finish_fit(sweep.uri, r.info.run_id, fit_folder, POINTS_WAIT_S)
-                    except TrackingUnavailable as exc:  # the run's end is told; its points stay in its checkpoints
-                        print(f"note: {exc}", file=sys.stderr, flush=True)
-                        best = checkpoint.best_under(fit_folder)
-                    best = best.checkpoint if best else None
-                reason = "completed" if done else outcome
-                extra = {STOPPED_BY_SCHEDULER_TAG: "true"} if reason == "stopped" else None
-                status = Run(sweep.uri, r.info.run_id).end(reason, best, only_if_running=True, tags=extra)
+                else:
+                    found_best = checkpoint.best_under(fit_folder, up_to if r is found else None)
+                    best = found_best.checkpoint if found_best else None
+                    if best:
+                        recorder.name_best(run, best)
+                extra = {STOPPED_BY_SCHEDULER_TAG: "true"} if outcome == "stopped" else None
+                status = run.end(outcome, best, only_if_running=True, tags=extra)
                 if r is found:
                     self.describe(r.info.run_id)
                 if status == "FINISHED" and best and not (r is found and sweep.seeds > 1):  # a fit: never trained again
@@ -249,19 +240,38 @@ class TrialRuns:
         """After the driver stopped (Ctrl-C, SIGTERM) or died (closed by ``--resume``): each trial
         run still open ends as Tune's saved state has its trial: stopped (TERMINATED), failed
         (ERROR), else interrupted (KILLED; ``--resume`` runs the trial again in the same run)."""
+        self.writer.flush(settings.number(settings.TRACKING_WAIT))
         for found in store.child_runs(self.sweep.uri, self.sweep.parent, "attributes.status = 'RUNNING'"):
             trial_id = found.data.tags.get(TRIAL_ID_TAG, "")
             self.close(trial_id, {"TERMINATED": "stopped", "ERROR": "failed"}.get(states.get(trial_id, ""), "interrupted"))
 
+    def watch(self) -> None:
+        """Fail the sweep when a running trial reports nothing for ``$PLATFORM_STALL_MINUTES``."""
+        if self._watching:
+            return
+        self._watching = True
+        limit = settings.number(settings.STALL_MINUTES) * 60
+
+        def check() -> None:
+            while True:
+                time.sleep(min(limit / 10, 30.0))
+                now = time.monotonic()
+                for trial_id, since in list(self.progress.items()):
+                    if now - since >= limit:
+                        stalled(self.sweep, trial_id, limit / 60)
+
+        threading.Thread(target=check, name="sweep-stall-watch", daemon=True).start()
+
     def callback(self):
-        """The Tune callback that calls ``open`` and ``close`` on the trials' events."""
+        """The Tune callback: every call returns at once (MLflow's work is the writer's)."""
         from ray import tune
 
         runs = self
 
         class Callback(tune.Callback):
             def on_trial_start(self, iteration, trials, trial, **info):
-                runs.open(trial.trial_id, trial.config or {})
+                runs.progress[trial.trial_id] = time.monotonic()
+                runs.watch()
                 values = ", ".join(f"{k}={short(v)}" for k, v in (trial.config or {}).items())
                 print(f"[trial {trial.trial_id}] started: {values}", flush=True)
 
@@ -271,17 +281,35 @@ class TrialRuns:
             def on_trial_complete(self, iteration, trials, trial, **info):
                 runs.ended(trial.trial_id)
 
-            def on_step_begin(self, iteration, trials, **info):
-                runs.settle()
-
-            def on_experiment_end(self, trials, **info):  # after Tune has stopped every trial's actor
-                runs.settle(wait=True)
-
             def on_trial_error(self, iteration, trials, trial, **info):
-                runs.close(trial.trial_id, "failed")
-                print(trial_line(runs.sweep.uri, runs.sweep.parent, trial.trial_id), flush=True)
+                runs.ended(trial.trial_id, "failed")
+
+            def on_experiment_end(self, trials, **info):  # the trials' runs ended before the sweep's end
+                if not runs.writer.flush(settings.number(settings.TRACKING_WAIT)):
+                    print(f"note: MLflow at {store.redact(runs.sweep.uri)} did not take every trial's points and end; "
+                          "--resume of the sweep closes the runs left open", file=sys.stderr, flush=True)
 
         return Callback()
+
+
+def stalled(sweep: Sweep, trial_id: str, minutes: float) -> None:
+    """The end of a sweep whose trial ``trial_id`` reported nothing for ``minutes``: the driver's
+    threads dumped (where it waits) beside the sweep's state, the runs ended FAILED, one line."""
+    import faulthandler
+    import tempfile
+
+    where = storage.join(sweep.folder, "stalled-driver-threads.txt")
+    local = where if not storage.is_uri(where) else os.path.join(tempfile.gettempdir(), "stalled-driver-threads.txt")
+    with contextlib.suppress(OSError), open(local, "w", encoding="utf-8") as out:
+        faulthandler.dump_traceback(out, all_threads=True)
+    reason = f"trial {trial_id} reported nothing for {minutes:g} min"
+    with contextlib.suppress(Exception):
+        recorder.abandon_open_runs(reason)
+    print(f"error: {reason} ({settings.STALL_MINUTES}; the driver's threads are in {local}); the sweep stopped: "
+          f"continue it with: python -m platform.tune {sweep.base.method} --resume (and the same arguments)",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(2)
 
 
 def release_fit(fit_folder: str, best: str) -> None:

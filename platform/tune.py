@@ -3,7 +3,7 @@
 A Ray Tune sweep of a recipe (a paper's name, or ``recipe --set negatives=... loss=... aux=...``)
 over its search space (``platform.space``): Optuna (or a grid) proposes configurations, ASHA stops
 poor ones on STS-B dev, and each trial is one configuration run (``platform.run.unit``). MLflow gets
-one parent run for the sweep and one child run per trial, opened and ended by the driver from
+one parent run for the sweep and one child run per trial, written and ended by the driver from
 Tune's trial events (``platform.sweep_runs``); at the end the best trial's checkpoint is evaluated
 on the 7 STS tasks, exported and registered.
 
@@ -27,10 +27,9 @@ from platform.errors import ConfigError, UserError, cli_main
 from platform.run import ray_env, unit
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
-from platform.sweep_runs import Sweep, TrialRuns, finish_sweep, new_sweep, resumable_sweep, sweep_state, trial_runs
+from platform.sweep_runs import _ACTIVE, Sweep, TrialRuns, finish_sweep, new_sweep, open_trial_run, resumable_sweep, sweep_state
 from platform.tracking import hub, store
-from platform.tracking.names import (BEST, BEST_RUN_ID_TAG, CORPUS_SHA256_TAG, DEV_METRIC, RESUMED_FINISHED, RESUMED_TAG,
-                                     STEP)
+from platform.tracking.names import BEST, BEST_RUN_ID_TAG, CORPUS_SHA256_TAG, DEV_METRIC, RESUMED_FINISHED, STEP
 from platform.tracking.recorder import Run
 
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
@@ -42,7 +41,8 @@ HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
 
 def trial(config: dict[str, Any], sweep: Sweep) -> None:
     """One Tune trial: a configuration run of the base configuration with the searched values, in
-    the MLflow run the sweep's callback opened for it (``TrialRuns``), which also ends it."""
+    a run of its own under the sweep's, which the driver writes from its reports and ends
+    (``TrialRuns``); the trial logs its configuration and, for several seeds, their mean."""
     import ray.data
     import ray.tune
 
@@ -50,27 +50,23 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
     # travels with the datasets the trial makes).
     ray.data.DataContext.get_current().enable_progress_bars = False
     cfg = sweep.base.with_values(config, source="search space")
-    trial_id = ray.tune.get_context().get_trial_id()
-    found = trial_runs(sweep.uri, sweep.parent, trial_id)[0]  # opened before Tune started this trial
-    if found.info.status == "FINISHED":  # it finished just before the sweep stopped: reported again, not trained twice
+    run, found = open_trial_run(sweep, ray.tune.get_context().get_trial_id(), cfg)
+    if run is None:  # it finished just before the sweep stopped: reported again, not trained twice
         metrics = found.data.metrics
         ray.tune.report({DEV_METRIC: metrics[BEST], **{k: v for k, v in metrics.items() if k.startswith(BEST)},
                          RESUMED_FINISHED: 1})
         return
-    run = Run(sweep.uri, found.info.run_id, found.info.run_name, resumed=RESUMED_TAG in found.data.tags,
-              in_trial=True, experiment_id=found.info.experiment_id)
-    with run.closing():
-        # Its columns were generated before the trials (searched SAN scales, AugCSE sets): read here.
-        corpus = unit.prepare(cfg, sweep.sentences, generate=False)
-        # Whether this run has them, not whether it was resumed: a start stopped before it logged
-        # them (a Slurm requeue mid-preparation) leaves a reopened run without them.
-        if CORPUS_SHA256_TAG not in found.data.tags:
-            run.log_config(cfg)
-            run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
-        result = unit.run_configuration(
-            cfg, corpus, run, storage_path=storage.join(sweep.folder, "trials"), name=trial_id, seeds=sweep.seeds,
-            final="evaluate" if sweep.grid and cfg.final_eval else "none", tune_reports=True, label=f"trial {trial_id}")
-        run.complete(result.checkpoint)
+    # Its columns were generated before the trials (searched SAN scales, AugCSE sets): read here.
+    corpus = unit.prepare(cfg, sweep.sentences, generate=False)
+    # Whether this run has them, not whether it was resumed: a start stopped before it logged
+    # them (a Slurm requeue mid-preparation) leaves a reopened run without them.
+    if found is None or CORPUS_SHA256_TAG not in found.data.tags:
+        run.log_config(cfg)
+        run.log_corpus(cfg.corpus, corpus.digest, corpus.num_sentences)
+    trial_id = ray.tune.get_context().get_trial_id()
+    result = unit.run_configuration(
+        cfg, corpus, run, storage_path=storage.join(sweep.folder, "trials"), name=trial_id, seeds=sweep.seeds,
+        final="evaluate" if sweep.grid and cfg.final_eval else "none", tune_reports=True, label=f"trial {trial_id}")
     if sweep.seeds > 1:  # the mean over seeds, reported once the work is done: the scheduler may end the trial on it
         ray.tune.report({DEV_METRIC: result.dev[BEST], **result.dev, "seeds": sweep.seeds,
                          STEP: result.fits[0].result.metrics.get(STEP)})
@@ -236,7 +232,7 @@ def main(argv=None) -> int:
                 raise KeyboardInterrupt
             parent.complete(finish_sweep(sweep, parent, spec, results))
     except KeyboardInterrupt:
-        TrialRuns(sweep).close_open(saved_trial_states(folder))
+        (_ACTIVE[0] if _ACTIVE else TrialRuns(sweep)).close_open(saved_trial_states(folder))
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume "
               "(and the same arguments)", flush=True)
         raise

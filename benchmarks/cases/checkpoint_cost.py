@@ -60,7 +60,7 @@ def worker(config: dict) -> None:
     from platform.config import TrainConfig
     from platform import checkpoint
     from platform.run.loop import RayTrainRuntime, WorkerContext
-    from platform.tracking.recorder import StepLog
+    from platform.run.loop import Points
 
     model, optimizer, schedule = _model_and_optimizer(config.get("size", "bert-base"))
     rows = []
@@ -80,7 +80,7 @@ def worker(config: dict) -> None:
     else:
         cfg = TrainConfig.build("simcse", "paper", {"checkpoint_minutes": 15.0})
         rt = RayTrainRuntime(WorkerContext(cfg=cfg, runtime="ray", run_dir=config["fit_folder"]), cfg)
-        log = StepLog()
+        log = Points()
         pos = checkpoint.Position()
         for i, dev in enumerate(devs, 1):
             time.sleep(config["gap"])
@@ -95,11 +95,11 @@ def worker(config: dict) -> None:
                                 state if kind == "state" else {**state, "resume_from": rt.kept.state})
                 if kind == "state":
                     checkpoint.save_train_state(folder, model, optimizer, schedule, pos)
-                    checkpoint.save_points(folder, log.points())
+                    checkpoint.save_points(folder, log.kept)
                 written["bytes"] = _du(folder)
 
             t0 = time.perf_counter()
-            rt.report({"step": i, "epoch": 0, "stsb_dev_spearman": dev}, write, kind, improved, log)
+            rt.report({"step": i, "epoch": 0, "stsb_dev_spearman": dev}, write, kind, improved)
             rows.append({"evaluation": i, "kind": kind or "-", "bytes": written.get("bytes", 0),
                          "blocked_s": time.perf_counter() - t0})
         t0 = time.perf_counter()

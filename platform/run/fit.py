@@ -1,7 +1,9 @@
 """One fit of one configuration and seed: Ray Train's ``TorchTrainer`` (DDP workers, every
 evaluation's checkpoint persisted to ``storage_path``) or the training loop in this process
-(``runtime=process``). Its end (``recorder.finish_fit``): the run's step metrics completed from its latest state checkpoint, its
-best checkpoint decided from storage.
+(``runtime=process``). The points each report carries are written by this process
+(``recorder.RunWriter``: from the loop's reports, or from Ray Train's controller through a queue),
+except a sweep trial's own run, whose reports go to Tune and its driver. At its end the fit's best
+checkpoint is decided from storage and named on its run.
 
 A fit named like an earlier one in the same storage continues it: Ray Train restores the run of
 that name from its latest state; the process runtime from the latest state under its folder.
@@ -22,8 +24,9 @@ from platform.data.columns import CorpusData
 from platform.data.pipeline import StepInputs, epoch_datasets
 from platform.errors import ClusterError
 from platform.run.loop import WorkerContext, train_loop_per_worker
+from platform.tracking.names import POINTS, POINTS_RUN
 from platform.tracking import recorder
-from platform.tracking.recorder import Run
+from platform.tracking.recorder import Run, RunWriter
 
 
 INTERRUPTED_WAIT_S = 15.0  # an interrupted fit's end: how long it waits for the tracking server
@@ -58,23 +61,38 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
     ``storage_path/name``; ``tune_reports``: every evaluation also goes to the Tune trial this
     runs in; ``label`` prefixes the console line of each evaluation. Returns the best checkpoint."""
     folder = storage.join(storage_path, name)  # the fit's checkpoints (Ray Train's run folder, or the loop's)
-    uri, run_id = (run.uri, run.id) if run else (None, None)
-    ctx = WorkerContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences, tracking_uri=uri,
-                        run_id=run_id, run_dir=folder, dev=dev_pairs(), label=label)
+    ctx = WorkerContext(cfg=cfg, runtime=cfg.runtime, num_sentences=corpus.num_sentences, run_id=run.id if run else None,
+                        run_dir=folder, dev=dev_pairs(), label=label, to_tune=tune_reports and run is not None and run.in_trial)
+    # The sweep's driver writes its trial's own run; this process every other run it fits.
+    writer = RunWriter(run.uri) if run is not None and not ctx.to_tune else None
     try:
         if cfg.runtime == "process":
             ctx.corpus = corpus
+            ctx.on_report = (lambda metrics: writer.log(run.id, recorder.points_in(metrics))) if writer else None
             metrics = train_loop_per_worker(ctx)
         else:
-            metrics = _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports)
+            metrics = _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports, writer)
+        if writer is not None:
+            recorder.delivered(writer, run.id, where=f" ({folder})")
     except BaseException:
-        # Interrupted or failed: the run still gets the points and the best checkpoint its storage
-        # holds (what --resume continues from), without waiting long for a server that is away.
+        # Interrupted or failed: what the writer holds gets a short wait (the checkpoints keep it
+        # for --resume), and the run its best checkpoint in storage, if it can be told.
+        if writer is not None:
+            writer.flush(INTERRUPTED_WAIT_S)
         with contextlib.suppress(Exception):
-            recorder.finish_fit(uri, run_id, folder, seconds=INTERRUPTED_WAIT_S)
+            name_best(run, folder)
         raise
-    best = recorder.finish_fit(uri, run_id, folder)
+    best = name_best(run, folder)
     return FitResult(best.dev if best else None, best.checkpoint if best else None, metrics)
+
+
+def name_best(run: Run | None, folder: str) -> checkpoint.Best | None:
+    """The fit's best checkpoint, decided from its storage, named on its run (a trial's own run:
+    by the sweep's driver, which ends it)."""
+    best = checkpoint.best_under(folder)
+    if best is not None and run is not None and not run.in_trial:
+        recorder.name_best(run, best.checkpoint)
+    return best
 
 
 def off_the_main_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -105,13 +123,18 @@ def off_the_main_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @off_the_main_thread
 def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_path: str, name: str,
-             tune_reports: bool) -> dict:
+             tune_reports: bool, writer: RunWriter | None) -> dict:
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
-    callbacks = []
+    callbacks, reports = [], None
+    if writer is not None:  # the reports' points come back to this process, for its writer
+        from ray.util.queue import Queue
+
+        reports = Queue(actor_options={"num_cpus": 0})
+        callbacks.append(to_queue(reports))
     if tune_reports:  # every evaluation goes on to Tune (and ASHA, which may end the trial on it)
         from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -144,7 +167,8 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
         datasets=datasets,
     )
     try:
-        return dict(trainer.fit().metrics or {})
+        with taking(reports, lambda result: writer.log(ctx.run_id, recorder.points_in(result))):
+            return dict(trainer.fit().metrics or {})
     except ray.train.WorkerGroupError as exc:
         lost = workers_lost(exc)
         if lost is None:
@@ -153,6 +177,48 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
                            f"max_failures={cfg.max_failures} allows (the last time {lost}); the run keeps its "
                            "checkpoints: --resume continues it (raise --set max_failures=N for a cluster that loses "
                            "nodes)") from None
+
+
+def to_queue(queue):
+    """A Ray Train callback, on the fit's controller, that puts each report's points on ``queue``."""
+    from ray.train import UserCallback
+
+    class ToQueue(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            # Taken out: Tune's callback, after this one, forwards the rest (a first seed's ASHA reports).
+            queue.put({k: metrics[0].pop(k) for k in (POINTS, POINTS_RUN) if k in metrics[0]})
+
+    return ToQueue()
+
+
+@contextlib.contextmanager
+def taking(queue, take: Callable[[dict], None]):
+    """While the block runs (and once after it), what ``queue`` holds is handed to ``take`` from a
+    helper thread; the queue's actor ends with the block."""
+    if queue is None:
+        yield
+        return
+    done = threading.Event()
+
+    def drain() -> None:
+        while True:
+            finished = done.is_set()
+            with contextlib.suppress(Exception):
+                while not queue.empty():
+                    take(queue.get_nowait())
+            if finished:
+                return
+            done.wait(0.5)
+
+    thread = threading.Thread(target=drain, name="reports", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(30)
+        with contextlib.suppress(Exception):
+            queue.shutdown()
 
 
 def workers_lost(exc) -> str | None:

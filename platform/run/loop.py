@@ -17,12 +17,14 @@ import contextlib
 import dataclasses
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import pickle
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,8 +45,7 @@ from platform.data.columns import CorpusData, prepare_corpus, resolve_local_mode
 from platform.evaluation.sts import STSEvaluator
 from platform import checkpoint
 from platform.checkpoint import Position, load_points
-from platform.tracking.names import BEST, DEV_GEOMETRY, DEV_METRIC, SENDER_TAG, STEP, TRAIN_LOSS
-from platform.tracking.recorder import StepLog
+from platform.tracking.names import BEST, DEV_GEOMETRY, DEV_METRIC, POINTS, POINTS_RUN, PROGRESS_LINE, STEP, TRAIN_LOSS
 from platform.data.pipeline import StepInputs
 
 COMMIT_WAIT_S = 120.0  # how long rank 0 waits for Ray Train's controller to commit a reported checkpoint
@@ -68,7 +69,8 @@ def train_loop_per_worker(config: "dict[str, Any] | WorkerContext") -> dict[str,
     autocast, scaler = mixed_precision(cfg.precision, rt.device)
     evaluator = rt.dev_evaluator() if rt.is_chief else None
 
-    log = rt.metric_log()
+    log = Points()
+    sampler = SystemSampler(log) if rt.is_chief and rt.ctx.run_id else None
     pos = start_position(rt, recipe, model, evaluator, cfg, (optimizer, schedule, scaler), log, steps)
     inputs = StepInputs(recipe, cfg.model, cfg.max_len, static=cfg.static_shapes)
     window: list[torch.Tensor] = []  # the losses since the last evaluation, on the device
@@ -102,21 +104,20 @@ def train_loop_per_worker(config: "dict[str, Any] | WorkerContext") -> dict[str,
                 model.train()
         if pos.step >= steps:
             break
-    rt.close()  # the checkpoints' commits awaited: their points are handed to the log
-    log.close()
+    rt.close()  # the model in flight written, the checkpoints' commits awaited
+    if sampler is not None:
+        sampler.stop()
     return {"steps": pos.step, "train_time_s": pos.train_time_s, BEST: pos.best, "best_step": pos.best_step}
 
 
-def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, optim, log: StepLog,
+def start_position(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, optim, log: Points,
                    steps: int) -> Position:
     """Where training starts: a restart's position (Ray Train's, or ``--resume``), else step 0. A
     run restored at its end (``--resume`` of a trial cut just after its last step) reports its last
     state once more (its points are the checkpoint's), since Tune expects a result from every trial."""
     pos = rt.restore(model, *optim, log)
-    if pos is None:  # from step 0: a restart before the first state re-runs steps the run already shows
+    if pos is None:
         pos = Position()
-        if rt.is_chief:
-            log.restore([], 0)
     if (pos.step or rt.started_over) and rt.is_chief:
         announce_resume(pos, log)
     if pos.step >= steps:
@@ -233,10 +234,11 @@ def total_steps(cfg: TrainConfig, num_sentences: int) -> int:
 
 
 def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: TrainConfig, pos: Position,
-                        loss_avg: float, optim, log: StepLog, steps: int, record: bool = True) -> None:
+                        loss_avg: float, optim, log: Points, steps: int, record: bool = True) -> None:
     """STS-B dev on rank 0 (its one console line), then the runtime's report with the checkpoint
     the policy asks for (``checkpoint.Policy``: the full state when due, the model when improved,
-    else none). ``loss_avg``: the mean training loss since the last evaluation."""
+    else none), carrying the points logged since the last report (``POINTS``, for the run's
+    writer). ``loss_avg``: the mean training loss since the last evaluation."""
     metrics: dict[str, Any] = {STEP: pos.step, "epoch": pos.epoch, TRAIN_LOSS: loss_avg,
                                "train_time_s": pos.train_time_s}
     write, kind, improved, snapshot = None, None, False, None
@@ -254,7 +256,7 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
                  "recipe": recipe.spec.describe(), "eval_pooler": recipe.eval_pooler(),
                  "eval_prompt": recipe.eval_prompt(), "config": cfg.flat()}
 
-        if record:  # the best so far goes with this step's points: sent once a state holding them is persisted
+        if record:
             log({DEV_METRIC: dev, BEST: pos.best, TRAIN_LOSS: metrics[TRAIN_LOSS], **geometry}, pos.step)
 
         def write(folder: Path, name: str) -> None:
@@ -264,17 +266,19 @@ def evaluate_and_report(rt: Runtime, recipe: Recipe, model, evaluator, cfg: Trai
             checkpoint.save(folder, None, state if resumable else {**state, "resume_from": rt.kept.state})
             if resumable:
                 checkpoint.save_train_state(folder, model, *optim[:2], pos, scaler=optim[2])
-                checkpoint.save_points(folder, log.points())
+                checkpoint.save_points(folder, log.kept)
 
-        if record:
-            # Sent before the report (a few ms; at most FLUSH_S): ASHA stopping the trial on this
-            # report kills its workers with no shutdown hook, and whatever was still queued.
-            log.flush()
-        say(progress_line(rt.ctx.label, pos, steps, metrics[TRAIN_LOSS], dev, improved))
-    rt.report(metrics, write, kind, improved, log, snapshot)
+        line = progress_line(rt.ctx.label, pos, steps, metrics[TRAIN_LOSS], dev, improved)
+        if rt.ctx.to_tune:  # printed by the sweep's driver once Tune has the report (and its points)
+            metrics[PROGRESS_LINE] = line
+        else:
+            say(line)
+        if rt.ctx.run_id:
+            metrics.update({POINTS: json.dumps(log.take()), POINTS_RUN: rt.ctx.run_id})
+    rt.report(metrics, write, kind, improved, snapshot)
 
 
-def announce_resume(pos: Position, log: StepLog) -> None:
+def announce_resume(pos: Position, log: Points) -> None:
     """A restart (Ray Train's, after a lost worker, or ``--resume``) on the console and in the
     run's history (``resumed_at_step``, 0 when no state was written yet): a worker's console line
     reaches the driver through Ray's log monitor, which may drop it."""
@@ -303,6 +307,75 @@ def progress_line(label: str | None, pos: Position, steps: int, loss: float, dev
             f"ETA {eta // 60}m{eta % 60:02d}s")
 
 
+class Points:
+    """Rank 0's points (``log(metrics, step)``): every one kept, for the state checkpoints (a
+    restart from one, or ``--resume``, reports its points again: the run's writer sends each
+    (key, step) once), and those not reported yet, which go with the next report (``take``)."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple] = []
+        self._new: list[tuple] = []
+        self.step = 0
+        self._lock = threading.Lock()  # the system sampler adds from its thread
+
+    def __call__(self, metrics: dict[str, float], step: int, keep: bool = True) -> None:
+        ts = int(time.time() * 1000)
+        new = [(k, float(v), ts, int(step)) for k, v in metrics.items()]
+        with self._lock:
+            self.kept.extend(new if keep else [])
+            self._new.extend(new)
+            self.step = max(self.step, int(step))
+
+    def restore(self, points: list, step: int) -> None:
+        """The points of the state checkpoint of ``step`` a restart starts from: reported again."""
+        with self._lock:
+            self.kept = [tuple(p) for p in points if p[3] <= step]
+            self._new = list(self.kept)
+            self.step = step
+
+    def take(self) -> list[tuple]:
+        with self._lock:
+            taken, self._new = self._new, []
+        return taken
+
+
+class SystemSampler:
+    """MLflow's monitors of this node's CPU, memory, disk, network and (NVML) GPU, sampled every
+    ``$MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` seconds (default 10) from a daemon thread into
+    ``points`` as ``system/*`` (averaged over the interval, at the step trained last): they reach
+    the run with the next report. Without psutil, nothing."""
+
+    def __init__(self, points: Points):
+        self._done = threading.Event()
+        try:
+            from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+            from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+            from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+        except ImportError:
+            return
+        monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
+        with contextlib.suppress(Exception):  # no NVML, no GPU
+            from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+
+            monitors.append(GPUMonitor())
+        interval = settings.number(settings.SYSTEM_METRICS_INTERVAL)
+
+        def sample() -> None:
+            while not self._done.wait(interval):
+                values = {}
+                for monitor in monitors:
+                    with contextlib.suppress(Exception):
+                        monitor.collect_metrics()
+                        values.update(monitor.aggregate_metrics())
+                        monitor.clear_metrics()
+                points({f"system/{k}": v for k, v in values.items()}, points.step, keep=False)
+
+        threading.Thread(target=sample, name="system-metrics", daemon=True).start()
+
+    def stop(self) -> None:
+        self._done.set()
+
+
 # ------------------------------------------------------------------------------------------------
 # Where the loop runs
 
@@ -315,20 +388,23 @@ class WorkerContext:
     runtime: str = "process"  # "ray": inside a Ray Train worker group
     num_sentences: int = 0  # the corpus size, when batches come from the Ray Data pipeline
     corpus: CorpusData | None = None  # the prepared corpus, when the driver runs the loop itself
-    tracking_uri: str | None = None  # MLflow run that rank 0 logs step metrics to (None: print only)
-    run_id: str | None = None
+    run_id: str | None = None  # the MLflow run the reports' points are for (None: print only)
     run_dir: str | None = None  # the fit's folder (a path or URI): its checkpoints, pruned by rank 0
     # STS-B dev ({"sent1", "sent2", "scores"} lists) read by the driver: a worker on another node
     # has no data folder. None: rank 0 reads it from $PLATFORM_DATA_DIR.
     dev: dict[str, list] | None = None
     corpus_ref: Any = None  # Ray runtime, local pipeline: object-store reference to (columns, statistics)
     label: str | None = None  # prefixes rank 0's console line per evaluation (a trial's id)
+    to_tune: bool = False  # the reports go to Tune, whose driver prints their lines and writes their points
+    # The process runtime: what takes rank 0's reports (the fit's run writer); Ray Train's
+    # controller takes them under Ray.
+    on_report: Callable[[dict[str, Any]], None] | None = None
 
     def loop_config(self) -> dict[str, Any]:
         """For Ray's ``train_loop_config``. Ray's Train controller unpickles it in a process where
         ``platform`` is still the standard module, so the context travels as bytes that only the
         workers unpickle; the object-store reference travels as itself, so Ray keeps it alive."""
-        plain = dataclasses.replace(self, corpus=None, corpus_ref=None)
+        plain = dataclasses.replace(self, corpus=None, corpus_ref=None, on_report=None)
         return {"context": pickle.dumps(plain), "corpus_ref": self.corpus_ref}
 
     @classmethod
@@ -401,34 +477,22 @@ class Runtime:
     def num_sentences(self, recipe: Recipe) -> int:
         return (self.ctx.corpus or self._read_corpus(recipe)).num_sentences
 
-    def restore(self, model, optimizer, schedule, scaler, log: StepLog) -> Position | None:
+    def restore(self, model, optimizer, schedule, scaler, log: Points) -> Position | None:
         """The training state of the run's latest checkpoint (a restart or --resume), if any, and
-        its step metrics into ``log``."""
+        its points into ``log``."""
         return None
 
     def report(self, metrics: dict[str, Any], write: Callable[[Path, str], None] | None, kind: str | None,
-               improved: bool, log: StepLog, snapshot: checkpoint.Snapshot | None = None) -> None:
+               improved: bool, snapshot: checkpoint.Snapshot | None = None) -> None:
         """Hand an evaluation's metrics on, with a checkpoint of ``kind`` (rank 0's choice) that
         ``write(folder, name)`` fills on rank 0, and ``snapshot``'s model in its ``model/`` (a new
         best), written in the background: the checkpoint is named (renamed into place, reported)
-        only once complete. A state holds the step metrics so far, which MLflow is sent once the
-        state is persisted (``log.persisted``)."""
+        only once complete. ``metrics`` carry rank 0's points since the last report."""
         raise NotImplementedError
 
     def close(self) -> None:
         """The loop's end (after its last report): the model in flight written."""
         self.writer.close()
-
-    def metric_log(self) -> StepLog:
-        """Rank 0's step metrics, and MLflow's system metrics of its node for the run."""
-        if not (self.is_chief and self.ctx.run_id):
-            return StepLog()
-        return StepLog(self.ctx.tracking_uri, self.ctx.run_id, system_metrics=True, tags=self.sender_tags())
-
-    def sender_tags(self) -> dict[str, str]:
-        """Tags naming the process that sends the run's points (none outside Ray)."""
-        return {}
-
 
 class ProcessRuntime(Runtime):
     """This process (``torch.distributed`` ranks if initialised). Its checkpoints are folders under
@@ -463,9 +527,11 @@ class ProcessRuntime(Runtime):
         log.restore(load_points(str(latest)), pos.step)
         return self.restored(latest.name, pos)
 
-    def report(self, metrics, write, kind, improved, log, snapshot=None):
+    def report(self, metrics, write, kind, improved, snapshot=None):
         if self.world > 1:
             dist.barrier()
+        if self.is_chief and self.ctx.on_report is not None:
+            self.ctx.on_report(metrics)
         if not (self.is_chief and kind):
             return
         # Checkpoints appear in the order they were reported: a state names the best before it.
@@ -486,8 +552,6 @@ class ProcessRuntime(Runtime):
 
         def settle() -> None:  # the earlier best goes only once this one is complete
             self.kept.wrote(name, kind, improved)
-            if state:
-                log.persisted()
             checkpoint.prune(str(self.run_dir), self.kept.names(), whole=True)
 
         if snapshot is None:
@@ -523,14 +587,6 @@ class RayTrainRuntime(Runtime):
         # A worker Ray ends mid-fit (a trial the scheduler stopped) exits at once: the interpreter's
         # finalization would abort a training thread that is inside a backward pass, loudly.
         atexit.register(os._exit, 0)
-
-    def sender_tags(self) -> dict[str, str]:
-        """The Ray actor that sends rank 0's points: a sweep ends a trial's run once this actor
-        has ended, so that no point arrives after the run's description is written."""
-        import ray
-
-        actor = ray.get_runtime_context().get_actor_id()
-        return {SENDER_TAG: actor} if actor else {}
 
     def wrap(self, model):
         import ray.train.torch
@@ -588,7 +644,7 @@ class RayTrainRuntime(Runtime):
             log.restore(load_points(str(directory)), pos.step)
         return self.restored(found.path.rstrip("/").rsplit("/", 1)[1], pos, latest)
 
-    def report(self, metrics, write, kind, improved, log, snapshot=None):
+    def report(self, metrics, write, kind, improved, snapshot=None):
         import ray.train
 
         kind, name = self._agree(kind, metrics[STEP])
@@ -622,7 +678,7 @@ class RayTrainRuntime(Runtime):
         if state:
             self.policy.wrote_state(metrics["epoch"])
         # What the fit keeps as of this checkpoint: a name Kept drops never comes back.
-        self._committer.submit(self._committed, log, log.points() if state else None, name, self.kept.names() | {name})
+        self._committer.submit(self._committed, name, self.kept.names() | {name})
 
     def _agree(self, kind: str | None, step: int) -> tuple[str | None, str | None]:
         """Rank 0's choice of checkpoint, and its folder name, on every rank (one merged folder)."""
@@ -631,19 +687,17 @@ class RayTrainRuntime(Runtime):
             dist.broadcast_object_list(choice, src=0)
         return choice[0]
 
-    def _committed(self, log: StepLog, points, name: str, keep: set[str]) -> None:
+    def _committed(self, name: str, keep: set[str]) -> None:
         """Once Ray Train's controller committed the checkpoint ``name`` (what a resumed fit starts
-        from): a state's points go out, and what the fit no longer keeps, up to it, is emptied
-        (newer checkpoints may still be uploading)."""
+        from): what the fit no longer keeps, up to it, is emptied (newer checkpoints may still be
+        uploading)."""
         import ray.train
 
         try:
             ray.train.get_all_reported_checkpoints(ray.train.CheckpointConsistencyMode.COMMITTED,
                                                    timeout_s=COMMIT_WAIT_S)
-        except Exception:  # no controller to answer: the points are replayed at the fit's end
+        except Exception:  # no controller to answer: the fit is ending
             return
-        if points is not None:
-            log.persisted(points)
         if self.ctx.run_dir:
             checkpoint.prune(self.ctx.run_dir, keep, up_to=checkpoint.step_of(name))
 

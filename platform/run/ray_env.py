@@ -297,26 +297,6 @@ def release_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_
     return released
 
 
-def actors_ended(actor_ids: list[str]) -> bool:
-    """Whether none of these Ray actors is alive any more (a dead actor's process sends nothing
-    more). True when Ray cannot tell (no Ray here, its state API unavailable): the caller goes on
-    as it did before it asked."""
-    import ray
-    from ray.util.state import get_actor
-
-    if not actor_ids or not ray.is_initialized():
-        return True
-    gcs = ray.get_runtime_context().gcs_address
-    try:
-        for actor_id in actor_ids:
-            found = get_actor(actor_id, address=gcs, timeout=5)
-            if found is not None and found.state != "DEAD":
-                return False
-    except Exception as exc:  # noqa: BLE001 - not knowing is not waiting
-        logging.getLogger(__name__).warning("could not ask Ray whether actors %s have ended: %s", actor_ids, exc)
-    return True
-
-
 def describe(address: str | None, found: str, in_job: bool) -> str:
     """Which Ray the command uses, for its ``Ray:`` line."""
     import ray

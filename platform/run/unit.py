@@ -235,7 +235,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, storage
     if found is not None and found.info.status == "FINISHED" and checkpoint_exists(found.data.tags.get(BEST_CHECKPOINT_TAG)):
         return SeedFit(seed, Run(run.uri, found.info.run_id, seed_name), _fit_result(found))  # a resumed configuration
     corpus = seed_corpus(cfg, scfg, corpus, generate=not run.in_trial)  # read only for a seed that trains
-    seed_run = (Run.reopen(run.uri, found.info.run_id, run.in_trial) if found is not None
+    seed_run = (Run.reopen(run.uri, found.info.run_id) if found is not None
                 else run.child(seed_name, {**run_tags(scfg), SEED_TAG: str(seed)}))
     with seed_run.closing():
         if found is None or CORPUS_SHA256_TAG not in found.data.tags:  # a start stopped before it logged them

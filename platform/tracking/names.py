@@ -34,6 +34,10 @@ def run_setting(key: str) -> str:
 
 WINNER = "best."  # a sweep's parent holds its best trial's numbers under these keys, never the trials' own
 RESUMED_FINISHED = "resumed_finished_trial"  # a Tune result: the trial had finished before a resume
+# A report's points (JSON: [key, value, timestamp ms, step] each) since the one before, and the run
+# they belong to: what the writer of that run sends (platform.tracking.recorder).
+POINTS, POINTS_RUN = "points", "points_run"
+PROGRESS_LINE = "progress_line"  # a report's console line, printed by the sweep's driver for a trial's reports
 
 # Tags the platform writes on a run
 METHOD_TAG, RECIPE_TAG, PROFILE_TAG, MODEL_TAG = "method", "recipe", "profile", "model"
@@ -49,10 +53,6 @@ BEST_CHECKPOINT_TAG = "best_checkpoint"  # the run's best checkpoint (a folder o
 BEST_STEP_TAG = "best_step"
 STORAGE_TAG = "platform.storage"  # where the run's checkpoints and resumable state live
 END_REASON_TAG = "platform.end_reason"
-WORK_DONE_TAG = "platform.work_done"  # a trial's run whose work completed, for the sweep's callback to end
-# The Ray actor whose process sends the run's step metrics (a Ray Train fit's rank 0, the latest
-# attempt's): a sweep ends a trial's run once that process has ended (sweep_runs.TrialRuns).
-SENDER_TAG = "platform.points_from"
 DRIVER_TAG = "platform.driver"  # the process (host and pid) that drives the run
 RESUMED_TAG = "platform.resumed"  # how many times the run was resumed
 CORPUS_SHA256_TAG, CORPUS_SENTENCES_TAG = "corpus_sha256", "corpus_sentences"

@@ -1,51 +1,41 @@
 """The run record, in one place: an MLflow run's life (created or reopened by ``--resume``, ended
-with a status that says what happened) and everything that reaches it from a fit (its step
-metrics, the replay that completes them, every other number it logs). Which checkpoint is latest
-and best is the checkpoint format's (``platform.checkpoint``).
+with a status that says what happened) and everything that reaches it (the points its reports
+carry, every other number it logs). Which checkpoint is latest and best is the checkpoint
+format's (``platform.checkpoint``).
 
 Statuses:
 - FINISHED: the work completed (or a scheduler ended it after a report) and the best checkpoint
   the run names exists in storage;
 - KILLED: interrupted (Ctrl-C, SIGTERM, a driver that died), or stopped without a checkpoint;
 - FAILED: an error, or work that completed without a checkpoint.
-Who ends a run: outside a sweep, the process doing the work (``Run.closing``); in a sweep, the
-driver's Tune callback ends every trial's runs from Tune's own trial events
-(``platform.sweep_runs``), the work inside only marking them done; ``--resume`` ends the runs a
-dead driver left open.
 
-What a fit sends:
-- During a fit, rank 0 sends each logged step's metrics (``StepLog``) at once from a background
-  sender: a point is in MLflow seconds after its step, whatever the checkpoint interval, and
-  training never waits on the tracking server. The points are also saved with every resumable
-  checkpoint; once one is persisted, whatever of its points MLflow has not taken goes again.
-- A restart from a checkpoint re-runs the steps after it, which the dead attempt had already sent
-  (seeded: the same values, at other times): the restarted attempt adopts those points from
-  MLflow and drops its own copies, so each step appears once.
-- At a fit's end (``finish_fit``), ``replay`` sends the points of the fit's latest
-  checkpoint again, waiting for a server that is away: this replay is what a tracking outage costs
-  nothing but time. MLflow stores a point once per (key, step, timestamp, value), so what arrives
-  twice is stored once.
+One writer per run: the process that ends a run writes its points. Outside a sweep that is the
+process that runs the fit (``Run.closing``): a ``RunWriter`` sends the points the loop's reports
+carry (in-process, or handed over by Ray Train's controller). In a sweep it is the driver: its
+Tune callback writes the points of each result Tune hands it and ends the trial's run when Tune
+ends the trial (``platform.sweep_runs``). Workers never contact MLflow. A state checkpoint keeps
+the points so far; a restart from it (Ray Train's, or ``--resume`` after a lost driver) reports
+them again with its first report, and the writer sends each (key, step) once.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import logging
+import json
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from platform import settings
-from platform.checkpoint import Best, best_under, latest_under, load_points
 from platform.checkpoint import exists as checkpoint_exists
 from platform.errors import UserError, one_line
 from platform.tracking import store
 from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, CORPUS_SENTENCES_TAG, CORPUS_SHA256_TAG,
                                      DEV_METRIC, DRIVER_TAG, END_REASON_TAG, GIT_COMMIT_TAG, METHOD_TAG, PARENT_TAG,
-                                     RECIPE_TAG, RESUMED_TAG, WINNER, WORK_DONE_TAG)
+                                     POINTS, RECIPE_TAG, RESUMED_TAG, WINNER)
 
 
 
@@ -89,9 +79,8 @@ class Run:
     """One MLflow run, as seen by the process that works in it.
 
     ``closing()`` ends it when the work inside returns (FINISHED once ``complete(checkpoint)`` named
-    a checkpoint that exists) or raises. A trial's runs (``in_trial``) are ended by the sweep's
-    callback, which knows whether Tune stopped the trial or it failed: ``closing()`` only marks
-    the work done (``WORK_DONE_TAG``) when it completes."""
+    a checkpoint that exists) or raises. A trial's own run (``in_trial``) is written and ended
+    by the sweep's driver, which knows whether Tune stopped the trial or it failed."""
 
     def __init__(self, uri: str, run_id: str, name: str = "", resumed: bool = False, in_trial: bool = False,
                  experiment_id: str = ""):
@@ -131,8 +120,8 @@ class Run:
                    experiment_id=info.info.experiment_id)
 
     def child(self, name: str, tags: dict[str, str]) -> "Run":
-        """A run nested under this one (a seed of a configuration), ended by the same owner."""
-        return Run.create(self.uri, "", name, tags, parent=self, in_trial=self.in_trial)
+        """A run nested under this one (a seed of a configuration), ended by the process that runs its fit."""
+        return Run.create(self.uri, "", name, tags, parent=self)
 
     def info(self):
         """The run as MLflow has it now (status, params, metrics, tags)."""
@@ -217,29 +206,22 @@ class Run:
 
     @contextlib.contextmanager
     def closing(self) -> Iterator["Run"]:
-        if not self.in_trial:
-            OPEN[self.id] = self
+        OPEN[self.id] = self
         try:
             yield self
         except BaseException as exc:
-            if not self.in_trial:
-                try:
-                    # KeyboardInterrupt (Ctrl-C, and SIGTERM: platform.errors.cli_main) and SystemExit
-                    # ask the process to stop; any other exception is an error.
-                    if self.end("failed" if isinstance(exc, Exception) else "interrupted") == "FAILED":
-                        FAILED_HERE[self.id] = self
-                except Exception as lost:  # the tracking server away: the error that ended the work is the one to tell
-                    print(f"note: run {self.id} stays RUNNING in MLflow, which could not be told it ended "
-                          f"({one_line(lost, 120)}); --resume of the run closes it", file=sys.stderr)
+            try:
+                # KeyboardInterrupt (Ctrl-C, and SIGTERM: platform.errors.cli_main) and SystemExit
+                # ask the process to stop; any other exception is an error.
+                if self.end("failed" if isinstance(exc, Exception) else "interrupted") == "FAILED":
+                    FAILED_HERE[self.id] = self
+            except Exception as lost:  # the tracking server away: the error that ended the work is the one to tell
+                print(f"note: run {self.id} stays RUNNING in MLflow, which could not be told it ended "
+                      f"({one_line(lost, 120)}); --resume of the run closes it", file=sys.stderr)
             raise
         finally:
             OPEN.pop(self.id, None)
-        if self.in_trial:
-            if self._completed:
-                self.set_tags({WORK_DONE_TAG: "true"})
-            return
-        self.end("completed" if self._completed else "failed", self.checkpoint,
-                 needs_checkpoint=self._needs_checkpoint)
+        self.end("completed" if self._completed else "failed", self.checkpoint, needs_checkpoint=self._needs_checkpoint)
 
 
 # The runs this process is working in (inside ``Run.closing``), for an end that cannot go through
@@ -258,157 +240,29 @@ def abandon_open_runs(reason: str) -> list[str]:
         ended.append(run.info().info.run_name)
     for run in list(OPEN.values()):
         for child in store.child_runs(run.uri, run.id, "attributes.status = 'RUNNING'"):
-            Run(run.uri, child.info.run_id).set_tags({END_REASON_TAG: reason})
-            store.client(run.uri).set_terminated(child.info.run_id, status="FAILED")
+            Run(run.uri, child.info.run_id).end("failed", tags={END_REASON_TAG: reason})
             ended.append(child.info.run_name)
-        run.set_tags({END_REASON_TAG: reason})
-        store.client(run.uri).set_terminated(run.id, status="FAILED")
+        run.end("failed", tags={END_REASON_TAG: reason})
         ended.append(run.info().info.run_name)
         OPEN.pop(run.id, None)
     return ended
 
 
 # ------------------------------------------------------------------------------------------------
-# Step metrics
+# Points: what a report carries, and the one writer that sends them
 
 Point = tuple  # (key, value, timestamp in ms, step): one measurement, as MLflow stores it
-ATTEMPT_TIMEOUT_S = 10.0  # one request to an HTTP server; the replay tries again until its wait ends
+ATTEMPT_TIMEOUT_S = 10.0  # one request to an HTTP server; a failed one is tried again after a pause
 BATCH = 1000  # metrics per log-batch request (MLflow's limit)
-QUIET_S = 30.0  # after a failed live send, how long the sender rests before it tries again
-# How long an evaluation waits for its points to reach MLflow before the fit reports it: a scheduler
-# that stops the trial on that report kills its workers at once, and the points still queued with them.
-FLUSH_S = 5.0
+MAX_PAUSE_S = 10.0  # the longest pause between two attempts while the server is away
+MAX_QUEUED = 200_000  # points a writer holds for a server that is away; beyond, they wait in the checkpoints
 
 
-class StepLog:
-    """Rank 0's step metrics of a run (``log(metrics, step)``): each logged step goes to MLflow at
-    once, from a background sender (the step never waits on it), and every point is also kept
-    with the checkpoints: ``points()`` goes into each resumable checkpoint, ``restore`` takes a
-    restarted attempt back to its checkpoint, ``persisted()`` sends again what did not arrive, and
-    the fit's end replays the latest checkpoint's points (MLflow keeps an identical point once).
-
-    A restart from an earlier checkpoint re-runs steps whose points the dead attempt had already
-    sent (seeded: the same values, at other times): ``restore`` adopts those points from MLflow
-    and the re-run's copies of them are dropped, so each step appears once. With a run, MLflow's
-    monitor also logs this node's CPU, memory and GPU as ``system/*``. ``tags`` go with the first
-    request MLflow takes (who sends the points: ``SENDER_TAG``)."""
-
-    def __init__(self, uri: str | None = None, run_id: str | None = None, system_metrics: bool = False,
-                 tags: dict[str, str] | None = None):
-        self.uri, self.run_id = uri, run_id
-        self._tags = dict(tags or {})  # sent with the first request MLflow takes
-        self.recorded: list[Point] = []
-        self.sent: set[Point] = set()  # what MLflow took (updated by the sender)
-        self.adopted: set[tuple[str, int]] = set()  # (key, step) MLflow holds from a restart's earlier attempt
-        self._lock = threading.Lock()
-        # One background sender draining what is pending, in order, a batch a request. After a
-        # failed request it rests QUIET_S (an outage costs one attempt per rest, not one per
-        # step), then catches up on everything MLflow has not taken; the fit's replay is the backstop.
-        self._sender = ThreadPoolExecutor(1, thread_name_prefix="mlflow-steps") if run_id else None
-        self._pending: list[Point] = []
-        self._draining = False
-        self._behind = False
-        self._quiet_until = 0.0
-        self.monitor = _system_metrics(uri, run_id) if run_id and system_metrics else None
-
-    def __call__(self, metrics: dict[str, float], step: int) -> None:
-        ts = int(time.time() * 1000)
-        # A key the earlier attempt already sent at this step keeps that point (a re-run's copy).
-        new = [(k, float(v), ts, int(step)) for k, v in metrics.items() if (k, int(step)) not in self.adopted]
-        self.recorded.extend(new)
-        self._submit(new)
-
-    def points(self) -> list[Point]:
-        return list(self.recorded)
-
-    def restore(self, points: list[Point], step: int) -> None:
-        """The points of the checkpoint of ``step`` this attempt restarts from, and those MLflow
-        already holds of the steps after it (the earlier attempt sent them live; this one re-runs
-        them and keeps theirs). MLflow away: none adopted (its outage already cost the live points)."""
-        restored = [tuple(p) for p in points if p[3] <= step]
-        later = self._sent_after(step, {p[0] for p in points}) if self.run_id else []
-        with self._lock:
-            self.recorded = restored + later
-            self.sent.update(self.recorded)
-        self.adopted = {(p[0], p[3]) for p in later}
-
-    def _sent_after(self, step: int, keys: set[str]) -> list[Point]:
-        try:
-            client = store.client(self.uri)
-            keys |= {k for k in client.get_run(self.run_id).data.metrics if not k.startswith("system/")}
-            return sorted(((m.key, float(m.value), int(m.timestamp), int(m.step)) for key in keys
-                           for m in client.get_metric_history(self.run_id, key) if m.step > step), key=lambda p: p[3])
-        except Exception:
-            return []
-
-    def persisted(self, points: list[Point] | None = None) -> None:
-        """The state holding ``points`` (default: every point so far) is one a restart starts from:
-        whatever of them MLflow has not taken yet goes again."""
-        with self._lock:
-            new = [p for p in (self.recorded if points is None else points) if p not in self.sent]
-        self._submit(new)
-
-    def _submit(self, points: list[Point]) -> None:
-        if self._sender is None or not points:
-            return
-        with self._lock:
-            if time.monotonic() < self._quiet_until:
-                return  # resting after a failure: caught up later, or replayed
-            self._pending.extend(points)
-            if self._draining:
-                return
-            self._draining = True
-        self._sender.submit(self._drain)
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                if self._behind:  # the first request after an outage: whatever MLflow has not taken
-                    batch = [p for p in self.recorded if p not in self.sent][:BATCH]
-                else:
-                    batch = self._pending[:BATCH]
-                if not batch:
-                    self._pending, self._behind, self._draining = [], False, False
-                    return
-            try:
-                _send(self.uri, self.run_id, batch, self._tags)
-                self._tags = {}
-            except Exception:  # the server away: rest, then catch up (persisted() and the replay too)
-                with self._lock:
-                    self._quiet_until = time.monotonic() + QUIET_S
-                    self._pending, self._behind, self._draining = [], True, False
-                return
-            with self._lock:
-                self.sent.update(batch)
-                if not self._behind:
-                    del self._pending[:len(batch)]
-
-    def flush(self, timeout: float = FLUSH_S) -> bool:
-        """Wait, at most ``timeout`` seconds, until the sender has sent what is pending (at once
-        while it rests after a failure: nothing is pending then). Whether it has."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self._lock:
-                if not self._draining:
-                    return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-
-    def close(self) -> None:
-        """The loop's end: the sends under way finish (one attempt each; a hand call of the loop,
-        outside a fit, has no replay after it)."""
-        if self._sender is not None:
-            self._sender.shutdown(wait=True)
-        if self.monitor is not None:
-            monitor, self.monitor = self.monitor, None
-            # MLflow's monitor sends its last sample on finish, with its client's retries: not
-            # waited for when the server is away.
-            threading.Thread(target=monitor.finish, daemon=True).start()
-
-
-# ------------------------------------------------------------------------------------------------
-# A fit's end
+def points_in(result: dict[str, Any]) -> list[Point]:
+    """The points a report carries (``POINTS``: what the loop's rank 0 logged since its last
+    report), as tuples."""
+    raw = result.get(POINTS)
+    return [tuple(p) for p in json.loads(raw)] if raw else []
 
 
 class TrackingUnavailable(UserError):
@@ -416,44 +270,117 @@ class TrackingUnavailable(UserError):
     checkpoints (with its points) stay in storage, to be resumed."""
 
 
-def complete_evaluations(uri: str, run_id: str, evaluations: list[tuple[int, dict[str, float]]],
-                         seconds: float | None = None) -> None:
-    """A fit's evaluations as its runtime reported them (a sweep: Tune's results), sent where the
-    run lacks their step: a trial the scheduler stops between its resumable states, whose worker
-    is killed with points still queued, keeps every evaluation it made. A (metric, step) the run
-    holds already is not sent again (its value there is the one the worker sent)."""
-    if not evaluations:
-        return
-    client = store.client(uri)
-    keys = sorted({k for _, numbers in evaluations for k in numbers})
-    try:
-        held = {k: {m.step for m in client.get_metric_history(run_id, k)} for k in keys}
-    except Exception as exc:  # the server away: the run's checkpoints keep what they hold
-        raise TrackingUnavailable(f"MLflow at {store.redact(uri)} did not answer for run {run_id}'s metrics "
-                                  f"({one_line(exc, 200)})") from None
-    now = int(time.time() * 1000)
-    points = [(k, v, now, step) for step, numbers in evaluations for k, v in numbers.items() if step not in held[k]]
-    replay(uri, run_id, points, seconds, where=" (Tune's reports)")
+class RunWriter:
+    """The one writer of the runs this process owns: each report's points (``log``) and any other
+    work on a run (``call``: ending it), done in order by one background thread, so that the
+    caller (the loop's report, Tune's driver loop) never waits on MLflow. A request that fails
+    because the server did not answer is tried again after a pause, in order, until it succeeds:
+    an outage costs time, not points, up to ``MAX_QUEUED`` of them (beyond, the checkpoints keep
+    them for ``--resume``). Each (key, step) reaches a run once: a restart re-runs steps whose
+    points the run holds (seeded: the same values) and ``--resume`` replays a checkpoint's
+    points; what MLflow holds of a run is read once, before the first points sent to it."""
 
+    def __init__(self, uri: str):
+        self.uri = uri
+        self._queue: collections.deque = collections.deque()  # ("points", run_id, points) | ("call", fn, what)
+        self._queued_points, self._busy, self.dropped = 0, False, 0
+        self._held: dict[str, set[tuple[str, int]]] = {}  # per run: the (key, step) MLflow has
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
 
-def replay(uri: str, run_id: str, points: list[Point], seconds: float | None = None, where: str = "") -> None:
-    """Send ``points`` (all of a run's, again: MLflow keeps each once), trying until they arrive or
-    ``seconds`` have passed."""
-    seconds = settings.number(settings.TRACKING_WAIT) if seconds is None else seconds
-    deadline, pause = time.monotonic() + seconds, 0.5
-    for i in range(0, len(points), BATCH):
+    def log(self, run_id: str, points: list[Point]) -> None:
+        if not points:
+            return
+        with self._cond:
+            if self._queued_points + len(points) > MAX_QUEUED:
+                if not self.dropped:
+                    print(f"note: MLflow at {store.redact(self.uri)} has taken no points for a while; the next ones wait "
+                          "in the runs' checkpoints (--resume sends them)", file=sys.stderr, flush=True)
+                self.dropped += len(points)
+                return
+            self._queue.append(("points", run_id, list(points)))
+            self._queued_points += len(points)
+            self._wake()
+
+    def call(self, fn: Callable[[], None], what: str) -> None:
+        """``fn`` run by the writer's thread once everything queued before it is done; ``what``
+        names it in the note printed when it fails otherwise than by an absent server."""
+        with self._cond:
+            self._queue.append(("call", fn, what))
+            self._wake()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until everything queued is done; whether it is."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+        return True
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="mlflow-writer", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
+
+    def _work(self) -> None:
+        pause = 0.5
         while True:
+            with self._cond:
+                while not self._queue:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait()
+                self._busy, item = True, self._queue[0]
             try:
-                _send(uri, run_id, points[i : i + BATCH])
-                break
-            except Exception as exc:  # the server away: tried again until the wait ends
-                if time.monotonic() + pause > deadline:
-                    raise TrackingUnavailable(
-                        f"MLflow at {store.redact(uri)} took none of run {run_id}'s last metrics within {seconds:g} s "
-                        f"({one_line(exc, 200)}); the run's checkpoints{where} keep them: resume the "
-                        "run with --resume once the server is back") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 10.0)
+                self._do(item)
+                pause = 0.5
+            except Exception as exc:  # noqa: BLE001 - the server away: the same item again, after a pause
+                if _unreachable(exc):
+                    time.sleep(pause)
+                    pause = min(pause * 2, MAX_PAUSE_S)
+                    continue
+                what = item[2] if item[0] == "call" else f"sending run {item[1]}'s points"
+                print(f"note: {what} failed ({one_line(exc, 200)})", file=sys.stderr, flush=True)
+            with self._cond:
+                self._queue.popleft()
+                self._queued_points -= len(item[2]) if item[0] == "points" else 0
+
+    def _do(self, item) -> None:
+        if item[0] == "call":
+            item[1]()
+            return
+        run_id = item[1]
+        if run_id not in self._held:
+            c = store.client(self.uri)
+            keys = [k for k in c.get_run(run_id).data.metrics if not k.startswith("system/")]
+            self._held[run_id] = {(k, int(m.step)) for k in keys for m in c.get_metric_history(run_id, k)}
+        held = self._held[run_id]
+        new = [p for p in item[2] if (p[0], int(p[3])) not in held]
+        for i in range(0, len(new), BATCH):
+            _send(self.uri, run_id, new[i : i + BATCH])
+            held.update((p[0], int(p[3])) for p in new[i : i + BATCH])
+
+
+def _unreachable(exc: Exception) -> bool:
+    """Whether ``exc`` says that the tracking server did not answer (tried again), rather than that
+    it refused the request."""
+    text = f"{type(exc).__name__} {exc}"
+    return any(w in text for w in ("Connection", "Timeout", "timed out", "Max retries", "502", "503", "504",
+                                   "database is locked"))
+
+
+def delivered(writer: RunWriter, run_id: str, seconds: float | None = None, where: str = "") -> None:
+    """Wait until ``writer`` has sent what it holds (``seconds``, default ``$PLATFORM_TRACKING_WAIT``
+    or 600); ``TrackingUnavailable`` after that."""
+    seconds = settings.number(settings.TRACKING_WAIT) if seconds is None else seconds
+    if not writer.flush(seconds) or writer.dropped:
+        raise TrackingUnavailable(
+            f"MLflow at {store.redact(writer.uri)} took none of run {run_id}'s last metrics within {seconds:g} s; the "
+            f"run's checkpoints{where} keep them: resume the run with --resume once the server is back")
 
 
 def _send(uri: str, run_id: str, points: list[Point], tags: dict[str, str] | None = None) -> None:
@@ -484,12 +411,24 @@ def _send(uri: str, run_id: str, points: list[Point], tags: dict[str, str] | Non
 # A run's other numbers
 
 
-def log_results(run: Run, metrics: dict[str, Any], step: int = 0) -> None:
+def log_results(run: Run, metrics: dict[str, Any], step: int = 0, seconds: float | None = None) -> None:
     """Numbers that are not step metrics (final scores, seed means, a sweep's winner), at ``step``,
-    retried as the fit's replay is."""
-    if metrics:
-        ts = int(time.time() * 1000)
-        replay(run.uri, run.id, [(k, float(v), ts, int(step)) for k, v in metrics.items()])
+    tried until they arrive or ``seconds`` (default ``$PLATFORM_TRACKING_WAIT``) have passed."""
+    if not metrics:
+        return
+    ts = int(time.time() * 1000)
+    points = [(k, float(v), ts, int(step)) for k, v in metrics.items()]
+    seconds = settings.number(settings.TRACKING_WAIT) if seconds is None else seconds
+    deadline, pause = time.monotonic() + seconds, 0.5
+    while True:
+        try:
+            return _send(run.uri, run.id, points)
+        except Exception as exc:  # the server away: tried again until the wait ends
+            if time.monotonic() + pause > deadline:
+                raise TrackingUnavailable(f"MLflow at {store.redact(run.uri)} took none of run {run.id}'s results within "
+                                          f"{seconds:g} s ({one_line(exc, 200)})") from None
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE_S)
 
 
 def link_to_model(run: Run, model_id: str, keys: list[str]) -> None:
@@ -504,37 +443,7 @@ def link_to_model(run: Run, model_id: str, keys: list[str]) -> None:
     client.log_batch(run.id, metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id) for m in last])
 
 
-def finish_fit(uri: str | None, run_id: str | None, location: str, seconds: float | None = None) -> Best | None:
-    """The end of the fit whose checkpoints are under ``location``: its latest checkpoint's points
-    replayed to ``run_id`` (waiting up to ``seconds``, default ``$PLATFORM_TRACKING_WAIT`` or 600,
-    for a server that is away: ``TrackingUnavailable`` after that), then its best checkpoint
-    decided from storage and named on the run (``best_checkpoint``)."""
-    best = best_under(location)
-    if run_id is None:
-        return best
-    latest = latest_under(location)
-    replay(uri, run_id, load_points(latest) if latest else [], seconds, where=f" ({location})")
-    if best is not None:
-        name_best(Run(uri, run_id), best.checkpoint)
-    return best
-
-
 def name_best(run: Run, checkpoint: str, tags: dict[str, str] | None = None) -> None:
     """The one writer of ``best_checkpoint``: a fit's best checkpoint (from its storage), or a
     configuration's (or a sweep's), chosen among its fits' (or trials')."""
     run.set_tags({BEST_CHECKPOINT_TAG: checkpoint, **(tags or {})})
-
-
-def _system_metrics(uri: str | None, run_id: str):
-    """MLflow's monitor of this node's CPU, memory, disk, network and (NVML) GPU utilisation and
-    memory, logged to ``run_id`` as ``system/*`` every ``$MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``
-    seconds (default 10) until ``finish()``. None where psutil is missing."""
-    try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-    except ImportError:
-        return None
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter per run
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=settings.number(settings.SYSTEM_METRICS_INTERVAL),
-                                   samples_before_logging=1, resume_logging=True, tracking_uri=uri)
-    monitor.start()
-    return monitor

@@ -45,19 +45,30 @@ def test_workers_split_each_global_batch():
 def test_a_run_restored_at_its_end_reports_its_last_state_once(tiny_model, small_corpus, tmp_path, mlflow_uri):
     """A fit continued after it had trained to its end (``--resume`` of a trial cut just after its
     last step) evaluates and reports that state once: Tune expects a result from every trial. Its
-    MLflow points are not duplicated."""
+    report carries the state's points again, and the run's writer sends each (key, step) once."""
     from platform.run.loop import WorkerContext
-    from platform.tracking.recorder import Run
+    from platform.tracking.recorder import Run, RunWriter, points_in
     from platform.tracking.store import client
 
     cfg = TrainConfig.build("simcse", "local", {"model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8,
                                                 "max_steps": 4, "eval_steps": 2, "runtime": "process", "num_workers": 1})
     run = Run.create(mlflow_uri, "simcse", "fit", {})
-    ctx = WorkerContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id, run_dir=str(tmp_path / "fit"))
-    first = train_loop_per_worker(ctx)
-    again = train_loop_per_worker(WorkerContext(cfg=cfg, tracking_uri=mlflow_uri, run_id=run.id,
-                                             run_dir=str(tmp_path / "fit")))
+    reports = []
+
+    def context(writer):
+        def take(metrics):
+            reports.append(points_in(metrics))
+            writer.log(run.id, reports[-1])
+        return WorkerContext(cfg=cfg, run_id=run.id, run_dir=str(tmp_path / "fit"), on_report=take)
+
+    first_writer = RunWriter(mlflow_uri)
+    first = train_loop_per_worker(context(first_writer))
+    assert first_writer.flush(60)
+    again_writer = RunWriter(mlflow_uri)  # a new process: what MLflow holds is read before it sends
+    again = train_loop_per_worker(context(again_writer))
+    assert again_writer.flush(60)
     assert first["steps"] == again["steps"] == 4 and again["best_stsb_dev_spearman"] == first["best_stsb_dev_spearman"]
+    assert len(reports) == 3 and {p[3] for p in reports[2] if p[0] == "stsb_dev_spearman"} == {2, 4}  # replayed
     history = client(mlflow_uri).get_metric_history(run.id, "stsb_dev_spearman")
     assert sorted(m.step for m in history) == [2, 4]
     states = [p for p in (tmp_path / "fit").glob("checkpoint_*") if (p / "train_state.pt").is_file()]
