@@ -20,7 +20,7 @@ def cache(tmp_path_factory):
 def _losses(method: str, seed: int, tiny_model, corpus, out, uri: str, extra=None) -> list[float]:
     from platform.config import TrainConfig
     from platform.run.loop import WorkerContext, train_loop_per_worker
-    from platform.tracking.recorder import Run
+    from platform.tracking.recorder import Run, RunWriter, points_in
     from platform.tracking.store import client
 
     cfg = TrainConfig.build(method, "local", {"model": str(tiny_model), "corpus": str(corpus), "batch_size": 16,
@@ -28,7 +28,10 @@ def _losses(method: str, seed: int, tiny_model, corpus, out, uri: str, extra=Non
                                               "runtime": "process", "num_workers": 1, "seed": seed,
                                               "output_dir": str(out), **RECIPES[method], **(extra or {})})
     run = Run.create(uri, method, f"seed{seed}", {})
-    train_loop_per_worker(WorkerContext(cfg=cfg, tracking_uri=uri, run_id=run.id, run_dir=str(out / run.id)))
+    writer = RunWriter(uri)
+    train_loop_per_worker(WorkerContext(cfg=cfg, run_id=run.id, run_dir=str(out / run.id),
+                                        on_report=lambda metrics: writer.log(run.id, points_in(metrics))))
+    assert writer.flush(60)
     return [m.value for m in sorted(client(uri).get_metric_history(run.id, "train_loss"), key=lambda m: m.step)]
 
 
