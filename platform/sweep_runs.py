@@ -133,17 +133,19 @@ def open_trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig):
 
 
 _ACTIVE: list = []  # the sweep's TrialRuns in this driver (Tune restores its own copy on --resume)
+OUTCOMES = {"TERMINATED": "completed", "STOPPED": "stopped", "ERROR": "failed"}  # a trial's saved state: its run's end
 
 
 class TrialRuns:
     """Every trial's own MLflow run, written and ended by the sweep's driver from Tune's events
     (the ``MLflowLoggerCallback`` pattern): the points of each result Tune hands over go to the
-    run (``RunWriter``, never blocking Tune's driver loop), and the run ends when Tune ends the
-    trial: FINISHED when its work completed or the scheduler stopped it after a report, with its
-    best checkpoint in storage, FAILED on an error, KILLED when the sweep was interrupted. The
-    end is queued behind the trial's points: it is decided once they are in MLflow, from the
-    checkpoints of the steps Tune received (a later one may still be uploading as Ray stops the
-    trial). A FINISHED trial keeps its best checkpoint, without optimizer state, and nothing else.
+    run, and the run ends when Tune ends the trial: FINISHED when its work completed or the
+    scheduler stopped it after a report, with its best checkpoint in storage, FAILED on an
+    error, KILLED when the sweep was interrupted. Each trial has a ``RunWriter`` of its own, so
+    that no callback waits on MLflow and a slow server delays no other trial; its run's end is
+    queued behind its points: it is decided once they are in MLflow, from the checkpoints of the
+    steps Tune received (a later one may still be uploading while Ray stops the trial). A FINISHED
+    trial keeps its best checkpoint, without optimizer state, and nothing else.
 
     A trial that reports nothing for ``$PLATFORM_STALL_MINUTES`` (default 30) fails the sweep:
     one line names it, the driver's threads are dumped beside the sweep's state, the runs end
@@ -156,7 +158,7 @@ class TrialRuns:
         self._start()
 
     def _start(self) -> None:
-        self.writer = recorder.RunWriter(self.sweep.uri)
+        self.writers: dict[str, recorder.RunWriter] = {}
         self.progress: dict[str, float] = {}  # running trials: when each last started or reported
         self._watching = False
         _ACTIVE[:] = [self]
@@ -172,13 +174,18 @@ class TrialRuns:
         self.sweep = dataclasses.replace(self.sweep, uri=store.tracking_uri())
         self._start()
 
+    def writer(self, trial_id: str) -> recorder.RunWriter:
+        if trial_id not in self.writers:
+            self.writers[trial_id] = recorder.RunWriter(self.sweep.uri)
+        return self.writers[trial_id]
+
     def received(self, trial_id: str, result: dict[str, Any]) -> None:
         """A result of the trial's: its line printed, its points queued for its run."""
         self.progress[trial_id] = time.monotonic()
         if result.get(PROGRESS_LINE):
             print(result[PROGRESS_LINE], flush=True)
         if result.get(POINTS_RUN):
-            self.writer.log(result[POINTS_RUN], recorder.points_in(result))
+            self.writer(trial_id).log(result[POINTS_RUN], recorder.points_in(result))
         if STEP in result:
             self.last_step[trial_id] = int(result[STEP])
         if result.get("done"):  # the scheduler's decision: Tune marks the result it stops a trial on
@@ -189,61 +196,58 @@ class TrialRuns:
         self.progress.pop(trial_id, None)
         outcome = outcome or ("stopped" if trial_id in self.stopped else "completed")
         up_to = self.last_step.get(trial_id)
+        self.writer(trial_id).call(lambda: self.close(trial_id, outcome, up_to, say=True), f"ending trial {trial_id}'s run")
 
-        def end() -> None:
-            if self.close(trial_id, outcome, up_to):
-                print(trial_line(self.sweep.uri, self.sweep.parent, trial_id), flush=True)
-        self.writer.call(end, f"ending trial {trial_id}'s run")
+    def flush(self, seconds: float) -> bool:
+        """Wait, at most ``seconds`` in all, until every trial's points are sent and its end done."""
+        deadline = time.monotonic() + seconds
+        return all([w.flush(max(0.0, deadline - time.monotonic())) for w in list(self.writers.values())])
 
-    def open_runs(self, trial_id: str) -> list[tuple[Any, list]]:
-        """The trial's runs still RUNNING, each with its seeds' runs still RUNNING."""
-        uri, parent = self.sweep.uri, self.sweep.parent
-        return [(found, store.child_runs(uri, found.info.run_id, "attributes.status = 'RUNNING'"))
-                for found in trial_runs(uri, parent, trial_id, " and attributes.status = 'RUNNING'")]
-
-    def close(self, trial_id: str, outcome: str, up_to: int | None = None) -> bool:
+    def close(self, trial_id: str, outcome: str, up_to: int | None = None, say: bool = False) -> bool:
         """End the still-open runs of a trial (and of its seeds) with ``outcome`` (``completed``,
         ``stopped`` by the scheduler, ``failed``, ``interrupted``), each with its best checkpoint
-        of the steps up to ``up_to`` in storage. Whether it had an open run."""
-        sweep = self.sweep
-        runs = self.open_runs(trial_id)
-        for found, seeds in runs:
-            for r in [*seeds, found]:
-                fit_folder = storage.join(sweep.folder, "trials", trial_id if r is found else r.info.run_name)
-                run = Run(sweep.uri, r.info.run_id)
-                if r is found and sweep.seeds > 1:  # named by the trial: its seeds' best
+        of the steps up to ``up_to`` in storage, the trial's described; ``say``: its line printed.
+        Whether it had an open run."""
+        sweep, c = self.sweep, store.client(self.sweep.uri)
+        found = trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'")
+        for trial in found:
+            seeds = store.child_runs(sweep.uri, trial.info.run_id, "attributes.status = 'RUNNING'")
+            for r in [*seeds, trial]:
+                fit_folder = storage.join(sweep.folder, "trials", trial_id if r is trial else r.info.run_name)
+                tags = {STOPPED_BY_SCHEDULER_TAG: "true"} if outcome == "stopped" else {}
+                if r is trial and sweep.seeds > 1:  # named by the trial: its seeds' best
                     best = r.data.tags.get(BEST_CHECKPOINT_TAG)
                 else:
-                    found_best = checkpoint.best_under(fit_folder, up_to if r is found else None)
-                    best = found_best.checkpoint if found_best else None
-                    if best:
-                        recorder.name_best(run, best)
-                extra = {STOPPED_BY_SCHEDULER_TAG: "true"} if outcome == "stopped" else None
-                status = run.end(outcome, best, only_if_running=True, tags=extra)
-                if r is found:
-                    self.describe(r.info.run_id)
-                if status == "FINISHED" and best and not (r is found and sweep.seeds > 1):  # a fit: never trained again
+                    named = checkpoint.best_under(fit_folder, up_to if r is trial else None)
+                    best = named.checkpoint if named else None
+                    tags.update({BEST_CHECKPOINT_TAG: best} if best else {})  # recorder.name_best's tag
+                status = Run(sweep.uri, r.info.run_id).end(outcome, best, tags=tags)
+                if status == "FINISHED" and best and not (r is trial and sweep.seeds > 1):  # a fit: never trained again
                     release_fit(fit_folder, best)
-        return bool(runs)
+            ended = c.get_run(trial.info.run_id)
+            self.describe(ended)
+            if say:
+                print(trial_line(ended), flush=True)
+        return bool(found)
 
-    def describe(self, run_id: str) -> None:
+    def describe(self, run) -> None:
         """The trial's description, from what its run holds now (a tracking outage: left without)."""
-        sweep = self.sweep
         try:
-            searched = (store.client(sweep.uri).get_run(sweep.parent).data.tags.get(SEARCHED_TAG) or "").split(",")
-            run = store.client(sweep.uri).get_run(run_id)
-            Run(sweep.uri, run_id).set_tags({NOTE_TAG: sweep_summary.trial_note(sweep.uri, run, [k for k in searched if k])})
+            if not hasattr(self, "_searched"):
+                tag = store.client(self.sweep.uri).get_run(self.sweep.parent).data.tags.get(SEARCHED_TAG) or ""
+                self._searched = [k for k in tag.split(",") if k]
+            Run(self.sweep.uri, run.info.run_id).set_tags({NOTE_TAG: sweep_summary.trial_note(self.sweep.uri, run, self._searched)})
         except Exception as exc:  # noqa: BLE001 - a description never fails the sweep it describes
-            print(f"note: trial run {run_id} was not described ({one_line(exc, 160)})", flush=True)
+            print(f"note: trial run {run.info.run_id} was not described ({one_line(exc, 160)})", flush=True)
 
     def close_open(self, states: dict[str, str]) -> None:
         """After the driver stopped (Ctrl-C, SIGTERM) or died (closed by ``--resume``): each trial
-        run still open ends as Tune's saved state has its trial: stopped (TERMINATED), failed
-        (ERROR), else interrupted (KILLED; ``--resume`` runs the trial again in the same run)."""
-        self.writer.flush(settings.number(settings.TRACKING_WAIT))
+        run still open ends as Tune's saved state has its trial (``OUTCOMES``), else interrupted
+        (KILLED; ``--resume`` runs the trial again in the same run)."""
+        self.flush(settings.number(settings.TRACKING_WAIT))
         for found in store.child_runs(self.sweep.uri, self.sweep.parent, "attributes.status = 'RUNNING'"):
             trial_id = found.data.tags.get(TRIAL_ID_TAG, "")
-            self.close(trial_id, {"TERMINATED": "stopped", "ERROR": "failed"}.get(states.get(trial_id, ""), "interrupted"))
+            self.close(trial_id, OUTCOMES.get(states.get(trial_id, ""), "interrupted"))
 
     def watch(self) -> None:
         """Fail the sweep when a running trial reports nothing for ``$PLATFORM_STALL_MINUTES``."""
@@ -263,7 +267,7 @@ class TrialRuns:
         threading.Thread(target=check, name="sweep-stall-watch", daemon=True).start()
 
     def callback(self):
-        """The Tune callback: every call returns at once (MLflow's work is the writer's)."""
+        """The Tune callback: every call returns at once (MLflow's work is the trials' writers')."""
         from ray import tune
 
         runs = self
@@ -285,7 +289,7 @@ class TrialRuns:
                 runs.ended(trial.trial_id, "failed")
 
             def on_experiment_end(self, trials, **info):  # the trials' runs ended before the sweep's end
-                if not runs.writer.flush(settings.number(settings.TRACKING_WAIT)):
+                if not runs.flush(settings.number(settings.TRACKING_WAIT)):
                     print(f"note: MLflow at {store.redact(runs.sweep.uri)} did not take every trial's points and end; "
                           "--resume of the sweep closes the runs left open", file=sys.stderr, flush=True)
 
@@ -321,16 +325,13 @@ def release_fit(fit_folder: str, best: str) -> None:
     release(FitResult(None, best))
 
 
-def trial_line(uri: str, parent: str, trial_id: str) -> str:
+def trial_line(run) -> str:
     """A trial's end in the words its MLflow run has (FINISHED, FINISHED stopped early by the
     scheduler, FAILED, KILLED), with its best STS-B dev."""
-    found = trial_runs(uri, parent, trial_id)
-    if not found:
-        return f"[trial {trial_id}] ended"
-    run = found[0]
     early = " (stopped early by the scheduler)" if run.data.tags.get(STOPPED_BY_SCHEDULER_TAG) == "true" else ""
     best = run.data.metrics.get(BEST)
-    return f"[trial {trial_id}] {run.info.status}{early}" + (f", best {DEV_METRIC} {best:.2f}" if best is not None else "")
+    return (f"[trial {run.data.tags.get(TRIAL_ID_TAG, '')}] {run.info.status}{early}"
+            + (f", best {DEV_METRIC} {best:.2f}" if best is not None else ""))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -132,22 +132,29 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
                   flush=True)
 
 
-def saved_trial_states(folder: str) -> dict[str, str]:
-    """Each trial's status in the state Tune saved (``TERMINATED``, ``ERROR``, ``PENDING``, ...);
-    empty when Tune saved none yet."""
+def saved_trial_states(folder: str, total: int) -> dict[str, str]:
+    """Each trial's status in the state Tune saved (``TERMINATED``, ``ERROR``, ``PENDING``, ...), a
+    terminated trial whose last result is before the fit's ``total`` steps ``STOPPED`` (by the
+    scheduler); empty when Tune saved none yet."""
     from ray.tune import ExperimentAnalysis
 
     try:
-        return {t.trial_id: t.status for t in ExperimentAnalysis(storage.join(folder, "tune")).trials}
+        trials = ExperimentAnalysis(storage.join(folder, "tune")).trials
     except Exception:  # no experiment state written yet: every trial runs (again)
         return {}
+
+    def finished(result: dict) -> bool:
+        return bool(result.get(RESUMED_FINISHED)) or (result.get(STEP) or 0) >= total
+
+    return {t.trial_id: "STOPPED" if t.status == "TERMINATED" and not finished(t.last_result or {}) else t.status
+            for t in trials}
 
 
 def interrupted(states: dict[str, str], expected: int) -> bool:
     """Tune returns (instead of raising) after Ctrl-C, having saved its state; in memory it then
     marks the pending trials terminated, so the saved state is what tells: trials neither
     terminated nor errored, or fewer trials than the sweep asked for."""
-    return len(states) < expected or any(s not in ("TERMINATED", "ERROR") for s in states.values())
+    return len(states) < expected or any(s not in ("TERMINATED", "STOPPED", "ERROR") for s in states.values())
 
 
 HELP = f"""Search a recipe's hyperparameters with Ray Tune and track the sweep in MLflow.
@@ -223,16 +230,17 @@ def main(argv=None) -> int:
             storage.write_text(settings.get(settings.SWEEP_RECORD), folder)
     experiment = store.client(uri).get_experiment(parent.experiment_id).name
     sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment)
+    total = total_steps(base, len(sentences))
     if found is not None:
-        TrialRuns(sweep).close_open(saved_trial_states(folder))  # left open by a driver that died
+        TrialRuns(sweep).close_open(saved_trial_states(folder, total))  # left open by a driver that died
     try:
         with parent.closing():
             results = run_sweep(sweep, spec, resume=found is not None)
-            if interrupted(saved_trial_states(folder), state["expected_trials"]):
+            if interrupted(saved_trial_states(folder, total), state["expected_trials"]):
                 raise KeyboardInterrupt
             parent.complete(finish_sweep(sweep, parent, spec, results))
     except KeyboardInterrupt:
-        (_ACTIVE[0] if _ACTIVE else TrialRuns(sweep)).close_open(saved_trial_states(folder))
+        (_ACTIVE[0] if _ACTIVE else TrialRuns(sweep)).close_open(saved_trial_states(folder, total))
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume "
               "(and the same arguments)", flush=True)
         raise

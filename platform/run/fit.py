@@ -78,7 +78,7 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
         # Interrupted or failed: what the writer holds gets a short wait (the checkpoints keep it
         # for --resume), and the run its best checkpoint in storage, if it can be told.
         if writer is not None:
-            writer.flush(INTERRUPTED_WAIT_S)
+            writer.close(INTERRUPTED_WAIT_S)
         with contextlib.suppress(Exception):
             name_best(run, folder)
         raise

@@ -255,6 +255,7 @@ Point = tuple  # (key, value, timestamp in ms, step): one measurement, as MLflow
 ATTEMPT_TIMEOUT_S = 10.0  # one request to an HTTP server; a failed one is tried again after a pause
 BATCH = 1000  # metrics per log-batch request (MLflow's limit)
 MAX_PAUSE_S = 10.0  # the longest pause between two attempts while the server is away
+IDLE_S = 30.0  # how long a writer's thread waits for work before it ends (the next log starts another)
 MAX_QUEUED = 200_000  # points a writer holds for a server that is away; beyond, they wait in the checkpoints
 
 
@@ -287,9 +288,10 @@ class RunWriter:
         self._held: dict[str, set[tuple[str, int]]] = {}  # per run: the (key, step) MLflow has
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def log(self, run_id: str, points: list[Point]) -> None:
-        if not points:
+        if not points or self._closed:
             return
         with self._cond:
             if self._queued_points + len(points) > MAX_QUEUED:
@@ -320,6 +322,17 @@ class RunWriter:
                 self._cond.wait(min(left, 0.5))
         return True
 
+    def close(self, timeout: float = 0.0) -> bool:
+        """Wait, at most ``timeout`` seconds, for what is queued; then drop the rest (the checkpoints
+        keep the points) and end the thread. Whether nothing was dropped."""
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._queued_points = 0
+            self._cond.notify_all()
+        return done
+
     def _wake(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="mlflow-writer", daemon=True)
@@ -332,22 +345,30 @@ class RunWriter:
             with self._cond:
                 while not self._queue:
                     self._busy = False
+                    if self._closed:
+                        self._thread = None
+                        return
                     self._cond.notify_all()
-                    self._cond.wait()
+                    if not self._cond.wait(IDLE_S) and not self._queue:
+                        self._thread = None  # a writer with nothing to do holds no thread
+                        return
                 self._busy, item = True, self._queue[0]
             try:
                 self._do(item)
                 pause = 0.5
             except Exception as exc:  # noqa: BLE001 - the server away: the same item again, after a pause
                 if _unreachable(exc):
-                    time.sleep(pause)
+                    with self._cond:
+                        if not self._closed:
+                            self._cond.wait(pause)
                     pause = min(pause * 2, MAX_PAUSE_S)
                     continue
                 what = item[2] if item[0] == "call" else f"sending run {item[1]}'s points"
                 print(f"note: {what} failed ({one_line(exc, 200)})", file=sys.stderr, flush=True)
             with self._cond:
-                self._queue.popleft()
-                self._queued_points -= len(item[2]) if item[0] == "points" else 0
+                if self._queue and self._queue[0] is item:
+                    self._queue.popleft()
+                    self._queued_points -= len(item[2]) if item[0] == "points" else 0
 
     def _do(self, item) -> None:
         if item[0] == "call":

@@ -1,6 +1,6 @@
 """A run's MLflow life against a real store: the status each ending earns, the sweep's closing of
-the runs Tune ended or a dead driver left open, the ranking of trials, metrics delivered with
-their checkpoint, and ``--resume`` refusing what it cannot continue. (The same, end to end with
+the runs Tune ended or a dead driver left open, the ranking of trials, the one writer of a run's
+points, and ``--resume`` refusing what it cannot continue. (The same, end to end with
 real signals and real Ray: tests/platform/run/test_interrupts.py and tests/platform/cluster/test_multinode.py.)"""
 
 from __future__ import annotations
@@ -60,14 +60,6 @@ def test_a_run_ends_with_what_happened_inside_it(mlflow_uri, tmp_path):
             raise exc
         assert _status(run) == status
 
-    trial = Run.create(mlflow_uri, "simcse", "trial", {}, in_trial=True)
-    with pytest.raises(RuntimeError), trial.closing():  # a trial's error is the sweep's callback to judge
-        raise RuntimeError("stopped by Tune")
-    assert _status(trial) == "RUNNING" and "platform.work_done" not in trial.info().data.tags
-    with trial.closing():  # its work done: marked so, ended by the sweep's callback
-        trial.complete(_checkpoint(tmp_path / "t"))
-    assert _status(trial) == "RUNNING" and trial.info().data.tags["platform.work_done"] == "true"
-
     report = Run.create(mlflow_uri, "reports", "report", {})
     with report.closing():
         report.complete(None, needs_checkpoint=False)
@@ -75,16 +67,16 @@ def test_a_run_ends_with_what_happened_inside_it(mlflow_uri, tmp_path):
 
 
 def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflow_uri, tmp_path):
-    """Each open trial run ends as Tune's saved state has its trial (or FINISHED where its work
-    marked itself done), its seeds' runs with it, its best checkpoint decided from storage; runs
-    already ended are left as they are. Only FINISHED trials whose best checkpoint exists in
-    storage are ranked."""
+    """Each open trial run ends as Tune's saved state has its trial (terminated at its last step,
+    stopped before it, errored, still running), its seeds' runs with it, its best checkpoint
+    decided from storage; runs already ended are left as they are. Only FINISHED trials whose
+    best checkpoint exists in storage are ranked."""
     from platform.tracking import recorder
     from platform.sweep_runs import ranked_trials
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
     trials = _sweep(mlflow_uri, parent, tmp_path / "sweep")
-    states = {"stopped": "TERMINATED", "no-ckpt": "TERMINATED", "errored": "ERROR", "cut": "RUNNING",
+    states = {"stopped": "STOPPED", "no-ckpt": "STOPPED", "errored": "ERROR", "cut": "RUNNING",
               "done": "TERMINATED", "lost": "TERMINATED"}
     devs = {"stopped": 80.0, "no-ckpt": 95.0, "errored": 90.0, "cut": 99.0, "done": 70.0, "lost": 97.0}
     runs = {}
@@ -93,10 +85,7 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
         recorder.log_results(run, {BEST: dev})
         if trial != "no-ckpt":
             _checkpoint(tmp_path / "sweep" / "trials" / trial / "checkpoint_000001", dev)
-    seed = Run.create(mlflow_uri, "una", "cut-seed42", {"seed": "42"}, parent=runs["cut"], in_trial=True)
-    with runs["done"].closing():
-        runs["done"].complete(str(tmp_path / "sweep" / "trials" / "done" / "checkpoint_000001"))
-    runs["done"].set_tags({"best_checkpoint": str(tmp_path / "sweep" / "trials" / "done" / "checkpoint_000001")})
+    seed = Run.create(mlflow_uri, "una", "cut-seed42", {"seed": "42"}, parent=runs["cut"])
     lost = str(tmp_path / "sweep" / "trials" / "lost" / "checkpoint_000001")
     runs["lost"].end("completed", lost)
     (tmp_path / "sweep" / "trials" / "lost" / "checkpoint_000001" / "state.json").unlink()  # finished; gone since
@@ -107,7 +96,8 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
                       "done": "FINISHED", "lost": "FINISHED"}
     assert _status(seed) == "KILLED"
     assert runs["stopped"].info().data.tags["stopped_by_scheduler"] == "true"
-    assert "stopped_by_scheduler" not in runs["done"].info().data.tags
+    done = runs["done"].info().data.tags
+    assert "stopped_by_scheduler" not in done and done["best_checkpoint"].endswith("done/checkpoint_000001")
     ranked = ranked_trials(mlflow_uri, parent.id, "stsb_dev_spearman", "max")
     assert [r.info.run_name for r in ranked] == ["stopped", "done"]
 
@@ -116,9 +106,8 @@ def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_i
     """ASHA stopped the trial just after its step-16 checkpoint, a new best, was persisted: the tag
     naming it had not reached MLflow, and Ray had removed the step-8 checkpoint the tag still named
     (seen on the main job: the run ended KILLED). It ends FINISHED from the checkpoint in storage,
-    kept without optimizer state, with the points kept in that checkpoint."""
-    from platform.tracking.store import client
-
+    kept without optimizer state; a checkpoint after the last step Tune received (its upload cut
+    short as Ray stopped the trial) is not named."""
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
     trial = Run.create(mlflow_uri, "una", "trial-t1", {"trial_id": "t1"}, parent=parent, in_trial=True)
     fit = tmp_path / "sweep" / "trials" / "t1"
@@ -127,75 +116,62 @@ def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_i
     _checkpoint(newest, 83.53, 16)
     (newest / "metrics.json").write_text(json.dumps([["stsb_dev_spearman", 83.53, 1, 16]]))
     (newest / "train_state.pt").write_bytes(b"optimizer state")
+    _checkpoint(fit / "checkpoint_step24", 90.0, 24)  # still uploading: Tune never received step 24
 
-    _sweep(mlflow_uri, parent, tmp_path / "sweep").close("t1", "stopped")
+    _sweep(mlflow_uri, parent, tmp_path / "sweep").close("t1", "stopped", up_to=16)
     info = trial.info()
     assert info.info.status == "FINISHED" and info.data.tags["best_checkpoint"] == str(newest)
     assert info.data.tags["stopped_by_scheduler"] == "true"
     assert not (newest / "train_state.pt").exists() and (newest / "state.json").is_file()
-    assert [(m.step, m.value) for m in client(mlflow_uri).get_metric_history(trial.id, "stsb_dev_spearman")] == [(16, 83.53)]
+    assert not (fit / "checkpoint_step24").exists()  # a finished trial keeps its best checkpoint only
 
 
-def test_points_go_out_as_they_are_logged_and_a_restart_keeps_each_step_once(mlflow_uri, tmp_path):
-    """Each logged step reaches MLflow at once, from the background sender, not with the next
-    persisted checkpoint (which a scheduler-stopped trial may never write). A
-    worker restarted from the checkpoint of step 2 re-runs step 3, whose point the dead attempt
-    had sent: the restart adopts that point from MLflow and drops the re-run's copy, and the fit's
-    end replays its latest checkpoint's points: each step once, whatever was sent twice."""
-    from platform.tracking.recorder import finish_fit
-    from platform.tracking import recorder
+def test_a_writer_sends_each_step_once_and_in_order_whatever_is_sent_again(mlflow_uri):
+    """The run's writer sends what a report carries, in order, from its own thread. A restart
+    (Ray Train's, in this process) reports the points of its state checkpoint again, then re-runs
+    step 3, which the lost attempt had reported; ``--resume`` (a new writer, another process)
+    replays them once more: each (key, step) reaches the run once, with the value sent first, and
+    an end queued behind the points finds them all."""
+    from platform.tracking.recorder import RunWriter
     from platform.tracking.store import client
 
     run = Run.create(mlflow_uri, "simcse", "metrics", {})
     history = lambda: sorted((m.step, m.value) for m in client(mlflow_uri).get_metric_history(run.id, "train_loss"))  # noqa: E731
-    log = recorder.StepLog(mlflow_uri, run.id)
-    for step in (1, 2):
-        log({"train_loss": float(step)}, step)
-    at_step_2 = log.points()  # what the checkpoint of step 2 keeps
-    log.persisted()
-    log({"train_loss": 3.0}, 3)  # the attempt dies before its next checkpoint
-    log._sender.shutdown(wait=True)
-    assert history() == [(1, 1.0), (2, 2.0), (3, 3.0)]  # live: no checkpoint needed
-
-    restarted = recorder.StepLog(mlflow_uri, run.id)
-    restarted.restore(at_step_2 + [("train_loss", 3.0, 1, 3)], step=2)  # points after the checkpoint's step are not its
-    for step in (3, 4):
-        restarted({"train_loss": 10.0 + step}, step)  # (seeded, a real re-run repeats 3.0; the copy is told apart here)
-    latest = tmp_path / "fit" / "checkpoint_000004"
-    _checkpoint(latest, 50.0, 4)
-    (latest / "metrics.json").write_text(json.dumps(restarted.points()))
-    restarted.persisted()
-    restarted._sender.shutdown(wait=True)
-    # The fit's end: every point of its latest checkpoint again, the best named from storage.
-    assert finish_fit(mlflow_uri, run.id, str(tmp_path / "fit"), 30) == (str(latest), 50.0)
-    assert history() == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0)]
-    assert run.info().data.tags["best_checkpoint"] == str(latest)
+    writer = RunWriter(mlflow_uri)
+    first = [("train_loss", float(step), 1000 + step, step) for step in (1, 2, 3)]
+    writer.log(run.id, first)
+    restarted = first[:2] + [("train_loss", 13.0, 2003, 3), ("train_loss", 14.0, 2004, 4)]  # (a real re-run repeats 3.0)
+    writer.log(run.id, restarted)
+    seen = []
+    writer.call(lambda: seen.append(history()), "reading the run")
+    assert writer.flush(60)
+    assert seen == [[(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0)]]
+    resumed = RunWriter(mlflow_uri)
+    resumed.log(run.id, restarted + [("train_loss", 5.0, 3005, 5)])
+    assert resumed.flush(60)
+    assert history() == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 5.0)]
 
 
-def test_a_step_waits_on_no_tracking_server(tmp_path):
-    """A server that takes seconds to answer (or none) costs the step nothing: logging returns at
-    once, the points wait in the sender."""
+def test_a_report_waits_on_no_tracking_server(tmp_path):
+    """A server that takes seconds to answer (or none) costs the report nothing: the writer takes
+    the points at once and holds them."""
     import socket
     import time
 
-    from platform.tracking import recorder
+    from platform.tracking.recorder import RunWriter
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)  # accepts, never answers
     try:
-        log = recorder.StepLog(f"http://127.0.0.1:{silent.getsockname()[1]}", "0" * 32)
+        writer = RunWriter(f"http://127.0.0.1:{silent.getsockname()[1]}")
         started = time.perf_counter()
         for step in range(1, 51):
-            log({"train_loss": 1.0, "lr": 1e-5}, step)
+            writer.log("0" * 32, [("train_loss", 1.0, 0, step), ("lr", 1e-5, 0, step)])
         assert time.perf_counter() - started < 0.5
-        assert len(log.points()) == 100 and not log.sent
+        assert not writer.close(0.5)  # what it held dropped (the checkpoints keep it), its thread ended
     finally:
-        # The listener closed, its waiting request is reset; the sender is waited for, so that no
-        # import of its error path runs while the next test starts (pytest's warnings capture
-        # iterates sys.modules: "dictionary changed size during iteration", seen on CI).
         silent.close()
-        log._sender.shutdown(wait=True, cancel_futures=True)
 
 
 def test_the_best_checkpoint_is_the_first_to_reach_the_best_score(tmp_path):
@@ -270,29 +246,31 @@ def test_tune_resume_refuses_a_changed_configuration_and_a_live_driver(tiny_mode
     assert_user_error(cli("tune", "simcse", *base, "--resume", env=env), "is still running", "stop it first")
 
 
-def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation(mlflow_uri, tmp_path):
-    """The paper profile's 15 minutes between resumable states: ASHA stops the
-    trial after its evaluations of steps 8, 16 and 24, its last state is step 8's, and its worker
-    was killed while step 24's points were queued. Tune's reports (the sweep callback's
-    ``on_trial_result``) complete the run: every evaluation once, the values the worker sent kept."""
-    from platform.tracking import recorder
+def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation_it_reported(mlflow_uri, tmp_path):
+    """The paper profile's 15 minutes between resumable states: ASHA stops the trial on its
+    evaluation of step 24 (Tune marks that result done); its last state is step 8's. Every result
+    Tune handed over carried its points, which the driver's writer sends: the run holds every
+    evaluation once, and is ended and described behind them, at once for Tune."""
+    import time
+
     from platform.tracking.names import DEV_METRIC
     from platform.tracking.store import client
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
     trial = Run.create(mlflow_uri, "una", "trial-t1", {"trial_id": "t1"}, parent=parent, in_trial=True)
     fit = tmp_path / "sweep" / "trials" / "t1"
-    state = fit / "checkpoint_step8"
-    _checkpoint(state, 80.0, 8)
-    kept = [[DEV_METRIC, 80.0, 1000, 8], [BEST, 80.0, 1000, 8]]  # the state holds what the worker sent
-    (state / "metrics.json").write_text(json.dumps(kept))
-    live = [tuple(p) for p in kept] + [(DEV_METRIC, 82.0, 2000, 16), (BEST, 82.0, 2000, 16)]
-    recorder.replay(mlflow_uri, trial.id, live)  # sent live by the worker, step 24's never
+    _checkpoint(fit / "checkpoint_step8", 80.0, 8)
+    _checkpoint(fit / "checkpoint_step16", 82.0, 16)
     runs = _sweep(mlflow_uri, parent, tmp_path / "sweep")
     for step, dev, best in ((8, 80.0, 80.0), (16, 82.0, 82.0), (24, 81.0, 82.0)):
-        runs.received("t1", {"step": step, DEV_METRIC: dev, BEST: best, "train_loss_avg": 1.0 / step, "epoch": 0})
-    runs.received("t1", {"step": 30, "done": True})  # a report without an evaluation adds nothing
-    runs.close("t1", "stopped")
+        points = [[DEV_METRIC, dev, 1000 * step, step], [BEST, best, 1000 * step, step],
+                  ["train_loss_avg", 1.0 / step, 1000 * step, step]]
+        runs.received("t1", {"step": step, DEV_METRIC: dev, BEST: best, "points": json.dumps(points),
+                             "points_run": trial.id, "done": step == 24})
+    started = time.perf_counter()
+    runs.ended("t1")
+    assert time.perf_counter() - started < 0.1  # Tune's driver loop goes on
+    assert runs.flush(60)
     c = client(mlflow_uri)
     history = {k: [(m.step, m.value) for m in sorted(c.get_metric_history(trial.id, k), key=lambda m: m.step)]
                for k in (DEV_METRIC, BEST, "train_loss_avg")}
@@ -300,71 +278,8 @@ def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation(mlflo
     assert history[BEST] == [(8, 80.0), (16, 82.0), (24, 82.0)]
     assert [s for s, _ in history["train_loss_avg"]] == [8, 16, 24]
     info = trial.info()
-    assert info.info.status == "FINISHED"
-    # (Item 7.) The run describes itself in MLflow's UI: its values, best score and step, its end.
+    assert info.info.status == "FINISHED" and info.data.tags["best_checkpoint"] == str(fit / "checkpoint_step16")
+    # The run describes itself in MLflow's UI: its values, best score and step, its end.
     note = info.data.tags["mlflow.note.content"]
     assert "**Best STS-B dev** (Spearman x100): 82.00 at step 16, 3 evaluation(s)." in note
     assert "stopped early by the scheduler (ASHA)" in note
-
-
-@pytest.mark.e2e
-def test_a_trial_tune_ended_closes_once_the_process_sending_its_points_has_ended(mlflow_uri, tmp_path, monkeypatch):
-    """Tune calls ``on_trial_complete`` before it stops the trial's actor, and ASHA's decision
-    reaches the trial while it trains on: its rank 0 may evaluate and send once more (seen on CI:
-    the description counted 2 evaluations, MLflow held 3). A Ray actor sends the run's points as
-    rank 0 does, naming itself with its first points; the run stays open while the actor lives,
-    and is closed, described with every evaluation, once Ray says it has ended. A sender that
-    outlives ``SENDER_WAIT_S`` does not hold its run open."""
-    import ray
-
-    from platform import sweep_runs
-    from platform.run.ray_env import init_ray
-    from platform.tracking.names import DEV_METRIC, SENDER_TAG
-
-    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
-    trials = {t: Run.create(mlflow_uri, "una", f"trial-{t}", {"trial_id": t}, parent=parent, in_trial=True)
-              for t in ("t1", "t2")}
-    for t in trials:
-        _checkpoint(tmp_path / "sweep" / "trials" / t / "checkpoint_000001", 80.0, 2)
-
-    init_ray(num_cpus=1)
-    try:
-        @ray.remote(num_cpus=0)
-        class Rank0:
-            def __init__(self, uri, run_id):
-                import ray as ray_here
-
-                from platform.tracking.names import SENDER_TAG as TAG
-                from platform.tracking.recorder import StepLog
-
-                self.log = StepLog(uri, run_id, tags={TAG: ray_here.get_runtime_context().get_actor_id()})
-
-            def evaluate(self, step, dev):
-                self.log({"stsb_dev_spearman": dev}, step)
-                # The test's own synchronisation: a fresh actor's first send opens the SQLite store
-                # (its schema check), which took over FLUSH_S on a loaded CI machine.
-                return self.log.flush(timeout=60.0)
-
-        senders = {t: Rank0.remote(mlflow_uri, run.id) for t, run in trials.items()}
-        assert ray.get([senders[t].evaluate.remote(s, v) for t in trials for s, v in ((2, 80.0), (4, 82.0))]) == [True] * 4
-        assert trials["t1"].info().data.tags[SENDER_TAG] == senders["t1"]._actor_id.hex()
-
-        runs = _sweep(mlflow_uri, parent, tmp_path / "sweep")
-        for t in trials:
-            runs.ended(t)
-        runs.settle()
-        assert {t: _status(r) for t, r in trials.items()} == {"t1": "RUNNING", "t2": "RUNNING"}
-        assert ray.get(senders["t1"].evaluate.remote(6, 83.0))  # after the scheduler's decision
-        ray.kill(senders["t1"])
-        monkeypatch.setattr(sweep_runs, "SENDER_WAIT_S", 3.0)
-        runs.ended("t2")  # its sender never ends: closed after the wait
-        runs.settle(wait=True)
-        assert runs.ending == {}
-        assert {t: _status(r) for t, r in trials.items()} == {"t1": "FINISHED", "t2": "FINISHED"}
-        note = trials["t1"].info().data.tags["mlflow.note.content"]
-        assert "83.00 at step 6, 3 evaluation(s)." in note and "stopped early by the scheduler" in note, note
-        from platform.tracking.store import client
-
-        assert [m.step for m in client(mlflow_uri).get_metric_history(trials["t1"].id, DEV_METRIC)] == [2, 4, 6]
-    finally:
-        ray.shutdown()
