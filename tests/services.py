@@ -133,6 +133,57 @@ class MlflowServer:
         self.proc = None
 
 
+class SlowProxy:
+    """An HTTP proxy in front of ``upstream`` that holds every request ``delay`` seconds before it
+    forwards it: a tracking server that answers, late (a loaded or distant MLflow)."""
+
+    def __init__(self, upstream: str, delay: float = 2.0):
+        import http.client
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def forward(self):
+                outer.requests += 1
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(delay)
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class Postgres:
     """A PostgreSQL server of Debian's ``postgresql`` package on a temporary folder and a free port,
     password-protected (``password``); as root, its processes run as the ``postgres`` user, in a

@@ -203,9 +203,13 @@ def taking(queue, take: Callable[[dict], None]):
     def drain() -> None:
         while True:
             finished = done.is_set()
-            with contextlib.suppress(Exception):
+            try:
                 while not queue.empty():
-                    take(queue.get_nowait())
+                    item = queue.get_nowait()
+                    open("/tmp/exp/debug.log", "a").write(f"took {str(item)[:200]}\n")
+                    take(item)
+            except Exception as exc:
+                open("/tmp/exp/debug.log", "a").write(f"drain error {exc!r}\n")
             if finished:
                 return
             done.wait(0.5)
