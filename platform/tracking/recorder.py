@@ -354,9 +354,12 @@ class RunWriter:
                         return
                 self._busy, item = True, self._queue[0]
             try:
+                open("/tmp/exp/debug.log", "a").write(f"do {item[0]} {item[1] if item[0]=='points' else ''}\n")
                 self._do(item)
+                open("/tmp/exp/debug.log", "a").write("done\n")
                 pause = 0.5
             except Exception as exc:  # noqa: BLE001 - the server away: the same item again, after a pause
+                open("/tmp/exp/debug.log", "a").write(f"error {exc!r}\n")
                 if _unreachable(exc):
                     with self._cond:
                         if not self._closed:
