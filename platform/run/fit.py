@@ -203,13 +203,9 @@ def taking(queue, take: Callable[[dict], None]):
     def drain() -> None:
         while True:
             finished = done.is_set()
-            try:
+            with contextlib.suppress(Exception):
                 while not queue.empty():
-                    item = queue.get_nowait()
-                    open("/tmp/exp/debug.log", "a").write(f"took {str(item)[:200]}\n")
-                    take(item)
-            except Exception as exc:
-                open("/tmp/exp/debug.log", "a").write(f"drain error {exc!r}\n")
+                    take(queue.get_nowait())
             if finished:
                 return
             done.wait(0.5)

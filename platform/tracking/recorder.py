@@ -255,6 +255,7 @@ Point = tuple  # (key, value, timestamp in ms, step): one measurement, as MLflow
 ATTEMPT_TIMEOUT_S = 10.0  # one request to an HTTP server; a failed one is tried again after a pause
 BATCH = 1000  # metrics per log-batch request (MLflow's limit)
 MAX_PAUSE_S = 10.0  # the longest pause between two attempts while the server is away
+TRIES = 5  # attempts of a request that failed otherwise than by an absent server (a store busy with another writer)
 IDLE_S = 30.0  # how long a writer's thread waits for work before it ends (the next log starts another)
 MAX_QUEUED = 200_000  # points a writer holds for a server that is away; beyond, they wait in the checkpoints
 
@@ -275,9 +276,9 @@ class RunWriter:
     """The one writer of the runs this process owns: each report's points (``log``) and any other
     work on a run (``call``: ending it), done in order by one background thread, so that the
     caller (the loop's report, Tune's driver loop) never waits on MLflow. A request that fails
-    because the server did not answer is tried again after a pause, in order, until it succeeds:
-    an outage costs time, not points, up to ``MAX_QUEUED`` of them (beyond, the checkpoints keep
-    them for ``--resume``). Each (key, step) reaches a run once: a restart re-runs steps whose
+    is tried again after a pause, in order: until it succeeds while the server does not answer
+    (an outage costs time, not points, up to ``MAX_QUEUED`` of them; beyond, the checkpoints keep
+    them for ``--resume``), ``TRIES`` times where it answered with an error. Each (key, step) reaches a run once: a restart re-runs steps whose
     points the run holds (seeded: the same values) and ``--resume`` replays a checkpoint's
     points; what MLflow holds of a run is read once, before the first points sent to it."""
 
@@ -340,7 +341,7 @@ class RunWriter:
         self._cond.notify_all()
 
     def _work(self) -> None:
-        pause = 0.5
+        pause, failures = 0.5, 0
         while True:
             with self._cond:
                 while not self._queue:
@@ -354,20 +355,19 @@ class RunWriter:
                         return
                 self._busy, item = True, self._queue[0]
             try:
-                open("/tmp/exp/debug.log", "a").write(f"do {item[0]} {item[1] if item[0]=='points' else ''}\n")
                 self._do(item)
-                open("/tmp/exp/debug.log", "a").write("done\n")
-                pause = 0.5
+                pause, failures = 0.5, 0
             except Exception as exc:  # noqa: BLE001 - the server away: the same item again, after a pause
-                open("/tmp/exp/debug.log", "a").write(f"error {exc!r}\n")
-                if _unreachable(exc):
+                failures += 1
+                if _unreachable(exc) or failures < TRIES:
                     with self._cond:
                         if not self._closed:
                             self._cond.wait(pause)
                     pause = min(pause * 2, MAX_PAUSE_S)
                     continue
                 what = item[2] if item[0] == "call" else f"sending run {item[1]}'s points"
-                print(f"note: {what} failed ({one_line(exc, 200)})", file=sys.stderr, flush=True)
+                print(f"note: {what} failed {failures} times ({one_line(exc, 200)})", file=sys.stderr, flush=True)
+                pause, failures = 0.5, 0
             with self._cond:
                 if self._queue and self._queue[0] is item:
                     self._queue.popleft()
