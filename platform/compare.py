@@ -46,7 +46,7 @@ from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import STSEvaluator
 from platform.run.final_evaluation import PAIRS_ARTIFACT
 from platform.tracking import store
-from platform.tracking.names import BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, sts
+from platform.tracking.names import BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, sts
 from platform.tracking.recorder import Run
 
 COMPARISONS_EXPERIMENT = "comparisons"
@@ -75,8 +75,8 @@ def _scores(metrics: dict[str, float]) -> dict[str, float]:
 def from_run(uri: str, run, label: str) -> Result:
     """A run's result: a sweep's is its winning configuration's; a run with seeds, its seeds'."""
     client = store.client(uri)
-    if run.data.tags.get(BEST_RUN_ID_TAG) and run.data.tags.get(SWEEP_TAG) == "true":
-        run = client.get_run(run.data.tags[BEST_RUN_ID_TAG])
+    if run.data.tags.get(WINNER_RUN_ID_TAG) and run.data.tags.get(SWEEP_TAG) == "true":
+        run = client.get_run(run.data.tags[WINNER_RUN_ID_TAG])
     children = [r for r in store.child_runs(uri, run.info.run_id, "attributes.status = 'FINISHED'") if SEED_TAG in r.data.tags]
     seeds = {int(r.data.tags[SEED_TAG]): _scores(r.data.metrics) for r in children}
     runs = {int(r.data.tags[SEED_TAG]): r.info.run_id for r in children}

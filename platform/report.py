@@ -29,7 +29,7 @@ from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import geometry_figure
 from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
-from platform.tracking.names import (BEST, BEST_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
+from platform.tracking.names import (BEST, WINNER_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
                                      PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting,
                                      sts, vs_backbone)
 from platform.tracking.recorder import Run, trial_key
@@ -39,7 +39,7 @@ REPORTS_EXPERIMENT = "reports"
 
 def seed_scores(uri: str, run) -> dict[int, float]:
     """``seed -> 7-task average`` of a result's seeds (a sweep's: its winning trial's), by seed."""
-    winner = run.data.tags.get(BEST_RUN_ID_TAG)
+    winner = run.data.tags.get(WINNER_RUN_ID_TAG)
     result = store.client(uri).get_run(winner) if winner else run
     return {int(leaf.data.tags.get(SEED_TAG, leaf.data.params.get("seed", i))): leaf.data.metrics[STS_AVG]
             for i, leaf in enumerate(leaf_runs(uri, result)) if STS_AVG in leaf.data.metrics}
@@ -419,7 +419,7 @@ def geometry_plot(uri: str, frame, path: Path) -> Path | None:
     client = store.client(uri)
     for row in frame.to_dict("records"):
         run = client.get_run(row["run_id"])
-        result = client.get_run(run.data.tags[BEST_RUN_ID_TAG]) if run.data.tags.get(BEST_RUN_ID_TAG) else run
+        result = client.get_run(run.data.tags[WINNER_RUN_ID_TAG]) if run.data.tags.get(WINNER_RUN_ID_TAG) else run
         found = geometry_trajectories(uri, result.info.run_id)
         best = result.data.tags.get(BEST_SEED_TAG)
         name = next((n for n in found if best and n.endswith(f"seed{best}")), next(iter(found), None))

@@ -20,12 +20,12 @@ from platform.console import short
 from platform.errors import UserError, one_line
 from platform.run import final_evaluation, ray_env, unit
 from platform.checkpoint import exists as checkpoint_exists
-from platform.run.fit import FitResult, release
+from platform.run.fit import release
 from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
 from platform.data import STS_TASKS
-from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, BEST_RUN_ID_TAG, DEV_METRIC, NOTE_TAG,
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, WINNER_RUN_ID_TAG, DEV_METRIC, NOTE_TAG,
                                      PARENT_TAG, POINTS_RUN, PROGRESS_LINE, REGISTERED_MODEL_TAG, SEARCHED_TAG,
                                      SEEDS_TAG, STEP, STOPPED_BY_SCHEDULER_TAG, STORAGE_TAG, SWEEP_TAG, TRIAL_ID_TAG,
                                      WINNER, sts, vs_backbone)
@@ -46,6 +46,7 @@ class Sweep:
     seeds: int = 1
     grid: str | None = None
     experiment: str | None = None  # MLflow's (default: the method's name)
+    experiment_id: str = ""  # that experiment's id (asked of MLflow when empty)
 
 
 def latest_sweep(root: str, method: str) -> tuple[str, dict] | None:
@@ -58,7 +59,7 @@ def latest_sweep(root: str, method: str) -> tuple[str, dict] | None:
     return None
 
 
-def sweep_state(base: TrainConfig, spec: SearchSpace, seeds: int, grid: str | None) -> dict[str, Any]:
+def sweep_identity(base: TrainConfig, spec: SearchSpace, seeds: int, grid: str | None) -> dict[str, Any]:
     """What identifies a sweep: saved when it starts, compared by ``--resume``."""
     return {"config": base.flat(), "space": spec.as_params(), "num_samples": spec.num_samples, "seeds": seeds,
             "grid": grid}
@@ -128,7 +129,7 @@ def open_trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig):
     if found:
         return Run.reopen(sweep.uri, found[0].info.run_id, in_trial=True), found[0]
     run = Run.create(sweep.uri, sweep.experiment or cfg.method, f"trial-{trial_id}", {**unit.run_tags(cfg), TRIAL_ID_TAG: trial_id},
-                     parent=Run(sweep.uri, sweep.parent), in_trial=True)
+                     parent=Run(sweep.uri, sweep.parent, experiment_id=sweep.experiment_id), in_trial=True)
     return run, None
 
 
@@ -155,6 +156,7 @@ class TrialRuns:
         self.sweep = sweep
         self.stopped: set[str] = set()  # trials the scheduler stopped (their last result says done)
         self.last_step: dict[str, int] = {}  # each trial's last step Tune received
+        self.run_of: dict[str, str] = {}  # each trial's run, as its results name it
         self._start()
 
     def _start(self) -> None:
@@ -164,7 +166,7 @@ class TrialRuns:
         _ACTIVE[:] = [self]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k in ("sweep", "stopped", "last_step")}
+        return {k: v for k, v in self.__dict__.items() if k in ("sweep", "stopped", "last_step", "run_of")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restored (Tune unpickles a resumed sweep's callbacks in the new driver): MLflow is reached
@@ -185,6 +187,7 @@ class TrialRuns:
         if result.get(PROGRESS_LINE):
             print(result[PROGRESS_LINE], flush=True)
         if result.get(POINTS_RUN):
+            self.run_of[trial_id] = result[POINTS_RUN]
             self.writer(trial_id).log(result[POINTS_RUN], recorder.points_in(result))
         if STEP in result:
             self.last_step[trial_id] = int(result[STEP])
@@ -208,10 +211,12 @@ class TrialRuns:
         ``stopped`` by the scheduler, ``failed``, ``interrupted``), each with its best checkpoint
         of the steps up to ``up_to`` in storage, the trial's described; ``say``: its line printed.
         Whether it had an open run."""
-        sweep, c = self.sweep, store.client(self.sweep.uri)
-        found = trial_runs(sweep.uri, sweep.parent, trial_id, " and attributes.status = 'RUNNING'")
+        sweep = self.sweep
+        known = self.run_of.get(trial_id)
+        found = [store.client(sweep.uri).get_run(known)] if known else trial_runs(sweep.uri, sweep.parent, trial_id)
+        found = [r for r in found if r.info.status == "RUNNING"]
         for trial in found:
-            seeds = store.child_runs(sweep.uri, trial.info.run_id, "attributes.status = 'RUNNING'")
+            seeds = store.child_runs(sweep.uri, trial.info.run_id, "attributes.status = 'RUNNING'") if sweep.seeds > 1 else []
             for r in [*seeds, trial]:
                 fit_folder = storage.join(sweep.folder, "trials", trial_id if r is trial else r.info.run_name)
                 tags = {STOPPED_BY_SCHEDULER_TAG: "true"} if outcome == "stopped" else {}
@@ -221,24 +226,30 @@ class TrialRuns:
                     named = checkpoint.best_under(fit_folder, up_to if r is trial else None)
                     best = named.checkpoint if named else None
                     tags.update({BEST_CHECKPOINT_TAG: best} if best else {})  # recorder.name_best's tag
-                status = Run(sweep.uri, r.info.run_id).end(outcome, best, tags=tags)
+                status = recorder.closing_status(outcome, best)[0]
+                if r is trial:  # described as it ends, in one request with its end's tags
+                    tags.update(self.note(r, status, outcome == "stopped"))
+                Run(sweep.uri, r.info.run_id).end(outcome, best, tags=tags)
                 if status == "FINISHED" and best and not (r is trial and sweep.seeds > 1):  # a fit: never trained again
-                    release_fit(fit_folder, best)
-            ended = c.get_run(trial.info.run_id)
-            self.describe(ended)
+                    release(best)
             if say:
-                print(trial_line(ended), flush=True)
+                early = " (stopped early by the scheduler)" if outcome == "stopped" and status == "FINISHED" else ""
+                dev = trial.data.metrics.get(BEST)
+                print(f"[trial {trial_id}] {status}{early}" + (f", best {DEV_METRIC} {dev:.2f}" if dev is not None else ""),
+                      flush=True)
         return bool(found)
 
-    def describe(self, run) -> None:
-        """The trial's description, from what its run holds now (a tracking outage: left without)."""
+    def note(self, run, status: str, stopped: bool) -> dict[str, str]:
+        """The trial's description as it ends with ``status``, from what its run holds (a tracking
+        outage: none)."""
         try:
             if not hasattr(self, "_searched"):
                 tag = store.client(self.sweep.uri).get_run(self.sweep.parent).data.tags.get(SEARCHED_TAG) or ""
                 self._searched = [k for k in tag.split(",") if k]
-            Run(self.sweep.uri, run.info.run_id).set_tags({NOTE_TAG: sweep_summary.trial_note(self.sweep.uri, run, self._searched)})
+            return {NOTE_TAG: sweep_summary.trial_note(self.sweep.uri, run, self._searched, status, stopped)}
         except Exception as exc:  # noqa: BLE001 - a description never fails the sweep it describes
             print(f"note: trial run {run.info.run_id} was not described ({one_line(exc, 160)})", flush=True)
+            return {}
 
     def close_open(self, states: dict[str, str]) -> None:
         """After the driver stopped (Ctrl-C, SIGTERM) or died (closed by ``--resume``): each trial
@@ -316,24 +327,6 @@ def stalled(sweep: Sweep, trial_id: str, minutes: float) -> None:
     os._exit(2)
 
 
-def release_fit(fit_folder: str, best: str) -> None:
-    """A finished trial's fit keeps its best checkpoint, without optimizer state, and nothing else."""
-    keep = storage.resolve(best)
-    for name in storage.list_dirs(fit_folder):
-        if name.startswith(checkpoint.PREFIX) and storage.resolve(storage.join(fit_folder, name)) != keep:
-            storage.remove(storage.join(fit_folder, name))
-    release(FitResult(None, best))
-
-
-def trial_line(run) -> str:
-    """A trial's end in the words its MLflow run has (FINISHED, FINISHED stopped early by the
-    scheduler, FAILED, KILLED), with its best STS-B dev."""
-    early = " (stopped early by the scheduler)" if run.data.tags.get(STOPPED_BY_SCHEDULER_TAG) == "true" else ""
-    best = run.data.metrics.get(BEST)
-    return (f"[trial {run.data.tags.get(TRIAL_ID_TAG, '')}] {run.info.status}{early}"
-            + (f", best {DEV_METRIC} {best:.2f}" if best is not None else ""))
-
-
 # ------------------------------------------------------------------------------------------------
 # The winner
 
@@ -359,7 +352,7 @@ def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
     result = unit.read_result(best)
     step = checkpoint.read_state_at(result.checkpoint)["step"]
     won = {k: ranked[0].data.params.get(sweep.base.param_key(k)) for k in spec.space}
-    recorder.name_best(parent, result.checkpoint, {BEST_RUN_ID_TAG: best.id, **{WINNER + k: v for k, v in won.items()}})
+    recorder.name_best(parent, result.checkpoint, {WINNER_RUN_ID_TAG: best.id, **{WINNER + k: v for k, v in won.items()}})
     wall, cpu = time.perf_counter(), time.process_time()
     unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)
     baseline = result.baseline

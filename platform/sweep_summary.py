@@ -325,18 +325,20 @@ def best_backbone(location: str) -> str:
     return checkpoint.read_state_at(location).get("config", {}).get("model", "?")
 
 
-def trial_note(uri: str, run, searched: list[str]) -> str:
+def trial_note(uri: str, run, searched: list[str], status: str | None = None, stopped: bool | None = None) -> str:
     """A trial run's description (Markdown in MLflow's UI): its searched values, its best STS-B dev
-    and at which step, the steps it trained, and how it ended."""
+    and at which step, the steps it trained, and how it ended (``status``, ``stopped`` by the
+    scheduler: as it ends; default: as the run says)."""
     params = run.data.params
     values = ", ".join(f"`{k}={short(params[key])}`" for k in searched
                        for key in (k, *[p for p in params if p.endswith(f".{k}")]) if key in params)
     c = store.client(uri)
     dev = c.get_metric_history(run.info.run_id, DEV_METRIC)
     trained = max((m.step for m in c.get_metric_history(run.info.run_id, "train_loss")), default=0)
+    status = status or run.info.status
     ended = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "interrupted (resumable with --resume)"}.get(
-        run.info.status, run.info.status.lower())
-    if run.data.tags.get(STOPPED_BY_SCHEDULER_TAG) == "true":
+        status, status.lower())
+    if (run.data.tags.get(STOPPED_BY_SCHEDULER_TAG) == "true" if stopped is None else stopped):
         ended = "stopped early by the scheduler (ASHA); its best checkpoint is kept"
     lines = [f"**Trial {run.data.tags.get(TRIAL_ID_TAG, '')}** of a sweep: {values or 'no searched value'}."]
     if dev:

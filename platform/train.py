@@ -82,11 +82,11 @@ def main(argv=None) -> int:
                                         final="full" if cfg.final_eval else "none")
         run.complete(result.checkpoint)
     for f in result.fits:  # the run is FINISHED: no optimizer state or latest checkpoint is needed again
-        release(f.result)
+        release(f.result.checkpoint)
     dev = result.dev
     if seeds > 1:
         print(f"run {run.id}: best {DEV_METRIC}={dev[BEST]:.2f} +- {dev[BEST + '_std']:.2f} over seeds "
-              f"{', '.join(str(f.seed) for f in result.fits)}; best seed {result.best.seed}, checkpoint {result.checkpoint}")
+              f"{', '.join(str(f.seed) for f in result.fits)}; best seed {result.best_seed.seed}, checkpoint {result.checkpoint}")
     else:
         print(f"run {run.id}: best {DEV_METRIC}={dev[BEST]:.2f}, checkpoint {result.checkpoint}")
     print(f"MLflow: {store.redact(uri)} (experiment {experiment!r}, run {run.id}, name {run.name})")

@@ -27,9 +27,9 @@ from platform.errors import ConfigError, UserError, cli_main
 from platform.run import ray_env, unit
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
-from platform.sweep_runs import _ACTIVE, Sweep, TrialRuns, finish_sweep, new_sweep, open_trial_run, resumable_sweep, sweep_state
+from platform.sweep_runs import _ACTIVE, Sweep, TrialRuns, finish_sweep, new_sweep, open_trial_run, resumable_sweep, sweep_identity
 from platform.tracking import hub, store
-from platform.tracking.names import BEST, BEST_RUN_ID_TAG, CORPUS_SHA256_TAG, DEV_METRIC, RESUMED_FINISHED, STEP
+from platform.tracking.names import BEST, WINNER_RUN_ID_TAG, CORPUS_SHA256_TAG, DEV_METRIC, RESUMED_FINISHED, STEP
 from platform.tracking.recorder import Run
 
 HEAD_NODE = "node:__internal_head__"  # a resource only the Ray head node has
@@ -126,7 +126,7 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
     try:
         return tuner.fit()
     finally:
-        released = ray_env.release_reservations()
+        released = ray_env.free_reservations()
         if released:
             print(f"note: released {len(released)} placement group(s) that stopped trials left reserved on the cluster",
                   flush=True)
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
         hub.check_access(args.push_to_hub, base.final_eval)
     sentences = unit.preflight(base)
     uri = store.tracking_uri()
-    identity = sweep_state(base, spec, seeds, args.grid)
+    identity = sweep_identity(base, spec, seeds, args.grid)
     # checked before Ray starts
     found = resumable_sweep(uri, base, identity, args.resume if isinstance(args.resume, str) else None) \
         if args.resume else None
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
         if settings.get(settings.SWEEP_RECORD):  # a Slurm job resumes exactly this sweep at its next start
             storage.write_text(settings.get(settings.SWEEP_RECORD), folder)
     experiment = store.client(uri).get_experiment(parent.experiment_id).name
-    sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment)
+    sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment, parent.experiment_id)
     total = total_steps(base, len(sentences))
     if found is not None:
         TrialRuns(sweep).close_open(saved_trial_states(folder, total))  # left open by a driver that died
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
               "(and the same arguments)", flush=True)
         raise
     if args.push_to_hub:
-        hub.push(uri, parent.info().data.tags[BEST_RUN_ID_TAG], args.push_to_hub)
+        hub.push(uri, parent.info().data.tags[WINNER_RUN_ID_TAG], args.push_to_hub)
     return 0
 
 

@@ -163,7 +163,7 @@ def _parallel(calls: list[tuple], jobs: int) -> list:
     The PyTorch classifier's batched engine runs all of them as one program instead."""
     x, y, _, _, nclasses, _, cfg = calls[0][:7]
     if cfg.kind == "pytorch" and cfg.engine == "batched":
-        fits = [classifier_fits.Fit(c[2], c[3], c[5], c[7] if len(c) > 7 else None) for c in calls]
+        fits = [classifier_fits.Probe(c[2], c[3], c[5], c[7] if len(c) > 7 else None) for c in calls]
         return classifier_fits.fit_and_score(x, y, nclasses, fits, cfg)
     if jobs <= 1 or len(calls) == 1:
         import torch

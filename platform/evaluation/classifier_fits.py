@@ -38,8 +38,8 @@ BETA1, BETA2, EPS, LR = 0.9, 0.999, 1e-8, 1e-3  # torch.optim.Adam's defaults, w
 
 
 @dataclasses.dataclass
-class Fit:
-    """One fit: train on ``train`` rows of the task matrix, stop early on ``validation`` rows
+class Probe:
+    """One classifier to train: on ``train`` rows of the task matrix, stopping early on ``validation`` rows
     (``None``: SentEval's 5% hold-out of the training rows), predict ``test`` rows."""
 
     train: np.ndarray
@@ -83,7 +83,7 @@ def _padded(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return idx, mask
 
 
-def fit_and_score(x, y, nclasses: int, fits: list[Fit], cfg, split: float = 0.05, device=None) -> list[tuple]:
+def fit_and_score(x, y, nclasses: int, fits: list[Probe], cfg, split: float = 0.05, device=None) -> list[tuple]:
     """Accuracy and predictions on each fit's ``test`` rows, in the order of ``fits``."""
     import torch
 
@@ -104,7 +104,7 @@ def fit_and_score(x, y, nclasses: int, fits: list[Fit], cfg, split: float = 0.05
     return out
 
 
-def _group_rows(fits: list[Fit], groups: list[list[int]], seed: int, split: float) -> tuple[list, list, list]:
+def _group_rows(fits: list[Probe], groups: list[list[int]], seed: int, split: float) -> tuple[list, list, list]:
     """Each group's NumPy generator (seeded as SentEval seeds every fit), training rows and
     validation rows (without given ones, the 5% hold-out its generator draws first)."""
     rngs, train_rows, val_rows = [], [], []
@@ -150,7 +150,7 @@ class EarlyStopping:
         self.running[live] = run
 
 
-def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, split: float) -> list[tuple]:
+def _run(x, y, nclasses: int, fits: list[Probe], groups: list[list[int]], cfg, split: float) -> list[tuple]:
     import torch
 
     device = x.device
@@ -197,7 +197,7 @@ def _run(x, y, nclasses: int, fits: list[Fit], groups: list[list[int]], cfg, spl
     return _test_scores(x, y, fits, groups, stopping)
 
 
-def _test_scores(x, y, fits: list[Fit], groups: list[list[int]], stopping: EarlyStopping) -> list[tuple]:
+def _test_scores(x, y, fits: list[Probe], groups: list[list[int]], stopping: EarlyStopping) -> list[tuple]:
     """(accuracy, predictions) of each fit's best weights on its group's test rows."""
     import torch
 

@@ -39,13 +39,13 @@ class FitResult:
     metrics: dict = dataclasses.field(default_factory=dict)  # the last report (Ray) or the loop's summary
 
 
-def release(result: FitResult) -> None:
+def release(best: str | None) -> None:
     """Once the fit's run is FINISHED (never trained again): only what the registry, the report and
-    evaluation need stays, the best checkpoint without its optimizer state; every other goes."""
-    if result.checkpoint is None:
+    evaluation need stays, its best checkpoint ``best`` without its optimizer state; every other goes."""
+    if best is None:
         return
-    storage.remove(storage.join(result.checkpoint, checkpoint.TRAIN_STATE))
-    folder, name = result.checkpoint.rstrip("/").rsplit("/", 1)
+    storage.remove(storage.join(best, checkpoint.TRAIN_STATE))
+    folder, name = best.rstrip("/").rsplit("/", 1)
     checkpoint.prune(folder, {name}, whole=True)
 
 

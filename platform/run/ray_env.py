@@ -260,7 +260,7 @@ def cluster_lost(gcs_address: str, silent_s: float) -> None:
     os._exit(2)
 
 
-def release_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S) -> list[str]:
+def free_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S) -> list[str]:
     """Once a sweep's trials have ended: remove the placement groups its job still holds on the
     cluster; the ids removed. A trial stopped while Ray Train restarts its worker group can leave
     that group reserved after the job ends, holding a node's resources for good. The job's Train

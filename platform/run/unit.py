@@ -30,7 +30,7 @@ from platform.run.fit import FitResult, fit, release
 from platform.run.ray_env import init_ray  # before Ray is imported: it sets Ray's console options
 from platform.tracking import recorder, store
 from platform.checkpoint import exists as checkpoint_exists
-from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_RUN_ID_TAG, BEST_SEED_TAG, CORPUS_SHA256_TAG, DRIVER_TAG,
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, BEST_SEED_TAG, CORPUS_SHA256_TAG, DRIVER_TAG,
                                      METHOD_TAG, MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG,
                                      SEED_TAG, SEEDS_TAG, STS_PREFIX, sts)
 from platform.tracking.recorder import Run
@@ -186,7 +186,7 @@ class ConfigResult:
     baseline: dict[str, float] | None = None
 
     @property
-    def best(self) -> SeedFit:
+    def best_seed(self) -> SeedFit:
         return max(self.fits, key=lambda f: f.result.best_dev)
 
     @property
@@ -196,7 +196,7 @@ class ConfigResult:
 
     @property
     def checkpoint(self) -> str:
-        return self.best.result.checkpoint
+        return self.best_seed.result.checkpoint
 
 
 def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage_path: str, name: str, seeds: int,
@@ -214,7 +214,7 @@ def run_configuration(cfg: TrainConfig, corpus: CorpusData, run: Run, *, storage
     result = ConfigResult(fits)
     if len(fits) > 1:  # one seed: its fit named the run's best checkpoint
         recorder.log_results(run, result.dev)
-        recorder.name_best(run, result.checkpoint, {BEST_SEED_TAG: str(result.best.seed), SEEDS_TAG: str(len(fits))})
+        recorder.name_best(run, result.checkpoint, {BEST_SEED_TAG: str(result.best_seed.seed), SEEDS_TAG: str(len(fits))})
     finalize(run, result, final)
     return result
 
@@ -245,7 +245,7 @@ def _fit_seed(cfg: TrainConfig, corpus: CorpusData, run: Run, seed: int, storage
                   label=" ".join(filter(None, [label, f"seed {seed}"])))
         require_checkpoint(out, f"seed {seed}: ")
         seed_run.complete(out.checkpoint)
-    release(out)  # the seed's work is done: it is never trained again
+    release(out.checkpoint)  # the seed's work is done: it is never trained again
     return SeedFit(seed, seed_run, out)
 
 
@@ -295,7 +295,7 @@ def finalize(run: Run, result: ConfigResult, final: str, searched: dict[str, str
     if final == "full":
         n = len(result.fits)
         dev = result.dev
-        tags = {} if n == 1 else {SEEDS_TAG: str(n), BEST_SEED_TAG: str(result.best.seed),
+        tags = {} if n == 1 else {SEEDS_TAG: str(n), BEST_SEED_TAG: str(result.best_seed.seed),
                                   BEST + "_std": f"{dev[BEST + '_std']:.4f}"}
         print("export: the sentence-transformers model with its card, logged to MLflow and registered ...", flush=True)
         with still_working("export and registration"):
@@ -331,7 +331,7 @@ def check_stopped(what: str, found) -> None:
     process still alive."""
     driver = found.data.tags.get(DRIVER_TAG)
     if found.info.status == "FINISHED":
-        best = f" (best run {found.data.tags[BEST_RUN_ID_TAG]})" if found.data.tags.get(BEST_RUN_ID_TAG) else ""
+        best = f" (best run {found.data.tags[WINNER_RUN_ID_TAG]})" if found.data.tags.get(WINNER_RUN_ID_TAG) else ""
         raise UserError(f"--resume: {what} finished{best}; there is nothing to resume")
     if found.info.status == "RUNNING" and store.driver_alive(driver):
         raise UserError(f"--resume: {what} is still running (process {driver.split(':')[1]}); stop it first (Ctrl-C, kill)")

@@ -353,7 +353,16 @@ class RunWriter:
                     if not self._cond.wait(IDLE_S) and not self._queue:
                         self._thread = None  # a writer with nothing to do holds no thread
                         return
-                self._busy, item = True, self._queue[0]
+                head, merged = self._queue[0], 1
+                item = head
+                if head[0] == "points":  # what is queued behind for the same run goes in the same request
+                    points = list(head[2])
+                    while (merged < len(self._queue) and self._queue[merged][0] == "points"
+                           and self._queue[merged][1] == head[1] and len(points) + len(self._queue[merged][2]) <= BATCH):
+                        points += self._queue[merged][2]
+                        merged += 1
+                    item = ("points", head[1], points)
+                self._busy = True
             try:
                 self._do(item)
                 pause, failures = 0.5, 0
@@ -369,8 +378,9 @@ class RunWriter:
                 print(f"note: {what} failed {failures} times ({one_line(exc, 200)})", file=sys.stderr, flush=True)
                 pause, failures = 0.5, 0
             with self._cond:
-                if self._queue and self._queue[0] is item:
-                    self._queue.popleft()
+                if self._queue and self._queue[0] is head:
+                    for _ in range(merged):
+                        self._queue.popleft()
                     self._queued_points -= len(item[2]) if item[0] == "points" else 0
 
     def _do(self, item) -> None:

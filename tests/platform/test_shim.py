@@ -117,12 +117,12 @@ def test_the_jobs_processes_ask_their_own_cluster(local_ray):
 
 
 def test_a_sweeps_end_releases_what_its_job_still_holds(local_ray):
-    """``release_reservations`` (the end of every sweep) removes the placement groups the driver's
+    """``free_reservations`` (the end of every sweep) removes the placement groups the driver's
     job still holds, and only those: a group another job holds on the cluster stays."""
     from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
     from ray.util.state import list_placement_groups
 
-    from platform.run.ray_env import release_reservations
+    from platform.run.ray_env import free_reservations
 
     ray = local_ray
     ours = placement_group([{"CPU": 0.1}])
@@ -137,7 +137,7 @@ def test_a_sweeps_end_releases_what_its_job_still_holds(local_ray):
     try:
         theirs = other_job.stdout.readline().strip()
         assert theirs, "the other job made no placement group"
-        assert release_reservations(settle_s=0) == [ours.id.hex()]
+        assert free_reservations(settle_s=0) == [ours.id.hex()]
         assert placement_group_table(ours)["state"] == "REMOVED"
         states = {g.placement_group_id: g.state for g in list_placement_groups(address=gcs, detail=True)}
         assert states[theirs] == "CREATED"
@@ -156,7 +156,7 @@ def test_a_sweeps_end_leaves_to_ray_train_what_its_cleaner_removes(local_ray):
 
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-    from platform.run.ray_env import release_reservations
+    from platform.run.ray_env import free_reservations
 
     ray = local_ray
     group = placement_group([{"CPU": 0.1}])
@@ -164,7 +164,7 @@ def test_a_sweeps_end_leaves_to_ray_train_what_its_cleaner_removes(local_ray):
     cleaner = threading.Timer(1.0, remove_placement_group, args=(group,))
     cleaner.start()
     try:
-        assert release_reservations(settle_s=10) == []
+        assert free_reservations(settle_s=10) == []
     finally:
         cleaner.join()
     assert placement_group_table(group)["state"] == "REMOVED"

@@ -20,10 +20,10 @@ def _checkpoint(folder, dev: float | None = None, step: int = 1):
     return str(folder)
 
 
-def _sweep(uri: str, parent: Run, folder):
+def _sweep(uri: str, parent: Run, folder, seeds: int = 1):
     from platform.sweep_runs import Sweep, TrialRuns
 
-    return TrialRuns(Sweep(base=None, sentences=[], uri=uri, parent=parent.id, folder=str(folder)))
+    return TrialRuns(Sweep(base=None, sentences=[], uri=uri, parent=parent.id, folder=str(folder), seeds=seeds))
 
 
 def _status(run: Run) -> str:
@@ -85,7 +85,6 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
         recorder.log_results(run, {BEST: dev})
         if trial != "no-ckpt":
             _checkpoint(tmp_path / "sweep" / "trials" / trial / "checkpoint_000001", dev)
-    seed = Run.create(mlflow_uri, "una", "cut-seed42", {"seed": "42"}, parent=runs["cut"])
     lost = str(tmp_path / "sweep" / "trials" / "lost" / "checkpoint_000001")
     runs["lost"].end("completed", lost)
     (tmp_path / "sweep" / "trials" / "lost" / "checkpoint_000001" / "state.json").unlink()  # finished; gone since
@@ -94,12 +93,17 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
     status = {t: _status(r) for t, r in runs.items()}
     assert status == {"stopped": "FINISHED", "no-ckpt": "KILLED", "errored": "FAILED", "cut": "KILLED",
                       "done": "FINISHED", "lost": "FINISHED"}
-    assert _status(seed) == "KILLED"
     assert runs["stopped"].info().data.tags["stopped_by_scheduler"] == "true"
     done = runs["done"].info().data.tags
     assert "stopped_by_scheduler" not in done and done["best_checkpoint"].endswith("done/checkpoint_000001")
     ranked = ranked_trials(mlflow_uri, parent.id, "stsb_dev_spearman", "max")
     assert [r.info.run_name for r in ranked] == ["stopped", "done"]
+
+    seeded = Run.create(mlflow_uri, "una", "sweep-seeds", {"sweep": "true"})  # a sweep of 2 seeds a trial
+    cut = Run.create(mlflow_uri, "una", "cut", {"trial_id": "cut"}, parent=seeded, in_trial=True)
+    seed = Run.create(mlflow_uri, "una", "cut-seed42", {"seed": "42"}, parent=cut)
+    _sweep(mlflow_uri, seeded, tmp_path / "seeded", seeds=2).close_open({"cut": "RUNNING"})
+    assert (_status(cut), _status(seed)) == ("KILLED", "KILLED")
 
 
 def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_is_stale(mlflow_uri, tmp_path):
@@ -228,11 +232,11 @@ def test_train_resume_refuses_a_changed_configuration_naming_the_keys(tiny_model
 def test_tune_resume_refuses_a_changed_configuration_and_a_live_driver(tiny_model, small_corpus, tmp_path, mlflow_uri,
                                                                        cli):
     from platform.space import load_space
-    from platform.sweep_runs import SWEEP_STATE, sweep_state
+    from platform.sweep_runs import SWEEP_STATE, sweep_identity
 
     out = tmp_path / "runs"
     cfg = _resolved(tiny_model, small_corpus, out)
-    identity = sweep_state(cfg, load_space(cfg), 1, None)
+    identity = sweep_identity(cfg, load_space(cfg), 1, None)
     parent = Run.create(mlflow_uri, "simcse", "simcse-sweep-20260101-000000", {"sweep": "true"})
     folder = out / "simcse-sweep-20260101-000000"
     folder.mkdir(parents=True)
