@@ -392,8 +392,11 @@ class RunWriter:
             c = store.client(self.uri)
             keys = [k for k in c.get_run(run_id).data.metrics if not k.startswith("system/")]
             self._held[run_id] = {(k, int(m.step)) for k in keys for m in c.get_metric_history(run_id, k)}
-        held = self._held[run_id]
-        new = [p for p in item[2] if (p[0], int(p[3])) not in held]
+        held, new, seen = self._held[run_id], [], set()
+        for p in item[2]:  # the first of each (key, step) not held yet
+            if (p[0], int(p[3])) not in held and (p[0], int(p[3])) not in seen:
+                seen.add((p[0], int(p[3])))
+                new.append(p)
         for i in range(0, len(new), BATCH):
             _send(self.uri, run_id, new[i : i + BATCH])
             held.update((p[0], int(p[3])) for p in new[i : i + BATCH])
