@@ -32,6 +32,7 @@ from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, WIN
 from platform.tracking.recorder import Run, winner_key
 
 SWEEP_STATE = "platform_sweep.json"
+NOTED = (DEV_METRIC, "train_loss")  # the keys of a trial's points its description counts
 
 
 @dataclasses.dataclass
@@ -47,6 +48,7 @@ class Sweep:
     grid: str | None = None
     experiment: str | None = None  # MLflow's (default: the method's name)
     experiment_id: str = ""  # that experiment's id (asked of MLflow when empty)
+    searched: tuple[str, ...] = ()  # the keys the space searches (each trial's description names their values)
 
 
 def latest_sweep(root: str, method: str) -> tuple[str, dict] | None:
@@ -157,6 +159,9 @@ class TrialRuns:
         self.stopped: set[str] = set()  # trials the scheduler stopped (their last result says done)
         self.last_step: dict[str, int] = {}  # each trial's last step Tune received
         self.run_of: dict[str, str] = {}  # each trial's run, as its results name it
+        # The points its description counts (each trial's whole history: a restarted trial reports
+        # its state's points again), sent by its writer: its run is described without reading them back.
+        self.noted: dict[str, list] = {}
         self._start()
 
     def _start(self) -> None:
@@ -166,7 +171,7 @@ class TrialRuns:
         _ACTIVE[:] = [self]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k in ("sweep", "stopped", "last_step", "run_of")}
+        return {k: v for k, v in self.__dict__.items() if k in ("sweep", "stopped", "last_step", "run_of", "noted")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restored (Tune unpickles a resumed sweep's callbacks in the new driver): MLflow is reached
@@ -188,7 +193,9 @@ class TrialRuns:
             print(result[PROGRESS_LINE], flush=True)
         if result.get(POINTS_RUN):
             self.run_of[trial_id] = result[POINTS_RUN]
-            self.writer(trial_id).log(result[POINTS_RUN], recorder.points_in(result))
+            points = recorder.points_in(result)
+            self.writer(trial_id).log(result[POINTS_RUN], points)
+            self.noted.setdefault(trial_id, []).extend(p for p in points if p[0] in NOTED)
         if STEP in result:
             self.last_step[trial_id] = int(result[STEP])
         if result.get("done"):  # the scheduler's decision: Tune marks the result it stops a trial on
@@ -228,7 +235,7 @@ class TrialRuns:
                     tags.update({BEST_CHECKPOINT_TAG: best} if best else {})  # recorder.name_best's tag
                 status = recorder.closing_status(outcome, best)[0]
                 if r is trial:  # described as it ends, in one request with its end's tags
-                    tags.update(self.note(r, status, outcome == "stopped"))
+                    tags.update(self.note(r, status, outcome == "stopped", self.noted.get(trial_id) if known else None))
                 Run(sweep.uri, r.info.run_id).end(outcome, best, tags=tags)
                 if status == "FINISHED" and best and not (r is trial and sweep.seeds > 1):  # a fit: never trained again
                     release(best)
@@ -239,14 +246,11 @@ class TrialRuns:
                       flush=True)
         return bool(found)
 
-    def note(self, run, status: str, stopped: bool) -> dict[str, str]:
-        """The trial's description as it ends with ``status``, from what its run holds (a tracking
-        outage: none)."""
+    def note(self, run, status: str, stopped: bool, points: list | None) -> dict[str, str]:
+        """The trial's description as it ends with ``status``, from ``points`` (default: what its
+        run holds; a tracking outage: none)."""
         try:
-            if not hasattr(self, "_searched"):
-                tag = store.client(self.sweep.uri).get_run(self.sweep.parent).data.tags.get(SEARCHED_TAG) or ""
-                self._searched = [k for k in tag.split(",") if k]
-            return {NOTE_TAG: sweep_summary.trial_note(self.sweep.uri, run, self._searched, status, stopped)}
+            return {NOTE_TAG: sweep_summary.trial_note(self.sweep.uri, run, self.sweep.searched, status, stopped, points)}
         except Exception as exc:  # noqa: BLE001 - a description never fails the sweep it describes
             print(f"note: trial run {run.info.run_id} was not described ({one_line(exc, 160)})", flush=True)
             return {}

@@ -325,16 +325,24 @@ def best_backbone(location: str) -> str:
     return checkpoint.read_state_at(location).get("config", {}).get("model", "?")
 
 
-def trial_note(uri: str, run, searched: list[str], status: str | None = None, stopped: bool | None = None) -> str:
+def trial_note(uri: str, run, searched: list[str], status: str | None = None, stopped: bool | None = None,
+               points: list | None = None) -> str:
     """A trial run's description (Markdown in MLflow's UI): its searched values, its best STS-B dev
     and at which step, the steps it trained, and how it ended (``status``, ``stopped`` by the
-    scheduler: as it ends; default: as the run says)."""
+    scheduler: as it ends; default: as the run says). ``points``: every point the run holds, as
+    its writer sent them (default: read from MLflow)."""
     params = run.data.params
     values = ", ".join(f"`{k}={short(params[key])}`" for k in searched
                        for key in (k, *[p for p in params if p.endswith(f".{k}")]) if key in params)
-    c = store.client(uri)
-    dev = c.get_metric_history(run.info.run_id, DEV_METRIC)
-    trained = max((m.step for m in c.get_metric_history(run.info.run_id, "train_loss")), default=0)
+    if points is None:
+        c = store.client(uri)
+        points = [(m.key, m.value, m.timestamp, m.step) for key in (DEV_METRIC, "train_loss")
+                  for m in c.get_metric_history(run.info.run_id, key)]
+    dev: dict[int, float] = {}
+    for p in points:  # each step once, the first sent: what the run holds
+        if p[0] == DEV_METRIC:
+            dev.setdefault(int(p[3]), p[1])
+    trained = max((int(p[3]) for p in points if p[0] == "train_loss"), default=0)
     status = status or run.info.status
     ended = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "interrupted (resumable with --resume)"}.get(
         status, status.lower())
@@ -342,9 +350,8 @@ def trial_note(uri: str, run, searched: list[str], status: str | None = None, st
         ended = "stopped early by the scheduler (ASHA); its best checkpoint is kept"
     lines = [f"**Trial {run.data.tags.get(TRIAL_ID_TAG, '')}** of a sweep: {values or 'no searched value'}."]
     if dev:
-        top = max(dev, key=lambda m: (m.value, -m.step))
-        lines.append(f"**Best STS-B dev** (Spearman x100): {top.value:.2f} at step {top.step}, "
-                     f"{len(dev)} evaluation(s).")
+        step, value = max(dev.items(), key=lambda m: (m[1], -m[0]))
+        lines.append(f"**Best STS-B dev** (Spearman x100): {value:.2f} at step {step}, {len(dev)} evaluation(s).")
     lines.append(f"**Trained:** {trained} steps. **Ended:** {ended}.")
     return "\n\n".join(lines)
 

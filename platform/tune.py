@@ -229,7 +229,8 @@ def main(argv=None) -> int:
         if settings.get(settings.SWEEP_RECORD):  # a Slurm job resumes exactly this sweep at its next start
             storage.write_text(settings.get(settings.SWEEP_RECORD), folder)
     experiment = store.client(uri).get_experiment(parent.experiment_id).name
-    sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment, parent.experiment_id)
+    sweep = Sweep(base, sentences, uri, parent.id, folder, seeds, args.grid, experiment, parent.experiment_id,
+                  tuple(spec.space))
     total = total_steps(base, len(sentences))
     if found is not None:
         TrialRuns(sweep).close_open(saved_trial_states(folder, total))  # left open by a driver that died
