@@ -361,3 +361,80 @@ def test_every_name_the_glossary_gives_exists():
             for attr in parts[i:]:
                 assert hasattr(obj, attr), f"glossary: {word.strip()!r} names {name}, which does not exist"
                 obj = getattr(obj, attr)
+
+
+# Definitions in platform/ whose names hold a glossary word in another sense, each with the reason
+# it is that word's sense after all, or a different one a reader cannot mistake.
+GLOSSARY_EXCEPTIONS = {
+    "platform/run/fit.py:_fit_ray": "one fit, on Ray Train",
+    "platform/run/unit.py:_fit_seed": "one fit, of one of several seeds",
+    "platform/run/unit.py:_fit_result": "a finished fit's result read back from its run",
+    "platform/evaluation/classifier.py:fit_and_score": "a transfer task's classifier fitted (scikit-learn's verb)",
+    "platform/evaluation/classifier.py:fit_pytorch": "a transfer task's classifier fitted (scikit-learn's verb)",
+    "platform/evaluation/classifier_fits.py:fit_and_score": "a transfer task's classifiers fitted (scikit-learn's verb)",
+    "platform/checkpoint.py:save_train_state": "a state checkpoint's training state (TRAIN_STATE)",
+    "platform/checkpoint.py:load_train_state": "a state checkpoint's training state (TRAIN_STATE)",
+    "platform/checkpoint.py:read_state": "a checkpoint's state.json (STATE)",
+    "platform/checkpoint.py:read_state_at": "a checkpoint's state.json (STATE)",
+    "platform/checkpoint.py:wrote_state": "a state checkpoint written",
+    "platform/run/unit.py:save_state": "the run state (RUN_STATE)",
+    "platform/run/unit.py:load_state": "the run state (RUN_STATE)",
+    "platform/slurm_status.py:slurm_state": "Slurm's own word for a job's state",
+    "platform/tracking/names.py:BEST_PREFIX": "the prefix of a run's best (best_stsb_dev_spearman)",
+    "platform/tracking/names.py:BEST_STEP_TAG": "the step of a run's best",
+    "platform/tracking/recorder.py:name_best": "a best checkpoint named on its run",
+    "platform/run/fit.py:name_best": "a fit's best checkpoint named on its run",
+    "platform/run/unit.py:best_seed": "the seed whose fit reached the configuration's best",
+    "platform/report.py:best_per_recipe": "each recipe's run with the best STS-B dev",
+    "platform/sweep_summary.py:best_backbone": "the backbone of a best checkpoint",
+    "platform/evaluation/uncertainty.py:_best_of_pivot": "statistics: the better of two intervals",
+    "platform/sweep_summary.py:winner_note": "the sweep's winner's description",
+    "platform/checkpoint.py:POINTS": "the file of a state checkpoint's points",
+    "platform/checkpoint.py:save_points": "a state checkpoint's points",
+    "platform/checkpoint.py:load_points": "a state checkpoint's points",
+    "platform/tracking/recorder.py:points_in": "the points a report carries",
+    "platform/checkpoint.py:ModelWriter": "writes a checkpoint's model, not a run",
+    "platform/storage.py:writer_id": "who wrote a storage folder",
+    "platform/sweep_runs.py:writer": "a trial's run writer",
+}
+GLOSSARY_TOKENS = {"fit": "fit", "release": "release", "replay": "replay", "state": ("run state", "sweep state", "checkpoint"),
+                   "best": ("a run's best", "best checkpoint"), "winner": "the sweep's winner", "point": "point",
+                   "points": "point", "writer": "run writer"}
+
+
+def test_each_glossary_word_means_one_thing_in_the_platform():
+    """A function, class, method or module constant of ``platform/`` whose name holds a glossary
+    word (fit, release, replay, state, best, winner, point, writer) is one the glossary names for
+    that word, or an exception above with its reason: ``sweep_state()`` that returned an identity,
+    a classifier's ``Fit`` or a third ``release`` would fail here."""
+    import ast
+
+    section = _pages()["development.md"].split("## Glossary", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): set(re.findall(r"`([\w.]+)`", line.split("|")[3]))
+            for line in section.splitlines() if line.startswith("| ") and "---" not in line}
+    misused, excepted = [], set()
+    for path in sorted((ROOT / "platform").rglob("*.py")):
+        tree, module = ast.parse(path.read_text(encoding="utf-8")), path.relative_to(ROOT).with_suffix("").as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign) and node in tree.body:
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                tokens = {t.lower() for t in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", name)}
+                for token in tokens & set(GLOSSARY_TOKENS):
+                    words = GLOSSARY_TOKENS[token]
+                    dotted = module.replace("/", ".") + "."
+                    named = {part for w in ([words] if isinstance(words, str) else words) for n in rows[w]
+                             if n.startswith(dotted) for part in n[len(dotted):].split(".")}
+                    where = f"{module}.py:{name}"
+                    if name in named:
+                        continue
+                    if where in GLOSSARY_EXCEPTIONS:
+                        excepted.add(where)
+                    else:
+                        misused.append(f"{where} ({token})")
+    assert not misused, misused
+    assert excepted == set(GLOSSARY_EXCEPTIONS), sorted(set(GLOSSARY_EXCEPTIONS) - excepted)  # none outlives its definition
