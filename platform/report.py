@@ -32,7 +32,8 @@ from platform.tracking import store
 from platform.tracking.names import (BEST, WINNER_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
                                      PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting,
                                      sts, vs_backbone)
-from platform.tracking.recorder import Run, trial_key
+from platform.tracking.names import trial_key
+from platform.tracking.recorder import Run
 
 REPORTS_EXPERIMENT = "reports"
 

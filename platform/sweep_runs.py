@@ -14,22 +14,20 @@ import threading
 import time
 from typing import Any
 
-from platform import checkpoint, cluster_aws, settings, storage, sweep_summary
+from platform import checkpoint, settings, storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
 from platform.errors import UserError, one_line
-from platform.run import final_evaluation, ray_env, unit
+from platform.run import unit
 from platform.checkpoint import exists as checkpoint_exists
 from platform.run.fit import release
-from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import recorder, store
-from platform.data import STS_TASKS
-from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, WINNER_RUN_ID_TAG, DEV_METRIC, NOTE_TAG,
-                                     PARENT_TAG, POINTS_RUN, PROGRESS_LINE, REGISTERED_MODEL_TAG, SEARCHED_TAG,
-                                     SEEDS_TAG, STEP, STOPPED_BY_SCHEDULER_TAG, STORAGE_TAG, SWEEP_TAG, TRIAL_ID_TAG,
-                                     WINNER, sts, vs_backbone)
-from platform.tracking.recorder import Run, winner_key
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, DEV_METRIC, NOTE_TAG,
+                                     PARENT_TAG, POINTS_RUN, PROGRESS_LINE, SEARCHED_TAG,
+                                     SEEDS_TAG, STEP, STOPPED_BY_SCHEDULER_TAG, STORAGE_TAG, SWEEP_TAG, TRIAL_ID_TAG)
+from platform.tracking.recorder import Run
+from platform.tracking.writer import RunWriter, points_in
 
 SWEEP_STATE = "platform_sweep.json"
 NOTED = (DEV_METRIC, "train_loss")  # the keys of a trial's points its description counts
@@ -165,7 +163,7 @@ class TrialRuns:
         self._start()
 
     def _start(self) -> None:
-        self.writers: dict[str, recorder.RunWriter] = {}
+        self.writers: dict[str, RunWriter] = {}
         self.progress: dict[str, float] = {}  # running trials: when each last started or reported
         self._watching = False
         _ACTIVE[:] = [self]
@@ -181,9 +179,9 @@ class TrialRuns:
         self.sweep = dataclasses.replace(self.sweep, uri=store.tracking_uri())
         self._start()
 
-    def writer(self, trial_id: str) -> recorder.RunWriter:
+    def writer(self, trial_id: str) -> RunWriter:
         if trial_id not in self.writers:
-            self.writers[trial_id] = recorder.RunWriter(self.sweep.uri)
+            self.writers[trial_id] = RunWriter(self.sweep.uri)
         return self.writers[trial_id]
 
     def received(self, trial_id: str, result: dict[str, Any]) -> None:
@@ -193,7 +191,7 @@ class TrialRuns:
             print(result[PROGRESS_LINE], flush=True)
         if result.get(POINTS_RUN):
             self.run_of[trial_id] = result[POINTS_RUN]
-            points = recorder.points_in(result)
+            points = points_in(result)
             self.writer(trial_id).log(result[POINTS_RUN], points)
             self.noted.setdefault(trial_id, []).extend(p for p in points if p[0] in NOTED)
         if STEP in result:
@@ -329,60 +327,3 @@ def stalled(sweep: Sweep, trial_id: str, minutes: float) -> None:
           file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(2)
-
-
-# ------------------------------------------------------------------------------------------------
-# The winner
-
-
-def ranked_trials(uri: str, parent: str, metric: str, mode: str) -> list:
-    """FINISHED trial runs with a score and a best checkpoint that exists in storage, best first."""
-    order = "DESC" if mode == "max" else "ASC"
-    runs = store.child_runs(uri, parent, "attributes.status = 'FINISHED'", order_by=[f"metrics.{BEST_PREFIX}{metric} {order}"])
-    return [r for r in runs if BEST_PREFIX + metric in r.data.metrics and checkpoint_exists(r.data.tags.get(BEST_CHECKPOINT_TAG))]
-
-
-def finish_sweep(sweep: Sweep, parent: Run, spec: SearchSpace, results) -> str:
-    """The trials' table and plots, the grid's table, and the best trial: its numbers on the
-    parent (``best.*`` keys, never the trials' own), its checkpoint evaluated beside the backbone,
-    exported and registered. Returns that checkpoint."""
-    notes = sweep_summary.summarise(parent, results, spec, total_steps(sweep.base, len(sweep.sentences)))
-    if sweep.grid and sweep.base.final_eval:
-        sweep_summary.grid_table(parent, sweep.grid, sweep.base.param_key(sweep.grid))
-    ranked = ranked_trials(sweep.uri, sweep.parent, spec.metric, spec.mode)
-    if not ranked:
-        raise UserError("no trial produced a checkpoint; see the trials' errors above")
-    best = Run(sweep.uri, ranked[0].info.run_id, ranked[0].info.run_name)
-    result = unit.read_result(best)
-    step = checkpoint.read_state_at(result.checkpoint)["step"]
-    won = {k: ranked[0].data.params.get(sweep.base.param_key(k)) for k in spec.space}
-    recorder.name_best(parent, result.checkpoint, {WINNER_RUN_ID_TAG: best.id, **{WINNER + k: v for k, v in won.items()}})
-    wall, cpu = time.perf_counter(), time.process_time()
-    unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)
-    baseline = result.baseline
-    if sweep.base.final_eval:  # the weights were loaded on the run's device, not here
-        print(f"the end of the sweep (7 STS tasks, baseline, export, registry): {time.perf_counter() - wall:.1f} s, "
-              f"{time.process_time() - cpu:.1f} s of it the driver's CPU", flush=True)
-    # At the best checkpoint's step, each once: the winner's numbers, and the comparison with the backbone.
-    numbers = {winner_key(k): v for k, v in {**result.dev, **{sts(k): v for k, v in (result.scores or {}).items()}}.items()}
-    if baseline:
-        tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in result.scores]
-        numbers.update({vs_backbone(t, "baseline"): baseline[t] for t in tasks})
-        numbers.update({vs_backbone(t, "delta"): result.scores[t] - baseline[t] for t in tasks})
-        parent.log_text(final_evaluation.beside_block(sweep_summary.best_backbone(result.checkpoint), baseline, result.scores),
-                        "sts_vs_backbone.md")
-    recorder.log_results(parent, numbers, step)
-    # What the sweep's nodes cost (the report sets it beside the trials' training GPU-hours).
-    try:
-        since = parent.info().info.start_time / 1000
-        recorder.log_results(parent, ray_env.node_hours(since))
-        if settings.get(settings.CLUSTER):  # on a cluster up made: what AWS bills its instances
-            recorder.log_results(parent, cluster_aws.billed_hours(settings.get(settings.CLUSTER), since))
-    except Exception as exc:  # noqa: BLE001 - an account of costs never fails the sweep that it accounts
-        print(f"note: the sweep's node-hours were not recorded ({one_line(exc, 160)})", flush=True)
-    registered = best.info().data.tags.get(REGISTERED_MODEL_TAG, "")
-    parent.set_tags({REGISTERED_MODEL_TAG: registered,
-                     NOTE_TAG: sweep_summary.sweep_note(sweep.uri, parent, best, won, registered, result, baseline, notes)})
-    best.set_tags({NOTE_TAG: sweep_summary.winner_note(sweep.uri, parent, best, registered, result, baseline, list(spec.space))})
-    sweep_summary.closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)
-    return result.checkpoint

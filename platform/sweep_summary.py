@@ -4,7 +4,8 @@ CSV, with plots logged as PNG images: each parameter against the dev score (tria
 the steps they trained), and Optuna's parameter-importance plot (fANOVA) with its n. Also how
 well each ASHA rung's score predicts the final best (``rung_table``, read by the
 benchmark case asha-rungs). And the sweep's descriptions in MLflow's UI: each trial's, the
-winner's and the parent's.
+winner's and the parent's; and the winner itself (``finish_sweep``): its numbers on the parent,
+its checkpoint evaluated beside the backbone, exported and registered.
 """
 
 from __future__ import annotations
@@ -13,14 +14,21 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from platform import checkpoint
+import time
+
+from platform import checkpoint, cluster_aws, settings
 from platform.console import as_number, format_frame, markdown_table, pyplot, short
 from platform.data import SHORT_NAMES, STS_TASKS
-from platform.run import final_evaluation
+from platform.errors import UserError, one_line
+from platform.run import final_evaluation, ray_env, unit
+from platform.run.loop import total_steps
 from platform.space import SearchSpace
 from platform.tracking import store
-from platform.tracking.names import (BEST, DEV_METRIC, RESUMED_FINISHED, STEP, STOPPED_BY_SCHEDULER_TAG,
-                                     STS_AVG, TRIAL_ID_TAG, sts)
+from platform.checkpoint import exists as checkpoint_exists
+from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, BEST_PREFIX, DEV_METRIC, NOTE_TAG, REGISTERED_MODEL_TAG,
+                                     RESUMED_FINISHED, STEP, STOPPED_BY_SCHEDULER_TAG, STS_AVG, TRIAL_ID_TAG, WINNER,
+                                     WINNER_RUN_ID_TAG, sts, vs_backbone, winner_key)
+from platform.tracking import recorder
 from platform.tracking.recorder import Run
 
 
@@ -396,3 +404,61 @@ def sweep_note(uri: str, parent: Run, best: Run, won: dict, registered: str, res
                      f"a new Python session with `{store.load_code(uri, f'models:/{name}/{version}')}`.")
     lines += [f"*{note}*" for note in notes]
     return "\n\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# The winner
+
+
+
+def ranked_trials(uri: str, parent: str, metric: str, mode: str) -> list:
+    """FINISHED trial runs with a score and a best checkpoint that exists in storage, best first."""
+    order = "DESC" if mode == "max" else "ASC"
+    runs = store.child_runs(uri, parent, "attributes.status = 'FINISHED'", order_by=[f"metrics.{BEST_PREFIX}{metric} {order}"])
+    return [r for r in runs if BEST_PREFIX + metric in r.data.metrics and checkpoint_exists(r.data.tags.get(BEST_CHECKPOINT_TAG))]
+
+
+def finish_sweep(sweep, parent: Run, spec: SearchSpace, results) -> str:
+    """The trials' table and plots, the grid's table, and the best trial: its numbers on the
+    parent (``best.*`` keys, never the trials' own), its checkpoint evaluated beside the backbone,
+    exported and registered. Returns that checkpoint."""
+    notes = summarise(parent, results, spec, total_steps(sweep.base, len(sweep.sentences)))
+    if sweep.grid and sweep.base.final_eval:
+        grid_table(parent, sweep.grid, sweep.base.param_key(sweep.grid))
+    ranked = ranked_trials(sweep.uri, sweep.parent, spec.metric, spec.mode)
+    if not ranked:
+        raise UserError("no trial produced a checkpoint; see the trials' errors above")
+    best = Run(sweep.uri, ranked[0].info.run_id, ranked[0].info.run_name)
+    result = unit.read_result(best)
+    step = checkpoint.read_state_at(result.checkpoint)["step"]
+    won = {k: ranked[0].data.params.get(sweep.base.param_key(k)) for k in spec.space}
+    recorder.name_best(parent, result.checkpoint, {WINNER_RUN_ID_TAG: best.id, **{WINNER + k: v for k, v in won.items()}})
+    wall, cpu = time.perf_counter(), time.process_time()
+    unit.finalize(best, result, "full" if sweep.base.final_eval else "none", searched=won)
+    baseline = result.baseline
+    if sweep.base.final_eval:  # the weights were loaded on the run's device, not here
+        print(f"the end of the sweep (7 STS tasks, baseline, export, registry): {time.perf_counter() - wall:.1f} s, "
+              f"{time.process_time() - cpu:.1f} s of it the driver's CPU", flush=True)
+    # At the best checkpoint's step, each once: the winner's numbers, and the comparison with the backbone.
+    numbers = {winner_key(k): v for k, v in {**result.dev, **{sts(k): v for k, v in (result.scores or {}).items()}}.items()}
+    if baseline:
+        tasks = [t for t in (*STS_TASKS, "avg") if t in baseline and t in result.scores]
+        numbers.update({vs_backbone(t, "baseline"): baseline[t] for t in tasks})
+        numbers.update({vs_backbone(t, "delta"): result.scores[t] - baseline[t] for t in tasks})
+        parent.log_text(final_evaluation.beside_block(best_backbone(result.checkpoint), baseline, result.scores),
+                        "sts_vs_backbone.md")
+    recorder.log_results(parent, numbers, step)
+    # What the sweep's nodes cost (the report sets it beside the trials' training GPU-hours).
+    try:
+        since = parent.info().info.start_time / 1000
+        recorder.log_results(parent, ray_env.node_hours(since))
+        if settings.get(settings.CLUSTER):  # on a cluster up made: what AWS bills its instances
+            recorder.log_results(parent, cluster_aws.billed_hours(settings.get(settings.CLUSTER), since))
+    except Exception as exc:  # noqa: BLE001 - an account of costs never fails the sweep that it accounts
+        print(f"note: the sweep's node-hours were not recorded ({one_line(exc, 160)})", flush=True)
+    registered = best.info().data.tags.get(REGISTERED_MODEL_TAG, "")
+    parent.set_tags({REGISTERED_MODEL_TAG: registered,
+                     NOTE_TAG: sweep_note(sweep.uri, parent, best, won, registered, result, baseline, notes)})
+    best.set_tags({NOTE_TAG: winner_note(sweep.uri, parent, best, registered, result, baseline, list(spec.space))})
+    closing_block(sweep.uri, sweep.experiment, parent, best, result, won, registered, spec.metric)
+    return result.checkpoint

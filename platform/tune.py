@@ -27,7 +27,8 @@ from platform.errors import ConfigError, UserError, cli_main
 from platform.run import ray_env, unit
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
-from platform.sweep_runs import _ACTIVE, Sweep, TrialRuns, finish_sweep, new_sweep, open_trial_run, resumable_sweep, sweep_identity
+from platform.sweep_runs import _ACTIVE, Sweep, TrialRuns, new_sweep, open_trial_run, resumable_sweep, sweep_identity
+from platform.sweep_summary import finish_sweep
 from platform.tracking import hub, store
 from platform.tracking.names import BEST, WINNER_RUN_ID_TAG, CORPUS_SHA256_TAG, DEV_METRIC, RESUMED_FINISHED, STEP
 from platform.tracking.recorder import Run

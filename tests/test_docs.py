@@ -392,7 +392,7 @@ GLOSSARY_EXCEPTIONS = {
     "platform/checkpoint.py:POINTS": "the file of a state checkpoint's points",
     "platform/checkpoint.py:save_points": "a state checkpoint's points",
     "platform/checkpoint.py:load_points": "a state checkpoint's points",
-    "platform/tracking/recorder.py:points_in": "the points a report carries",
+    "platform/tracking/writer.py:points_in": "the points a report carries",
     "platform/checkpoint.py:ModelWriter": "writes a checkpoint's model, not a run",
     "platform/storage.py:writer_id": "who wrote a storage folder",
     "platform/sweep_runs.py:writer": "a trial's run writer",

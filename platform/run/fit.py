@@ -1,7 +1,7 @@
 """One fit of one configuration and seed: Ray Train's ``TorchTrainer`` (DDP workers, every
 evaluation's checkpoint persisted to ``storage_path``) or the training loop in this process
 (``runtime=process``). The points each report carries are written by this process
-(``recorder.RunWriter``: from the loop's reports, or from Ray Train's controller through a queue),
+(``RunWriter``: from the loop's reports, or from Ray Train's controller through a queue),
 except a sweep trial's own run, whose reports go to Tune and its driver. At its end the fit's best
 checkpoint is decided from storage and named on its run.
 
@@ -26,7 +26,8 @@ from platform.errors import ClusterError
 from platform.run.loop import WorkerContext, train_loop_per_worker
 from platform.tracking.names import POINTS, POINTS_RUN
 from platform.tracking import recorder
-from platform.tracking.recorder import Run, RunWriter
+from platform.tracking.recorder import Run
+from platform.tracking.writer import RunWriter, delivered, points_in
 
 
 INTERRUPTED_WAIT_S = 15.0  # an interrupted fit's end: how long it waits for the tracking server
@@ -68,12 +69,12 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
     try:
         if cfg.runtime == "process":
             ctx.corpus = corpus
-            ctx.on_report = (lambda metrics: writer.log(run.id, recorder.points_in(metrics))) if writer else None
+            ctx.on_report = (lambda metrics: writer.log(run.id, points_in(metrics))) if writer else None
             metrics = train_loop_per_worker(ctx)
         else:
             metrics = _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports, writer)
         if writer is not None:
-            recorder.delivered(writer, run.id, where=f" ({folder})")
+            delivered(writer, run.id, where=f" ({folder})")
     except BaseException:
         # Interrupted or failed: what the writer holds gets a short wait (the checkpoints keep it
         # for --resume), and the run its best checkpoint in storage, if it can be told.
@@ -167,7 +168,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
         datasets=datasets,
     )
     try:
-        with taking(reports, lambda result: writer.log(ctx.run_id, recorder.points_in(result))):
+        with taking(reports, lambda result: writer.log(ctx.run_id, points_in(result))):
             return dict(trainer.fit().metrics or {})
     except ray.train.WorkerGroupError as exc:
         lost = workers_lost(exc)

@@ -70,3 +70,17 @@ NOTE_TAG = "mlflow.note.content"  # the description MLflow's UI shows (Markdown)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 VIEW_TAG = "mlflow.sharedViewState."  # MLflow's UI keeps a saved view of an experiment's runs table here
 MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # on a logged model: the registry versions made from it
+
+
+def winner_key(key: str) -> str:
+    """The parent's key for a trial's metric: ``best_stsb_dev_spearman`` -> ``best.stsb_dev_spearman``,
+    ``sts_avg`` -> ``best.sts_avg``: a sort by a trial metric lists trials only."""
+    return WINNER + (key[len(BEST_PREFIX):] if key.startswith(BEST_PREFIX) else key)
+
+
+def trial_key(key: str) -> str | None:
+    """The trial metric a parent's ``best.`` key stands for (None for other keys)."""
+    if not key.startswith(WINNER):
+        return None
+    key = key[len(WINNER):]
+    return BEST_PREFIX + key if key.startswith(DEV_METRIC) else key

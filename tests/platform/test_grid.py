@@ -16,7 +16,7 @@ import pytest
 from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
 from platform.config import TrainConfig
 from platform.space import load_space
-from platform.tracking.recorder import winner_key
+from platform.tracking.names import winner_key
 from tests.helpers import ROOT, check_seed_means, corpus_head, run_cli, runs_of
 
 

@@ -47,7 +47,8 @@ def test_a_run_restored_at_its_end_reports_its_last_state_once(tiny_model, small
     last step) evaluates and reports that state once: Tune expects a result from every trial. Its
     report carries the state's points again, and the run's writer sends each (key, step) once."""
     from platform.run.loop import WorkerContext
-    from platform.tracking.recorder import Run, RunWriter, points_in
+    from platform.tracking.recorder import Run
+    from platform.tracking.writer import RunWriter, points_in
     from platform.tracking.store import client
 
     cfg = TrainConfig.build("simcse", "local", {"model": str(tiny_model), "corpus": str(small_corpus), "batch_size": 8,

@@ -20,7 +20,8 @@ def cache(tmp_path_factory):
 def _losses(method: str, seed: int, tiny_model, corpus, out, uri: str, extra=None) -> list[float]:
     from platform.config import TrainConfig
     from platform.run.loop import WorkerContext, train_loop_per_worker
-    from platform.tracking.recorder import Run, RunWriter, points_in
+    from platform.tracking.recorder import Run
+    from platform.tracking.writer import RunWriter, points_in
     from platform.tracking.store import client
 
     cfg = TrainConfig.build(method, "local", {"model": str(tiny_model), "corpus": str(corpus), "batch_size": 16,

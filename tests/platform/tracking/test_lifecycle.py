@@ -72,7 +72,7 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
     decided from storage; runs already ended are left as they are. Only FINISHED trials whose
     best checkpoint exists in storage are ranked."""
     from platform.tracking import recorder
-    from platform.sweep_runs import ranked_trials
+    from platform.sweep_summary import ranked_trials
 
     parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
     trials = _sweep(mlflow_uri, parent, tmp_path / "sweep")
@@ -136,7 +136,7 @@ def test_a_writer_sends_each_step_once_and_in_order_whatever_is_sent_again(mlflo
     step 3, which the lost attempt had reported; ``--resume`` (a new writer, another process)
     replays them once more: each (key, step) reaches the run once, with the value sent first, and
     an end queued behind the points finds them all."""
-    from platform.tracking.recorder import RunWriter
+    from platform.tracking.writer import RunWriter
     from platform.tracking.store import client
 
     run = Run.create(mlflow_uri, "simcse", "metrics", {})
@@ -162,7 +162,7 @@ def test_a_report_waits_on_no_tracking_server(tmp_path):
     import socket
     import time
 
-    from platform.tracking.recorder import RunWriter
+    from platform.tracking.writer import RunWriter
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
