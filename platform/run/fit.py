@@ -66,23 +66,30 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
                         run_dir=folder, dev=dev_pairs(), label=label, to_tune=tune_reports and run is not None and run.in_trial)
     # The sweep's driver writes its trial's own run; this process every other run it fits.
     writer = RunWriter(run.uri) if run is not None and not ctx.to_tune else None
+    take = (lambda metrics: writer.log(run.id, points_in(metrics))) if writer else None
+    reports = ReportQueue(take) if writer is not None and cfg.runtime == "ray" else None
     try:
         if cfg.runtime == "process":
-            ctx.corpus = corpus
-            ctx.on_report = (lambda metrics: writer.log(run.id, points_in(metrics))) if writer else None
+            ctx.corpus, ctx.on_report = corpus, take
             metrics = train_loop_per_worker(ctx)
         else:
-            metrics = _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports, writer)
+            metrics = _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports, reports)
         if writer is not None:
             delivered(writer, run.id, where=f" ({folder})")
     except BaseException:
-        # Interrupted or failed: what the writer holds gets a short wait (the checkpoints keep it
-        # for --resume), and the run its best checkpoint in storage, if it can be told.
+        # Interrupted or failed: what the controller handed over is taken, what the writer holds
+        # gets a short wait (the checkpoints keep it for --resume), and the run its best checkpoint
+        # in storage, if it can be told.
+        if reports is not None:
+            reports.drain()
         if writer is not None:
             writer.close(INTERRUPTED_WAIT_S)
         with contextlib.suppress(Exception):
             name_best(run, folder)
         raise
+    finally:
+        if reports is not None:
+            reports.close()
     best = name_best(run, folder)
     return FitResult(best.dev if best else None, best.checkpoint if best else None, metrics)
 
@@ -124,18 +131,13 @@ def off_the_main_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @off_the_main_thread
 def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_path: str, name: str,
-             tune_reports: bool, writer: RunWriter | None) -> dict:
+             tune_reports: bool, reports: "ReportQueue | None") -> dict:
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
-    callbacks, reports = [], None
-    if writer is not None:  # the reports' points come back to this process, for its writer
-        from ray.util.queue import Queue
-
-        reports = Queue(actor_options={"num_cpus": 0})
-        callbacks.append(to_queue(reports))
+    callbacks = [reports.callback()] if reports is not None else []  # the reports' points, back to this process
     if tune_reports:  # every evaluation goes on to Tune (and ASHA, which may end the trial on it)
         from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -168,7 +170,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
         datasets=datasets,
     )
     try:
-        with taking(reports, lambda result: writer.log(ctx.run_id, points_in(result))):
+        with reports.draining() if reports is not None else contextlib.nullcontext():
             return dict(trainer.fit().metrics or {})
     except ray.train.WorkerGroupError as exc:
         lost = workers_lost(exc)
@@ -180,46 +182,54 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
                            "nodes)") from None
 
 
-def to_queue(queue):
-    """A Ray Train callback, on the fit's controller, that puts each report's points on ``queue``."""
-    from ray.train import UserCallback
+class ReportQueue:
+    """The points of a Ray Train fit's reports, brought back to the process that writes its run: a
+    callback on the fit's controller (``callback``) puts each report's on a Ray queue, and a helper
+    thread here hands them to ``take`` while the fit runs (``draining``), then once more at its
+    end (``drain``: an interrupted fit takes what the controller handed over before it stopped)."""
 
-    class ToQueue(UserCallback):
-        def after_report(self, run_context, metrics, checkpoint):
-            # Taken out: Tune's callback, after this one, forwards the rest (a first seed's ASHA reports).
-            queue.put({k: metrics[0].pop(k) for k in (POINTS, POINTS_RUN) if k in metrics[0]})
+    def __init__(self, take: Callable[[dict], None]):
+        from ray.util.queue import Queue
 
-    return ToQueue()
+        self.queue, self.take = Queue(actor_options={"num_cpus": 0}), take
 
+    def callback(self):
+        from ray.train import UserCallback
 
-@contextlib.contextmanager
-def taking(queue, take: Callable[[dict], None]):
-    """While the block runs (and once after it), what ``queue`` holds is handed to ``take`` from a
-    helper thread; the queue's actor ends with the block."""
-    if queue is None:
-        yield
-        return
-    done = threading.Event()
+        queue = self.queue
 
-    def drain() -> None:
-        while True:
-            finished = done.is_set()
-            with contextlib.suppress(Exception):
-                while not queue.empty():
-                    take(queue.get_nowait())
-            if finished:
-                return
-            done.wait(0.5)
+        class ToQueue(UserCallback):
+            def after_report(self, run_context, metrics, checkpoint):
+                # Taken out: Tune's callback, after this one, forwards the rest (a first seed's ASHA reports).
+                queue.put({k: metrics[0].pop(k) for k in (POINTS, POINTS_RUN) if k in metrics[0]})
 
-    thread = threading.Thread(target=drain, name="reports", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(30)
+        return ToQueue()
+
+    def drain(self) -> None:
         with contextlib.suppress(Exception):
-            queue.shutdown()
+            while not self.queue.empty():
+                self.take(self.queue.get_nowait())
+
+    @contextlib.contextmanager
+    def draining(self):
+        done = threading.Event()
+
+        def loop() -> None:
+            while not done.wait(0.5):
+                self.drain()
+
+        thread = threading.Thread(target=loop, name="reports", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(30)
+            self.drain()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.queue.shutdown()
 
 
 def workers_lost(exc) -> str | None:
