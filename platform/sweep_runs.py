@@ -133,7 +133,7 @@ def open_trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig):
     return run, None
 
 
-_ACTIVE: list = []  # the sweep's TrialRuns in this driver (Tune restores its own copy on --resume)
+ACTIVE: list = []  # the sweep's TrialRuns in this driver (Tune restores its own copy on --resume)
 OUTCOMES = {"TERMINATED": "completed", "STOPPED": "stopped", "ERROR": "failed"}  # a trial's saved state: its run's end
 
 
@@ -166,7 +166,7 @@ class TrialRuns:
         self.writers: dict[str, RunWriter] = {}
         self.progress: dict[str, float] = {}  # running trials: when each last started or reported
         self._watching = False
-        _ACTIVE[:] = [self]
+        ACTIVE[:] = [self]
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k in ("sweep", "stopped", "last_step", "run_of", "noted")}
@@ -230,7 +230,7 @@ class TrialRuns:
                 else:
                     named = checkpoint.best_under(fit_folder, up_to if r is trial else None)
                     best = named.checkpoint if named else None
-                    tags.update({BEST_CHECKPOINT_TAG: best} if best else {})  # recorder.name_best's tag
+                    tags.update(recorder.best_tags(best))
                 status = recorder.closing_status(outcome, best)[0]
                 if r is trial:  # described as it ends, in one request with its end's tags
                     tags.update(self.note(r, status, outcome == "stopped", self.noted.get(trial_id) if known else None))

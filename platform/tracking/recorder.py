@@ -271,4 +271,10 @@ def link_to_model(run: Run, model_id: str, keys: list[str]) -> None:
 def name_best(run: Run, checkpoint: str, tags: dict[str, str] | None = None) -> None:
     """The one writer of ``best_checkpoint``: a fit's best checkpoint (from its storage), or a
     configuration's (or a sweep's), chosen among its fits' (or trials')."""
-    run.set_tags({BEST_CHECKPOINT_TAG: checkpoint, **(tags or {})})
+    run.set_tags({**best_tags(checkpoint), **(tags or {})})
+
+
+def best_tags(checkpoint: str | None) -> dict[str, str]:
+    """What naming ``checkpoint`` the run's best writes (none for no checkpoint): ``name_best``'s
+    tags, for a run that ends in the same request (``Run.end(tags=...)``)."""
+    return {BEST_CHECKPOINT_TAG: checkpoint} if checkpoint else {}
