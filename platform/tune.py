@@ -77,7 +77,9 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
 # The sweep
 
 
-def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
+def sweep_tuner(sweep: Sweep, spec: SearchSpace, resume: bool):
+    """The sweep's Tune ``Tuner``: the trials' search (Optuna or a grid) and ASHA on its space, the
+    driver's ``TrialRuns`` callback; restored from the sweep's folder on ``resume``."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -124,13 +126,7 @@ def run_sweep(sweep: Sweep, spec: SearchSpace, resume: bool):
             # when it starts, one per evaluation, and one when it ends, in its MLflow run's words.
             run_config=tune.RunConfig(name="tune", storage_path=sweep.folder, callbacks=callbacks, verbose=0),
         )
-    try:
-        return tuner.fit()
-    finally:
-        released = ray_env.free_reservations()
-        if released:
-            print(f"note: released {len(released)} placement group(s) that stopped trials left reserved on the cluster",
-                  flush=True)
+    return tuner
 
 
 def saved_trial_states(folder: str, total: int) -> dict[str, str]:
@@ -237,7 +233,10 @@ def main(argv=None) -> int:
         TrialRuns(sweep).close_open(saved_trial_states(folder, total))  # left open by a driver that died
     try:
         with parent.closing():
-            results = run_sweep(sweep, spec, resume=found is not None)
+            try:
+                results = sweep_tuner(sweep, spec, resume=found is not None).fit()
+            finally:
+                ray_env.free_reservations(say=True)
             if interrupted(saved_trial_states(folder, total), state["expected_trials"]):
                 raise KeyboardInterrupt
             parent.complete(finish_sweep(sweep, parent, spec, results))

@@ -366,7 +366,6 @@ def test_every_name_the_glossary_gives_exists():
 # Definitions in platform/ whose names hold a glossary word in another sense, each with the reason
 # it is that word's sense after all, or a different one a reader cannot mistake.
 GLOSSARY_EXCEPTIONS = {
-    "platform/run/fit.py:_fit_ray": "one fit, on Ray Train",
     "platform/run/unit.py:_fit_seed": "one fit, of one of several seeds",
     "platform/run/unit.py:_fit_result": "a finished fit's result read back from its run",
     "platform/evaluation/classifier.py:fit_and_score": "a transfer task's classifier fitted (scikit-learn's verb)",

@@ -73,7 +73,9 @@ def fit(cfg: TrainConfig, corpus: CorpusData, run: Run | None, *, storage_path: 
             ctx.corpus, ctx.on_report = corpus, take
             metrics = train_loop_per_worker(ctx)
         else:
-            metrics = _fit_ray(cfg, corpus, ctx, storage_path, name, tune_reports, reports)
+            trainer = ray_trainer(cfg, corpus, ctx, storage_path, name, tune_reports, reports)
+            with reports.draining() if reports is not None else contextlib.nullcontext(), on_lost_workers(cfg):
+                metrics = dict(off_the_main_thread(trainer.fit)().metrics or {})
         if writer is not None:
             delivered(writer, run.id, where=f" ({folder})")
     except BaseException:
@@ -129,9 +131,10 @@ def off_the_main_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@off_the_main_thread
-def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_path: str, name: str,
-             tune_reports: bool, reports: "ReportQueue | None") -> dict:
+def ray_trainer(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_path: str, name: str,
+                tune_reports: bool, reports: "ReportQueue | None"):
+    """The fit's Ray Train ``TorchTrainer``: ``cfg.num_workers`` DDP workers running the loop, its
+    checkpoints under ``storage_path/name``, its reports to ``reports`` (and Tune)."""
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -149,7 +152,7 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
                                   inputs=StepInputs(recipe, cfg.model, cfg.max_len, static=cfg.static_shapes))
     else:  # every worker slices the same global batches: the corpus reaches it through the object store
         ctx.corpus_ref = ray.put((corpus.columns, corpus.statistics))
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=ctx.loop_config(),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
@@ -169,13 +172,20 @@ def _fit_ray(cfg: TrainConfig, corpus: CorpusData, ctx: WorkerContext, storage_p
         ),
         datasets=datasets,
     )
+
+
+@contextlib.contextmanager
+def on_lost_workers(cfg: TrainConfig):
+    """A Ray Train fit whose workers died more often than ``max_failures`` allows fails in one line
+    (``ClusterError``); a worker that raised an exception of its own raises it, with its traceback."""
+    import ray.train
+
     try:
-        with reports.draining() if reports is not None else contextlib.nullcontext():
-            return dict(trainer.fit().metrics or {})
+        yield
     except ray.train.WorkerGroupError as exc:
         lost = workers_lost(exc)
         if lost is None:
-            raise  # a worker raised: a bug, with its traceback
+            raise
         raise ClusterError(f"training lost its Ray Train workers {cfg.max_failures + 1} time(s), more than "
                            f"max_failures={cfg.max_failures} allows (the last time {lost}); the run keeps its "
                            "checkpoints: --resume continues it (raise --set max_failures=N for a cluster that loses "

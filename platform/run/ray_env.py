@@ -260,13 +260,13 @@ def cluster_lost(gcs_address: str, silent_s: float) -> None:
     os._exit(2)
 
 
-def free_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S) -> list[str]:
+def free_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S, say: bool = False) -> list[str]:
     """Once a sweep's trials have ended: remove the placement groups its job still holds on the
     cluster; the ids removed. A trial stopped while Ray Train restarts its worker group can leave
     that group reserved after the job ends, holding a node's resources for good. The job's Train
     controllers are given ``settle_s`` to end first, so that none places a group after this; then
     Ray Train's own cleaner is given ``grace_s`` (within ``settle_s``) to remove their groups, so
-    that only what outlives it is removed here and reported."""
+    that only what outlives it is removed here and reported (``say``: in a line on the console)."""
     import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
     from ray.util.state import list_actors, list_placement_groups
@@ -294,6 +294,9 @@ def free_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S) 
             released.append(group_id)
     except Exception as exc:  # noqa: BLE001 - the command has ended; its exit is not to be held up or changed
         logging.getLogger(__name__).warning("could not check the cluster for placement groups left by this job: %s", exc)
+    if say and released:
+        print(f"note: released {len(released)} placement group(s) that stopped trials left reserved on the cluster",
+              flush=True)
     return released
 
 

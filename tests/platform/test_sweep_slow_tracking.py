@@ -4,7 +4,7 @@ Ray session: every time, both trials' runs end (the stopped one FINISHED, marked
 scheduler), every point of every result Tune received is in MLflow, once, and the sweep ends in
 bounded time.
 
-The sweep is the product's: ``platform.tune.run_sweep``'s pieces (Tune, ASHA, the driver's
+The sweep is the product's: ``platform.tune.sweep_tuner``'s pieces (Tune, ASHA, the driver's
 ``TrialRuns`` callback), each trial opening its run with ``sweep_runs.open_trial_run`` and
 reporting as the training loop's rank 0 does (its points, its line, a checkpoint in storage per
 evaluation); the training itself is left out, so that the 20 sweeps fit in minutes."""

@@ -4,6 +4,12 @@ each function defined in the project's packages: one line ``pid module function 
 its path from the package folder on. Used by ``tests/platform/cluster/test_cluster_join.py`` to check the README's
 Code map against what a sweep runs, and by ``tests/platform/cluster/test_cluster_slurm.py`` to see which node ran what.
 
+Each process also appends, to ``$PLATFORM_TRACE_OUT.stacks``, the project's frames on the stack
+(``module:function``, outermost first) at each distinct call of where the sweep crosses into
+Ray or reaches the loss: Tune's ``Tuner.fit`` (the driver), Ray Train's ``fit`` (a trial),
+``F.cross_entropy`` (a worker). ``tests/platform/cluster/test_cluster_join.py`` joins the three
+into the path from ``python -m platform.tune`` to the loss.
+
 The project's modules are compiled with one call added at the top of each function body (after
 its docstring); nothing else is traced. (A global ``sys.settrace`` function, called on every
 Python call of every library once a process had imported the project, made the sweep's workers
@@ -13,11 +19,13 @@ import ast
 import builtins
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import re
 import socket
 import sys
 import threading
+import traceback
 
 _OUT = os.environ.get("PLATFORM_TRACE_OUT")
 _MODULE = re.compile(r"/((?:platform|methods)/[\w/]+\.py)$")
@@ -80,6 +88,54 @@ class _ProjectFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+# Where the sweep crosses into Ray, or reaches the loss: module -> (class or None, function).
+_CROSSINGS = {"ray.tune.tuner": ("Tuner", "fit"), "ray.train.v2.api.data_parallel_trainer": ("DataParallelTrainer", "fit"),
+              "torch.nn.functional": (None, "cross_entropy")}
+_stacks: set = set()
+
+
+def _record_stack(target: str) -> None:
+    frames = [(_MODULE.search(f.filename), f.name) for f in traceback.extract_stack()[:-2]]
+    stack = [f"{found.group(1)}:{name}" for found, name in frames if found and "site-packages" not in found.string]
+    with _lock:
+        if (target, tuple(stack)) in _stacks:
+            return
+        _stacks.add((target, tuple(stack)))
+        with open(_OUT + ".stacks", "a", encoding="utf-8") as out:
+            out.write(json.dumps({"pid": os.getpid(), "target": target, "stack": stack}) + "\n")
+
+
+def _traced(owner, attr: str, target: str) -> None:
+    real = getattr(owner, attr)
+
+    def call(*args, **kwargs):
+        _record_stack(target)
+        return real(*args, **kwargs)
+
+    setattr(owner, attr, call)
+
+
+class _CrossingFinder(importlib.abc.MetaPathFinder):
+    """The modules of ``_CROSSINGS`` imported as usual, then their function wrapped to record its stack."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _CROSSINGS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+        cls, attr = _CROSSINGS[name]
+
+        def exec_module(module):
+            run(module)
+            _traced(getattr(module, cls) if cls else module, attr, f"{cls}.{attr}" if cls else attr)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 if _OUT:
     builtins._platform_trace_hit = _hit
     sys.meta_path.insert(0, _ProjectFinder())
+    sys.meta_path.insert(0, _CrossingFinder())

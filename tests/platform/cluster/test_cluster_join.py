@@ -7,7 +7,8 @@ started and stopped by the real autoscaler). On it, as on the head of ``cluster.
   autoscaler has added nodes;
 - every process of that cluster and the driver runs with ``tests/tracer`` on ``PYTHONPATH``: the
   project modules whose functions the sweep ran (driver, trials, Train workers, Ray Data) are the
-  the Code map (docs/development.md);
+  the Code map (docs/development.md), and the path from its ``main`` to the loss, joined over the
+  driver, a trial and a Train worker, is at most ``MOST_HOPS_TO_THE_LOSS`` calls long;
 - (``tests/platform/cluster/test_cluster_job.py``: the README's ``ray job submit`` line on a real head.)
 """
 
@@ -30,6 +31,9 @@ from tests.services import cluster_head
 pytestmark = pytest.mark.scenario
 
 WORKER_CPUS = 2
+# The project's calls from ``python -m platform.tune una`` (runtime=ray) to the loss's
+# ``F.cross_entropy``, over the driver, a trial and a Train worker; the path may shrink, not grow.
+MOST_HOPS_TO_THE_LOSS = 9
 
 
 def fake_cluster_config(gcs_port: int) -> dict:
@@ -177,3 +181,25 @@ def test_the_sweep_records_what_its_nodes_ran(head, sweep):
     wall = (parent.info.end_time - parent.info.start_time) / 3.6e6
     assert 0.5 * wall < m["node_hours"] <= m["nodes_seen"] * wall, (m, wall)
     assert m["gpu_hours_offered"] == 0  # the fake cluster's nodes have no GPUs
+
+
+def test_the_path_from_the_sweep_to_the_loss_is_short(head, sweep):
+    """A reader follows ``python -m platform.tune una`` to ``F.cross_entropy`` through the project's
+    own functions: the driver's stack where it hands the sweep to Tune, a trial's where it hands
+    its fit to Ray Train and a Train worker's at its first loss (``tests/tracer`` records each),
+    joined: at most ``MOST_HOPS_TO_THE_LOSS`` calls between the command's ``main`` and the loss."""
+    assert sweep.returncode == 0, sweep.stderr[-4000:]
+    stacks = [json.loads(line) for line in (head.trace.parent / (head.trace.name + ".stacks")).read_text().splitlines()]
+
+    def first(target: str, last: str) -> list[str]:
+        return next(s["stack"] for s in stacks if s["target"] == target and s["stack"] and s["stack"][-1].startswith(last))
+
+    driver = first("Tuner.fit", "platform/tune.py:")
+    trial = first("DataParallelTrainer.fit", "platform/run/fit.py:")
+    worker = first("cross_entropy", "methods/losses.py:")
+    assert trial[0] == "platform/tune.py:trial" and worker[0] == "platform/run/loop.py:train_loop_per_worker", (trial, worker)
+    joined = driver[driver.index("platform/tune.py:main"):] + trial + worker
+    path = [f for f in joined if not f.endswith(":wrapper")]  # cli_main's and off_the_main_thread's wrappers
+    hops = len(path) - 1
+    print(f"{hops} hops over {len({f.split(':')[0] for f in path})} files:\n  " + "\n  ".join(path))
+    assert hops <= MOST_HOPS_TO_THE_LOSS, path
