@@ -86,6 +86,12 @@ def fail(message: str) -> NoReturn:
 _terminating = []
 
 
+def stopping() -> bool:
+    """Whether this command was asked to stop (SIGTERM): what fails from then on (a trial, the Ray
+    cluster a scheduler is taking down) ends as interrupted, not as an error of its own."""
+    return bool(_terminating)
+
+
 def _terminate_as_interrupt(signum, frame) -> None:
     """SIGTERM (``ray job stop``, a scheduler, ``kill``) does what Ctrl-C does: whatever handles
     SIGINT now (Tune's graceful stop, else Python's KeyboardInterrupt) handles it. Only the first

@@ -124,8 +124,17 @@ def node_task(attempt: Path, interface: str | None = None) -> int:
         args.append(f"--address={head['address']}")
     log = open(attempt / f"ray-node-{rank}.log", "ab")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # ray start --block ends its processes on these
-        signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
+
+    def on_signal(signum, frame) -> None:
+        if signum == signal.SIGTERM and not (attempt / "stop").exists():
+            # Slurm signals the tasks alone first on a preemption with a grace time, and Ray goes
+            # with them: the batch (run_command) is told, so that the command stops as it would at
+            # the walltime rather than failing on a lost cluster.
+            storage.write_json(attempt / f"terminated-{rank}.json", {"node": socket.gethostname(), "at": time.time()})
+        proc.send_signal(signum)  # ray start --block ends its processes on these
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     if rank == 0:
         while proc.poll() is None and answers(ip, port, timeout=2) is not None:
             time.sleep(0.5)
@@ -290,15 +299,22 @@ def named_run(command: list[str], name: str, job_id: str) -> list[str]:
 
 
 class Stop:
-    """What ended the job's command: Slurm's walltime warning (SIGUSR1), or its SIGTERM."""
+    """What ended the job's command: Slurm's walltime warning (SIGUSR1), its SIGTERM to the job's
+    tasks alone (a preemption's grace time: relayed by a node's task), or its SIGTERM to the job."""
 
     def __init__(self):
-        self.walltime = self.terminated = False
+        self.walltime = self.tasks = self.terminated = False
         self.command: subprocess.Popen | None = None
 
     def on_usr1(self, signum, frame) -> None:
         self.walltime = self.walltime or time.monotonic()
         print("slurm: the walltime is near; the command stops and the job requeues itself", flush=True)
+        self._forward()
+
+    def on_tasks_term(self, node: str) -> None:
+        self.tasks = self.tasks or time.monotonic()
+        print(f"slurm: the job's tasks got SIGTERM ({node}'s first: a preemption's grace time); the command stops and "
+              "the job requeues itself", flush=True)
         self._forward()
 
     def on_term(self, signum, frame) -> None:
@@ -371,9 +387,10 @@ def made_progress(command: list[str], since: float, record: Path) -> bool:
 
 def requeue_decision(code: int, stop: Stop, starts: int, max_requeues: int, progress: bool) -> bool:
     """Whether the job requeues itself (saying why not where it matters): after the walltime warning
-    only, when the command did not finish (exit 0 wins, whenever the signal came), the job has requeues
+    or the tasks' SIGTERM only (Slurm's own SIGTERM to the job: Slurm requeues or cancels it), when
+    the command did not finish (exit 0 wins, whenever the signal came), the job has requeues
     left, and this start saved something to resume from."""
-    if code == 0 or not stop.walltime or stop.terminated:
+    if code == 0 or not (stop.walltime or stop.tasks) or stop.terminated:
         return False
     if starts >= max_requeues:
         print(f"slurm: not requeued: the job has started {starts + 1} times (--max-requeues {max_requeues})", flush=True)
@@ -449,7 +466,7 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         if lineage.starts:
             command = [*command, *resume_arguments(command, lineage.sweep_record)]
         print(f"slurm: running {shlex.join(command)}", flush=True)
-        code = run_command(command, env, stop, server, walltime_stop_s=signal_s / 2)
+        code = run_command(command, env, stop, server, walltime_stop_s=signal_s / 2, attempt=attempt)
         if server is not None:
             server.snapshot(force=True)  # before a requeue: Slurm's SIGTERM and SIGKILL follow it
         if requeue_decision(code, stop, lineage.starts, max_requeues,
@@ -524,17 +541,21 @@ def say_where(address: str, server: "MlflowServer", folder: Path, head: dict, to
 
 
 def run_command(command: list[str], env: dict[str, str], stop: "Stop", server: "MlflowServer | None",
-                walltime_stop_s: float) -> int:
+                walltime_stop_s: float, attempt: Path) -> int:
     """COMMAND until it ends, MLflow's copy kept fresh; its exit status. After the walltime warning
-    it gets ``walltime_stop_s`` to save its state and stop; after Slurm's SIGTERM, KillWait."""
+    it gets ``walltime_stop_s`` to save its state and stop; after Slurm's SIGTERM (to the job, or to
+    its tasks: a node's task relays it into ``attempt``), KillWait."""
     # A session of its own: what is left of it when Slurm ends the job is ended here (with
     # proctrack/linuxproc, a process whose parent was killed first escapes the job and would
     # still drive the sweep that the next start resumes).
     stop.command = subprocess.Popen(command, env=env, start_new_session=True)
     copied_at_stop, grace = False, kill_wait() - 5
     while stop.command.poll() is None:
-        time.sleep(1)
-        if server is not None and stop.terminated and not copied_at_stop:
+        time.sleep(0.25)  # a relayed SIGTERM reaches the command before Tune sees its trials fail
+        relayed = next(attempt.glob("terminated-*.json"), None)
+        if relayed is not None and not (stop.tasks or stop.terminated):
+            stop.on_tasks_term(json.loads(relayed.read_text(encoding="utf-8"))["node"])
+        if server is not None and (stop.terminated or stop.tasks) and not copied_at_stop:
             # Ended by Slurm: the server goes with the job and SIGKILL follows within KillWait,
             # so the copy is made now, not after the command.
             server.snapshot(force=True)
@@ -542,6 +563,7 @@ def run_command(command: list[str], env: dict[str, str], stop: "Stop", server: "
         elif server is not None and time.time() - server.copied > SNAPSHOT_S:
             server.snapshot()
         late = [(when, limit, what) for when, limit, what in ((stop.terminated, grace, "Slurm's SIGTERM"),
+                                                             (stop.tasks, grace, "the tasks' SIGTERM"),
                                                              (stop.walltime, walltime_stop_s, "the walltime warning"))
                 if when and time.monotonic() - when > limit]
         if late:
@@ -554,8 +576,8 @@ def run_command(command: list[str], env: dict[str, str], stop: "Stop", server: "
 def kill_wait() -> float:
     """Slurm's KillWait: the seconds between the SIGTERM that ends a job and its SIGKILL (30 unless
     the site says otherwise)."""
-    proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
-    found = re.search(r"^KillWait\s*=\s*(\d+)", proc.stdout, re.M)
+    proc = ask("scontrol", "show", "config")
+    found = re.search(r"^KillWait\s*=\s*(\d+)", proc.stdout, re.M) if proc is not None else None
     return float(found.group(1)) if found else 30.0
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from platform import checkpoint, settings, storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
-from platform.errors import UserError, one_line
+from platform.errors import UserError, one_line, stopping
 from platform.run import unit
 from platform.checkpoint import exists as checkpoint_exists
 from platform.run.fit import release
@@ -204,7 +204,9 @@ class TrialRuns:
         self.progress.pop(trial_id, None)
         outcome = outcome or ("stopped" if trial_id in self.stopped else "completed")
         up_to = self.last_step.get(trial_id)
-        self.writer(trial_id).call(lambda: self.close(trial_id, outcome, up_to, say=True), f"ending trial {trial_id}'s run")
+        # A trial that fails while the command stops (SIGTERM) went with the stop (Slurm takes Ray down with it).
+        self.writer(trial_id).call(lambda: self.close(trial_id, "interrupted" if outcome == "failed" and stopping()
+                                                      else outcome, up_to, say=True), f"ending trial {trial_id}'s run")
 
     def flush(self, seconds: float) -> bool:
         """Wait, at most ``seconds`` in all, until every trial's points are sent and its end done."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from platform import settings
 from platform.console import drop_notes
-from platform.errors import ClusterError, one_line
+from platform.errors import ClusterError, one_line, stopping
 from platform.storage import REPO_ROOT, cache_root
 from platform.tracking.recorder import abandon_open_runs
 from platform.tracking.store import git_commit
@@ -216,7 +216,8 @@ LOST_AFTER_S = 10.0
 def watch_cluster(gcs_address: str, interval: float = 1.0, lost_after: float = LOST_AFTER_S) -> threading.Thread:
     """Watch the GCS at ``gcs_address`` from a daemon thread; once it has refused connections for
     ``lost_after`` seconds: the runs this process works in end FAILED (MLflow alone: Ray cannot
-    be asked anything), one error line says to ``--resume``, and the process exits 2."""
+    be asked anything), one error line says to ``--resume``, and the process exits 2; a command that
+    was stopping (SIGTERM: a scheduler that takes the cluster down with it) ends them KILLED and exits 130."""
     import atexit
 
     import ray
@@ -246,10 +247,12 @@ def watch_cluster(gcs_address: str, interval: float = 1.0, lost_after: float = L
 def cluster_lost(gcs_address: str, silent_s: float) -> None:
     """The end of a command whose Ray cluster went away (see ``watch_cluster``)."""
     reason = f"the Ray cluster at {gcs_address} went away (its GCS silent for {silent_s:.0f} s)"
+    if stopping():  # a scheduler took the cluster down as it stopped this command (Slurm's preemption)
+        reason += " while the command was stopping"
     ended: list[str] = []
     try:
-        ended = abandon_open_runs(reason)
-        runs = f"; run {', '.join(ended)} ended FAILED" if ended else ""
+        ended = abandon_open_runs(reason, "interrupted" if stopping() else "failed")
+        runs = f"; run {', '.join(ended)} ended {'KILLED' if stopping() else 'FAILED'}" if ended else ""
     except Exception as exc:  # the tracking server went with it (it runs on the head)
         runs = f"; its runs stay RUNNING in MLflow, which did not answer ({one_line(exc, 100)})"
     command = Path(sys.argv[0]).stem if sys.argv else "train"
@@ -257,7 +260,7 @@ def cluster_lost(gcs_address: str, silent_s: float) -> None:
     print(f"error: {reason}{runs}; once a cluster is up, continue with: python -m platform.{command} {again}",
           file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os._exit(2)
+    os._exit(130 if stopping() else 2)
 
 
 def free_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S, say: bool = False) -> list[str]:

@@ -214,19 +214,23 @@ OPEN: dict[str, Run] = {}
 FAILED_HERE: dict[str, Run] = {}  # ended FAILED by an error, maybe the cluster's loss seen first as one
 
 
-def abandon_open_runs(reason: str) -> list[str]:
+def abandon_open_runs(reason: str, outcome: str = "failed") -> list[str]:
     """End every run this process works in, and each of their runs still RUNNING (a sweep's
-    trials, a configuration's seeds), FAILED with ``reason``, which the runs an error already
-    ended FAILED here get too; the names of them all."""
+    trials, a configuration's seeds), with ``outcome`` (FAILED; ``interrupted``: KILLED, for a
+    command that was stopping) and ``reason``, which the runs an error already ended FAILED here
+    get too; the names of them all."""
     ended = []
     for run in list(FAILED_HERE.values()):
-        run.set_tags({END_REASON_TAG: reason})
+        if outcome == "failed":
+            run.set_tags({END_REASON_TAG: reason})
+        else:  # the error was the stop's doing
+            run.end(outcome, tags={END_REASON_TAG: reason})
         ended.append(run.info().info.run_name)
     for run in list(OPEN.values()):
         for child in store.child_runs(run.uri, run.id, "attributes.status = 'RUNNING'"):
-            Run(run.uri, child.info.run_id).end("failed", tags={END_REASON_TAG: reason})
+            Run(run.uri, child.info.run_id).end(outcome, tags={END_REASON_TAG: reason})
             ended.append(child.info.run_name)
-        run.end("failed", tags={END_REASON_TAG: reason})
+        run.end(outcome, tags={END_REASON_TAG: reason})
         ended.append(run.info().info.run_name)
         OPEN.pop(run.id, None)
     return ended

@@ -1,11 +1,14 @@
 """A cluster that goes away under a running command (its head killed: the GCS, the raylet and
 the Train workers with it): the command ends its MLflow run FAILED and says ``--resume`` in one
-line, instead of Ray's "Failed to connect to GCS" abort a minute later with the run left RUNNING."""
+line, instead of Ray's "Failed to connect to GCS" abort a minute later with the run left RUNNING.
+A command told to stop (SIGTERM) as its cluster goes (Slurm's preemption takes both down) ends its
+run KILLED, to be resumed, not FAILED."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -18,8 +21,9 @@ from tests.services import cluster_head
 pytestmark = pytest.mark.scenario
 
 
-def test_a_train_whose_cluster_goes_away_ends_failed_in_one_line(tmp_path_factory, _empty_mlflow_db, tiny_model,
-                                                                  small_corpus, tmp_path):
+@pytest.mark.parametrize("stopping", [False, True], ids=["lost", "stopping"])
+def test_a_train_whose_cluster_goes_away_ends_failed_in_one_line(stopping, tmp_path_factory, _empty_mlflow_db,
+                                                                  tiny_model, small_corpus, tmp_path):
     head = cluster_head(tmp_path_factory, _empty_mlflow_db, "lost-head", lambda head, base: ["--num-cpus", "2"])
     try:
         env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{head.port}", "RAY_TMPDIR": str(head.tmp),
@@ -36,12 +40,20 @@ def test_a_train_whose_cluster_goes_away_ends_failed_in_one_line(tmp_path_factor
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(1)
         lost_at = time.monotonic()
+        if stopping:
+            proc.send_signal(signal.SIGTERM)
         head.stop()
         out, err = proc.communicate(timeout=180)
         took = time.monotonic() - lost_at
     finally:
         head.stop()
         shutil.rmtree(head.tmp, ignore_errors=True)
+    if stopping:  # the run ended KILLED, by the interrupt or by the lost cluster's watch, whichever came first
+        assert proc.returncode == 130 and "Traceback" not in err, (proc.returncode, err[-3000:])
+        assert took < 45, took
+        _, runs = runs_of(head.uri, "simcse")
+        assert [r.info.status for r in runs] == ["KILLED"], (runs[0].data.tags, err[-3000:])
+        return
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in err, (proc.returncode, err[-3000:])
     assert "went away" in errors[0] and "--resume" in errors[0], errors[0]

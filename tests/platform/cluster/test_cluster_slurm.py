@@ -6,9 +6,10 @@ its own, Slurm's default of one CPU per task). How it differs from a site's Slur
 
 One sweep, submitted as the README's line (no ``--cpus-per-task``: the job is sized from the run; 6
 trials, 2 at a time: a Train worker of 1.5 CPUs fits once on a node, beside its data pipeline's
-0.25-CPU tasks), is stopped twice mid-way: by ``scontrol requeue`` (what a preemption does), then by
-the walltime warning (as Slurm's ``--signal=B:USR1`` sends it) after Slurm was told to refuse its
-requeue, so the job submits a successor that continues it. Beside it, a job whose node offers less
+0.25-CPU tasks), is stopped twice mid-way: by a preemption's grace-time SIGTERM (to the job's tasks
+alone, as Slurm sends it first; the job requeues itself), then by the walltime warning (as Slurm's
+``--signal=B:USR1`` sends it) after Slurm was told to refuse its requeue, so the job submits a
+successor that continues it. Beside it, a job whose node offers less
 than a trial needs (and whose login shell has ``SBATCH_EXPORT=NONE``). Read from their outcomes:
 
 - the sweep ran across the allocation: each start's command began once both nodes had joined (the
@@ -17,6 +18,8 @@ than a trial needs (and whose login shell has ``SBATCH_EXPORT=NONE``). Read from
 - it finishes in the successor with every trial's record intact in the job's MLflow (its shared
   copy): no finished trial redone, none left RUNNING, the same sweep folder resumed, its
   checkpoints in the shared output folder, each start's Ray logs kept;
+- the preemption's SIGTERM, which takes Ray down on every node, stops the sweep as an interruption:
+  its running trials' runs end KILLED (none FAILED) and Tune's state is saved;
 - ``status`` says the job's state, restarts, MLflow's address and both tunnel lines;
 - the job that cannot hold a trial ends within 2 minutes with one line, not requeued.
 """
@@ -192,8 +195,8 @@ def small(slurm, shared):
 
 @pytest.fixture(scope="module")
 def requeued(slurm, shared, small):
-    """One sweep (6 trials, 2 at a time, one Train worker per node) stopped twice mid-way: by
-    ``scontrol requeue`` (what a preemption does) after a trial finished, then by the walltime
+    """One sweep (6 trials, 2 at a time, one Train worker per node) stopped twice mid-way: by a
+    preemption's grace-time SIGTERM to its tasks after a trial finished, then by the walltime
     warning after another, with Slurm refusing the job's requeue (``Requeue=0``, as ``JobRequeue=0``
     or a site's plugin does): the job submits a successor that continues the same sweep."""
     job, out = submit(slurm, shared, "sweep", SAMPLES, 24)
@@ -210,7 +213,15 @@ def requeued(slurm, shared, small):
     waited(slurm, small_out, small_job, "the small job to end",
            lambda: job_state(slurm, small_job).get("JobState") in ended, 600)
     small_state = job_state(slurm, small_job)
-    assert slurm.run("scontrol", "requeue", job).returncode == 0
+    # A preemption with a grace time: Slurm signals the job's tasks first, not its batch shell
+    # (scancel --signal without --batch does the same); Ray goes down with them on every node.
+    signalled = time.time()
+    assert slurm.run("scancel", "--signal=TERM", job).returncode == 0
+    waited(slurm, out, job, "the job to requeue itself",
+           lambda: re.search(rf"^slurm: job {job} requeued", log(out, job), re.M), 300)
+    preempted = {r["tags"]["trial_id"]: r["status"] for r in trials(folder)}  # the copy made before the requeue
+    tune_saved = max((p.stat().st_mtime for p in (out / "runs").glob("una-sweep-*/tune/experiment_state*.json")),
+                     default=0.0)
     waited(slurm, out, job, "the second start to resume the sweep",
            lambda: re.search(r"^slurm: running .* --resume \S+$", log(out, job), re.M), 600)
     second = waited(slurm, out, job, "another trial to finish", lambda: len(finished()) > len(first) and finished(), 900)
@@ -229,7 +240,8 @@ def requeued(slurm, shared, small):
     return {"job": job, "successor": successor, "out": out, "folder": folder, "first": first, "second": second,
             "state": state, "successor_state": job_state(slurm, successor), "log": log(out, job),
             "successor_log": log(out, successor), "script": script, "status": status, "small_state": small_state,
-            "small_log": log(small_out, small_job)}
+            "small_log": log(small_out, small_job), "preempted": preempted, "signalled": signalled,
+            "tune_saved": tune_saved}
 
 
 def test_the_readme_line_is_sized_from_the_run_and_the_sweep_runs_across_the_allocation(slurm, shared, requeued):
@@ -285,9 +297,20 @@ def test_a_sweep_stopped_twice_finishes_in_its_successor_with_every_trial_record
     (parent,) = [r for r in runs(folder) if r["tags"].get("sweep") == "true"]
     assert parent["status"] == "FINISHED"
     assert sorted(p.name for p in folder.glob("attempt-*")) == ["attempt-0", "attempt-1", "attempt-2"]
-    killed = folder / "attempt-0" / "ray-logs"  # the start scontrol requeue ended
+    killed = folder / "attempt-0" / "ray-logs"  # the start the preemption ended
     assert {p.relative_to(killed).as_posix() for p in killed.rglob("*.out")} >= \
         {"n1/raylet.out", "n1/gcs_server.out", "n2/raylet.out"}, sorted(killed.rglob("*"))
+
+
+def test_a_preemptions_sigterm_to_the_tasks_ends_the_running_trials_killed_with_tunes_state_saved(requeued):
+    """Slurm's SIGTERM to the tasks alone takes Ray down on every node; a node's task relays it and
+    the batch stops the command as Ctrl-C does: each trial run it left open ends KILLED (to be
+    resumed), none FAILED, and Tune's state is saved after the signal."""
+    preempted, text = requeued["preempted"], requeued["log"]
+    assert re.search(r"^slurm: the job's tasks got SIGTERM \(n[12]'s first", text, re.M), text[-6000:]
+    assert "KILLED" in preempted.values() and not {"FAILED", "RUNNING"} & set(preempted.values()), (preempted,
+                                                                                                  text[-6000:])
+    assert requeued["tune_saved"] >= requeued["signalled"], (requeued["tune_saved"], requeued["signalled"])
 
 
 def test_status_says_the_state_restarts_and_how_to_reach_mlflow_and_the_dashboard(requeued):

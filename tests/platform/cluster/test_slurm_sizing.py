@@ -162,21 +162,56 @@ def test_site_options_reach_the_script(cuda_venv, tmp_path):
                       "--gpus-per-node 'four'", "TYPE:N")
 
 
-@pytest.mark.parametrize("code, walltime, terminated, starts, progress, requeued", [
-    (0, True, False, 0, True, False),  # USR1 just before the command exited 0: finished, not requeued
-    (130, True, False, 0, True, True),  # stopped at the walltime with work saved: requeued
-    (130, True, False, 3, True, False),  # --max-requeues 3 spent
-    (130, True, False, 0, False, False),  # nothing saved this start: a requeue would do the same again
-    (130, False, True, 0, True, False),  # Slurm's SIGTERM: Slurm itself requeues (preemption) or ends it
-    (1, False, False, 0, True, False),  # the command failed: no signal, no requeue
+@pytest.mark.parametrize("code, signals, starts, progress, requeued", [
+    (0, ("walltime",), 0, True, False),  # USR1 just before the command exited 0: finished, not requeued
+    (130, ("walltime",), 0, True, True),  # stopped at the walltime with work saved: requeued
+    (130, ("walltime",), 3, True, False),  # --max-requeues 3 spent
+    (130, ("walltime",), 0, False, False),  # nothing saved this start: a requeue would do the same again
+    (130, ("terminated",), 0, True, False),  # Slurm's SIGTERM: Slurm itself requeues (preemption) or ends it
+    (130, ("tasks",), 0, True, True),  # the tasks' SIGTERM (a preemption's grace time), relayed: requeued
+    (0, ("tasks",), 0, True, False),  # ... but not after the command finished
+    (130, ("tasks", "terminated"), 0, True, False),  # ... nor once Slurm's own SIGTERM came (its grace ended)
+    (1, (), 0, True, False),  # the command failed: no signal, no requeue
 ])
-def test_the_job_requeues_itself_only_for_unfinished_work_it_can_resume(code, walltime, terminated, starts, progress,
-                                                                       requeued):
+def test_the_job_requeues_itself_only_for_unfinished_work_it_can_resume(code, signals, starts, progress, requeued):
     from platform.slurm_job import Stop, requeue_decision
 
     stop = Stop()
-    stop.walltime, stop.terminated = walltime and time.monotonic(), terminated and time.monotonic()
+    for name in signals:
+        setattr(stop, name, time.monotonic())
     assert bool(requeue_decision(code, stop, starts, 3, progress)) is requeued
+
+
+def test_a_sigterm_to_the_tasks_alone_stops_the_command_as_soon_as_a_node_relays_it(tmp_path, monkeypatch, capsys):
+    """A preemption with a grace time: Slurm signals the job's tasks, not the batch, and Ray goes
+    with them. A node's task leaves the relay in the start's folder; the batch passes SIGTERM on to
+    the command (its Ctrl-C: state saved, runs KILLED) within a second, and the job counts as one
+    to requeue."""
+    import threading
+
+    from platform import storage
+    from platform.slurm_job import Stop, requeue_decision, run_command
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))  # KillWait: Slurm's default
+    ready, attempt = tmp_path / "ready", tmp_path / "attempt-0"
+    attempt.mkdir()
+    command = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(130)); "
+               f"open({str(ready)!r}, 'w').close(); time.sleep(60)"]
+    relayed = {}
+
+    def node() -> None:
+        while not ready.exists():
+            time.sleep(0.05)
+        relayed["at"] = time.monotonic()
+        storage.write_json(attempt / "terminated-1.json", {"node": "n2", "at": time.time()})
+
+    threading.Thread(target=node, daemon=True).start()
+    stop = Stop()
+    code = run_command(command, dict(os.environ), stop, None, walltime_stop_s=150, attempt=attempt)
+    assert code == 130 and stop.tasks and not stop.terminated
+    assert time.monotonic() - relayed["at"] < 5
+    assert "slurm: the job's tasks got SIGTERM (n2's first" in capsys.readouterr().out
+    assert requeue_decision(code, stop, 0, 3, progress=True)
 
 
 def test_the_starts_of_one_job_share_its_folder_a_successor_included(tmp_path, monkeypatch):

@@ -106,6 +106,36 @@ def test_the_sweep_closes_what_tune_ended_and_what_a_dead_driver_left_open(mlflo
     assert (_status(cut), _status(seed)) == ("KILLED", "KILLED")
 
 
+@pytest.mark.parametrize("stopping", [False, True], ids=["lost", "stopping"])
+def test_what_the_ray_clusters_loss_ends_is_failed_unless_the_command_was_stopping(stopping, mlflow_uri, tmp_path,
+                                                                                    monkeypatch):
+    """The cluster gone under a command (``ray_env.cluster_lost``): its runs, their open children
+    and a run an error ended before end FAILED. A command that was told to stop (SIGTERM) as the
+    cluster went (Slurm's preemption takes both down) ends them KILLED, to be resumed; so does a
+    trial that fails meanwhile in a sweep."""
+    from platform import errors
+    from platform.tracking import recorder
+
+    monkeypatch.setattr(errors, "_terminating", [15] if stopping else [])
+    monkeypatch.setattr(recorder, "OPEN", {})
+    monkeypatch.setattr(recorder, "FAILED_HERE", {})
+    expected = "KILLED" if stopping else "FAILED"
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    child = Run.create(mlflow_uri, "una", "trial", {"trial_id": "t"}, parent=parent, in_trial=True)
+    erred = Run.create(mlflow_uri, "una", "erred", {})
+    with pytest.raises(RuntimeError), erred.closing():
+        raise RuntimeError("the GCS stopped answering")
+    recorder.OPEN[parent.id] = parent
+    ended = recorder.abandon_open_runs("the Ray cluster went away", "interrupted" if errors.stopping() else "failed")
+    assert sorted(ended) == ["erred", "sweep", "trial"]
+    assert {_status(r) for r in (parent, child, erred)} == {expected}
+
+    trials = _sweep(mlflow_uri, parent, tmp_path / "sweep")
+    failing = Run.create(mlflow_uri, "una", "failing", {"trial_id": "f"}, parent=parent, in_trial=True)
+    trials.ended("f", "failed")
+    assert trials.flush(30) and _status(failing) == expected
+
+
 def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_is_stale(mlflow_uri, tmp_path):
     """ASHA stopped the trial just after its step-16 checkpoint, a new best, was persisted: the tag
     naming it had not reached MLflow, and Ray had removed the step-8 checkpoint the tag still named
