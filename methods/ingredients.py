@@ -184,6 +184,12 @@ class Ingredient:
     # why: ``{"max_grad_norm": (0.0, "their code steps without clipping")}``.
     config_defaults: ClassVar[dict[str, tuple[Any, str]]] = {}
 
+    @classmethod
+    def refusal(cls, spec) -> str | None:
+        """Why this ingredient cannot work in the recipe ``spec`` (a ``RecipeSpec``), in one line; None
+        when it can. Each ingredient says what it needs of the others here."""
+        return None
+
     def __init__(self, params: Params | None = None, shared=None):
         self.params = params if params is not None else self.Params()
         self.params.validate()
@@ -239,19 +245,42 @@ class Ingredient:
 
 
 class Positives(Ingredient):
-    """``positives``: what each sentence is contrasted with, the text of the column ``column``."""
+    """``positives``: what each sentence is contrasted with, the text of the column ``column``
+    (``rows``: the step's tokenised positives, made from the batch)."""
 
     kind = "positives"
     column: ClassVar[str] = "sentence"
+
+    def rows(self, batch: dict[str, Any], step: int, seed: int) -> dict[str, Any]:
+        return batch[self.column]
 
 
 class NegativesSource(Ingredient):
     """``negatives``: one hard negative per sentence in the column ``column`` ("" where there is
     none), used on the steps ``active`` says; encoded in the anchors' forward pass (``dropout``
-    None: the same dropout) or in a pass of its own at ``dropout``."""
+    None: the same dropout) or in a pass of its own at ``dropout``.
+
+    An ``embedded`` source has no column: it keeps embeddings across steps in a state module it
+    makes with the model (``state(encoder, dim)``: saved in state checkpoints, never exported),
+    sees each step's batch (``observe``), gives its embeddings as extra columns of the loss's
+    denominator (``negatives(state)``: ``Views.columns``) and is updated after each optimiser
+    step (``after_step``)."""
 
     kind = "negatives"
     column: ClassVar[str] = ""
+    embedded: ClassVar[bool] = False
+
+    def state(self, encoder, dim: int):
+        raise NotImplementedError
+
+    def observe(self, state, model, batch: dict[str, Any]) -> None:
+        """The step's batch, seen once its loss is computed (no gradient)."""
+
+    def negatives(self, state):
+        raise NotImplementedError
+
+    def after_step(self, state, model) -> None:
+        """After the optimiser's step: the state brought up to date."""
     # The prompt template its rows go in under encoder=prompt: the positives' ("positive") or the
     # prompt's negative template ("negative": CoT-BERT's, which needs encoder=prompt).
     view: ClassVar[str] = "positive"

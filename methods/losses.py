@@ -176,11 +176,14 @@ class Negative:
 
 @dataclasses.dataclass
 class Views:
-    """What a contrastive loss sees: all-gathered anchors, positives and the active negatives."""
+    """What a contrastive loss sees: all-gathered anchors, positives and the active negatives;
+    ``columns``: embeddings that are every anchor's negatives, kept across steps (a momentum
+    queue), for losses that ``takes_columns``."""
 
     anchor: torch.Tensor
     positive: torch.Tensor
     negatives: list[Negative]
+    columns: torch.Tensor | None = None
 
     def split(self, parts: int) -> list["Views"]:
         """The views of ``parts`` consecutive, equal groups of rows (the replicas of a step), each
@@ -202,6 +205,8 @@ class Loss(Ingredient, nn.Module):
     takes_negatives: ClassVar[bool] = True  # False: refused in a recipe with a source of negatives
     # NT-Xent treats each negative as a pair of dropout views: the step encodes it twice.
     pairs_negatives: ClassVar[bool] = False
+    # Extra columns of every anchor's denominator (``Views.columns``: an embedded negatives source).
+    takes_columns: ClassVar[bool] = False
 
     def __init__(self, params: Params | None = None, shared=None):
         nn.Module.__init__(self)
@@ -214,9 +219,10 @@ class InfoNCE(Loss):
     Views: anchors h_i and positives h_i+ (N x d each, all-gathered), and each active source's
     negatives n_k (N x d, row i anchor i's; ``valid`` marks those that exist). Loss, mean over i:
     ``-log e^{sim(h_i, h_i+)/tau} / (sum_j e^{sim(h_i, h_j+)/tau} + sum_k e^{sim(h_i, n_k)/tau})``,
-    sim = cosine, tau = ``temperature``; every valid negative of every source is a column.
+    sim = cosine, tau = ``temperature``; every valid negative of every source is a column, and so
+    is every embedding of ``Views.columns`` (ESimCSE's queue, Wu et al., 2022, Sec. 3.2).
 
-    Inputs: anchors and positives; every valid negative of every active source as an extra column.
+    Inputs: anchors and positives; every valid negative of every active source, and a queue's embeddings, as extra columns.
     Requires: nothing. Combines with: every positives, negatives source and aux term.
     Paper: SimCSE (Gao et al., 2021), Eq. 1, 4 and 5.
     Example: --set loss=infonce --set temperature=0.05
@@ -224,9 +230,11 @@ class InfoNCE(Loss):
 
     name = "infonce"
     cites = "Gao et al. (2021), SimCSE, Eq. 1, 4 and 5"
+    takes_columns = True
 
     def forward(self, v: Views) -> torch.Tensor:
-        columns = torch.cat([n.z[n.valid] for n in v.negatives]) if v.negatives else None
+        parts = [n.z[n.valid] for n in v.negatives] + ([v.columns] if v.columns is not None else [])
+        columns = torch.cat([p.to(v.anchor.dtype) for p in parts]) if parts else None
         return info_nce(v.anchor, v.positive, self.shared.temperature, negatives=columns)
 
 

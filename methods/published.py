@@ -57,6 +57,10 @@ PUBLISHED = [Published(*row) for row in [
     ("sncse", "roberta-base", "SNCSE (Wang et al., 2022, abstract; tested as *_prediction.py)", {"Avg.": 79.23}),
     ("cotbert", "bert-base-uncased", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe; 2 x 128 replicas, "
      "tested with evaluation.py's text)", {"Avg.": 79.40}),
+    ("esimcse", "bert-base-uncased", "ESimCSE (Wu et al., 2022; the authors' log of their released model)",
+     dict(zip(TASK_COLUMNS, [73.40, 83.27, 77.25, 82.66, 78.81, 80.17, 72.30, 78.27]))),
+    ("esimcse", "roberta-base", "ESimCSE (Wu et al., 2022; the authors' log of their released model)",
+     dict(zip(TASK_COLUMNS, [69.90, 82.50, 74.68, 83.19, 80.30, 80.99, 70.54, 77.44]))),
     ("cotbert", "roberta-base", "CoT-BERT (Zhang et al., 2023; the authors' ReadMe; 2 x 128 replicas, "
      "tested with evaluation.py's text)", {"Avg.": 80.62}),
 ]]

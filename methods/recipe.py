@@ -67,10 +67,15 @@ class SharedParams(Params):
 
 
 def check_replicas(spec: "RecipeSpec", shared: SharedParams) -> None:
-    """Replica losses split the contrastive loss only: an aux term sees the whole batch."""
+    """Replica losses split the contrastive loss only: an aux term, or a queue of embeddings, sees
+    the whole batch."""
+    embedded = [n for n in spec.negatives if INGREDIENTS["negatives"][n].embedded]
     check([(shared.replicas == 1 or not spec.aux,
             f"replicas={shared.replicas} splits the contrastive loss into replica losses; aux={','.join(spec.aux)} "
-            "sees the whole batch, so the two do not combine: use replicas=1")])
+            "sees the whole batch, so the two do not combine: use replicas=1"),
+           (shared.replicas == 1 or not embedded,
+            f"replicas={shared.replicas} splits the contrastive loss into replica losses; negatives={','.join(embedded)} "
+            "queues the whole batch, so the two do not combine: use replicas=1")])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +121,8 @@ class RecipeSpec:
              f"invalid recipe: aux={','.join(projections)} each bring their own projection head; choose one of them"),
         ] + [(issubclass(INGREDIENTS["encoder"][self.encoder], PromptEncoder),
               f"invalid recipe: negatives={n} is the sentence in a prompt's negative template; it needs encoder=prompt")
-             for n in self.negatives if INGREDIENTS["negatives"][n].view == "negative"])
+             for n in self.negatives if INGREDIENTS["negatives"][n].view == "negative"]
+          + [(refusal is None, refusal or "") for refusal in (c.refusal(self) for c in self.classes())])
 
     def describe(self) -> str:
         encoder = f"encoder={self.encoder} " if self.encoder != "plain" else ""  # plain: the names runs had before
@@ -185,6 +191,12 @@ NAMED: dict[str, NamedRecipe] = {
     "vascl": NamedRecipe(RecipeSpec(loss="ntxent", aux=("vascl",)), "Zhang et al. (2021), VaSCL",
                          adds="virtual adversarial augmentation within each instance's K nearest in-batch neighbours",
                          keys=("delta", "k")),
+    # ESimCSE's run.sh (BERT-base): SimCSE's batch 64 and lr 3e-5, dropout 0.1, the [CLS] + MLP pooler.
+    "esimcse": NamedRecipe(RecipeSpec(positives="repetition", negatives=("momentum_queue",)),
+                           "Wu et al. (2022), ESimCSE",
+                           adds="positives with repeated sub-words (a pair no longer shares its length) and a momentum "
+                                "encoder's queue of earlier sentences as extra negatives",
+                           keys=("dup_rate", "queue_size", "momentum")),
     # The prompt encoder's defaults are PromptBERT's BERT templates and denoising (run.sh, unsup-bert).
     "promptbert": NamedRecipe(RecipeSpec(encoder="prompt"), "Jiang et al. (2022), PromptBERT, unsupervised",
                               adds="the sentence in a template, embedded at its [MASK]; positives in another template; "
@@ -229,16 +241,19 @@ class ProjectionMLP(nn.Module):
 
 
 class RecipeModel(nn.Module):
-    """The encoder, the projection the loss sees, and the aux terms' own heads. ``forward`` returns
+    """The encoder, the projection the loss sees, the aux terms' own heads and the ingredients'
+    state across steps (``states``). ``forward`` returns
     the pooled embeddings ``e`` of a tokenised batch; ``project`` gives their projections ``z``."""
 
     def __init__(self, encoder: Encoder, pooler: str, projection: nn.Module | None, heads: dict[str, nn.Module],
-                 prompt: PromptState | None = None):
+                 prompt: PromptState | None = None, states: dict[str, nn.Module] | None = None):
         super().__init__()
         self.encoder = encoder
         self.projection = projection
         self.heads = nn.ModuleDict(heads)
         self.prompt = prompt
+        # Ingredients' state across steps (a momentum encoder and its queue): checkpointed, not trained.
+        self.states = nn.ModuleDict(states or {})
         # SimCSE's MLP replaces BERT's pooler layer on [CLS] (and is folded into it on export).
         self.pool_with = "cls_before_pooler" if isinstance(projection, ProjectionMLP) and pooler == "cls" else pooler
         backbone_pooler = getattr(encoder.backbone, "pooler", None)
@@ -292,6 +307,8 @@ class Recipe:
         self.encoder: EncoderIngredient = make(INGREDIENTS["encoder"][spec.encoder])
         self.positives = make(INGREDIENTS["positives"][spec.positives])
         self.negatives = [make(INGREDIENTS["negatives"][n]) for n in spec.negatives]
+        self.text_negatives = [n for n in self.negatives if not n.embedded]  # encoded in the step's passes
+        self.embedded_negatives = [n for n in self.negatives if n.embedded]  # kept across steps
         self.loss_fn = make(INGREDIENTS["loss"][spec.loss])
         self.aux = [make(INGREDIENTS["aux"][a]) for a in spec.aux]
         prompt = isinstance(self.encoder, PromptEncoder)
@@ -388,6 +405,7 @@ class Recipe:
         if projection is None and self.shared.pooler in ("cls", "mask"):
             projection = ProjectionMLP(hidden, getattr(encoder.backbone.config, "initializer_range", 0.02))
         heads = {a.name: head for a in self.aux if (head := a.heads(hidden)) is not None}
+        states = {n.name: n.state(encoder, _width(projection, hidden)) for n in self.embedded_negatives}
         prompt = None
         if isinstance(self.encoder, PromptEncoder):
             encoder.prompt = self.encoder.pooling()
@@ -396,7 +414,7 @@ class Recipe:
             if batch_size:
                 groups = tuple(sorted(set(self._replica_rows(batch_size).tolist())))
             prompt = PromptState.build(self.encoder, encoder.tokenizer, max_len, negatives, groups)
-        return RecipeModel(encoder, self.shared.pooler, projection, heads, prompt)
+        return RecipeModel(encoder, self.shared.pooler, projection, heads, prompt, states)
 
     def _replica_rows(self, batch_size: int) -> torch.Tensor:
         """The replica of each of this worker's rows of a global batch: rank r holds the global rows
@@ -465,6 +483,12 @@ class Recipe:
                 e.update(_split(model(p.inputs), p.roles, p.size))
         return self._objective(model, batch, step, passes, e)
 
+    def after_step(self, model: nn.Module) -> None:
+        """After the optimiser's step: each ingredient's state across steps brought up to date."""
+        inner = unwrap(model)
+        for n in self.embedded_negatives:
+            n.after_step(inner.states[n.name], inner)
+
     def cached_step(self, model: nn.Module, batch: dict[str, Any], step: int, mini_batch_size: int,
                     backward: Callable[[torch.Tensor], None],
                     autocast: Any = None) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -522,7 +546,7 @@ class Recipe:
         dropout; the aux terms' rows], then one pass per negative with a dropout of its own. With a
         prompt, each block of rows is first put in its view's template."""
         twice = 2 if self.loss_fn.pairs_negatives else 1
-        active = [n for n in self.negatives if n.active(step)]
+        active = [n for n in self.text_negatives if n.active(step)]
         prompt = unwrap(model).prompt
 
         groups = None
@@ -534,7 +558,7 @@ class Recipe:
             return prompt.wrap(rows, self.encoder.template_of(role), groups) if prompt is not None else rows
 
         roles = ["anchor", "positive"]
-        rows = [view(batch["sentence"], "anchor"), view(batch[self.positives.column], "positive")]
+        rows = [view(batch["sentence"], "anchor"), view(self.positives.rows(batch, step, self.seed), "positive")]
         for n in active:
             if n.dropout is None:
                 roles += [f"{n.name}:{i}" for i in range(twice)]
@@ -555,7 +579,7 @@ class Recipe:
                    e: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         """The contrastive loss and the aux terms over the step's pooled embeddings ``e``."""
         twice = 2 if self.loss_fn.pairs_negatives else 1
-        active = [n for n in self.negatives if n.active(step)]
+        active = [n for n in self.text_negatives if n.active(step)]
         roles = [r for p in passes for r in p.roles]
         negative_roles = {f"{n.name}:{i}" for n in active for i in range(twice)}
         z = unwrap(model).project(e, reference=[r for r in dict.fromkeys(roles) if r not in negative_roles])
@@ -566,14 +590,20 @@ class Recipe:
             valid = gather_with_grad((batch[n.column]["attention_mask"].sum(1) > 2).float()) > 0.5
             second = gather_with_grad(z[f"{n.name}:1"]) if twice == 2 else None
             negatives.append(Negative(gather_with_grad(z[f"{n.name}:0"]), valid, second))
-        views = Views(gather_with_grad(z["anchor"]), gather_with_grad(z["positive"]), negatives)
+        inner = unwrap(model)
+        queued = [n.negatives(inner.states[n.name]) for n in self.embedded_negatives]
+        for n in self.embedded_negatives:
+            n.observe(inner.states[n.name], inner, batch)
+        views = Views(gather_with_grad(z["anchor"]), gather_with_grad(z["positive"]), negatives,
+                      torch.cat(queued) if queued else None)
         replicas = self.shared.replicas
         if replicas == 1:
             contrastive = self.loss_fn(views)
         else:  # the authors' DataParallel: each replica's loss over its own rows, then their mean
             contrastive = torch.stack([self.loss_fn(v) for v in views.split(replicas)]).mean()
         metrics: dict[str, Any] = {"contrastive_loss": contrastive.detach()}  # read back once per log step
-        metrics.update({f"{n.name}_negatives": float(n in active) for n in self.negatives})
+        metrics.update({f"{n.name}_negatives": float(n in active) for n in self.text_negatives})
+        metrics.update({f"{n.name}_negatives": float(len(q)) for n, q in zip(self.embedded_negatives, queued)})
         total = contrastive
         outputs = StepOutputs(unwrap(model), step, e, z, batch, seed=self.seed)
         for a in self.aux:
@@ -581,6 +611,19 @@ class Recipe:
             total = total + term
             metrics.update(extra)
         return total, metrics
+
+
+def _width(projection: nn.Module | None, hidden: int) -> int:
+    """The size of the vectors the loss sees: the projection's output (run once, in eval mode, on
+    zeros: a projection with batch statistics uses its running ones), else the encoder's."""
+    if projection is None:
+        return hidden
+    was = projection.training
+    projection.eval()
+    with torch.no_grad():
+        width = projection(torch.zeros(2, hidden)).shape[-1]
+    projection.train(was)
+    return width
 
 
 def _split(x: torch.Tensor, roles: list[str], n: int) -> dict[str, torch.Tensor]:

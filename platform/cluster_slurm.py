@@ -18,10 +18,12 @@ render ran in (the README's install, on the shared filesystem). In the job (``pl
 - COMMAND runs as the driver, with checkpoints and sweep state under ``<output>/runs``;
 - walltime: Slurm sends SIGUSR1 ``--signal-seconds`` before the end (``--signal=B:USR1@S``); the
   command is stopped as Ctrl-C stops it (its state saved, its runs KILLED), then MLflow's copy
-  is made and the job requeues itself. A preemption or ``scontrol requeue`` ends the job with
-  SIGTERM, and Slurm requeues it (``--requeue``). Either way the next start runs COMMAND again
-  with ``--resume`` where it had begun a sweep (or ``--resume RUN`` for ``train``'s run), so no
-  finished trial is redone and the runs left open are closed truthfully;
+  is made and the job requeues itself; so on a preemption's grace-time SIGTERM to the tasks
+  alone, which a node's task relays to the job. ``scontrol requeue``, ``scancel`` or a preemption
+  without a grace time end the job with SIGTERM, and Slurm requeues it (``--requeue``) or ends
+  it. Either way the next start runs COMMAND again with ``--resume`` where it had begun a sweep
+  (or ``--resume RUN`` for ``train``'s run), so no finished trial is redone and the runs left open
+  are closed truthfully;
 - at the end Ray and MLflow stop; the job's exit status is the command's.
 """
 

@@ -69,6 +69,8 @@ CASES = {
     "cotbert": ("cotbert", {}, 0),
     "cotbert_ablations": ("cotbert", {"positive_negatives": False, "denoise": "none"}, 0),
     "una_with_prompt": ("una", {"alpha": 1, "encoder": "prompt"}, 0),
+    "esimcse": ("esimcse", {}, 0),
+    "esimcse_authors": ("esimcse", {"fidelity": "authors_code"}, 0),
 }
 
 COLUMNS = {"sentence": SENTENCES, "negative": NEGATIVES, "paraphrase": PARAPHRASES, "augmented": AUGMENTED,

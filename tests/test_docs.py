@@ -307,7 +307,16 @@ def test_the_readme_methods_table_is_made_from_the_recipe_table_and_the_publishe
     assert methods_table() in readme, "README's methods table is stale: paste `python -m methods.published`"
 
 
-_NAME = r"`?(?:simcse|una|san|augcse|vascl|promptbert|sncse|cot-?bert)`?(?: \+ HiNCE)?"
+def _name_pattern() -> str:
+    """A recipe's name as the docs write it: its id, or its paper's spelling (``SAN + HiNCE``,
+    ``CoT-BERT``: the id's letters, any case, a hyphen between any two), from the recipe table."""
+    from methods.recipe import NAMED
+
+    names = sorted(NAMED, key=len, reverse=True)  # ESimCSE before SimCSE
+    return rf"`?(?:{'|'.join('-?'.join(name) for name in names)})`?(?: \+ HiNCE)?"
+
+
+_NAME = _name_pattern()
 _LIST = re.compile(rf"\b{_NAME}(?:(?:,\s*(?:and\s+|or\s+)?|\s+(?:and|or)\s+){_NAME}){{3,}}", re.I)
 
 

@@ -87,6 +87,7 @@ def train_loop_per_worker(config: "dict[str, Any] | WorkerContext") -> dict[str,
             scaler.unscale_(optimizer)  # fp16: clipping and the logged norm see the true gradient
             extra["grad_norm"] = clip_gradients(model, cfg.max_grad_norm)
             apply_step(optimizer, schedule, scaler)
+            recipe.after_step(model)  # the ingredients' state across steps (ESimCSE's queue)
             optimizer.zero_grad(set_to_none=True)
             pos.step, pos.batch_in_epoch = pos.step + 1, pos.batch_in_epoch + 1
             window.append(loss.detach())

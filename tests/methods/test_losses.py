@@ -10,6 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from methods.losses import gather_with_grad, info_nce
+from methods.recipe import NAMED
 from platform.data.pipeline import StepInputs
 from tests.helpers import leave_process_group
 from tests.reference import slow_info_nce
@@ -73,11 +74,12 @@ def test_gather_is_identity_without_distributed():
 # Two gloo processes vs one process on the concatenated batch
 
 
-# Each recipe with its random draws outside the data turned off (dropout, SAN's p2, the
-# discriminator's dropout), so one process and two see the same views.
-DDP_PARAMS = {"simcse": {}, "vascl": {"k": 3}, "una": {"alpha": 1}, "san": {"p2": 0.0},
-              "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}, "promptbert": {}, "sncse": {}, "cotbert": {},
-              "cotbert@replicas": {"replicas": 2}}  # recipe@variant: the named recipe with these values
+# Every named recipe, with its random draws outside the data turned off (dropout, SAN's p2, the
+# discriminator's dropout), so one process and two see the same views; recipe@variant: the named
+# recipe with these values ("queued": ESimCSE's queue filled before the step).
+DDP_PARAMS = {**{name: {} for name in NAMED}, "vascl": {"k": 3}, "una": {"alpha": 1}, "san": {"p2": 0.0},
+              "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}, "cotbert@replicas": {"replicas": 2},
+              "esimcse@queued": {"queue_size": 12}}
 
 
 def _build(model_dir, recipe="simcse"):
@@ -87,7 +89,11 @@ def _build(model_dir, recipe="simcse"):
     torch.manual_seed(0)
     method = Recipe.named(recipe.split("@")[0], **DDP_PARAMS[recipe])
     encoder = Encoder.from_pretrained(str(model_dir), dropout=0.0)  # no dropout: deterministic views
-    return method, encoder, method.build(encoder)
+    model = method.build(encoder)
+    for state in model.states.values():
+        if recipe.endswith("@queued"):
+            state.push(torch.randn(10, state.queue.shape[1]))
+    return method, encoder, model
 
 
 def _batch(method, model_dir, rows: slice):
@@ -101,8 +107,9 @@ def _batch(method, model_dir, rows: slice):
     return inputs.nest(inputs.collate(inputs.arrays(columns)))
 
 
-DDP_CASES = [("simcse", 0), ("vascl", 0), ("una", 0), ("san", 0), ("augcse", 0), ("vascl", 2), ("una", 2), ("augcse", 2),
-             ("promptbert", 0), ("sncse", 0), ("cotbert", 0), ("cotbert", 2), ("cotbert@replicas", 0)]
+# Each case in one step, and with GradCache's chunks of 2 rows those whose heads or negatives meet them.
+DDP_CASES = [(recipe, 0) for recipe in DDP_PARAMS] + [(recipe, 2) for recipe in ("vascl", "una", "augcse", "cotbert",
+                                                                                "esimcse@queued")]
 
 
 def _worker(rank, world, model_dir, init_file, out_dir):
@@ -128,7 +135,9 @@ def _worker(rank, world, model_dir, init_file, out_dir):
             scaler = torch.amp.GradScaler("cpu", enabled=False)
             loss, _ = forward_backward(method, ddp, batch, 0, mini_batch_size, contextlib.nullcontext(), scaler, world)
             grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-            torch.save({"loss": loss.detach(), "grads": grads}, path)
+            method.after_step(ddp)  # a queue takes the step's all-gathered embeddings
+            queues = {name: state.columns().clone() for name, state in model.states.items()}
+            torch.save({"loss": loss.detach(), "grads": grads, "queues": queues}, path)
         except Exception:
             torch.save({"error": traceback.format_exc()}, path)
             os._exit(1)  # the other rank may wait in this case's collectives: spawn's join ends it
@@ -165,18 +174,22 @@ def test_ddp_two_workers_equal_one_process(tiny_model, ddp_runs, recipe, mini_ba
     its discriminator's loss is the whole batch's mean. With ``mini_batch_size`` 2 each worker runs
     GradCache's chunks outside DDP's reducer and averages the gradients itself: the heads', which
     no DDP forward prepared, too."""
-    loss, ref = _one_process_grads(tiny_model, recipe, torch.get_num_threads())
+    loss, ref, queues = _one_process_grads(tiny_model, recipe, torch.get_num_threads())
     # The float32 rounding of this very computation: the same process with another thread count
     # sums in another order. DDP sums in yet another (half batches, then the all-reduce), so it may
     # differ from one process by a few times that much, and no more (AugCSE's batch-normalised
     # projector amplifies it: ~2e-6 of ~5e-4 in the word embeddings' gradient).
-    _, other = _one_process_grads(tiny_model, recipe, 1 if torch.get_num_threads() > 1 else 2)
+    _, other, _ = _one_process_grads(tiny_model, recipe, 1 if torch.get_num_threads() > 1 else 2)
     spread = {n: (g - other[n]).abs().max().item() for n, g in ref.items()}
 
     assert (recipe, mini_batch_size) in ddp_runs, f"the workers stopped before this case: {ddp_runs['failed']}"
     outs = ddp_runs[(recipe, mini_batch_size)]
     for out in outs:
         assert float(out["loss"]) == pytest.approx(float(loss.detach()), rel=1e-5)
+        # A queue holds the whole batch's embeddings in rank order, the same on every worker.
+        assert set(out["queues"]) == set(queues)
+        for name, queue in queues.items():
+            torch.testing.assert_close(out["queues"][name], queue, rtol=1e-5, atol=1e-6)
     # DDP has averaged the gradients: every rank holds the same, equal to the single-process one.
     assert set(outs[0]["grads"]) == set(ref)
     largest = max(g.abs().max().item() for g in ref.values())
@@ -192,18 +205,20 @@ def test_ddp_two_workers_equal_one_process(tiny_model, ddp_runs, recipe, mini_ba
         torch.testing.assert_close(outs[1]["grads"][name], g, rtol=1e-4, atol=atol, msg=name)
 
 
-def _one_process_grads(tiny_model, recipe: str, threads: int) -> tuple[torch.Tensor, dict]:
-    """The loss and the gradients (by parameter name) of one process on the whole batch, computed
-    with ``threads`` torch threads."""
+def _one_process_grads(tiny_model, recipe: str, threads: int) -> tuple[torch.Tensor, dict, dict]:
+    """The loss, the gradients (by parameter name) and the queues after the step of one process on
+    the whole batch, computed with ``threads`` torch threads."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         method, encoder, model = _build(tiny_model, recipe)
         loss, _ = method.loss(model, _batch(method, tiny_model, slice(None)), 0)
         loss.backward()
+        method.after_step(model)
     finally:
         torch.set_num_threads(before)
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            {name: state.columns().clone() for name, state in model.states.items()})
 
 
 # ------------------------------------------------------------------------------------------------
