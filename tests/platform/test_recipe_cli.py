@@ -22,7 +22,7 @@ from tests.helpers import (ROOT, assert_user_error, new_mlflow_db, repo_with_ing
 # Each row: encoder, positives, negatives, loss, aux. Together they hold every combinable pair
 # (checked below): a greedy cover of the valid recipes' pairs.
 COVERING = [
-    ("plain", "dropout", "una,san", "infonce", "vascl,bml"),
+    ("plain", "dropout", "una,san,momentum_queue", "infonce", "vascl,bml"),
     ("prompt", "paraphrase", "una,template_negative", "hince", "augcse,bml"),
     ("prompt", "dropout", "san,template_negative", "ntxent", "vascl,bml"),
     ("plain", "paraphrase", "una,san", "cot", "augcse,bml"),
@@ -32,6 +32,12 @@ COVERING = [
     ("plain", "paraphrase", "una", "ntxent", "augcse"),
     ("prompt", "dropout", "template_negative", "cot", "vascl"),
     ("prompt", "paraphrase", "template_negative", "infonce", "augcse"),
+    ("plain", "repetition", "una,momentum_queue", "infonce", "vascl,bml"),
+    ("plain", "paraphrase", "san,momentum_queue", "infonce", "augcse"),
+    ("plain", "repetition", "san", "hince", "augcse"),
+    ("plain", "repetition", "una", "ntxent", "bml"),
+    ("plain", "repetition", "", "symmetric", "vascl"),
+    ("plain", "repetition", "una", "cot", "augcse,bml"),
 ]
 
 
@@ -114,9 +120,10 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     assert run.data.tags["recipe"] == want and run.data.tags["method"] == "recipe"
     assert run.data.params["recipe"] == want and not {"encoder", "positives", "negatives", "loss", "aux"} & set(run.data.params)
     assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
-    for name in filter(None, negs.split(",")):  # SAN's negatives at every step, UNA's at the first (step % 2 == 0)
+    # SAN's negatives at every step, UNA's at the first (step % 2 == 0); the queue: the first batch's 16 from step 2.
+    for name in filter(None, negs.split(",")):
         used = [m.value for m in sorted(c.get_metric_history(run.info.run_id, f"{name}_negatives"), key=lambda m: m.step)]
-        assert used == ([1.0, 0.0] if name == "una" else [1.0, 1.0])
+        assert used == {"una": [1.0, 0.0], "momentum_queue": [0.0, 16.0]}.get(name, [1.0, 1.0]), name
     if "vascl" in aux:  # K against the global batch, and the share of it that K is
         assert "note: aux=vascl: each instance's neighbourhood is its 4 nearest of the 15 others in the global batch (26.7%" in proc.stdout
     for name in aux.split(","):

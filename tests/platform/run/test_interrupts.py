@@ -179,3 +179,45 @@ def test_an_evaluation_is_in_mlflow_before_the_next_one_whatever_the_checkpoint_
         assert steps_of(c, run.info.run_id, "train_loss")[:2] == [5, 10]  # the steps' points too
     finally:
         _stop(proc, signal.SIGTERM)
+
+
+@pytest.mark.scenario
+def test_a_killed_run_resumes_with_its_ingredients_state_and_the_same_losses(repo, tiny_model, small_corpus, tmp_path,
+                                                                            mlflow_uri):
+    """ESimCSE's queue and momentum copy are state across steps, saved with the model: a run
+    SIGKILLed at step 7 and resumed from step 6's state trains steps 7-10 with the losses of a run
+    never stopped (a queue restored empty, or a momentum copy restarted from the backbone, would
+    change them: the queue's 24 rows are in every loss from step 2 on)."""
+    barrier, held = _held(tmp_path, step=7)
+    quiet = tmp_path / "quiet"  # a barrier never armed: the run that is not stopped
+    quiet.mkdir()
+    common = dict(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=10, eval_steps=3, log_steps=1,
+                  runtime="process", num_workers=1, final_eval="false", checkpoint_minutes=0, queue_size=24,
+                  aux="barrier", barrier_step=7)
+    env = {"MLFLOW_TRACKING_URI": mlflow_uri}
+    straight = start_cli("train", "esimcse", *sets(**common, barrier_dir=quiet, output_dir=tmp_path / "straight"),
+                         env=env, cwd=repo)
+    _, err = straight.communicate(timeout=600)
+    assert straight.returncode == 0, err[-3000:]
+    args = ["esimcse", *sets(**common, barrier_dir=barrier, output_dir=tmp_path / "runs")]
+    proc = start_cli("train", *args, env=env, cwd=repo)
+    wait_for("the run to reach step 7", (barrier / "blocked").exists, proc=proc)
+    _stop(proc, signal.SIGKILL)
+    release_barrier(barrier)
+    c, runs = runs_of(mlflow_uri, "esimcse")
+    (cut,) = [r for r in runs if r.info.status == "RUNNING"]
+    proc = start_cli("train", *args, "--resume", cut.info.run_name, env=env, cwd=repo)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and "resumed at step 6 " in out, err[-3000:]
+    c, runs = runs_of(mlflow_uri, "esimcse")
+    (first,) = [r for r in runs if r.info.run_id != cut.info.run_id]
+
+    def losses(run_id: str) -> dict[int, float]:
+        return {m.step: m.value for m in c.get_metric_history(run_id, "train_loss")}
+
+    want, got = losses(first.info.run_id), losses(cut.info.run_id)
+    assert sorted(got) == sorted(want) == list(range(1, 11))
+    assert [m.value for m in sorted(c.get_metric_history(cut.info.run_id, "momentum_queue_negatives"),
+                                    key=lambda m: m.step)][:4] == [0.0, 8.0, 16.0, 24.0]
+    for step in range(7, 11):
+        assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got, want)
