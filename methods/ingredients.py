@@ -190,6 +190,10 @@ class Ingredient:
         when it can. Each ingredient says what it needs of the others here."""
         return None
 
+    def teacher(self) -> str | None:
+        """The model this ingredient learns from, if any (a recipe with one is teacher-assisted)."""
+        return None
+
     def __init__(self, params: Params | None = None, shared=None):
         self.params = params if params is not None else self.Params()
         self.params.validate()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from methods.recipe import NAMED
+from methods.recipe import NAMED, Recipe
 
 # The 7 tasks' short names and their average, in the papers' order.
 TASK_COLUMNS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
@@ -81,12 +81,12 @@ def methods_table() -> str:
                                                              else "") if found else "—")
         return " / ".join(cells)
 
-    rows = ["| Recipe | Paper | What it adds to SimCSE | Published STS avg. (BERT-base / RoBERTa-base) | Keys that matter |",
-            "|---|---|---|---|---|"]
+    rows = ["| Recipe | Paper | Supervision | What it adds to SimCSE | Published STS avg. (BERT-base / RoBERTa-base) | "
+            "Keys that matter |", "|---|---|---|---|---|---|"]
     for name, named in NAMED.items():
         variants = sorted({p.variant for p in PUBLISHED if p.recipe == name} - {""})
         published = avg(name) + "".join(f" ({avg(name, v)} {v})" for v in variants)
-        rows.append(f"| `{name}` | {named.authors} | {named.adds} | {published} | "
+        rows.append(f"| `{name}` | {named.authors} | {Recipe.named(name).supervision} | {named.adds} | {published} | "
                     f"{', '.join(f'`{k}`' for k in named.keys)} |")
     return "\n".join(rows)
 

@@ -341,6 +341,13 @@ class Recipe:
     def ingredients(self) -> list[Ingredient]:
         return [self.encoder, self.positives, *self.negatives, self.loss_fn, *self.aux]
 
+    @property
+    def supervision(self) -> str:
+        """``unsupervised``, or ``teacher-assisted (MODEL)`` when an ingredient learns from a model
+        (mined negatives' teacher): the label every table of results carries beside the recipe."""
+        teachers = list(dict.fromkeys(t for i in self.ingredients if (t := i.teacher())))
+        return f"teacher-assisted ({', '.join(teachers)})" if teachers else "unsupervised"
+
     # -- data pipeline --------------------------------------------------------------------------
 
     def preflight(self) -> None:

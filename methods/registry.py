@@ -23,6 +23,7 @@ REGISTERED = (
     "methods.san:SAN",
     "methods.cotbert:TemplateNegatives",
     "methods.esimcse:MomentumQueue",
+    "methods.mined:MinedNegatives",
     "methods.losses:InfoNCE",
     "methods.losses:HiNCE",
     "methods.losses:NTXent",

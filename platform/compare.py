@@ -46,7 +46,8 @@ from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import STSEvaluator
 from platform.run.final_evaluation import PAIRS_ARTIFACT
 from platform.tracking import store
-from platform.tracking.names import BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, sts
+from platform.tracking.names import (BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, sts,
+                                     supervision_note)
 from platform.tracking.recorder import Run
 
 COMPARISONS_EXPERIMENT = "comparisons"
@@ -84,6 +85,7 @@ def from_run(uri: str, run, label: str) -> Result:
         seeds = {int(run.data.params.get("seed", 0)): _scores(run.data.metrics)}
         runs = {int(run.data.params.get("seed", 0)): run.info.run_id}
     model = run.data.tags.get(MODEL_TAG) or run.data.params.get("model", "")
+    label += supervision_note(run.data.tags)  # a teacher-assisted side is labelled as such in every table and plot
     return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get(BEST_CHECKPOINT_TAG),
                   int(run.data.params.get("seed", 0) or 0), runs, uri)
 

@@ -30,8 +30,8 @@ from platform.evaluation.sts import geometry_figure
 from platform.run.final_evaluation import geometry_trajectories
 from platform.tracking import store
 from platform.tracking.names import (BEST, WINNER_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
-                                     PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting,
-                                     sts, vs_backbone)
+                                     PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting, sts,
+                                     supervision_note, vs_backbone)
 from platform.tracking.names import trial_key
 from platform.tracking.recorder import Run
 
@@ -92,13 +92,17 @@ def log_report(uri: str, name: str, tags: dict[str, str], frame, files: list[Pat
 
 
 def recipe_name(run) -> str:
-    """A paper's name for its own recipe; the ingredients for a combination or a changed recipe."""
+    """A paper's name for its own recipe; the ingredients for a combination or a changed recipe;
+    a teacher-assisted one says so (``[teacher-assisted (MODEL)]``), so that it is never read as
+    one more unsupervised row."""
     method, recipe = run.data.tags.get(METHOD_TAG, "?"), run.data.tags.get(RECIPE_TAG, "")
     if method in NAMED:
         named = NAMED[method]
         own = {named.resolve(f).describe() for f in ("paper", "authors_code")}
-        return method if not recipe or recipe in own else f"{method}: {recipe}"
-    return recipe or method
+        name = method if not recipe or recipe in own else f"{method}: {recipe}"
+    else:
+        name = recipe or method
+    return name + supervision_note(run.data.tags)
 
 
 def backbone(run) -> str:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from tests.helpers import ROOT, run_main
 
@@ -345,6 +346,35 @@ def test_every_list_of_methods_in_the_docs_and_the_help_is_the_whole_recipe_tabl
             assert names == set(NAMED), (where, sorted(set(NAMED) - names))
             found += 1
     assert found >= 4, found
+
+
+def test_the_named_recipes_table_is_the_recipe_table():
+    """docs/recipes.md's "Named recipes" table: a row for every recipe of ``NAMED``, with its paper
+    fidelity's ingredients."""
+    from methods.recipe import NAMED
+
+    section = _pages()["recipes.md"].split("## Named recipes", 1)[1].split("\n## ", 1)[0]
+    rows = {cells[0].strip("`"): cells[1:5] for line in section.splitlines() if line.startswith("| `")
+            for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]}
+    assert set(rows) == set(NAMED)
+    for name, (positives, negatives, loss, aux) in rows.items():
+        spec = NAMED[name].resolve("paper")
+        assert positives == spec.positives and negatives == (",".join(spec.negatives) or "-"), name
+        assert loss.split(" (")[0] == spec.loss and aux == (",".join(spec.aux) or "-"), name
+
+
+@pytest.mark.parametrize("profile", ["local", "paper", "paper-roberta"])
+def test_every_named_recipe_has_a_search_space_and_a_reference_case(profile):
+    """The checklist of "Adding a named recipe": ``python -m platform.tune NAME`` finds a space for
+    every recipe of the table under every profile, and every recipe has its recorded reference case."""
+    from methods.recipe import NAMED
+    from platform.config import TrainConfig
+    from platform.space import load_space
+    from tests.recipe_reference import CASES
+
+    for name in NAMED:
+        assert load_space(TrainConfig.build(name, profile)).space, name
+    assert set(NAMED) <= {method for method, _, _ in CASES.values()}
 
 
 def test_every_name_the_glossary_gives_exists():

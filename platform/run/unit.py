@@ -32,7 +32,7 @@ from platform.tracking import recorder, store
 from platform.checkpoint import exists as checkpoint_exists
 from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, BEST_SEED_TAG, CORPUS_SHA256_TAG, DRIVER_TAG,
                                      METHOD_TAG, MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG,
-                                     SEED_TAG, SEEDS_TAG, STS_PREFIX, sts)
+                                     SEED_TAG, SEEDS_TAG, STS_PREFIX, SUPERVISION_TAG, sts)
 from platform.tracking.recorder import Run
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
@@ -140,7 +140,9 @@ def run_tags(cfg: TrainConfig) -> dict[str, str]:
     why = smoke_reason(cfg.profile, cfg.model)
     if why:
         tags.update(smoke="true", smoke_note=f"smoke test, not a result: {why}")
-    for ingredient in cfg.build_recipe().ingredients:
+    recipe = cfg.build_recipe()
+    tags[SUPERVISION_TAG] = recipe.supervision
+    for ingredient in recipe.ingredients:
         tags.update(ingredient.run_tags())
     if uses_random_mlm(cfg.ingredient_params):
         tags[MLM_RANDOM_WEIGHTS_TAG] = "true"

@@ -41,6 +41,14 @@ PROGRESS_LINE = "progress_line"  # a report's console line, printed by the sweep
 
 # Tags the platform writes on a run
 METHOD_TAG, RECIPE_TAG, PROFILE_TAG, MODEL_TAG = "method", "recipe", "profile", "model"
+SUPERVISION_TAG = "supervision"  # unsupervised, or teacher-assisted (MODEL): methods.recipe.Recipe.supervision
+
+
+def supervision_note(tags: dict[str, str]) -> str:
+    """`` [teacher-assisted (MODEL)]`` after a run's name in a table of results; "" for an
+    unsupervised run, which is what every row is unless it says otherwise."""
+    label = tags.get(SUPERVISION_TAG, "unsupervised")
+    return "" if label == "unsupervised" else f" [{label}]"
 GIT_COMMIT_TAG = "git_commit"
 SEED_TAG = "seed"  # a seed's child run of a configuration with several seeds
 SEEDS_TAG, BEST_SEED_TAG = "seeds", "best_seed"  # a configuration's run: how many seeds, which won

@@ -22,8 +22,8 @@ from tests.helpers import (ROOT, assert_user_error, new_mlflow_db, repo_with_ing
 # Each row: encoder, positives, negatives, loss, aux. Together they hold every combinable pair
 # (checked below): a greedy cover of the valid recipes' pairs.
 COVERING = [
-    ("plain", "dropout", "una,san,momentum_queue", "infonce", "vascl,bml"),
-    ("prompt", "paraphrase", "una,template_negative", "hince", "augcse,bml"),
+    ("plain", "dropout", "una,san,momentum_queue,mined", "infonce", "vascl,bml"),
+    ("prompt", "paraphrase", "una,template_negative,mined", "hince", "augcse,bml"),
     ("prompt", "dropout", "san,template_negative", "ntxent", "vascl,bml"),
     ("plain", "paraphrase", "una,san", "cot", "augcse,bml"),
     ("plain", "dropout", "", "symmetric", "augcse,bml"),
@@ -35,9 +35,9 @@ COVERING = [
     ("plain", "repetition", "una,momentum_queue", "infonce", "vascl,bml"),
     ("plain", "paraphrase", "san,momentum_queue", "infonce", "augcse"),
     ("plain", "repetition", "san", "hince", "augcse"),
-    ("plain", "repetition", "una", "ntxent", "bml"),
+    ("plain", "repetition", "una,mined", "ntxent", "bml"),
     ("plain", "repetition", "", "symmetric", "vascl"),
-    ("plain", "repetition", "una", "cot", "augcse,bml"),
+    ("plain", "repetition", "una,mined", "cot", "augcse,bml"),
 ]
 
 
@@ -118,6 +118,7 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     run = runs[0]
     want = ("encoder=prompt " if enc == "prompt" else "") + f"positives={pos} negatives={negs or 'none'} loss={loss} aux={aux}"
     assert run.data.tags["recipe"] == want and run.data.tags["method"] == "recipe"
+    assert run.data.tags["supervision"] == ("teacher-assisted (minilm)" if "mined" in negs else "unsupervised")
     assert run.data.params["recipe"] == want and not {"encoder", "positives", "negatives", "loss", "aux"} & set(run.data.params)
     assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
     # SAN's negatives at every step, UNA's at the first (step % 2 == 0); the queue: the first batch's 16 from step 2.

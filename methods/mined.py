@@ -1,0 +1,144 @@
+"""Mined hard negatives (``negatives=mined``): each sentence's negatives are its nearest neighbours
+in the corpus by a teacher's embeddings, with a positive-aware margin against false negatives.
+
+The teacher is any sentence-transformers model (the packaged all-MiniLM-L6-v2 by default), so a
+recipe with it is teacher-assisted, not unsupervised (``Recipe.supervision``). Mining is
+sentence-transformers' own ``mine_hard_negatives``, once per corpus and setting (cached as the
+corpus statistics are): for each sentence, the other sentences by cosine similarity, without any
+whose similarity exceeds the positive's times ``1 - mine_margin`` (NV-Retriever's positive-aware
+"TopK-PercPos" filter, Moreira et al., 2024, Sec. 3.3, 95% of the positive's score;
+sentence-transformers' ``relative_margin``), and of those the ones ranked ``mine_range_min`` to
+``mine_range_max``. The
+positive is the sentence itself (SimCSE's dropout positive), whose similarity is 1, so the filter
+drops the corpus's near-copies of a sentence, the likeliest false negatives. The first
+``mine_negatives`` kept candidates stay; each epoch draws one of them per sentence from the run's
+seed (``Draws``), and it is encoded in the anchors' pass as UNA's and SAN's negatives are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from methods.encoder import pretrained_source
+from methods.ingredients import CorpusStatistics, Draws, NegativesSource, Params, check, cited
+
+MINED_VERSION = 1  # of ``mine``: bump when what it keeps changes
+DRAW_STREAM = 41  # the epoch's draw among a sentence's kept candidates
+
+
+@dataclasses.dataclass
+class MinedParams(Params):
+    teacher: str = cited("minilm", (
+        "The sentence-transformers model that mines (a name, name@revision or a path); default the packaged "
+        "all-MiniLM-L6-v2 (our choice: it is offline; NV-Retriever mines with larger embedding models)."))
+    mine_range_min: int = cited(0, (
+        "The first rank considered among the other sentences the margin lets through, best first (0: the nearest; "
+        "sentence-transformers' range_min)."))
+    mine_range_max: int = cited(50, "ranks from this one on are not considered (sentence-transformers' range_max)")
+    mine_margin: float = cited(0.05, (
+        "A candidate scoring above (1 - margin) x the positive's score is dropped: NV-Retriever's TopK-PercPos at 95% "
+        "(Moreira et al., 2024, Sec. 3.3); sentence-transformers' relative_margin."))
+    mine_negatives: int = cited(3, "kept candidates per sentence; each epoch draws one of them (our choice)")
+
+    def validate(self) -> None:
+        check([
+            (0 <= self.mine_range_min < self.mine_range_max,
+             f"mine_range_min must be >= 0 and below mine_range_max, got {self.mine_range_min} and {self.mine_range_max}"),
+            (0.0 <= self.mine_margin < 1.0, f"mine_margin must be in [0, 1), got {self.mine_margin}"),
+            (self.mine_negatives >= 1, f"mine_negatives must be >= 1, got {self.mine_negatives}"),
+        ])
+
+
+def mine(sentences: list[str], params: MinedParams, batch_size: int = 64) -> dict[str, list[str]]:
+    """Each distinct sentence's kept candidates, best first (sentence-transformers'
+    ``mine_hard_negatives``; a sentence with none kept is absent)."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives
+
+    distinct = list(dict.fromkeys(sentences))
+    source, kwargs = pretrained_source(params.teacher)
+    teacher = SentenceTransformer(source, **kwargs)
+    with _quiet_progress():  # its encoding's bars, whatever verbose says; the command says what it makes
+        mined = mine_hard_negatives(
+            Dataset.from_dict({"anchor": distinct, "positive": distinct}), teacher, corpus=distinct,
+            range_min=params.mine_range_min, range_max=params.mine_range_max, relative_margin=params.mine_margin or None,
+            num_negatives=params.mine_negatives, sampling_strategy="top", output_format="labeled-list",
+            batch_size=batch_size, verbose=False)
+    return {row["anchor"]: [t for t, label in zip(row["positive"], row["labels"]) if label == 0] for row in mined}
+
+
+@contextlib.contextmanager
+def _quiet_progress():
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
+
+
+def save_mined(state: dict[str, list[str]], folder: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"sentence": list(state), "negatives": list(state.values())}), Path(folder) / "mined.parquet")
+
+
+def load_mined(folder: Path) -> dict[str, list[str]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(Path(folder) / "mined.parquet").to_pydict()
+    return dict(zip(table["sentence"], table["negatives"]))
+
+
+class MinedNegatives(NegativesSource):
+    """``negatives=mined``: each sentence's nearest corpus neighbours by a teacher model, without
+    those within a margin of the positive (NV-Retriever's positive-aware filter); one drawn every
+    epoch. Teacher-assisted: the recipe is labelled with its teacher.
+
+    Inputs: the ``mined_negative`` column, drawn every epoch from candidates mined once per corpus and teacher.
+    Requires: a sentence-transformers teacher (``teacher``). Combines with: every encoder, positives, loss and aux term.
+    Paper: NV-Retriever (Moreira et al., 2024), Sec. 3.3; sentence-transformers' mine_hard_negatives.
+    Example: --set negatives=mined --set teacher=minilm --set mine_margin=0.05"""
+
+    name = "mined"
+    Params = MinedParams
+    cites = "Moreira et al. (2024), NV-Retriever, Sec. 3.3 (positive-aware mining); sentence-transformers"
+    space = "mined"
+    column = "mined_negative"
+    augments_per_epoch = True
+
+    def teacher(self) -> str | None:
+        return self.params.teacher
+
+    def statistics(self) -> CorpusStatistics:
+        p = self.params
+        settings = json.dumps([p.teacher, p.mine_range_min, p.mine_range_max, p.mine_margin, p.mine_negatives])
+        key = hashlib.sha256(settings.encode()).hexdigest()[:16]  # the cache entry: one per corpus and setting
+        return CorpusStatistics(f"mined-{key}", MINED_VERSION, lambda text: mine(list(_strings(text)), p),
+                                save_mined, load_mined)
+
+    def augment(self, batch: dict[str, Any], state: dict[str, list[str]], draws: Draws) -> dict[str, Any]:
+        """One kept candidate per sentence, drawn from the run's seed by corpus row ("" for none)."""
+        u = draws.uniform(np.asarray(batch["row"]), stream=DRAW_STREAM)
+        out = []
+        for sentence, x in zip(batch["sentence"], u):
+            kept = state.get(str(sentence), [])
+            out.append(kept[int(x * len(kept))] if kept else "")
+        return {**batch, self.column: np.asarray(out, dtype=object)}
+
+
+def _strings(text: Iterable[Any]) -> Iterable[str]:
+    return (str(t) for t in text)
