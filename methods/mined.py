@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -67,26 +67,15 @@ def mine(sentences: list[str], params: MinedParams, batch_size: int = 64) -> dic
     distinct = list(dict.fromkeys(sentences))
     source, kwargs = pretrained_source(params.teacher)
     teacher = SentenceTransformer(source, **kwargs)
-    with _quiet_progress():  # its encoding's bars, whatever verbose says; the command says what it makes
+    # Its encoding's progress bars ask for themselves whatever ``verbose`` says: they go nowhere (the
+    # command says what it makes); an error still raises.
+    with contextlib.redirect_stderr(io.StringIO()):
         mined = mine_hard_negatives(
             Dataset.from_dict({"anchor": distinct, "positive": distinct}), teacher, corpus=distinct,
             range_min=params.mine_range_min, range_max=params.mine_range_max, relative_margin=params.mine_margin or None,
             num_negatives=params.mine_negatives, sampling_strategy="top", output_format="labeled-list",
             batch_size=batch_size, verbose=False)
     return {row["anchor"]: [t for t, label in zip(row["positive"], row["labels"]) if label == 0] for row in mined}
-
-
-@contextlib.contextmanager
-def _quiet_progress():
-    before = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = before
 
 
 def save_mined(state: dict[str, list[str]], folder: Path) -> None:
