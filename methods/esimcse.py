@@ -33,12 +33,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from methods.ingredients import (Ingredient, NegativesSource, Params, Positives, check, cited, counter_uniforms,
                                  derive_seed)
-from methods.losses import rank, world_size
+from methods.losses import gather_with_grad, rank
 
 MAX_REPEATS = 10  # the authors' cap on dup_len (min(10, ...))
 
@@ -239,12 +238,7 @@ class MomentumQueue(NegativesSource):
             e = state.encoder(batch["sentence"], pooler=model.pool_with)
         finally:
             state.encoder.train(was)
-        z = model.project({"anchor": e}, reference=["anchor"])["anchor"].float()
-        if world_size() > 1:
-            parts = [torch.empty_like(z) for _ in range(world_size())]
-            dist.all_gather(parts, z.contiguous())
-            z = torch.cat(parts)
-        state.pending = z
+        state.pending = gather_with_grad(model.project({"anchor": e}, reference=["anchor"])["anchor"].float())
 
     def negatives(self, state: MomentumState) -> torch.Tensor:
         return state.columns()

@@ -272,6 +272,9 @@ class NegativesSource(Ingredient):
 
     kind = "negatives"
     column: ClassVar[str] = ""
+    # The prompt template its rows go in under encoder=prompt: the positives' ("positive") or the
+    # prompt's negative template ("negative": CoT-BERT's, which needs encoder=prompt).
+    view: ClassVar[str] = "positive"
     embedded: ClassVar[bool] = False
 
     def state(self, encoder, dim: int):
@@ -285,9 +288,6 @@ class NegativesSource(Ingredient):
 
     def after_step(self, state, model) -> None:
         """After the optimiser's step: the state brought up to date."""
-    # The prompt template its rows go in under encoder=prompt: the positives' ("positive") or the
-    # prompt's negative template ("negative": CoT-BERT's, which needs encoder=prompt).
-    view: ClassVar[str] = "positive"
 
     @property
     def dropout(self) -> float | None:
