@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from platform import checkpoint, settings, storage, sweep_summary
 from platform.config import TrainConfig
@@ -135,6 +135,21 @@ def open_trial_run(sweep: Sweep, trial_id: str, cfg: TrainConfig):
 
 ACTIVE: list = []  # the sweep's TrialRuns in this driver (Tune restores its own copy on --resume)
 OUTCOMES = {"TERMINATED": "completed", "STOPPED": "stopped", "ERROR": "failed"}  # a trial's saved state: its run's end
+
+
+@contextlib.contextmanager
+def sweep_closing(parent: Run, sweep: Sweep, states: Callable[[], dict[str, str]]) -> Iterator[None]:
+    """The sweep's run, open while Tune runs its trials. Interrupted (Ctrl-C, SIGTERM), the trials'
+    runs still open end first (``TrialRuns.close_open`` with Tune's saved ``states()``), then the
+    sweep's: it stays among the runs this process works in until they have, so that the lost
+    cluster's watch, ending the process meanwhile (Slurm's preemption takes Ray down as the command
+    stops), ends them KILLED with it instead of leaving them RUNNING."""
+    with parent.closing():
+        try:
+            yield
+        except KeyboardInterrupt:
+            (ACTIVE[0] if ACTIVE else TrialRuns(sweep)).close_open(states())
+            raise
 
 
 class TrialRuns:

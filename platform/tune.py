@@ -27,7 +27,8 @@ from platform.errors import ConfigError, UserError, cli_main
 from platform.run import ray_env, unit
 from platform.run.loop import total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
-from platform.sweep_runs import ACTIVE, Sweep, TrialRuns, new_sweep, open_trial_run, resumable_sweep, sweep_identity
+from platform.sweep_runs import (Sweep, TrialRuns, new_sweep, open_trial_run, resumable_sweep, sweep_closing,
+                                 sweep_identity)
 from platform.sweep_summary import finish_sweep
 from platform.tracking import hub, store
 from platform.tracking.names import BEST, WINNER_RUN_ID_TAG, CORPUS_SHA256_TAG, DEV_METRIC, RESUMED_FINISHED, STEP
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
     if found is not None:
         TrialRuns(sweep).close_open(saved_trial_states(folder, total))  # left open by a driver that died
     try:
-        with parent.closing():
+        with sweep_closing(parent, sweep, lambda: saved_trial_states(folder, total)):
             try:
                 results = sweep_tuner(sweep, spec, resume=found is not None).fit()
             finally:
@@ -241,7 +242,6 @@ def main(argv=None) -> int:
                 raise KeyboardInterrupt
             parent.complete(finish_sweep(sweep, parent, spec, results))
     except KeyboardInterrupt:
-        (ACTIVE[0] if ACTIVE else TrialRuns(sweep)).close_open(saved_trial_states(folder, total))
         print(f"sweep interrupted; continue it with: python -m platform.tune {args.method} --resume "
               "(and the same arguments)", flush=True)
         raise

@@ -136,6 +136,34 @@ def test_what_the_ray_clusters_loss_ends_is_failed_unless_the_command_was_stoppi
     assert trials.flush(30) and _status(failing) == expected
 
 
+def test_an_interrupted_sweep_stays_open_until_its_trials_end_for_the_lost_clusters_watch(mlflow_uri, tmp_path,
+                                                                                             monkeypatch):
+    """Slurm's preemption stops the command and takes Ray down with it: the lost cluster's watch may
+    end the process while the interrupted sweep closes its trials' runs. The sweep's run is still
+    among those the process works in then, so the watch ends its open trials KILLED, not leaving
+    them RUNNING."""
+    from platform import errors, sweep_runs
+    from platform.tracking import recorder
+
+    monkeypatch.setattr(errors, "_terminating", [15])
+    monkeypatch.setattr(recorder, "OPEN", {})
+    monkeypatch.setattr(recorder, "FAILED_HERE", {})
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    trials = _sweep(mlflow_uri, parent, tmp_path / "sweep")
+    cut = Run.create(mlflow_uri, "una", "trial-cut", {"trial_id": "cut"}, parent=parent, in_trial=True)
+    watched = []
+
+    def cluster_lost_meanwhile(seconds):  # as ray_env.cluster_lost does, before its os._exit(130)
+        watched.extend(recorder.abandon_open_runs("the Ray cluster went away", "interrupted"))
+        raise SystemExit(130)
+
+    monkeypatch.setattr(trials, "flush", cluster_lost_meanwhile)
+    with pytest.raises(SystemExit), sweep_runs.sweep_closing(parent, trials.sweep, lambda: {"cut": "RUNNING"}):
+        raise KeyboardInterrupt
+    assert sorted(watched) == ["sweep", "trial-cut"]
+    assert (_status(parent), _status(cut)) == ("KILLED", "KILLED")
+
+
 def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_is_stale(mlflow_uri, tmp_path):
     """ASHA stopped the trial just after its step-16 checkpoint, a new best, was persisted: the tag
     naming it had not reached MLflow, and Ray had removed the step-8 checkpoint the tag still named
