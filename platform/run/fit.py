@@ -199,9 +199,14 @@ class ReportQueue:
     end (``drain``: an interrupted fit takes what the controller handed over before it stopped)."""
 
     def __init__(self, take: Callable[[dict], None]):
+        import ray
         from ray.util.queue import Queue
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self.queue, self.take = Queue(actor_options={"num_cpus": 0}), take
+        # On this process's node: a queue on a worker node dies with it, and with the queue the fit
+        # that max_failures would have restarted.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.queue, self.take = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here}), take
 
     def callback(self):
         from ray.train import UserCallback
