@@ -112,16 +112,21 @@ def batch_tokens(ids: np.ndarray, lengths: np.ndarray, token_type_ids: bool, wid
     return out
 
 
-def max_positions(name_or_path: str) -> int | None:
-    """The longest input, in tokens, the backbone's position embeddings take (RoBERTa-style
-    models reserve the first ``pad_token_id + 1`` positions); None when its config says nothing."""
+def backbone_config(name_or_path: str):
+    """The backbone's Hugging Face config (read, not its weights)."""
     from transformers import AutoConfig
 
     path, pinned = pretrained_source(name_or_path)
     try:
-        config = AutoConfig.from_pretrained(path, **pinned)
+        return AutoConfig.from_pretrained(path, **pinned)
     except OSError as exc:
         raise BackboneNotFound(_not_found_message(name_or_path)) from exc
+
+
+def max_positions(name_or_path: str) -> int | None:
+    """The longest input, in tokens, the backbone's position embeddings take (RoBERTa-style
+    models reserve the first ``pad_token_id + 1`` positions); None when its config says nothing."""
+    config = backbone_config(name_or_path)
     positions = getattr(config, "max_position_embeddings", None)
     if positions is None:
         return None
@@ -222,6 +227,9 @@ class Encoder(nn.Module):
         self.tokenizer = tokenizer
         self.pooler = pooler
         self.prompt = prompt
+        # A Matryoshka prefix: the embeddings' first coordinates kept (sentence-transformers' truncate_dim);
+        # cosine, and ``normalize``, renormalise what is left (Kusupati et al., 2022). None: all of them.
+        self.truncate_dim: int | None = None
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, pooler: str = "cls_before_pooler", dropout: float | None = None,
@@ -246,6 +254,18 @@ class Encoder(nn.Module):
     @property
     def hidden_size(self) -> int:
         return self.backbone.config.hidden_size
+
+    @property
+    def embedding_size(self) -> int:
+        """The size of the vectors ``encode`` gives: the hidden size, or the prefix kept."""
+        return self.truncate_dim or self.hidden_size
+
+    def truncated(self, dims: int | None) -> "Encoder":
+        """This encoder giving the first ``dims`` coordinates of each embedding (None: all of them)."""
+        if dims is not None and not 1 <= dims <= self.hidden_size:
+            raise ValueError(f"a prefix of {dims} dimensions: the embedding has {self.hidden_size}; use 1 to {self.hidden_size}")
+        self.truncate_dim = None if dims == self.hidden_size else dims
+        return self
 
     def tokenize(self, sentences: list[str], max_len: int | None = None, device=None,
                  prompt: PromptPooling | None = None) -> dict[str, torch.Tensor]:
@@ -338,9 +358,11 @@ class Encoder(nn.Module):
             chunks.append(self(inputs, pooler=pooler, prompt=batches.prompt).float())
         self.train(was_training)
         if not chunks:
-            return torch.empty(0, self.hidden_size)
+            return torch.empty(0, self.embedding_size)
         out = torch.empty(len(batches.order), chunks[0].shape[1])
         out[torch.tensor(batches.order)] = torch.cat(chunks).cpu()  # one read from the device
+        if self.truncate_dim is not None:
+            out = out[:, : self.truncate_dim].contiguous()
         return F.normalize(out, dim=-1) if normalize else out
 
     def save_pretrained(self, directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> Path:

@@ -195,6 +195,15 @@ class Views:
         return [Views(a, p, [n[i] for n in negatives])
                 for i, (a, p) in enumerate(zip(cut(self.anchor), cut(self.positive)))]
 
+    def prefix(self, dims: int) -> "Views":
+        """The same views with every vector cut to its first ``dims`` coordinates (a Matryoshka
+        prefix, ``methods.matryoshka``); each loss's cosine renormalises what is left."""
+        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+            return x[..., :dims] if x is not None else None
+
+        return Views(self.anchor[..., :dims], self.positive[..., :dims],
+                     [Negative(n.z[..., :dims], n.valid, cut(n.second)) for n in self.negatives], cut(self.columns))
+
 
 class Loss(Ingredient, nn.Module):
     """``loss``: the one contrastive loss of a recipe, ``forward(views) -> scalar`` over the

@@ -30,6 +30,8 @@ from methods.encoder import POOLERS, Encoder, dropout_override, pad_cat
 from methods.ingredients import (KINDS, Draws, EncoderIngredient, Ingredient, InvalidParams, Params, StepOutputs, check,
                                  cited)
 from methods.losses import Negative, Views, gather_with_grad, rank, world_size
+from methods.matryoshka import Matryoshka
+from methods.matryoshka import refusal as matryoshka_refusal
 from methods.prompt import (COTBERT_ANCHOR, COTBERT_NEGATIVE, COTBERT_POSITIVE, SNCSE_ANCHOR, SNCSE_POSITIVE,
                             PromptEncoder, PromptPooling, PromptState)
 from methods.registry import INGREDIENTS
@@ -56,6 +58,12 @@ class SharedParams(Params):
         "contrastive loss with no gather between them (and its own template bias), the step's loss their mean: the "
         "authors' nn.DataParallel on that many GPUs, whatever devices the run has (CoT-BERT's code-for-BERT/train.py: "
         "2 GPUs x 128). 1: one loss over the whole global batch (DDP's all-gather)."))
+    matryoshka_dims: str = cited("", (
+        "Matryoshka prefixes (Kusupati et al., 2022, Sec. 3): the contrastive loss summed over the first m "
+        "coordinates of each vector for every m listed (e.g. 768,512,256,128,64); empty: the whole vector alone."))
+    matryoshka_weights: str = cited("", (
+        "One weight c_m per matryoshka_dims entry; empty: all 1, the paper's (Kusupati et al., 2022, Sec. 3) and "
+        "sentence-transformers' MatryoshkaLoss default."))
 
     def validate(self) -> None:
         check([
@@ -64,6 +72,7 @@ class SharedParams(Params):
             (self.pooler in POOLERS, f"unknown pooler {self.pooler!r}; choose one of {', '.join(POOLERS)}"),
             (self.fidelity in ("paper", "authors_code"), f"fidelity must be 'paper' or 'authors_code', got {self.fidelity!r}"),
         ])
+        Matryoshka.parse(self.matryoshka_dims, self.matryoshka_weights)
 
 
 def check_replicas(spec: "RecipeSpec", shared: SharedParams) -> None:
@@ -321,6 +330,11 @@ class Recipe:
              "mlp_only_train must be true"),
         ])
         check_replicas(spec, self.shared)
+        self.matryoshka = Matryoshka.parse(self.shared.matryoshka_dims, self.shared.matryoshka_weights)
+        if self.matryoshka is not None:
+            projector = self._projector()
+            refused = matryoshka_refusal(self.shared.pooler, self.shared.mlp_only_train, projector and projector.name)
+            check([(refused is None, refused or "")])
 
     @classmethod
     def named(cls, name: str, **values: Any) -> "Recipe":
@@ -412,7 +426,10 @@ class Recipe:
         if projection is None and self.shared.pooler in ("cls", "mask"):
             projection = ProjectionMLP(hidden, getattr(encoder.backbone.config, "initializer_range", 0.02))
         heads = {a.name: head for a in self.aux if (head := a.heads(hidden)) is not None}
-        states = {n.name: n.state(encoder, _width(projection, hidden)) for n in self.embedded_negatives}
+        width = _width(projection, hidden)
+        if self.matryoshka is not None:
+            self.matryoshka.check_width(width)
+        states = {n.name: n.state(encoder, width) for n in self.embedded_negatives}
         prompt = None
         if isinstance(self.encoder, PromptEncoder):
             encoder.prompt = self.encoder.pooling()
@@ -604,10 +621,11 @@ class Recipe:
         views = Views(gather_with_grad(z["anchor"]), gather_with_grad(z["positive"]), negatives,
                       torch.cat(queued) if queued else None)
         replicas = self.shared.replicas
+        loss_fn = self.loss_fn if self.matryoshka is None else lambda v: self.matryoshka.loss(self.loss_fn, v)
         if replicas == 1:
-            contrastive = self.loss_fn(views)
+            contrastive = loss_fn(views)
         else:  # the authors' DataParallel: each replica's loss over its own rows, then their mean
-            contrastive = torch.stack([self.loss_fn(v) for v in views.split(replicas)]).mean()
+            contrastive = torch.stack([loss_fn(v) for v in views.split(replicas)]).mean()
         metrics: dict[str, Any] = {"contrastive_loss": contrastive.detach()}  # read back once per log step
         metrics.update({f"{n.name}_negatives": float(n in active) for n in self.text_negatives})
         metrics.update({f"{n.name}_negatives": float(len(q)) for n, q in zip(self.embedded_negatives, queued)})

@@ -46,8 +46,8 @@ from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import STSEvaluator
 from platform.run.final_evaluation import PAIRS_ARTIFACT
 from platform.tracking import store
-from platform.tracking.names import (BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, sts,
-                                     supervision_note)
+from platform.tracking.names import (BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, pairs_at,
+                                     sts_at, supervision_note)
 from platform.tracking.recorder import Run
 
 COMPARISONS_EXPERIMENT = "comparisons"
@@ -67,36 +67,60 @@ class Result:
     seed: int = 0
     seed_runs: dict[int, str] = dataclasses.field(default_factory=dict)  # seed -> its MLflow run
     uri: str | None = None
+    dims: int | None = None  # a Matryoshka prefix: the embeddings' first coordinates compared (None: all)
 
 
-def _scores(metrics: dict[str, float]) -> dict[str, float]:
-    return {t: metrics[sts(t)] for t in ROWS if sts(t) in metrics}
+def _scores(metrics: dict[str, float], dims: int | None = None) -> dict[str, float]:
+    return {t: metrics[sts_at(t, dims)] for t in ROWS if sts_at(t, dims) in metrics}
 
 
-def from_run(uri: str, run, label: str) -> Result:
-    """A run's result: a sweep's is its winning configuration's; a run with seeds, its seeds'."""
+DIM_SUFFIX = ":dim="  # REF:dim=M: that reference at its embeddings' first M coordinates
+
+
+def split_dims(reference: str, default: int | None) -> tuple[str, int | None]:
+    """``REF:dim=M`` -> (REF, M); a reference without the suffix has ``default`` (``--dim``)."""
+    if DIM_SUFFIX not in reference:
+        return reference, default
+    ref, _, m = reference.rpartition(DIM_SUFFIX)
+    if not m.isdigit() or int(m) < 1:
+        raise UserError(f"{reference}: {DIM_SUFFIX}M takes a whole number of dimensions >= 1, got {m!r}")
+    return ref, int(m)
+
+
+def from_run(uri: str, run, label: str, dims: int | None = None) -> Result:
+    """A run's result: a sweep's is its winning configuration's; a run with seeds, its seeds'; at
+    a Matryoshka prefix ``dims``, the scores its final evaluation logged there (``sts_at``)."""
     client = store.client(uri)
     if run.data.tags.get(WINNER_RUN_ID_TAG) and run.data.tags.get(SWEEP_TAG) == "true":
         run = client.get_run(run.data.tags[WINNER_RUN_ID_TAG])
     children = [r for r in store.child_runs(uri, run.info.run_id, "attributes.status = 'FINISHED'") if SEED_TAG in r.data.tags]
-    seeds = {int(r.data.tags[SEED_TAG]): _scores(r.data.metrics) for r in children}
+    seeds = {int(r.data.tags[SEED_TAG]): _scores(r.data.metrics, dims) for r in children}
     runs = {int(r.data.tags[SEED_TAG]): r.info.run_id for r in children}
     if not seeds:
-        seeds = {int(run.data.params.get("seed", 0)): _scores(run.data.metrics)}
+        seeds = {int(run.data.params.get("seed", 0)): _scores(run.data.metrics, dims)}
         runs = {int(run.data.params.get("seed", 0)): run.info.run_id}
     model = run.data.tags.get(MODEL_TAG) or run.data.params.get("model", "")
     label += supervision_note(run.data.tags)  # a teacher-assisted side is labelled as such in every table and plot
     return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get(BEST_CHECKPOINT_TAG),
-                  int(run.data.params.get("seed", 0) or 0), runs, uri)
+                  int(run.data.params.get("seed", 0) or 0), runs, uri, dims)
 
 
-def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
-    """Any accepted form of a reference, as a ``Result``."""
+def resolve(reference: str, stack: contextlib.ExitStack, dims: int | None = None) -> Result:
+    """Any accepted form of a reference (``REF:dim=M`` at a Matryoshka prefix, else at ``dims``), as a ``Result``."""
+    reference, dims = split_dims(reference, dims)
+    result = _resolve(reference, stack, dims)
+    result.dims = dims
+    if dims:
+        result.label = f"{result.label} (first {dims} dims)"
+    return result
+
+
+def _resolve(reference: str, stack: contextlib.ExitStack, dims: int | None) -> Result:
     if reference.startswith("runs:/"):
         uri = store.tracking_uri()
         run_id = reference[len("runs:/"):].strip("/").split("/")[0]
         store.check_run(uri, run_id)
-        return from_run(uri, store.client(uri).get_run(run_id), reference)
+        return from_run(uri, store.client(uri).get_run(run_id), reference, dims)
     if reference.startswith("models:/") or Path(reference).exists():
         path, _ = model_reference(reference, stack)
         label = reference if reference.startswith("models:/") else "/".join(Path(reference).resolve().parts[-2:])
@@ -109,7 +133,7 @@ def resolve(reference: str, stack: contextlib.ExitStack) -> Result:
     if not runs:
         raise UserError(f"{reference!r} is no checkpoint path, runs:/ or models:/ reference, nor the name of a finished "
                         f"run or sweep in {store.redact(uri)}")
-    return from_run(uri, runs[0], reference)
+    return from_run(uri, runs[0], reference, dims)
 
 
 def _backbone_of(path: Path) -> str:
@@ -130,6 +154,10 @@ def check(results: list[Result]) -> None:
     for r in results:
         for seed, scores in r.seeds.items():
             missing = [t for t in ROWS if t not in scores]
+            if missing and r.dims and len(missing) == len(ROWS):
+                raise UserError(f"{r.label} (seed {seed}) has no scores at its first {r.dims} dimensions: its run "
+                                f"did not train matryoshka_dims with {r.dims}; compare its checkpoint (a path, or "
+                                "models:/) to score any prefix")
             if missing:
                 raise UserError(f"{r.label} (seed {seed}) has no score for {', '.join(missing)}: the references must be "
                                 "scored on the same 7 tasks (a run that finished its final evaluation)")
@@ -140,10 +168,15 @@ def by_seeds(first: Result, other: Result) -> dict[str, uncertainty.Interval]:
                                         {s: v[t] for s, v in first.seeds.items()}) for t in ROWS}
 
 
-def similarities(checkpoint_path: str) -> dict[str, np.ndarray]:
-    """The cosine similarity of each test pair of the 7 tasks, for a checkpoint."""
+def similarities(checkpoint_path: str, dims: int | None = None) -> dict[str, np.ndarray]:
+    """The cosine similarity of each test pair of the 7 tasks, for a checkpoint (at its embeddings'
+    first ``dims`` coordinates)."""
     path, pooler = resolve_model(checkpoint_path, None)
     encoder = Encoder.from_pretrained(path, pooler=pooler)
+    try:
+        encoder.truncated(dims)
+    except ValueError as exc:
+        raise UserError(f"{checkpoint_path}: {exc}") from None
     evaluator = STSEvaluator(STS_TASKS)
     return evaluator.similarities(evaluator.encode(encoder, progress="embedding the 7 STS tasks"))
 
@@ -164,7 +197,7 @@ def seed_similarities(result: Result) -> list[dict[str, np.ndarray]] | None:
             except Exception:  # noqa: BLE001 - not logged: the comparison goes on over seeds alone
                 return None
             with np.load(path) as found:
-                out.append({t: found[t] for t in STS_TASKS if t in found})
+                out.append({t: found[pairs_at(t, result.dims)] for t in STS_TASKS if pairs_at(t, result.dims) in found})
     return out if all(set(s) == set(STS_TASKS) for s in out) else None
 
 
@@ -227,7 +260,7 @@ def table(first: Result, others: list[Result], seed: int, resamples: int):
                 if r.checkpoint is None:
                     raise UserError(f"{r.label} has one seed and names no checkpoint: nothing to resample")
                 if r.label not in cache:
-                    cache[r.label] = similarities(r.checkpoint)
+                    cache[r.label] = similarities(r.checkpoint, r.dims)
             found = by_pairs(cache[first.label], cache[other.label], seed, resamples)
         claim = RECIPES if len(first.seeds) >= 2 and len(other.seeds) >= 2 else CHECKPOINTS
         adjusted = uncertainty.holm({t: found[t].p for t in STS_TASKS})
@@ -339,6 +372,9 @@ def parse_args(argv=None):
     p = command_parser("python -m platform.compare", __doc__, "python -m platform.compare runs:/RUN_A runs:/RUN_B")
     p.add_argument("references", nargs="+", metavar="REF",
                    help="runs:/RUN_ID, a run's or sweep's name, models:/..., or a checkpoint path; the first is the reference")
+    p.add_argument("--dim", type=int, default=None, metavar="M",
+                   help="compare the references at their embeddings' first M coordinates (a Matryoshka prefix); one "
+                        "reference at its own: REF:dim=M (runs:/A runs:/A:dim=128 measures the prefix against the whole)")
     p.add_argument("--seed", type=int, default=None, help="the resampling's seed (default: the first run's seed, else 0)")
     p.add_argument("--resamples", type=int, default=uncertainty.RESAMPLES, help="bootstrap resamples")
     p.add_argument("--out", type=Path, default=None, help="also write comparison.csv, .md and forest.png to this folder")
@@ -354,7 +390,7 @@ def main(argv=None) -> int:
     if args.resamples < 100:
         raise UserError(f"--resamples must be at least 100 for a 95 % interval, got {args.resamples}")
     with contextlib.ExitStack() as stack:
-        results = [resolve(r, stack) for r in args.references]
+        results = [resolve(r, stack, args.dim) for r in args.references]
         check(results)
         first = results[0]
         seed = first.seed if args.seed is None else args.seed

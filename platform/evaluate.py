@@ -32,7 +32,7 @@ from platform.evaluation.sts import STSEvaluator, format_table, with_mean
 from platform.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, task_sentences
 from platform import checkpoint, storage
 from platform.storage import cache_root
-from platform.run.final_evaluation import beside_table, cached_baseline
+from platform.run.final_evaluation import beside_table, cached_baseline, trained_prefixes
 from platform.tracking import recorder, store
 from platform.tracking.names import BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG
 from platform.tracking.recorder import Run
@@ -100,6 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-to", default=None, metavar="RUN_ID",
                    help="record the transfer and clustering scores on this MLflow run (as transfer_<task>, "
                         "cluster_<set>), where platform.report finds them")
+    p.add_argument("--dim", type=int, default=None, metavar="M",
+                   help="evaluate the first M coordinates of each embedding, renormalised (a Matryoshka prefix), on "
+                        "every task; a checkpoint trained with matryoshka_dims shows the STS table at each of them "
+                        "without it")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--transfer-limit", type=int, default=None, help="transfer tasks on a slice of N training sentences")
     p.add_argument("--transfer-classifier", choices=CLASSIFIERS, default="pytorch",
@@ -111,7 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.tasks = args.tasks if args.tasks is not None else ([] if args.benchmark else ["sts"])
     for option, value in (("--batch-size", args.batch_size), ("--transfer-jobs", args.transfer_jobs),
-                          ("--transfer-limit", args.transfer_limit)):
+                          ("--transfer-limit", args.transfer_limit), ("--dim", args.dim)):
         if value is not None and value < 1:
             raise UserError(f"{option} must be >= 1, got {value}")
     return args
@@ -165,6 +169,11 @@ def evaluate(args) -> int:
     mteb_tasks = tasks_of(args.benchmark, mteb_names) if args.benchmark or mteb_names else []  # refusals first
     name, pooler = resolve_model(args.model, args.pooler)
     encoder = Encoder.from_pretrained(name, pooler=pooler)
+    try:
+        encoder.truncated(args.dim)
+    except ValueError as exc:
+        raise UserError(f"--dim {args.dim}: {exc}") from None
+    what = f" (its first {args.dim} dimensions)" if encoder.truncate_dim else ""
     transfer_tasks = [t for t in tasks if t in TRANSFER_TASKS]
     embeddings = EmbeddingStore(encoder, pooler, batch_size=args.batch_size)
     if transfer_tasks:  # every task's sentences encoded at once: what several tasks share, once
@@ -176,10 +185,13 @@ def evaluate(args) -> int:
     if evaluator is not None:
         import torch
 
-        scores.update(with_mean(evaluator.score(torch.from_numpy(embeddings.embed(evaluator.sentences, progress="STS")))))
-        print(f"{args.model} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
+        emb = torch.from_numpy(embeddings.embed(evaluator.sentences, progress="STS"))
+        scores.update(with_mean(evaluator.score(emb)))
+        print(f"{args.model}{what} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
         print(format_table(scores))
-        print_beside_backbone(args.model, pooler, scores)
+        if not what:
+            print_beside_backbone(args.model, pooler, scores)
+            scores.update(print_prefixes(args.model, evaluator, emb))
     for task in transfer_tasks:
         acc = evaluate_transfer(task, embeddings.embed, limit=args.transfer_limit, classifier=args.transfer_classifier,
                                 jobs=args.transfer_jobs)
@@ -197,8 +209,21 @@ def evaluate(args) -> int:
     if args.json_out:
         storage.write_json(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
     if args.log_to:
-        log_scores(args.log_to, scores, mteb_folder, args.benchmark)
+        log_scores(args.log_to, scores, mteb_folder, args.benchmark, encoder.truncate_dim)
     return 0
+
+
+def print_prefixes(model: str, evaluator: STSEvaluator, emb) -> dict[str, float]:
+    """A checkpoint trained with Matryoshka prefixes: the STS table at each (``dim<M>/<task>``),
+    from the whole vectors' embeddings cut."""
+    if not checkpoint.exists(str(model)):
+        return {}
+    out = {}
+    for dims in (d for d in trained_prefixes(checkpoint.read_state(Path(model))) if d < emb.shape[1]):
+        at = with_mean(evaluator.score(emb[:, :dims]))
+        print(f"its first {dims} dimensions (Matryoshka):\n{format_table(at)}")
+        out.update({f"dim{dims}/{task}": v for task, v in at.items()})
+    return out
 
 
 def run_mteb(args, encoder: Encoder, pooler: str, tasks: list) -> tuple[dict[str, float], Path]:
@@ -208,7 +233,8 @@ def run_mteb(args, encoder: Encoder, pooler: str, tasks: list) -> tuple[dict[str
     model = mteb_model(encoder, pooler, label, batch_size=args.batch_size)
     folder = cache_root() / "mteb" / model.mteb_model_meta.revision
     what = f"MTEB {args.benchmark}: " if args.benchmark else "MTEB: "
-    print(f"{what}{len(tasks)} task(s) through mteb, model platform/{label} (pooler {pooler})", flush=True)
+    dims = f", its first {encoder.truncate_dim} dimensions" if encoder.truncate_dim else ""
+    print(f"{what}{len(tasks)} task(s) through mteb, model platform/{label} (pooler {pooler}{dims})", flush=True)
     scores = evaluate_mteb(model, tasks, folder)
     width = max(len(t) for t in scores)
     print("\n".join(f"{task:<{width}}  {value:6.2f}" for task, value in scores.items()))
@@ -233,17 +259,19 @@ def print_beside_backbone(model: str, pooler: str, scores: dict[str, float]) -> 
 
 
 def log_scores(run_id: str, scores: dict[str, float], mteb_folder: Path | None = None,
-               benchmark: str | None = None) -> None:
+               benchmark: str | None = None, dims: int | None = None) -> None:
     """The transfer, clustering and MTEB scores on an MLflow run (``transfer_<task>``,
-    ``cluster_<set>``, ``mteb_<task>`` and ``mteb_mean``), MTEB's per-task results as the artifacts
-    ``mteb/<task>.json``, and the benchmark's name as the tag ``mteb_benchmark``."""
-    logged = {metric_name(k): v for k, v in scores.items()
+    ``cluster_<set>``, ``mteb_<task>`` and ``mteb_mean``; at a Matryoshka prefix ``dim<M>/...``),
+    MTEB's per-task results as the artifacts ``mteb/<task>.json`` (``dim<M>/mteb/``), and the
+    benchmark's name as the tag ``mteb_benchmark``."""
+    prefix = f"dim{dims}/" if dims else ""
+    logged = {prefix + metric_name(k): v for k, v in scores.items()
               if k in TRANSFER_TASKS or k.startswith(("cluster:", MTEB_PREFIX))}
     run = Run(store.tracking_uri(), run_id)
     recorder.log_results(run, logged)
     if mteb_folder is not None:
         for result in sorted(mteb_folder.glob("*.json")):
-            run.log_file(result, "mteb")
+            run.log_file(result, f"{prefix}mteb")
         run.set_tags({MTEB_BENCHMARK_TAG: benchmark or "tasks"})
     print(f"logged {', '.join(logged) or 'nothing (no transfer, clustering or MTEB task)'} to MLflow run {run_id}")
 

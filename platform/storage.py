@@ -333,6 +333,8 @@ def encoder_key(encoder, pooler: str) -> str:
     h.update(f"|{pooler}|{next(encoder.parameters()).device.type}".encode())
     if getattr(encoder, "prompt", None) is not None:  # the template it embeds sentences in
         h.update(json.dumps(dataclasses.asdict(encoder.prompt), sort_keys=True).encode())
+    if getattr(encoder, "truncate_dim", None):  # a Matryoshka prefix of its vectors
+        h.update(f"|dim{encoder.truncate_dim}".encode())
     return h.hexdigest()
 
 

@@ -70,7 +70,7 @@ class EmbeddingStore:
             self.rows.update(zip(missing, emb))
             self.encoded += len(missing)
         if not keys:
-            return np.empty((0, self.encoder.hidden_size), dtype=np.float32)
+            return np.empty((0, self.encoder.embedding_size), dtype=np.float32)
         return np.stack([self.rows[k] for k in keys])
 
     def _write(self, keys: list[bytes], emb: np.ndarray) -> None:

@@ -123,7 +123,7 @@ def mteb_model(encoder: Encoder, pooler: str, label: str, batch_size: int = 128)
         def __init__(self):
             self.model = encoder
             self.mteb_model_meta = ModelMeta.create_empty({
-                "name": f"platform/{label}", "revision": encoder_key(encoder, pooler), "embed_dim": encoder.hidden_size,
+                "name": f"platform/{label}", "revision": encoder_key(encoder, pooler), "embed_dim": encoder.embedding_size,
                 "n_parameters": sum(p.numel() for p in encoder.parameters()), "similarity_fn_name": ScoringFunction.COSINE,
                 "framework": ["PyTorch"], "languages": ["eng-Latn"], "open_weights": True, "use_instructions": False})
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from methods.encoder import Encoder
+from methods.matryoshka import parse_dims
 from platform import checkpoint, settings, storage
 from platform.config import smoke_reason
 from platform.data import SHORT_NAMES, STS_TASKS, data_dir, load_sts
@@ -21,7 +22,7 @@ from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import GEOMETRY, STSEvaluator, format_table, geometry_figure, with_mean
 from platform.run.ray_env import started_here
 from platform.tracking import recorder, store
-from platform.tracking.names import BASELINE_TAG, DEV_GEOMETRY, MTEB_BENCHMARK_TAG, sts, vs_backbone
+from platform.tracking.names import BASELINE_TAG, DEV_GEOMETRY, MTEB_BENCHMARK_TAG, pairs_at, sts, sts_at, vs_backbone
 from platform.tracking.recorder import Run
 
 
@@ -105,9 +106,16 @@ def _on_its_device(encoder: Encoder) -> Encoder:
     return encoder.to("cuda") if torch.cuda.is_available() else encoder
 
 
+def trained_prefixes(state: dict[str, Any]) -> tuple[int, ...]:
+    """The Matryoshka prefixes a checkpoint trained, shorter than its whole vector, largest first
+    (its configuration's ``matryoshka_dims``)."""
+    return tuple(sorted(parse_dims(state.get("config", {}).get("matryoshka_dims", "")), reverse=True))
+
+
 def score_checkpoint(location: str, pairs: dict) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """(task) The 7 STS tasks and their mean on the checkpoint at ``location``, and each task's
-    per-pair cosine similarities."""
+    per-pair cosine similarities (``pairs_at``); a Matryoshka checkpoint's also at each prefix it
+    trained (``sts_at``: the same embeddings cut, cosine renormalising them)."""
     with storage.local_copy(location) as folder:
         state = checkpoint.read_state(folder)
         encoder = _on_its_device(Encoder.from_pretrained(str(checkpoint.model_dir(folder)), pooler=state["eval_pooler"]))
@@ -117,7 +125,11 @@ def score_checkpoint(location: str, pairs: dict) -> tuple[dict[str, float], dict
         scores = with_mean(evaluator.score(emb))
         # Its geometry is its STS-B dev evaluation's, kept in its state: no second encoding of dev.
         scores.update({k: state[DEV_GEOMETRY[k]] for k in GEOMETRY if DEV_GEOMETRY[k] in state})
-        return scores, evaluator.similarities(emb)
+        similarities = evaluator.similarities(emb)
+        for dims in (d for d in trained_prefixes(state) if d < emb.shape[1]):
+            scores.update({sts_at(t, dims): v for t, v in with_mean(evaluator.score(emb[:, :dims])).items()})
+            similarities.update({pairs_at(t, dims): v for t, v in evaluator.similarities(emb[:, :dims]).items()})
+        return scores, similarities
 
 
 def score_backbone(backbone: str, pooler: str, pairs: dict, known: dict[str, dict],
@@ -143,9 +155,16 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False, alone: bool = Fal
     checkpoint's step; printed unless ``quiet``."""
     state = checkpoint.read_state_at(location)
     scores, similarities = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state), alone=alone)
+    prefixes = {k: v for k, v in scores.items() if k.startswith("dim")}
+    scores = {k: v for k, v in scores.items() if k not in prefixes}
     if not quiet:
         print(format_table(scores), flush=True)
-    recorder.log_results(run, {sts(k): v for k, v in scores.items()}, state["step"])
+    for dims in trained_prefixes(state):  # what a Matryoshka run is for: shown whatever ``quiet`` says
+        at = {t: prefixes[sts_at(t, dims)] for t in [*STS_TASKS, "avg"] if sts_at(t, dims) in prefixes}
+        if at:
+            print(f"{run.info().info.run_name}, the first {dims} dimensions of its embedding (Matryoshka):\n"
+                  f"{format_table(at)}", flush=True)
+    recorder.log_results(run, {**{sts(k): v for k, v in scores.items()}, **prefixes}, state["step"])
     log_pair_similarities(run, similarities)
     return scores
 

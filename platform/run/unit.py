@@ -17,7 +17,8 @@ import dataclasses
 import json
 import time
 
-from methods.encoder import load_tokenizer, max_positions
+from methods.encoder import backbone_config, load_tokenizer, max_positions
+from methods.errors import InvalidParams
 from platform import storage
 from platform.config import TrainConfig, smoke_reason
 from platform.console import seed_table, still_working
@@ -61,6 +62,11 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     check_text_left(sentences, tokenizer, corpus, cfg.batch_size)
     resolve_local_models(cfg.ingredient_params)
     recipe = cfg.build_recipe()
+    if recipe.matryoshka is not None:  # its prefixes fit the backbone's vectors, checked before any worker starts
+        try:
+            recipe.matryoshka.check_width(int(getattr(backbone_config(cfg.model), "hidden_size", 0)) or 1 << 30)
+        except InvalidParams as exc:
+            raise ConfigError(f"{cfg.model}: {exc}") from None
     recipe.preflight()
     if cfg.final_eval and cfg.final_benchmark:  # unknown or unreachable tasks refused before any training
         final_evaluation.benchmark_tasks(cfg.final_benchmark, announce=True)

@@ -21,6 +21,17 @@ def sts(task: str) -> str:
     return STS_PREFIX + task
 
 
+def sts_at(task: str, dims: int | None) -> str:
+    """The final test metric of one STS task at a Matryoshka prefix of ``dims`` coordinates
+    (``dim128/sts_STSBenchmark``); ``sts(task)`` for the whole vector (None)."""
+    return f"dim{dims}/{sts(task)}" if dims else sts(task)
+
+
+def pairs_at(task: str, dims: int | None) -> str:
+    """A task's per-pair similarities in ``sts_pairs.npz`` at a prefix (``STS12_dim128``), or the whole vector's."""
+    return f"{task}_dim{dims}" if dims else task
+
+
 def vs_backbone(task: str, kind: str) -> str:
     """The untouched backbone's score of a task (``kind="baseline"``) or the trained model's gain
     over it (``"delta"``), logged beside the final test."""
