@@ -76,10 +76,10 @@ def test_gather_is_identity_without_distributed():
 
 # Every named recipe, with its random draws outside the data turned off (dropout, SAN's p2, the
 # discriminator's dropout), so one process and two see the same views; recipe@variant: the named
-# recipe with these values ("queued": ESimCSE's queue filled before the step).
+# recipe with these values ("queued": ESimCSE's queue filled before the step; "matryoshka": its loss over prefixes).
 DDP_PARAMS = {**{name: {} for name in NAMED}, "vascl": {"k": 3}, "una": {"alpha": 1}, "san": {"p2": 0.0},
               "augcse": {"disc_dropout": 0.0, "augmentations": "12-aug"}, "cotbert@replicas": {"replicas": 2},
-              "esimcse@queued": {"queue_size": 12}}
+              "esimcse@queued": {"queue_size": 12}, "simcse@matryoshka": {"pooler": "avg", "matryoshka_dims": "32,16,8"}}
 
 
 def _build(model_dir, recipe="simcse"):

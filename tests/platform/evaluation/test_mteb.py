@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from methods.encoder import Encoder
@@ -171,3 +172,27 @@ def test_a_run_names_a_final_benchmark_for_its_best_checkpoint(tiny_model, small
     assert registered.returncode == 0, registered.stderr[-2000:]
     assert f"{metrics['sts_STS12']:.2f}" in registered.stdout
 
+
+
+def test_a_matryoshka_prefix_reaches_mteb_and_its_scores_are_logged_under_it(tiny_model, tmp_path, mlflow_uri,
+                                                                            monkeypatch):
+    """``evaluate --dim M``: the encoder cut to its first M coordinates is what mteb embeds with (its
+    metadata says M), and the scores land as ``dim<M>/mteb_<task>`` with their files under ``dim<M>/mteb``."""
+    from mlflow.tracking import MlflowClient
+
+    from platform.evaluate import log_scores
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    texts = ["A man is playing a guitar.", "Two dogs run on the beach.", "The stock market fell today."]
+    whole = Encoder.from_pretrained(str(tiny_model), pooler="avg").encode(texts).numpy()
+    model = mteb_model(Encoder.from_pretrained(str(tiny_model), pooler="avg").truncated(8), "avg", "tiny")
+    got = model.encode([{"text": texts}], task_metadata=None, hf_split="test", hf_subset="default")
+    assert model.mteb_model_meta.embed_dim == 8 and got.shape == (3, 8)
+    assert np.allclose(got, whole[:, :8], atol=1e-6)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "STS12.json").write_text("{}")
+    client = MlflowClient(mlflow_uri)
+    run = client.create_run(client.create_experiment("mteb-dim")).info.run_id
+    log_scores(run, {"mteb:STS12": 50.0, "mteb:mean": 50.0}, tmp_path / "out", "tasks", dims=8)
+    assert client.get_run(run).data.metrics == {"dim8/mteb_STS12": 50.0, "dim8/mteb_mean": 50.0}
+    assert [a.path for a in client.list_artifacts(run, "dim8/mteb")] == ["dim8/mteb/STS12.json"]
