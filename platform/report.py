@@ -150,6 +150,10 @@ def row_of(uri: str, run) -> dict:
     for key in sorted(m):
         if key.startswith(("transfer_", "cluster_", "mteb_")):
             row[key] = m[key]
+        elif key.startswith("dim") and key.endswith(sts("avg")):  # a Matryoshka prefix's average, its seeds' spread
+            row[key] = m[key]
+            if key + "_std" in m:
+                row[f"{key} std"] = m[key + "_std"]
     row["wall time (min)"] = _seconds(run) / 60
     row["GPU-hours"] = sum(_gpu_hours(leaf) for leaf in leaf_runs(uri, run))
     # A sweep's nodes (Ray's node table): what the cluster ran for it, and how much of the GPU time
@@ -249,6 +253,7 @@ def markdown(frame, references: list[dict], experiments: list[str], published: b
         lines += against_published(frame)
     if all_pairs:
         lines += significance_section(frame)
+    lines += matryoshka_section(frame)
     lines += mteb_section(frame)
     lines += ["", "Runs: " + ", ".join(f"{r['recipe']} = `{r['run_id']}`" for r in frame.to_dict("records")), ""]
     return "\n".join(lines)
@@ -347,6 +352,21 @@ def against_published(frame, seed: int = 0) -> list[str]:
                          f"(mean {iv.estimate:.2f})")
     return ["", "Published averages against our seeds (--against published; a faithful reproduction is called "
             "outside 5 % of the time):", "", *(lines or ["- no row here has a published average on its backbone"])]
+
+
+def matryoshka_section(frame) -> list[str]:
+    """The 7-task average at each Matryoshka prefix the runs trained (``dim<m>/sts_avg``), beside the
+    whole vector's, for the runs that have them."""
+    prefixes = sorted((c for c in frame.columns if c.startswith("dim") and c.endswith(sts("avg"))),
+                      key=lambda c: -int(c[3:].split("/")[0]))
+    scored = [r for r in frame.to_dict("records") if any(r.get(c) == r.get(c) and r.get(c) is not None for c in prefixes)]
+    if not scored:
+        return []
+    columns = ["recipe", "backbone", "Avg.", *prefixes]
+    lines = ["", "Matryoshka prefixes (the 7-task average of each run's embeddings cut to their first m coordinates, "
+                 "renormalised; Avg.: the whole vector):", ""]
+    return lines + markdown_table(["recipe", "backbone", "whole", *(c.split("/")[0].replace("dim", "") + " dims" for c in prefixes)],
+                                  [[_cell(r, c) for c in columns] for r in scored])
 
 
 def mteb_section(frame) -> list[str]:

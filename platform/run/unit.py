@@ -322,7 +322,9 @@ def evaluate_fits(run: Run, fits: list[SeedFit], alone: bool = False) -> dict[st
         return per_seed[0]
     scores = mean_std(per_seed)
     print(seed_table(per_seed, [f.seed for f in fits], scores), flush=True)
-    recorder.log_results(run, {sts(k): v for k, v in scores.items()})
+    # A Matryoshka run's prefixes (``dim<m>/sts_<task>``, on each seed's run): their means and stds too.
+    prefixes = mean_std([{k: v for k, v in f.run.info().data.metrics.items() if k.startswith("dim")} for f in fits])
+    recorder.log_results(run, {**{sts(k): v for k, v in scores.items()}, **prefixes})
     run.set_tags({SEEDS_TAG: str(len(fits))})
     return scores
 

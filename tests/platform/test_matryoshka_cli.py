@@ -27,13 +27,16 @@ def trained(tiny_model, small_corpus, tmp_path_factory, _empty_mlflow_db):
     out = tmp_path_factory.mktemp("matryoshka")
     uri = new_mlflow_db(_empty_mlflow_db, out / "mlflow.db")
     env = {"MLFLOW_TRACKING_URI": uri}
-    proc = run_main("train", "simcse", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4,
+    proc = run_main("train", "simcse", "--seeds", "2", *sets(model=tiny_model, corpus=small_corpus, batch_size=8, max_steps=4,
                                              eval_steps=2, runtime="process", num_workers=1, output_dir=out / "runs",
                                              lr=1e-3, pooler="avg", matryoshka_dims="32,16,8"), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     c = MlflowClient(uri)
-    (run,) = c.search_runs([c.get_experiment_by_name("simcse").experiment_id])
-    return {"proc": proc, "run": run, "env": env, "client": c, "out": out}
+    found = c.search_runs([c.get_experiment_by_name("simcse").experiment_id])
+    (run,) = [r for r in found if "seed" not in r.data.tags]
+    seeds = {int(r.data.tags["seed"]): r for r in found if "seed" in r.data.tags}
+    return {"proc": proc, "run": run, "best": seeds[int(run.data.tags["best_seed"])], "seeds": seeds, "env": env,
+            "client": c, "out": out}
 
 
 def _cut_by_hand(checkpoint: str, sts_tests) -> dict[int, dict[str, np.ndarray]]:
@@ -61,7 +64,7 @@ def test_the_final_evaluation_scores_every_trained_prefix_as_cut_by_hand(trained
     the gold scores, and the run logged the same table and kept the similarities."""
     from platform.run.final_evaluation import score_checkpoint, sts_test_pairs
 
-    metrics, best = trained["run"].data.metrics, trained["run"].data.tags["best_checkpoint"]
+    metrics, best = trained["best"].data.metrics, trained["best"].data.tags["best_checkpoint"]
     cut = _cut_by_hand(best, sts_tests)
     scored, similarities = score_checkpoint(best, sts_test_pairs())
     for dims in PREFIXES:
@@ -74,13 +77,19 @@ def test_the_final_evaluation_scores_every_trained_prefix_as_cut_by_hand(trained
         assert scored[f"dim{dims}/sts_avg"] == pytest.approx(np.mean([scored[f"dim{dims}/sts_{t}"] for t in STS_TASKS]))
         assert f"the first {dims} dimensions of its embedding (Matryoshka)" in trained["proc"].stdout
     assert "dim32/sts_avg" not in metrics  # the whole vector is the run's own table
-    pairs = trained["client"].download_artifacts(trained["run"].info.run_id, "sts_pairs.npz", str(trained["out"]))
+    # The configuration's run: each prefix's mean and spread over its seeds.
+    means = trained["run"].data.metrics
+    for dims in PREFIXES:
+        at = [r.data.metrics[f"dim{dims}/sts_avg"] for r in trained["seeds"].values()]
+        assert means[f"dim{dims}/sts_avg"] == pytest.approx(np.mean(at))
+        assert means[f"dim{dims}/sts_avg_std"] == pytest.approx(np.std(at, ddof=1))
+    pairs = trained["client"].download_artifacts(trained["best"].info.run_id, "sts_pairs.npz", str(trained["out"]))
     with np.load(pairs) as found:
         assert {f"STS12_dim{d}" for d in PREFIXES} | set(STS_TASKS) <= set(found.files)
 
 
 def test_evaluate_shows_the_prefixes_and_scores_any_one(trained, tmp_path):
-    metrics, best = trained["run"].data.metrics, trained["run"].data.tags["best_checkpoint"]
+    metrics, best = trained["best"].data.metrics, trained["run"].data.tags["best_checkpoint"]
     shown = run_main("evaluate", best, env=trained["env"])
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "its first 16 dimensions (Matryoshka):" in shown.stdout and "its first 8 dimensions" in shown.stdout
@@ -94,18 +103,36 @@ def test_evaluate_shows_the_prefixes_and_scores_any_one(trained, tmp_path):
 
 
 def test_compare_measures_a_prefix_against_the_whole_vector(trained, tmp_path):
-    ref = f"runs:/{trained['run'].info.run_id}"
-    proc = run_main("compare", ref, f"{ref}:dim=8", "--resamples", "200", "--no-log", "--out", str(tmp_path),
-                    env=trained["env"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """Over the run's two seeds (paired by seed, from the scores each logged at the prefix), and as one
+    checkpoint embedded at the prefix against itself whole (over the test pairs)."""
     import pandas as pd
 
-    frame = pd.read_csv(tmp_path / "comparison.csv")
-    metrics = trained["run"].data.metrics
-    avg = frame[frame["task"] == "avg"].iloc[0]
-    assert avg["other"].endswith("(first 8 dims)")
-    assert avg["delta"] == pytest.approx(metrics["dim8/sts_avg"] - metrics["sts_avg"], abs=1e-3)
+    ref = f"runs:/{trained['run'].info.run_id}"
+    proc = run_main("compare", ref, f"{ref}:dim=8", "--no-log", "--out", str(tmp_path), env=trained["env"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    avg = pd.read_csv(tmp_path / "comparison.csv").set_index("task").loc["avg"]
+    means = trained["run"].data.metrics
+    assert avg["other"].endswith("(first 8 dims)") and avg["n"] == 2
+    assert avg["delta"] == pytest.approx(means["dim8/sts_avg"] - means["sts_avg"])
+    best = trained["run"].data.tags["best_checkpoint"]
+    one = run_main("compare", best, f"{best}:dim=8", "--resamples", "200", "--no-log", "--out", str(tmp_path),
+                   env=trained["env"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    avg = pd.read_csv(tmp_path / "comparison.csv").set_index("task").loc["avg"]
+    seed = trained["best"].data.metrics
+    assert avg["delta"] == pytest.approx(seed["dim8/sts_avg"] - seed["sts_avg"], abs=1e-2)  # embedded again here
     assert_user_error(run_main("compare", ref, f"{ref}:dim=x", "--no-log", env=trained["env"]), ":dim=M takes a whole")
+    assert_user_error(run_main("compare", ref, f"{ref}:dim=x", "--no-log", env=trained["env"]), ":dim=M takes a whole")
+
+
+def test_the_report_shows_each_prefixs_average_beside_the_whole_vectors(trained):
+    metrics = trained["run"].data.metrics
+    proc = run_main("report", "--experiment", "simcse", "--no-log", env=trained["env"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    section = proc.stdout.split("Matryoshka prefixes", 1)[1]
+    assert "| whole | 16 dims | 8 dims |" in section, section[:1500]
+    cells = [f"{metrics[k]:.2f} ± {metrics[k + '_std']:.2f}" for k in ("sts_avg", "dim16/sts_avg", "dim8/sts_avg")]
+    assert "| " + " | ".join(cells) + " |" in section, section[:1500]
 
 
 def test_a_prefix_beyond_the_backbone_is_refused_before_training(tiny_model, small_corpus, tmp_path, mlflow_uri):
