@@ -32,6 +32,7 @@ REGISTERED = (
     "methods.vascl:VaSCL",
     "methods.augcse:AugCSE",
     "methods.sncse:BML",
+    "methods.rankcse:RankDistillation",
 )
 
 INTERFACES: dict[str, type[Ingredient]] = {"encoder": EncoderIngredient, "positives": Positives, "negatives": NegativesSource, "loss": Loss,

@@ -22,21 +22,21 @@ from tests.helpers import (ROOT, assert_user_error, new_mlflow_db, repo_with_ing
 # Each row: encoder, positives, negatives, loss, aux. Together they hold every combinable pair
 # (checked below): a greedy cover of the valid recipes' pairs.
 COVERING = [
-    ("plain", "dropout", "una,san,momentum_queue,mined", "infonce", "vascl,bml"),
-    ("prompt", "paraphrase", "una,template_negative,mined", "hince", "augcse,bml"),
+    ("plain", "dropout", "una,san,momentum_queue,mined", "infonce", "vascl,bml,rank_distill"),
+    ("prompt", "paraphrase", "una,template_negative,mined", "hince", "augcse,bml,rank_distill"),
     ("prompt", "dropout", "san,template_negative", "ntxent", "vascl,bml"),
-    ("plain", "paraphrase", "una,san", "cot", "augcse,bml"),
-    ("plain", "dropout", "", "symmetric", "augcse,bml"),
+    ("plain", "paraphrase", "una,san", "cot", "augcse,bml,rank_distill"),
+    ("plain", "dropout", "", "symmetric", "augcse,bml,rank_distill"),
     ("prompt", "paraphrase", "", "symmetric", "vascl"),
     ("plain", "dropout", "san", "hince", "vascl"),
-    ("plain", "paraphrase", "una", "ntxent", "augcse"),
+    ("plain", "paraphrase", "una", "ntxent", "augcse,rank_distill"),
     ("prompt", "dropout", "template_negative", "cot", "vascl"),
     ("prompt", "paraphrase", "template_negative", "infonce", "augcse"),
     ("plain", "repetition", "una,momentum_queue", "infonce", "vascl,bml"),
     ("plain", "paraphrase", "san,momentum_queue", "infonce", "augcse"),
     ("plain", "repetition", "san", "hince", "augcse"),
     ("plain", "repetition", "una,mined", "ntxent", "bml"),
-    ("plain", "repetition", "", "symmetric", "vascl"),
+    ("plain", "repetition", "", "symmetric", "vascl,rank_distill"),
     ("plain", "repetition", "una,mined", "cot", "augcse,bml"),
 ]
 
@@ -118,7 +118,8 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     run = runs[0]
     want = ("encoder=prompt " if enc == "prompt" else "") + f"positives={pos} negatives={negs or 'none'} loss={loss} aux={aux}"
     assert run.data.tags["recipe"] == want and run.data.tags["method"] == "recipe"
-    assert run.data.tags["supervision"] == ("teacher-assisted (minilm)" if "mined" in negs else "unsupervised")
+    assisted = "mined" in negs or "rank_distill" in aux
+    assert run.data.tags["supervision"] == ("teacher-assisted (minilm)" if assisted else "unsupervised")
     assert run.data.params["recipe"] == want and not {"encoder", "positives", "negatives", "loss", "aux"} & set(run.data.params)
     assert [m.step for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")] == [2]
     # SAN's negatives at every step, UNA's at the first (step % 2 == 0); the queue: the first batch's 16 from step 2.
@@ -128,7 +129,8 @@ def test_covering_recipe_trains_through_the_cli(row, tiny_model, corpus_and_para
     if "vascl" in aux:  # K against the global batch, and the share of it that K is
         assert "note: aux=vascl: each instance's neighbourhood is its 4 nearest of the 15 others in the global batch (26.7%" in proc.stdout
     for name in aux.split(","):
-        extra = {"vascl": "vascl_neighbourhood", "augcse": "disc_loss", "bml": "bml_loss"}[name]
+        extra = {"vascl": "vascl_neighbourhood", "augcse": "disc_loss", "bml": "bml_loss",
+                 "rank_distill": "rank_distillation"}[name]
         assert len(c.get_metric_history(run.info.run_id, extra)) == 2
 
 

@@ -107,10 +107,13 @@ def test_the_earlier_pipeline_fails_the_statistic(local_ray):
 
 
 @pytest.mark.e2e
-def test_ray_data_hands_the_step_the_tensors_the_local_pipeline_makes(local_ray, tiny_model):
+@pytest.mark.parametrize("aux", ["", "rank_distill"])
+def test_ray_data_hands_the_step_the_tensors_the_local_pipeline_makes(local_ray, tiny_model, aux):
     """Tokenised in Ray Data, collated by Ray's prefetch (``iter_torch_batches``): each batch of
     an epoch is, tensor for tensor, the local pipeline's batch with the same seed (UNA's negatives
-    included), so the step cannot tell which pipeline fed it."""
+    included; with RankCSE's term, its rows' teacher vectors), so the step cannot tell which
+    pipeline fed it."""
+    import numpy as np
     import torch
 
     from methods.una import fit_tfidf
@@ -118,7 +121,9 @@ def test_ray_data_hands_the_step_the_tensors_the_local_pipeline_makes(local_ray,
 
     sentences = [f"the {w} cat sat on the {v} mat number {i}" + " again" * (i % 7) for i, (w, v) in
                  enumerate(itertools.product(["black", "white", "grey", "tall"], ["red", "blue", "green", "old"]))] * 4
-    recipe, states = Recipe.named("una", r=2), {"una": fit_tfidf(sentences)}
+    recipe, states = Recipe.named("una", r=2, aux=aux), {"una": fit_tfidf(sentences)}
+    if aux:  # a teacher's vector for each corpus row
+        states["rank_distill"] = [np.random.default_rng(0).normal(size=(len(sentences), 6)).astype(np.float16)]
     inputs = StepInputs(recipe, str(tiny_model), 12)  # short enough that long rows are truncated
     ds = epoch_datasets(recipe, {"sentence": sentences}, states, epochs=1, seed=3, inputs=inputs)["train_0"]
     got = [inputs.nest(b) for b in ds.iter_torch_batches(batch_size=16, drop_last=True, collate_fn=ray_collate(inputs))]
@@ -127,8 +132,11 @@ def test_ray_data_hands_the_step_the_tensors_the_local_pipeline_makes(local_ray,
             for b in local_batches({"sentence": sentences}, cfg, 0, 1, epoch=0)]
     assert len(got) == len(want) == len(sentences) // 16
     for g, w in zip(got, want):
-        assert set(g) == set(w) == {"sentence", "una_negative"}
+        assert set(g) == set(w) == {"sentence", "una_negative", *(["rank_teacher_0"] if aux else [])}
         for column in w:
+            if not isinstance(w[column], dict):  # a tensor column
+                assert torch.equal(g[column], w[column]) and w[column].shape == (16, 6), column
+                continue
             assert set(g[column]) == set(w[column]) == {"input_ids", "token_type_ids", "attention_mask"}
             for key in w[column]:
                 assert torch.equal(g[column][key], w[column][key]), (column, key)
