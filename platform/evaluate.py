@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from methods.encoder import POOLERS, PROMPT_FILE, Encoder
+from platform.config import TrainConfig
 from platform.console import command_parser
 from platform.data import STS_TASKS
 from platform.errors import UserError, cli_main
@@ -34,7 +35,7 @@ from platform import checkpoint, storage
 from platform.storage import cache_root
 from platform.run.final_evaluation import beside_table, cached_baseline, trained_prefixes
 from platform.tracking import recorder, store
-from platform.tracking.names import BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG
+from platform.tracking.names import BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG, SUPERVISION_TAG, supervision_note
 from platform.tracking.recorder import Run
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
@@ -174,6 +175,7 @@ def evaluate(args) -> int:
     except ValueError as exc:
         raise UserError(f"--dim {args.dim}: {exc}") from None
     what = f" (its first {args.dim} dimensions)" if encoder.truncate_dim else ""
+    supervision = supervision_of(args.model)
     transfer_tasks = [t for t in tasks if t in TRANSFER_TASKS]
     embeddings = EmbeddingStore(encoder, pooler, batch_size=args.batch_size)
     if transfer_tasks:  # every task's sentences encoded at once: what several tasks share, once
@@ -187,7 +189,9 @@ def evaluate(args) -> int:
 
         emb = torch.from_numpy(embeddings.embed(evaluator.sentences, progress="STS"))
         scores.update(with_mean(evaluator.score(emb)))
-        print(f"{args.model}{what} (pooler {pooler}): Spearman x100, cosine, SentEval 'all' setting", file=sys.stdout)
+        label = supervision_note({SUPERVISION_TAG: supervision}) if supervision != "unknown" else ""
+        print(f"{args.model}{what} (pooler {pooler}){label}: Spearman x100, "
+              "cosine, SentEval 'all' setting", file=sys.stdout)
         print(format_table(scores))
         if not what:
             print_beside_backbone(args.model, pooler, scores)
@@ -207,10 +211,21 @@ def evaluate(args) -> int:
     mteb_scores, mteb_folder = run_mteb(args, encoder, pooler, mteb_tasks) if mteb_tasks else ({}, None)
     scores.update({f"{MTEB_PREFIX}{k}": v for k, v in mteb_scores.items()})
     if args.json_out:
-        storage.write_json(args.json_out, {"model": args.model, "pooler": pooler, "scores": scores})
+        storage.write_json(args.json_out, {"model": args.model, "pooler": pooler, "supervision": supervision, "scores": scores})
     if args.log_to:
         log_scores(args.log_to, scores, mteb_folder, args.benchmark, encoder.truncate_dim)
     return 0
+
+
+def supervision_of(model: str) -> str:
+    """A training checkpoint's ``unsupervised`` or ``teacher-assisted (MODEL)`` (its recipe's, from its
+    configuration); ``unknown`` for any other model, or a configuration this code cannot read."""
+    if not checkpoint.exists(str(model)):
+        return "unknown"
+    try:
+        return TrainConfig.from_flat(checkpoint.read_state(Path(model)).get("config", {})).build_recipe().supervision
+    except Exception:  # noqa: BLE001 - an older run's keys: the label is not known, the scores still are
+        return "unknown"
 
 
 def print_prefixes(model: str, evaluator: STSEvaluator, emb) -> dict[str, float]:

@@ -98,6 +98,7 @@ def test_evaluate_shows_the_prefixes_and_scores_any_one(trained, tmp_path):
     scores = json.loads((tmp_path / "at8.json").read_text())["scores"]
     assert scores["avg"] == pytest.approx(metrics["dim8/sts_avg"], abs=1e-3)
     assert "(its first 8 dimensions)" in at.stdout
+    assert json.loads((tmp_path / "at8.json").read_text())["supervision"] == "unsupervised"
     assert_user_error(run_main("evaluate", best, "--dim", "64", env=trained["env"]), "--dim 64", "the embedding has 32")
     assert_user_error(run_main("evaluate", best, "--dim", "0", env=trained["env"]), "--dim must be >= 1")
 
@@ -143,3 +144,18 @@ def test_a_prefix_beyond_the_backbone_is_refused_before_training(tiny_model, sma
     refused = run_main("train", "simcse", *sets(model=tiny_model, corpus=small_corpus, matryoshka_dims="16,8"),
                        env={"MLFLOW_TRACKING_URI": mlflow_uri})
     assert_user_error(refused, "mlp_only_train=true")
+
+
+def test_evaluate_labels_a_teacher_assisted_checkpoint(tmp_path):
+    """The label comes from the checkpoint's recipe (its configuration), as the run's tag does."""
+    from platform.config import TrainConfig
+    from platform.evaluate import supervision_of
+
+    cfg = TrainConfig.build("simcse", "local", {"pooler": "avg"})
+    for extra, want in (({}, "unsupervised"), ({"aux": "rank_distill"}, "teacher-assisted (minilm)")):
+        folder = tmp_path / (extra.get("aux") or "plain")
+        (folder / "model").mkdir(parents=True)
+        (folder / "state.json").write_text(json.dumps({"eval_pooler": "avg", "step": 1,
+                                                       "config": {**cfg.flat(), **extra}}))
+        assert supervision_of(str(folder)) == want
+    assert supervision_of(str(tmp_path)) == "unknown"
