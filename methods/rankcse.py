@@ -205,11 +205,11 @@ class RankDistillation(AuxTerm):
         a, b = gather_with_grad(out.z["anchor"]), gather_with_grad(out.z["positive"])
         teachers = [gather_with_grad(out.batch[c]) for c in self.columns()]
         with full_precision(a.device):
-            student = cosine_matrix(a, b) / p.rank_tau_student
+            cos = cosine_matrix(a, b)  # cos(h_i, h_j+); its transpose is cos(h_i+, h_j)
             lists = teacher_lists(teachers, p.weights, p.rank_tau_teacher)
-            rank = (listnet if p.rank_loss == "listnet" else listmle)(student, lists)
+            rank = (listnet if p.rank_loss == "listnet" else listmle)(cos / p.rank_tau_student, lists)
             tau = self.shared.temperature
-            agree = consistency(cosine_matrix(a, b) / tau, cosine_matrix(b, a) / tau) if p.rank_consistency else a.new_zeros(())
+            agree = consistency(cos / tau, cos.T / tau) if p.rank_consistency else a.new_zeros(())
         term = p.rank_weight * rank + p.rank_consistency * agree
         return term, {"rank_distillation": rank.detach(), "rank_consistency": agree.detach()}
 

@@ -72,7 +72,11 @@ class SharedParams(Params):
             (self.pooler in POOLERS, f"unknown pooler {self.pooler!r}; choose one of {', '.join(POOLERS)}"),
             (self.fidelity in ("paper", "authors_code"), f"fidelity must be 'paper' or 'authors_code', got {self.fidelity!r}"),
         ])
-        Matryoshka.parse(self.matryoshka_dims, self.matryoshka_weights)
+        self.matryoshka()
+
+    def matryoshka(self) -> Matryoshka | None:
+        """The Matryoshka prefixes and weights these keys name (None: the whole vector alone)."""
+        return Matryoshka.parse(self.matryoshka_dims, self.matryoshka_weights)
 
 
 def check_replicas(spec: "RecipeSpec", shared: SharedParams) -> None:
@@ -330,11 +334,11 @@ class Recipe:
              "mlp_only_train must be true"),
         ])
         check_replicas(spec, self.shared)
-        self.matryoshka = Matryoshka.parse(self.shared.matryoshka_dims, self.shared.matryoshka_weights)
-        if self.matryoshka is not None:
-            projector = self._projector()
-            refused = matryoshka_refusal(self.shared.pooler, self.shared.mlp_only_train, projector and projector.name)
-            check([(refused is None, refused or "")])
+        self.matryoshka = self.shared.matryoshka()
+        projector = self._projector()
+        if self.matryoshka is not None and (refused := matryoshka_refusal(self.shared.pooler, self.shared.mlp_only_train,
+                                                                          projector and projector.name)):
+            raise InvalidParams(refused)
 
     @classmethod
     def named(cls, name: str, **values: Any) -> "Recipe":

@@ -35,7 +35,8 @@ from platform import checkpoint, storage
 from platform.storage import cache_root
 from platform.run.final_evaluation import beside_table, cached_baseline, trained_prefixes
 from platform.tracking import recorder, store
-from platform.tracking.names import BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG, SUPERVISION_TAG, supervision_note
+from platform.tracking.names import (BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG, SUPERVISION_TAG, at_prefix,
+                                     supervision_note)
 from platform.tracking.recorder import Run
 
 CLUSTER_TASKS = [f"cluster:{name}" for name in CLUSTER_SETS]
@@ -237,7 +238,7 @@ def print_prefixes(model: str, evaluator: STSEvaluator, emb) -> dict[str, float]
     for dims in (d for d in trained_prefixes(checkpoint.read_state(Path(model))) if d < emb.shape[1]):
         at = with_mean(evaluator.score(emb[:, :dims]))
         print(f"its first {dims} dimensions (Matryoshka):\n{format_table(at)}")
-        out.update({f"dim{dims}/{task}": v for task, v in at.items()})
+        out.update({at_prefix(task, dims): v for task, v in at.items()})
     return out
 
 
@@ -279,14 +280,13 @@ def log_scores(run_id: str, scores: dict[str, float], mteb_folder: Path | None =
     ``cluster_<set>``, ``mteb_<task>`` and ``mteb_mean``; at a Matryoshka prefix ``dim<M>/...``),
     MTEB's per-task results as the artifacts ``mteb/<task>.json`` (``dim<M>/mteb/``), and the
     benchmark's name as the tag ``mteb_benchmark``."""
-    prefix = f"dim{dims}/" if dims else ""
-    logged = {prefix + metric_name(k): v for k, v in scores.items()
+    logged = {at_prefix(metric_name(k), dims): v for k, v in scores.items()
               if k in TRANSFER_TASKS or k.startswith(("cluster:", MTEB_PREFIX))}
     run = Run(store.tracking_uri(), run_id)
     recorder.log_results(run, logged)
     if mteb_folder is not None:
         for result in sorted(mteb_folder.glob("*.json")):
-            run.log_file(result, f"{prefix}mteb")
+            run.log_file(result, at_prefix("mteb", dims))
         run.set_tags({MTEB_BENCHMARK_TAG: benchmark or "tasks"})
     print(f"logged {', '.join(logged) or 'nothing (no transfer, clustering or MTEB task)'} to MLflow run {run_id}")
 

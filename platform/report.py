@@ -32,7 +32,7 @@ from platform.tracking import store
 from platform.tracking.names import (BEST, WINNER_RUN_ID_TAG, BEST_SEED_TAG, METHOD_TAG, MODEL_TAG,
                                      PARENT_TAG, PROFILE_TAG, RECIPE_TAG, SEEDS_TAG, SEED_TAG, STS_AVG, SWEEP_TAG, run_setting, sts,
                                      supervision_note, vs_backbone)
-from platform.tracking.names import trial_key
+from platform.tracking.names import prefix_of, sts_at, trial_key
 from platform.tracking.recorder import Run
 
 REPORTS_EXPERIMENT = "reports"
@@ -150,7 +150,7 @@ def row_of(uri: str, run) -> dict:
     for key in sorted(m):
         if key.startswith(("transfer_", "cluster_", "mteb_")):
             row[key] = m[key]
-        elif key.startswith("dim") and key.endswith(sts("avg")):  # a Matryoshka prefix's average, its seeds' spread
+        elif prefix_of(key) and key == sts_at("avg", prefix_of(key)):  # a Matryoshka prefix's average, its seeds' spread
             row[key] = m[key]
             if key + "_std" in m:
                 row[f"{key} std"] = m[key + "_std"]
@@ -357,15 +357,15 @@ def against_published(frame, seed: int = 0) -> list[str]:
 def matryoshka_section(frame) -> list[str]:
     """The 7-task average at each Matryoshka prefix the runs trained (``dim<m>/sts_avg``), beside the
     whole vector's, for the runs that have them."""
-    prefixes = sorted((c for c in frame.columns if c.startswith("dim") and c.endswith(sts("avg"))),
-                      key=lambda c: -int(c[3:].split("/")[0]))
+    prefixes = sorted((c for c in frame.columns if prefix_of(c) and c == sts_at("avg", prefix_of(c))), key=prefix_of,
+                      reverse=True)
     scored = [r for r in frame.to_dict("records") if any(r.get(c) == r.get(c) and r.get(c) is not None for c in prefixes)]
     if not scored:
         return []
     columns = ["recipe", "backbone", "Avg.", *prefixes]
     lines = ["", "Matryoshka prefixes (the 7-task average of each run's embeddings cut to their first m coordinates, "
                  "renormalised; Avg.: the whole vector):", ""]
-    return lines + markdown_table(["recipe", "backbone", "whole", *(c.split("/")[0].replace("dim", "") + " dims" for c in prefixes)],
+    return lines + markdown_table(["recipe", "backbone", "whole", *(f"{prefix_of(c)} dims" for c in prefixes)],
                                   [[_cell(r, c) for c in columns] for r in scored])
 
 

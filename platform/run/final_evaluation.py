@@ -22,7 +22,8 @@ from platform.evaluation.mteb_tasks import evaluate as evaluate_mteb
 from platform.evaluation.sts import GEOMETRY, STSEvaluator, format_table, geometry_figure, with_mean
 from platform.run.ray_env import started_here
 from platform.tracking import recorder, store
-from platform.tracking.names import BASELINE_TAG, DEV_GEOMETRY, MTEB_BENCHMARK_TAG, pairs_at, sts, sts_at, vs_backbone
+from platform.tracking.names import (BASELINE_TAG, DEV_GEOMETRY, MTEB_BENCHMARK_TAG, pairs_at, prefix_of, sts, sts_at,
+                                     vs_backbone)
 from platform.tracking.recorder import Run
 
 
@@ -155,7 +156,7 @@ def evaluate_sts(run: Run, location: str, quiet: bool = False, alone: bool = Fal
     checkpoint's step; printed unless ``quiet``."""
     state = checkpoint.read_state_at(location)
     scores, similarities = on_device(score_checkpoint, location, sts_test_pairs(), device=device_of(state), alone=alone)
-    prefixes = {k: v for k, v in scores.items() if k.startswith("dim")}
+    prefixes = {k: v for k, v in scores.items() if prefix_of(k)}
     scores = {k: v for k, v in scores.items() if k not in prefixes}
     if not quiet:
         print(format_table(scores), flush=True)

@@ -33,7 +33,7 @@ from platform.tracking import recorder, store
 from platform.checkpoint import exists as checkpoint_exists
 from platform.tracking.names import (BEST, BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, BEST_SEED_TAG, CORPUS_SHA256_TAG, DRIVER_TAG,
                                      METHOD_TAG, MLM_NOTE_TAG, MLM_RANDOM_WEIGHTS_TAG, MODEL_TAG, PROFILE_TAG, RECIPE_TAG,
-                                     SEED_TAG, SEEDS_TAG, STS_PREFIX, SUPERVISION_TAG, sts)
+                                     SEED_TAG, SEEDS_TAG, STS_PREFIX, SUPERVISION_TAG, prefix_of, sts)
 from platform.tracking.recorder import Run
 
 FINALS = ("none", "evaluate", "full")  # after fitting: nothing; the 7 STS tasks; those, export and registry
@@ -62,9 +62,10 @@ def preflight(cfg: TrainConfig, final_eval: bool | None = None) -> list[str]:
     check_text_left(sentences, tokenizer, corpus, cfg.batch_size)
     resolve_local_models(cfg.ingredient_params)
     recipe = cfg.build_recipe()
-    if recipe.matryoshka is not None:  # its prefixes fit the backbone's vectors, checked before any worker starts
+    hidden = getattr(backbone_config(cfg.model), "hidden_size", None) if recipe.matryoshka is not None else None
+    if hidden:  # the prefixes fit the backbone's vectors, checked before any worker starts
         try:
-            recipe.matryoshka.check_width(int(getattr(backbone_config(cfg.model), "hidden_size", 0)) or 1 << 30)
+            recipe.matryoshka.check_width(int(hidden))
         except InvalidParams as exc:
             raise ConfigError(f"{cfg.model}: {exc}") from None
     recipe.preflight()
@@ -323,7 +324,7 @@ def evaluate_fits(run: Run, fits: list[SeedFit], alone: bool = False) -> dict[st
     scores = mean_std(per_seed)
     print(seed_table(per_seed, [f.seed for f in fits], scores), flush=True)
     # A Matryoshka run's prefixes (``dim<m>/sts_<task>``, on each seed's run): their means and stds too.
-    prefixes = mean_std([{k: v for k, v in f.run.info().data.metrics.items() if k.startswith("dim")} for f in fits])
+    prefixes = mean_std([{k: v for k, v in f.run.info().data.metrics.items() if prefix_of(k)} for f in fits])
     recorder.log_results(run, {**{sts(k): v for k, v in scores.items()}, **prefixes})
     run.set_tags({SEEDS_TAG: str(len(fits))})
     return scores

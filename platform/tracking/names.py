@@ -3,6 +3,8 @@ tags it carries, and MLflow's own tags the platform uses. Writers, queries, repo
 read the same constants, so a renamed key cannot leave one of them behind. (Configuration values
 are logged as params under their config keys: ``config.py`` owns those.)"""
 
+import re
+
 # Metrics, per evaluation (step-indexed)
 DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman x100: what checkpoints and runs are selected by
 # Wang & Isola's alignment and uniformity of the STS-B dev embeddings, logged beside it at each evaluation.
@@ -21,10 +23,25 @@ def sts(task: str) -> str:
     return STS_PREFIX + task
 
 
+PREFIX_METRIC = re.compile(r"^dim(\d+)/")  # a score at a Matryoshka prefix: dim<m>/<metric>
+
+
+def at_prefix(metric: str, dims: int | None) -> str:
+    """``metric`` of the embeddings' first ``dims`` coordinates (``dim128/transfer_MR``); itself for
+    the whole vector (None)."""
+    return f"dim{dims}/{metric}" if dims else metric
+
+
+def prefix_of(metric: str) -> int | None:
+    """The Matryoshka prefix an ``at_prefix`` metric is of; None for the whole vector's."""
+    found = PREFIX_METRIC.match(metric)
+    return int(found.group(1)) if found else None
+
+
 def sts_at(task: str, dims: int | None) -> str:
     """The final test metric of one STS task at a Matryoshka prefix of ``dims`` coordinates
     (``dim128/sts_STSBenchmark``); ``sts(task)`` for the whole vector (None)."""
-    return f"dim{dims}/{sts(task)}" if dims else sts(task)
+    return at_prefix(sts(task), dims)
 
 
 def pairs_at(task: str, dims: int | None) -> str:
