@@ -145,13 +145,16 @@ class CorpusStatistics:
     """Corpus-level statistics an ingredient computes once (e.g. UNA's TF-IDF table). ``fit`` takes
     the sentences (plus paraphrases where the recipe has them) and returns a picklable state;
     ``save``/``load`` write it to and read it from a cache folder keyed by the corpus, ``kind``
-    and ``version`` (a code version: bump it when ``fit`` changes)."""
+    and ``version`` (a code version: bump it when ``fit`` changes). ``encodes``: ``fit(text,
+    embed)`` also takes the platform's ``methods.teachers.Embed`` (a teacher's embeddings of texts,
+    made across the cluster on Ray)."""
 
     kind: str
     version: int
-    fit: Callable[[Iterable[str]], Any]  # a sized iterable of the sentences, in order
+    fit: Callable[..., Any]  # (a sized iterable of the sentences, in order[, embed])
     save: Callable[[Any, Any], None]
     load: Callable[[Any], Any]
+    encodes: bool = False
 
 
 @dataclasses.dataclass

@@ -2,14 +2,14 @@
 in the corpus by a teacher's embeddings, with a positive-aware margin against false negatives.
 
 The teacher is any sentence-transformers model (the packaged all-MiniLM-L6-v2 by default), so a
-recipe with it is teacher-assisted, not unsupervised (``Recipe.supervision``). Mining is
-sentence-transformers' own ``mine_hard_negatives``, once per corpus and setting (cached as the
-corpus statistics are): for each sentence, the other sentences by cosine similarity, without any
-whose similarity exceeds the positive's times ``1 - mine_margin`` (NV-Retriever's positive-aware
-"TopK-PercPos" filter, Moreira et al., 2024, Sec. 3.3, 95% of the positive's score;
-sentence-transformers' ``relative_margin``), and of those the ones ranked ``mine_range_min`` to
-``mine_range_max``. The
-positive is the sentence itself (SimCSE's dropout positive), whose similarity is 1, so the filter
+recipe with it is teacher-assisted, not unsupervised (``Recipe.supervision``). Mining applies
+sentence-transformers' ``mine_hard_negatives`` rule to the teacher's embeddings, made on Ray
+Data's actors across the cluster (``methods.teachers``), once per corpus and setting (cached as the
+corpus statistics are): for each sentence, its ``mine_range_max`` nearest other sentences by
+cosine similarity, without any whose similarity exceeds the positive's times ``1 - mine_margin``
+(NV-Retriever's positive-aware "TopK-PercPos" filter, Moreira et al., 2024, Sec. 3.3, 95% of the
+positive's score; sentence-transformers' ``relative_margin``), and of those the ones from rank
+``mine_range_min`` on. The positive is the sentence itself (SimCSE's dropout positive), whose similarity is 1, so the filter
 drops the corpus's near-copies of a sentence, the likeliest false negatives. The first
 ``mine_negatives`` kept candidates stay; each epoch draws one of them per sentence from the run's
 seed (``Draws``), and it is encoded in the anchors' pass as UNA's and SAN's negatives are.
@@ -17,20 +17,18 @@ seed (``Draws``), and it is encoded in the anchors' pass as UNA's and SAN's nega
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-from methods.encoder import pretrained_source
 from methods.ingredients import CorpusStatistics, Draws, NegativesSource, Params, check, cited
+from methods.teachers import Embed, embed_here
 
-MINED_VERSION = 1  # of ``mine``: bump when what it keeps changes
+MINED_VERSION = 2  # of ``mine``: bump when what it keeps changes
 DRAW_STREAM = 41  # the epoch's draw among a sentence's kept candidates
 
 
@@ -57,25 +55,38 @@ class MinedParams(Params):
         ])
 
 
-def mine(sentences: list[str], params: MinedParams, batch_size: int = 64) -> dict[str, list[str]]:
-    """Each distinct sentence's kept candidates, best first (sentence-transformers'
-    ``mine_hard_negatives``; a sentence with none kept is absent)."""
-    from datasets import Dataset
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.util import mine_hard_negatives
+def mine(sentences: list[str], params: MinedParams, embed: Embed = embed_here, chunk: int = 4096) -> dict[str, list[str]]:
+    """Each distinct sentence's kept candidates, best first (a sentence with none kept is absent):
+    sentence-transformers' ``mine_hard_negatives`` rule (``sampling_strategy="top"``,
+    ``relative_margin``) on the teacher's normalised embeddings, which ``embed`` makes (on Ray
+    Data's actors when the platform passes its own), so that no model is loaded here. Its
+    candidates are the ``mine_range_max`` + 1 nearest (the sentence itself among them); the
+    sentence itself and those scoring above ``s_pos - |s_pos| x mine_margin`` (``s_pos``: the
+    positive's score, the sentence's with itself) are dropped; of the rest, best first, those from
+    ``mine_range_min`` on, ``mine_negatives`` at most. The test checks it against
+    ``mine_hard_negatives`` itself."""
+    import torch
 
     distinct = list(dict.fromkeys(sentences))
-    source, kwargs = pretrained_source(params.teacher)
-    teacher = SentenceTransformer(source, **kwargs)
-    # Its encoding's progress bars ask for themselves whatever ``verbose`` says: they go nowhere (the
-    # command says what it makes); an error still raises.
-    with contextlib.redirect_stderr(io.StringIO()):
-        mined = mine_hard_negatives(
-            Dataset.from_dict({"anchor": distinct, "positive": distinct}), teacher, corpus=distinct,
-            range_min=params.mine_range_min, range_max=params.mine_range_max, relative_margin=params.mine_margin or None,
-            num_negatives=params.mine_negatives, sampling_strategy="top", output_format="labeled-list",
-            batch_size=batch_size, verbose=False)
-    return {row["anchor"]: [t for t, label in zip(row["positive"], row["labels"]) if label == 0] for row in mined}
+    e = torch.nn.functional.normalize(torch.as_tensor(embed(distinct, params.teacher), dtype=torch.float32), dim=1)
+    k = min(params.mine_range_max + 1, len(distinct))
+    kept: dict[str, list[str]] = {}
+    for start in range(0, len(distinct), chunk):
+        sim = e[start:start + chunk] @ e.T
+        rows = torch.arange(len(sim))
+        positive = sim[rows, rows + start].clone()
+        scores, index = sim.topk(k, dim=1)
+        scores[index == (rows + start)[:, None]] = -torch.inf
+        if params.mine_margin:
+            scores[scores > (positive - positive.abs() * params.mine_margin)[:, None]] = -torch.inf
+        scores, order = scores.sort(dim=1, descending=True, stable=True)
+        index = index.gather(1, order)
+        window = slice(params.mine_range_min, params.mine_range_min + params.mine_negatives)
+        for i, (s, j) in enumerate(zip(scores[:, window].tolist(), index[:, window].tolist())):
+            found = [distinct[c] for v, c in zip(s, j) if v != -float("inf")]
+            if found:
+                kept[distinct[start + i]] = found
+    return kept
 
 
 def save_mined(state: dict[str, list[str]], folder: Path) -> None:
@@ -116,8 +127,8 @@ class MinedNegatives(NegativesSource):
         p = self.params
         settings = json.dumps([p.teacher, p.mine_range_min, p.mine_range_max, p.mine_margin, p.mine_negatives])
         key = hashlib.sha256(settings.encode()).hexdigest()[:16]  # the cache entry: one per corpus and setting
-        return CorpusStatistics(f"mined-{key}", MINED_VERSION, lambda text: mine(list(_strings(text)), p),
-                                save_mined, load_mined)
+        return CorpusStatistics(f"mined-{key}", MINED_VERSION, lambda text, embed: mine(list(_strings(text)), p, embed),
+                                save_mined, load_mined, encodes=True)
 
     def augment(self, batch: dict[str, Any], state: dict[str, list[str]], draws: Draws) -> dict[str, Any]:
         """One kept candidate per sentence, drawn from the run's seed by corpus row ("" for none)."""

@@ -19,7 +19,8 @@ Both are means over the all-gathered batch, the same value on every worker. The 
 sentence-transformers model (the packaged all-MiniLM-L6-v2 by default: offline; the paper's are
 SimCSE and DiffCSE checkpoints) or a training checkpoint of this platform (its folder: the model
 with its recorded evaluation pooler). Their embeddings of the corpus are made once per corpus and
-teacher and cached as corpus statistics; each step reads its rows' vectors. A recipe with this
+teacher (on Ray Data's actors across the cluster, ``methods.teachers``) and cached as corpus
+statistics; each step reads its rows' vectors. A recipe with this
 term is teacher-assisted (``Recipe.supervision``).
 
 Where the paper's text was not at hand, its public reimplementation (perceptiveshawty/RankCSE,
@@ -40,11 +41,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from methods.encoder import Encoder, pretrained_source
 from methods.ingredients import AuxTerm, CorpusStatistics, Draws, Params, StepOutputs, check, cited
 from methods.losses import cosine_matrix, full_precision, gather_with_grad
+from methods.teachers import Embed, distinct_rows, embed_here
 
-TEACHER_VERSION = 1  # of ``teacher_embeddings``: bump when what it makes changes
+TEACHER_VERSION = 1  # of ``embed_rows``: bump when what it makes changes
 RANK_LOSSES = ("listnet", "listmle")
 
 
@@ -133,27 +134,10 @@ def teacher_lists(teachers: list[torch.Tensor], weights: list[float], tau: float
 # The teachers' embeddings of the corpus
 
 
-def teacher_embeddings(texts: list[str], teacher: str, batch_size: int = 128) -> np.ndarray:
-    """Each text's embedding by ``teacher`` (a sentence-transformers model, or a training checkpoint
-    folder: its model with the pooler it is evaluated with), as float16."""
-    folder = Path(teacher)
-    if (folder / "state.json").is_file() and (folder / "model").is_dir():  # a training checkpoint
-        pooler = json.loads((folder / "state.json").read_text())["eval_pooler"]
-        emb = Encoder.from_pretrained(str(folder / "model"), pooler=pooler).encode(texts, batch_size=batch_size)
-        return emb.numpy().astype(np.float16)
-    from sentence_transformers import SentenceTransformer
-
-    source, kwargs = pretrained_source(teacher)
-    model = SentenceTransformer(source, **kwargs)
-    return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False).astype(np.float16)
-
-
-def embed_rows(texts: Iterable[Any], teacher: str) -> np.ndarray:
-    """The teacher's vector of every row of ``texts`` (each distinct text embedded once)."""
-    rows = [str(t) for t in texts]
-    distinct = list(dict.fromkeys(rows))
-    index = {t: i for i, t in enumerate(distinct)}
-    return teacher_embeddings(distinct, teacher)[[index[t] for t in rows]]
+def embed_rows(texts: Iterable[Any], teacher: str, embed: Embed = embed_here) -> np.ndarray:
+    """The teacher's vector of every row of ``texts`` (each distinct text embedded once), float16."""
+    distinct, rows = distinct_rows([str(t) for t in texts])
+    return embed(distinct, teacher).astype(np.float16)[rows]
 
 
 def save_rows(state: np.ndarray, folder: Path) -> None:
@@ -188,9 +172,10 @@ class RankDistillation(AuxTerm):
         teachers = self.params.teachers
         key = hashlib.sha256(json.dumps(teachers).encode()).hexdigest()[:16]  # one cache entry per teacher list
         return CorpusStatistics(f"rank-teachers-{key}", TEACHER_VERSION,
-                                lambda text: [embed_rows(text, t) for t in teachers],
+                                lambda text, embed: [embed_rows(text, t, embed) for t in teachers],
                                 lambda state, folder: [save_rows(s, _sub(folder, k)) for k, s in enumerate(state)],
-                                lambda folder: [load_rows(_sub(folder, k)) for k in range(len(teachers))])
+                                lambda folder: [load_rows(_sub(folder, k)) for k in range(len(teachers))],
+                                encodes=True)
 
     def augment(self, batch: dict[str, Any], state: list[np.ndarray], draws: Draws) -> dict[str, Any]:
         """Each row's vector by each teacher (rows of the corpus: ``batch["row"]``)."""

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -203,7 +205,9 @@ def python_standin(version: str) -> Path:
 # -- the network and the nodes --------------------------------------------------------------------
 
 class Network:
-    """A bridge on this machine with ``/24`` of addresses for nodes; this machine is ``.1``."""
+    """A bridge on this machine with ``/24`` of addresses for nodes; this machine is ``.1``. A subnet
+    outside the private ranges (``198.18.0.0/15``, set aside for tests) puts the nodes where a
+    university's machines often are: on addresses MLflow's Host check does not let through unasked."""
 
     def __init__(self, tag: str, subnet: str = "10.213.7"):
         self.tag, self.subnet = tag, subnet
@@ -211,6 +215,7 @@ class Network:
         self.host = f"{subnet}.1"
 
     def up(self) -> "Network":
+        self._check()
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.host}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -218,6 +223,24 @@ class Network:
 
     def down(self) -> None:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+    def _check(self) -> None:
+        """The subnet shadows nothing this machine reaches: no route of its own already covers it, and
+        none of the package registries' addresses is in it (a bridge on it would take their traffic,
+        and every install beside the rehearsal would fail)."""
+        subnet = ipaddress.ip_network(f"{self.subnet}.0/24")
+        routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout.splitlines()
+        taken = [r for r in routes if not r.startswith("default") and
+                 ipaddress.ip_network(r.split()[0], strict=False).overlaps(subnet)]
+        reached = []
+        for host in ("deb.debian.org", "pypi.org", "files.pythonhosted.org", "registry.npmjs.org"):
+            try:
+                reached += [a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET)]
+            except OSError:  # not resolvable here: nothing to shadow
+                pass
+        inside = sorted({a for a in reached if ipaddress.ip_address(a) in subnet})
+        if taken or inside:
+            raise RuntimeError(f"the rehearsal's subnet {subnet} would shadow {', '.join(taken + inside)}: choose another")
 
 
 # What a fresh Ubuntu's cloud-init, apt timers and unattended-upgrades do after boot, as a node's

@@ -1,11 +1,14 @@
 """ESimCSE's and mined negatives' costs: mining once per corpus, and the queue's step.
 
-    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run esimcse [--sizes 2000,8000,16000] [--batch 64] [--steps 6]
+    PLATFORM_DATA_DIR=../shared/data python -m benchmarks run esimcse [--sizes 2000,8000,16000] [--ray] [--batch 64] [--steps 6, 0: mining only]
 
-- mining: ``negatives=mined``'s statistics (sentence-transformers' ``mine_hard_negatives``, the
-  packaged MiniLM as teacher, the defaults' range and margin) over the first n sentences of the
-  corpus (its three files), for each size: seconds, sentences per second, per core. Encoding grows
-  with n, the similarity search with n^2: the rate per sentence falls as the corpus grows.
+- mining: ``negatives=mined``'s statistics (``methods.mined.mine``: the teacher's embeddings, then
+  sentence-transformers' rule; the packaged MiniLM as teacher, the defaults' range and margin) over
+  the first n sentences of the corpus (its three files), for each size: seconds, sentences per
+  second, per core. In one process, or with ``--ray`` as a run on Ray makes them (the embeddings
+  by a pool of Ray Data actors on a local Ray of this machine's cores: the pool's overhead here;
+  on a cluster the pool grows with its nodes). Encoding grows with n, the similarity search with
+  n^2: the rate per sentence falls as the corpus grows.
 - step: ESimCSE's step (repetition positives, the queue of 160 full, the momentum copy's forward
   and update) beside SimCSE's, same model (the packaged MiniLM) and batch, length 32, interleaved,
   median after one warm-up. Expected ~1.45: the pass's rows are 9 tokens wider (up to 9 repeated
@@ -17,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -27,6 +31,7 @@ from benchmarks.harness import Bench, Case
 from methods.encoder import Encoder
 from methods.mined import MinedParams, mine
 from methods.recipe import Recipe
+from methods.teachers import embed_here
 from platform.data import data_dir, read_corpus
 from platform.data.pipeline import StepInputs
 
@@ -40,13 +45,20 @@ def corpus(n: int) -> list[str]:
     return out[:n]
 
 
-def bench_mining(sizes: list[int], bench: Bench) -> None:
+def bench_mining(sizes: list[int], on_ray: bool, bench: Bench) -> None:
     cores = torch.get_num_threads()
+    embed = embed_here
+    if on_ray:
+        from platform.data import pipeline
+        from platform.run.ray_env import init_ray
+
+        init_ray(num_cpus=os.cpu_count())
+        embed = functools.partial(pipeline.embed, use_ray=True)
     print(f"| sentences | seconds | sentences/s | per core ({cores} threads) |\n|---|---|---|---|")
     for n in sizes:
         sentences = corpus(n)
         t = time.perf_counter()
-        mine(sentences, MinedParams())
+        mine(sentences, MinedParams(), embed)
         took = time.perf_counter() - t
         bench.figure(f"mining_s_{n}", took)
         print(f"| {len(sentences):,} | {took:.1f} | {len(sentences) / took:,.0f} | "
@@ -87,11 +99,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="2000,8000,16000")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--ray", action="store_true", help="the teacher's embeddings by Ray Data's actors, as a run on Ray")
 
 
 def run(args: argparse.Namespace, bench: Bench) -> None:
-    bench_mining([int(n) for n in args.sizes.split(",")], bench)
-    bench_step(args.batch, args.steps, bench)
+    bench_mining([int(n) for n in args.sizes.split(",")], args.ray, bench)
+    if args.steps:
+        bench_step(args.batch, args.steps, bench)
 
 
 CASE = Case("esimcse", "Mined negatives' cost per sentence and core against the corpus size, and ESimCSE's step "

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from methods.encoder import load_tokenizer
-from methods.ingredients import GeneratedColumn
+from methods.ingredients import CorpusStatistics, GeneratedColumn
 from methods.recipe import Recipe
 from platform import settings
-from platform.data.pipeline import Generation, generated_blocks
+from platform.data.pipeline import Generation, embed, generated_blocks
 from platform.storage import building, cache_entry, cache_root, cached, sentences_digest
 from platform.errors import DataError
 
@@ -50,19 +50,33 @@ def prepare_corpus(recipe: Recipe, sentences: list[str], use_ray: bool, use_gpu:
     digest = sentences_digest(sentences)
     columns = corpus_columns(recipe, sentences, use_ray=use_ray, use_gpu=use_gpu, cpus=cpus, digest=digest,
                              generate=generate)
-    return CorpusData(columns, corpus_statistics(recipe, columns), digest)
+    return CorpusData(columns, corpus_statistics(recipe, columns, use_ray, use_gpu, cpus), digest)
 
 
-def corpus_statistics(recipe: Recipe, columns: dict[str, Any]) -> dict[str, Any]:
-    """Each ingredient's corpus statistics, through the cache (fitted once per corpus)."""
+def corpus_statistics(recipe: Recipe, columns: dict[str, Any], use_ray: bool = False, use_gpu: bool = False,
+                      cpus: float = 1.0) -> dict[str, Any]:
+    """Each ingredient's corpus statistics, through the cache (fitted once per corpus); a teacher's
+    embeddings they need made on Ray Data's actors when ``use_ray``, once for all of them (mined
+    negatives and ranking distillation with one teacher encode the corpus once)."""
     statistics: dict[str, Any] = {}
     if not recipe.with_statistics():
         return statistics
     text = statistics_input(columns)
+    made: dict[tuple[str, str], Any] = {}
+
+    def embedded(texts: list[str], teacher: str):
+        key = (teacher, sentences_digest(texts))
+        if key not in made:
+            made[key] = embed(texts, teacher, use_ray, use_gpu, cpus)
+        return made[key]
+
+    def fitted(spec: CorpusStatistics):
+        return spec.fit(text, embedded) if spec.encodes else spec.fit(text)
+
     for ingredient in recipe.with_statistics():
         spec = ingredient.statistics()
         folder = cached(spec.kind, sentences_digest(text), {"version": spec.version},
-                        lambda tmp, spec=spec: spec.save(spec.fit(text), tmp))
+                        lambda tmp, spec=spec: spec.save(fitted(spec), tmp))
         statistics[ingredient.name] = spec.load(folder)
     return statistics
 

@@ -2,7 +2,7 @@
 and everything that runs on Ray Data: the epochs that feed the training workers (a fresh uniform
 permutation of the corpus each, with the recipe's per-epoch columns made on the CPUs), the
 augmentation of a corpus in order (``platform.augment``), the once-per-corpus generation of
-columns by actors, and cutting a table into blocks.
+columns and teachers' embeddings by actors, and cutting a table into blocks.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 from methods.ingredients import epoch_permutation, import_by_name
 from methods.encoder import batch_tokens, shared_tokenizer, token_arrays
 from methods.recipe import Recipe
-from platform import settings
+from methods.teachers import Teacher
+from platform import checkpoint, settings
 
 
 class StepInputs:
@@ -284,6 +285,36 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
     # Arrow (C++) blocks, never all in the driver at once: on a 1M-sentence corpus it holds one
     # block of outputs, not every column of every row.
     return ds.to_arrow_refs()
+
+
+def embed(texts: list[str], teacher: str, use_ray: bool, use_gpu: bool = False, cpus: float = 1.0) -> np.ndarray:
+    """``teacher``'s embedding of each text (float32, in order): in this process, or by a pool of
+    Ray Data actors that grows with the cluster, each loading the teacher once (a GPU each where the
+    run has them), as the column generators run. A training checkpoint of this platform as
+    teacher is its model folder with the pooler it is evaluated with."""
+    kwargs = {"teacher": teacher}
+    if (Path(teacher) / checkpoint.STATE).is_file():
+        kwargs = {"teacher": str(checkpoint.model_dir(teacher)), "pooler": checkpoint.read_state(teacher)["eval_pooler"]}
+    if not use_ray or not texts:
+        return Teacher(**kwargs).encode(texts)
+    import pyarrow as pa
+    import ray
+    import ray.data
+
+    _one_operator_context()  # preserve_order: the blocks come back in the texts' order
+    most = cluster_most()
+    gpu = use_gpu and most.get("GPU", 0) > 0
+    lo, hi = actor_bounds(gpu, False, most)
+    table = pa.table({"index": np.arange(len(texts)), "sentence": pa.array(texts, pa.string())})
+    ds = arrow_blocks(table, max(hi, min(-(-len(texts) // BLOCK_SENTENCES), MAX_BLOCKS))).map_batches(
+        Teacher, fn_constructor_kwargs={**kwargs, "device": "cuda" if gpu else "cpu"}, batch_size=256,
+        batch_format="numpy", compute=ray.data.ActorPoolStrategy(min_size=lo, max_size=hi),
+        num_gpus=1 if gpu else 0, num_cpus=cpus)
+    blocks = [ray.get(ref) for ref in ds.to_numpy_refs()]
+    index = np.concatenate([b["index"] for b in blocks if len(b["index"])])
+    if not np.array_equal(index, np.arange(len(texts))):
+        raise RuntimeError(f"the teacher's embeddings came back out of order or incomplete ({len(index)} of {len(texts)})")
+    return np.concatenate([b["vector"] for b in blocks if len(b["index"])]).astype(np.float32)
 
 
 def actor_bounds(gpu: bool, cpu_bound: bool, most: dict[str, float] | None = None) -> tuple[int, int]:

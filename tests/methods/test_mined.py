@@ -1,5 +1,5 @@
-"""Mined hard negatives (``negatives=mined``): what sentence-transformers' mining keeps, checked
-against the teacher's similarities directly (the positive-aware margin, the rank range, best
+"""Mined hard negatives (``negatives=mined``): what the mining keeps, checked against
+sentence-transformers' ``mine_hard_negatives`` and the teacher's similarities directly (the positive-aware margin, the rank range, best
 first); the epoch's draw among them; a recipe with a teacher labelled teacher-assisted."""
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ def similarities(corpus):
     from methods.encoder import resolve_backbone
 
     distinct = list(dict.fromkeys(corpus))
-    # As mine() encodes (its batch size: padding moves a cosine in its sixth decimal).
-    e = SentenceTransformer(resolve_backbone("minilm")).encode(distinct, batch_size=64, normalize_embeddings=True)
+    # As the teacher encodes (its batch size: padding moves a cosine in its sixth decimal).
+    e = SentenceTransformer(resolve_backbone("minilm")).encode(distinct, batch_size=128, normalize_embeddings=True)
     return distinct, e @ e.T
 
 
 @pytest.mark.parametrize("margin, low, high", [(0.05, 0, 20), (0.2, 2, 30), (0.0, 0, 10)])
 def test_what_is_kept_is_the_best_of_the_range_that_the_margin_lets_through(corpus, similarities, margin, low, high):
-    """For each sentence: the other sentences by the teacher's cosine, best first; those above
-    ``(1 - margin) x`` the positive's (the sentence itself: 1) dropped; of the rest, those ranked
-    ``low`` to ``high`` (0: the nearest left) are candidates, and the first ``mine_negatives`` are kept. A copy is the first one kept without a
-    margin, and never kept with one."""
+    """For each sentence: its ``high`` nearest other sentences by the teacher's cosine, best first;
+    those above ``(1 - margin) x`` the positive's (the sentence itself: 1) dropped; of the rest, from
+    rank ``low`` on (0: the nearest left), the first ``mine_negatives`` are kept. A copy is the
+    first one kept without a margin, and never kept with one."""
     distinct, sim = similarities
     params = MinedParams(mine_range_min=low, mine_range_max=high, mine_margin=margin, mine_negatives=3)
     kept = mine(corpus, params)
@@ -45,7 +45,7 @@ def test_what_is_kept_is_the_best_of_the_range_that_the_margin_lets_through(corp
     checked = 0
     for i, sentence in enumerate(distinct):
         order = [j for j in np.argsort(-sim[i], kind="stable") if j != i]
-        allowed = [j for j in order if not margin or sim[i, j] <= (1 - margin) * sim[i, i] + 1e-6][low:high]
+        allowed = [j for j in order[:high] if not margin or sim[i, j] <= (1 - margin) * sim[i, i] + 1e-6][low:]
         got = [index[t] for t in kept.get(sentence, [])]
         # The same candidates, best first, up to ties (a capitalised copy and its original; two
         # neighbours within round-off of each other at the range's edge).
@@ -56,6 +56,33 @@ def test_what_is_kept_is_the_best_of_the_range_that_the_margin_lets_through(corp
     assert checked > len(distinct) // 2
     copies = [kept.get(s, [None])[0] == s.upper() for s in corpus[:6]]
     assert all(copies) if not margin else not any(copies), copies
+
+
+def test_what_is_kept_is_what_sentence_transformers_mine_hard_negatives_keeps(corpus, similarities):
+    """The rule applied to the teacher's embeddings keeps, for every sentence, the candidates that
+    sentence-transformers' ``mine_hard_negatives`` keeps when it encodes the corpus itself (the
+    same similarities, up to ties within round-off)."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives
+
+    from methods.encoder import resolve_backbone
+
+    distinct, sim = similarities
+    index = {s: i for i, s in enumerate(distinct)}
+    params = MinedParams(mine_range_min=1, mine_range_max=15, mine_margin=0.1, mine_negatives=4)
+    theirs = mine_hard_negatives(
+        Dataset.from_dict({"anchor": distinct, "positive": distinct}), SentenceTransformer(resolve_backbone("minilm")),
+        corpus=distinct, range_min=1, range_max=15, relative_margin=0.1, num_negatives=4, sampling_strategy="top",
+        output_format="labeled-list", batch_size=128, verbose=False)
+    want = {row["anchor"]: [t for t, label in zip(row["positive"], row["labels"]) if label == 0] for row in theirs}
+    got = mine(corpus, params)
+    assert set(got) == {s for s, kept in want.items() if kept}
+    for sentence, kept in got.items():
+        i = index[sentence]
+        assert len(kept) == len(want[sentence])
+        np.testing.assert_allclose(sim[i, [index[t] for t in kept]], sim[i, [index[t] for t in want[sentence]]],
+                                   atol=1e-4)
 
 
 def test_each_epoch_draws_one_kept_candidate_by_row_from_the_seed(tmp_path):

@@ -4,7 +4,6 @@ the teachers' embeddings of the corpus, and the recipe's label."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -12,8 +11,8 @@ import pytest
 import torch
 
 from methods.ingredients import InvalidParams, StepOutputs
-from methods.rankcse import (RankDistillation, RankDistillParams, consistency, embed_rows, listmle, listnet,
-                             teacher_embeddings)
+from methods.rankcse import RankDistillation, RankDistillParams, consistency, embed_rows, listmle, listnet
+from methods.teachers import Teacher
 from methods.recipe import Recipe, SharedParams
 
 
@@ -110,13 +109,11 @@ def test_the_teachers_embed_each_distinct_row_once_as_sentence_transformers_does
     want = SentenceTransformer(source, **kwargs).encode(rows[:2] + rows[3:])
     assert got.dtype == np.float16 and got.shape == (4, 384)
     assert np.allclose(got[[0, 1, 3]], want, atol=2e-3) and (got[0] == got[2]).all()
-    # A training checkpoint: its model with the pooler it is evaluated with.
-    folder = tmp_path / "checkpoint"
+    # A training checkpoint's model, with the pooler it is evaluated with.
     encoder = Encoder.from_pretrained(str(tiny_model), pooler="avg")
-    encoder.save_pretrained(folder / "model")
-    (folder / "state.json").write_text(json.dumps({"eval_pooler": "avg"}))
-    mine = teacher_embeddings(rows, str(folder))
-    assert np.allclose(mine, encoder.encode(rows).numpy(), atol=2e-3)
+    encoder.save_pretrained(tmp_path / "model")
+    mine = Teacher(str(tmp_path / "model"), pooler="avg").encode(rows)
+    assert np.allclose(mine, encoder.encode(rows).numpy(), atol=1e-5)
 
 
 def test_the_recipe_is_teacher_assisted_and_bad_settings_are_one_line():

@@ -1,0 +1,61 @@
+"""A teacher's embeddings of texts: what mined negatives (``negatives=mined``) and ranking
+distillation (``aux=rank_distill``) are made from, once per corpus.
+
+``Teacher`` loads the model once and embeds batches; instances are also callables over
+``{"sentence": [...], "index": [...]}`` batches, so the platform runs a pool of them as Ray Data
+actors across the cluster's CPUs or GPUs, as it runs the column generators. A teacher is a
+sentence-transformers model (a name, ``name@revision``, a packaged alias or a path) or a
+training checkpoint of this platform, which the platform resolves to its model folder and the
+pooler it is evaluated with before a teacher is built (``Teacher(model, pooler=...)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from methods.encoder import Encoder, pretrained_source
+
+Embed = Callable[[list[str], str], np.ndarray]  # (texts, teacher) -> one float32 row per text
+
+
+class Teacher:
+    """One teacher, loaded once on ``device`` (None: torch's default, the CPU here). ``pooler``: the
+    model is a checkpoint's folder of this platform, embedded by ``Encoder`` with that pooler; None:
+    a sentence-transformers model (its own pooling and normalisation)."""
+
+    def __init__(self, teacher: str, pooler: str | None = None, device: str | None = None, batch_size: int = 128):
+        self.batch_size = batch_size
+        if pooler is not None:
+            self.encoder = Encoder.from_pretrained(teacher, pooler=pooler)
+            if device:
+                self.encoder.to(device)
+            self.model = None
+        else:
+            from sentence_transformers import SentenceTransformer
+
+            source, kwargs = pretrained_source(teacher)
+            self.model, self.encoder = SentenceTransformer(source, device=device, **kwargs), None
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Each text's embedding, float32, in input order."""
+        if self.encoder is not None:
+            return self.encoder.encode(texts, batch_size=self.batch_size).numpy().astype(np.float32)
+        return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                 show_progress_bar=False).astype(np.float32)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {"index": np.asarray(batch["index"]), "vector": self.encode([str(t) for t in batch["sentence"]])}
+
+
+def embed_here(texts: list[str], teacher: str) -> np.ndarray:
+    """``Embed`` in this process: the teacher as named (a sentence-transformers model)."""
+    return Teacher(teacher).encode(texts)
+
+
+def distinct_rows(texts: list[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct texts in order of first appearance, and each row's index among them."""
+    index: dict[str, int] = {}
+    rows = np.fromiter((index.setdefault(t, len(index)) for t in texts), dtype=np.int64, count=len(texts))
+    return list(index), rows

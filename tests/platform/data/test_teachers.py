@@ -1,0 +1,63 @@
+"""The teachers' embeddings that mined negatives and ranking distillation are made from: on a run
+on Ray, a pool of Ray Data actors makes them, once per teacher whichever ingredients need them (a
+training checkpoint as teacher is resolved by the platform to its model and evaluation pooler),
+and what the run's corpus statistics hold is what the same teachers make in one process."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from methods.encoder import Encoder
+from methods.mined import MinedParams, mine
+from methods.recipe import Recipe
+from methods.rankcse import embed_rows
+from methods.teachers import Teacher
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    from platform.run.ray_env import init_ray
+
+    init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.e2e
+def test_a_run_on_ray_makes_the_teachers_statistics_on_ray_data_as_one_process_would(local_ray, small_corpus,
+                                                                                     tiny_model, tmp_path):
+    from platform.data.columns import prepare_corpus
+
+    sentences = [s for s in small_corpus.read_text(encoding="utf-8").splitlines() if s.strip()][:60]
+    sentences += sentences[:5]  # repeated rows: one embedding each, every row its vector
+    checkpoint = tmp_path / "checkpoint"  # a training checkpoint of this platform, as a teacher
+    Encoder.from_pretrained(str(tiny_model), pooler="avg").save_pretrained(checkpoint / "model")
+    (checkpoint / "state.json").write_text(json.dumps({"eval_pooler": "avg", "step": 10}))
+    recipe = Recipe.named("simcse", negatives="mined", mine_range_max=20, aux="rank_distill",
+                          rank_teachers=f"minilm,{checkpoint}")
+
+    on_ray = prepare_corpus(recipe, sentences, use_ray=True).statistics
+
+    from ray.util.state import list_actors
+
+    # One pool of one actor (2 CPUs) per teacher: the checkpoint, and MiniLM once for both ingredients.
+    pools = list_actors(address=local_ray.get_runtime_context().gcs_address, limit=100,
+                        filters=[("class_name", "=", "MapWorker(MapBatches(Teacher))")])
+    assert len(pools) == 2, pools
+
+    here = Teacher(str(checkpoint / "model"), pooler="avg")
+    want = [embed_rows(sentences, "minilm"), embed_rows(sentences, "x", lambda texts, _: here.encode(texts))]
+    got = on_ray["rank_distill"]
+    assert [g.shape for g in got] == [(len(sentences), 384), (len(sentences), here.encode(["a"]).shape[1])]
+    for g, w in zip(got, want):
+        assert g.dtype == np.float16 and np.allclose(np.asarray(g, np.float32), w.astype(np.float32), atol=2e-3)
+        assert (np.asarray(g[:5]) == np.asarray(g[-5:])).all()
+    kept = mine(sentences, MinedParams(mine_range_max=20))
+    assert on_ray["mined"].keys() == kept.keys() and len(kept) > 50
+    same = sum(on_ray["mined"][s] == k for s, k in kept.items())
+    assert same >= 0.95 * len(kept), same  # the rest: neighbours swapped by round-off at a tie
