@@ -7,7 +7,8 @@ logged model (``models:/NAME/VERSION``, ``models:/m-...``).
 Prints the SentEval STS table (Spearman x100 of cosine similarities) and optionally writes JSON;
 ``--benchmark`` (an MTEB benchmark) and ``mteb:NAME`` tasks run through the ``mteb`` package with
 the same encoder (``platform.evaluation.mteb_tasks``); ``--log-to RUN_ID`` records transfer,
-clustering and MTEB scores on a training run for ``platform.report``.
+clustering and MTEB scores on a training run for ``platform.report`` (with ``--dim M``, the STS table
+at that prefix too).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from platform import checkpoint, storage
 from platform.storage import cache_root
 from platform.run.final_evaluation import beside_table, cached_baseline, trained_prefixes
 from platform.tracking import recorder, store
-from platform.tracking.names import (BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG, SUPERVISION_TAG, at_prefix,
+from platform.tracking.names import (BEST_CHECKPOINT_TAG, MTEB_BENCHMARK_TAG, SUPERVISION_TAG, at_prefix, sts_at,
                                      supervision_note)
 from platform.tracking.recorder import Run
 
@@ -100,8 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "SentEval files, the rest need the Hugging Face hub")
     p.add_argument("--json", dest="json_out", default=None, help="write the scores to this JSON file")
     p.add_argument("--log-to", default=None, metavar="RUN_ID",
-                   help="record the transfer and clustering scores on this MLflow run (as transfer_<task>, "
-                        "cluster_<set>), where platform.report finds them")
+                   help="record the transfer, clustering and MTEB scores on this MLflow run (as transfer_<task>, "
+                        "cluster_<set>, mteb_<task>; with --dim M under dim<M>/, the STS table too), where "
+                        "platform.report and compare find them")
     p.add_argument("--dim", type=int, default=None, metavar="M",
                    help="evaluate the first M coordinates of each embedding, renormalised (a Matryoshka prefix), on "
                         "every task; a checkpoint trained with matryoshka_dims shows the STS table at each of them "
@@ -279,10 +281,16 @@ def log_scores(run_id: str, scores: dict[str, float], mteb_folder: Path | None =
     """The transfer, clustering and MTEB scores on an MLflow run (``transfer_<task>``,
     ``cluster_<set>``, ``mteb_<task>`` and ``mteb_mean``; at a Matryoshka prefix ``dim<M>/...``),
     MTEB's per-task results as the artifacts ``mteb/<task>.json`` (``dim<M>/mteb/``), and the
-    benchmark's name as the tag ``mteb_benchmark``."""
+    benchmark's name as the tag ``mteb_benchmark``. At a prefix, the STS table too
+    (``dim<M>/sts_<task>``, which ``compare REF:dim=M`` reads) unless the run's own final
+    evaluation scored it (a trained prefix); the whole vector's is the final evaluation's."""
     logged = {at_prefix(metric_name(k), dims): v for k, v in scores.items()
               if k in TRANSFER_TASKS or k.startswith(("cluster:", MTEB_PREFIX))}
     run = Run(store.tracking_uri(), run_id)
+    if dims:
+        held = run.info().data.metrics
+        logged.update({sts_at(k, dims): v for k, v in scores.items()
+                       if k in (*STS_TASKS, "avg") and sts_at(k, dims) not in held})
     recorder.log_results(run, logged)
     if mteb_folder is not None:
         for result in sorted(mteb_folder.glob("*.json")):

@@ -308,6 +308,10 @@ class Stop:
 
     def on_usr1(self, signum, frame) -> None:
         self.walltime = self.walltime or time.monotonic()
+        if self.command is not None and self.command.poll() is not None:  # during the teardown: nothing to stop
+            print(f"slurm: the walltime is near; the command had already exited {self.command.returncode}"
+                  f"{' and the job ends as it is' if self.command.returncode == 0 else ''}", flush=True)
+            return
         print("slurm: the walltime is near; the command stops and the job requeues itself", flush=True)
         self._forward()
 
@@ -467,6 +471,7 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
             command = [*command, *resume_arguments(command, lineage.sweep_record)]
         print(f"slurm: running {shlex.join(command)}", flush=True)
         code = run_command(command, env, stop, server, walltime_stop_s=signal_s / 2, attempt=attempt)
+        print(f"slurm: the command ended ({code}); stopping MLflow and Ray", flush=True)
         if server is not None:
             server.snapshot(force=True)  # before a requeue: Slurm's SIGTERM and SIGKILL follow it
         if requeue_decision(code, stop, lineage.starts, max_requeues,

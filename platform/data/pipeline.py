@@ -304,11 +304,15 @@ def embed(texts: list[str], teacher: str, use_ray: bool, use_gpu: bool = False, 
     _one_operator_context()  # preserve_order: the blocks come back in the texts' order
     most = cluster_most()
     gpu = use_gpu and most.get("GPU", 0) > 0
-    lo, hi = actor_bounds(gpu, False, most)
+    # On CPUs an actor per CPU: Ray gives each one thread (OMP_NUM_THREADS), and a small teacher
+    # keeps one busy; on GPUs one per GPU.
+    lo, hi = actor_bounds(gpu, not gpu, most)
+    blocks = min(-(-len(texts) // BLOCK_SENTENCES), MAX_BLOCKS)
+    hi = min(hi, blocks)  # no more actors (each loading the teacher) than blocks to embed
     table = pa.table({"index": np.arange(len(texts)), "sentence": pa.array(texts, pa.string())})
-    ds = arrow_blocks(table, max(hi, min(-(-len(texts) // BLOCK_SENTENCES), MAX_BLOCKS))).map_batches(
+    ds = arrow_blocks(table, blocks).map_batches(
         Teacher, fn_constructor_kwargs={**kwargs, "device": "cuda" if gpu else "cpu"}, batch_size=256,
-        batch_format="numpy", compute=ray.data.ActorPoolStrategy(min_size=lo, max_size=hi),
+        batch_format="numpy", compute=ray.data.ActorPoolStrategy(min_size=min(lo, hi), max_size=hi),
         num_gpus=1 if gpu else 0, num_cpus=cpus)
     blocks = [ray.get(ref) for ref in ds.to_numpy_refs()]
     index = np.concatenate([b["index"] for b in blocks if len(b["index"])])

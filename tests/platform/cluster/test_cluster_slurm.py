@@ -342,7 +342,9 @@ def test_a_job_whose_nodes_cannot_hold_a_trial_ends_at_once_with_one_line(requeu
 
 def test_two_jobs_of_the_default_name_each_keep_their_own_runs(slurm, shared, requeued):
     """Two `train` jobs submitted at once with the default name (one output folder): each ends
-    COMPLETED with its run FINISHED in its own MLflow copy, and neither copy holds the other's run."""
+    COMPLETED with its run FINISHED in its own MLflow copy, and neither copy holds the other's run.
+    The first gets the walltime warning (SIGUSR1 to its batch, as ``--signal=B:USR1`` sends it)
+    just after its command exited 0, during its teardown: it still ends COMPLETED, not requeued."""
     folder, model, corpus = shared
     out = folder / "default-name"
     command = ["python", "-m", "platform.train", "simcse",
@@ -355,9 +357,15 @@ def test_two_jobs_of_the_default_name_each_keep_their_own_runs(slurm, shared, re
         assert proc.returncode == 0, proc.stderr[-3000:]
         jobs.append(re.search(r"^submitted job (\d+)", proc.stdout, re.M).group(1))
     (ROOT / ".cluster" / "slurm-platform.sbatch").unlink(missing_ok=True)
+    waited(slurm, out, jobs[0], "the first job's command to end",
+           lambda: re.search(r"^slurm: the command ended \(0\)", log(out, jobs[0]), re.M), 900)
+    assert slurm.run("scancel", "--signal=USR1", "--batch", jobs[0]).returncode == 0
     ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
     states = {job: waited(slurm, out, job, f"job {job} to end", lambda job=job: (
         job_state(slurm, job) if job_state(slurm, job).get("JobState") in ended else None), 900) for job in jobs}
+    late = log(out, jobs[0]).split("slurm: the command ended (0)", 1)[1]
+    assert "slurm: the walltime is near; the command had already exited 0 and the job ends as it is" in late, late
+    assert "requeued" not in late and states[jobs[0]]["Restarts"] == "0", (states[jobs[0]], late)
     for job in jobs:
         assert states[job]["JobState"] == "COMPLETED", (states[job], log(out, job)[-6000:])
         (run,) = [r for r in runs(out / f"job-{job}") if r["tags"].get("mlflow.runName") == f"platform-{job}"]

@@ -45,7 +45,8 @@ def test_a_run_on_ray_makes_the_teachers_statistics_on_ray_data_as_one_process_w
 
     from ray.util.state import list_actors
 
-    # One pool of one actor (2 CPUs) per teacher: the checkpoint, and MiniLM once for both ingredients.
+    # A pool per teacher (of one actor: one block of sentences), the checkpoint's, and MiniLM's once
+    # for both ingredients.
     pools = list_actors(address=local_ray.get_runtime_context().gcs_address, limit=100,
                         filters=[("class_name", "=", "MapWorker(MapBatches(Teacher))")])
     assert len(pools) == 2, pools
