@@ -311,13 +311,6 @@ def checkpoints_under(location: str) -> list[tuple[dict, str]]:
     return [(json.loads(state), folder) for folder in folders if (state := storage.read_text(storage.join(folder, STATE)))]
 
 
-def latest_under(location: str) -> str | None:
-    """The checkpoint with the highest step that keeps the run's points; None when there is none."""
-    found = [(state.get("step", 0), folder) for state, folder in checkpoints_under(location)
-             if storage.exists(storage.join(folder, POINTS))]
-    return max(found)[1] if found else None
-
-
 class Best(NamedTuple):
     """A fit's best checkpoint (a folder or URI) and its STS-B dev."""
     checkpoint: str
