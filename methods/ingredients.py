@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-from collections.abc import Iterable
 from typing import Any, Callable, ClassVar
 
 import numpy as np

@@ -18,7 +18,7 @@ from platform import checkpoint, settings, storage, sweep_summary
 from platform.config import TrainConfig
 from platform.console import short
 from platform.errors import UserError, one_line, stopping
-from platform.run import unit
+from platform.run import ray_env, unit
 from platform.checkpoint import exists as checkpoint_exists
 from platform.run.fit import release
 from platform.space import SearchSpace
@@ -143,12 +143,16 @@ def sweep_closing(parent: Run, sweep: Sweep, states: Callable[[], dict[str, str]
     runs still open end first (``TrialRuns.close_open`` with Tune's saved ``states()``), then the
     sweep's: it stays among the runs this process works in until they have, so that the lost
     cluster's watch, ending the process meanwhile (Slurm's preemption takes Ray down as the command
-    stops), ends them KILLED with it instead of leaving them RUNNING."""
+    stops), ends them KILLED with it instead of leaving them RUNNING. A command stopped by SIGTERM
+    whose cluster is going away then waits for that watch (``ray_env.await_loss``): a trial that
+    opened its run as the signal came, after the close, ends KILLED too."""
     with parent.closing():
         try:
             yield
         except KeyboardInterrupt:
             (ACTIVE[0] if ACTIVE else TrialRuns(sweep)).close_open(states())
+            if stopping():  # the cluster may be going down with the command: its watch ends what is left
+                ray_env.await_loss()
             raise
 
 

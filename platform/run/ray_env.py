@@ -244,6 +244,31 @@ def watch_cluster(gcs_address: str, interval: float = 1.0, lost_after: float = L
     return thread
 
 
+def await_loss(seconds: float = LOST_AFTER_S + 5.0, gcs_address: str | None = None) -> bool:
+    """A stopping command whose cluster is going away with it (Slurm's preemption signals Ray's
+    nodes as it signals the command) waits here, at most ``seconds``, for the watch to end it: a
+    trial process still dying may open or write its run after the command closed the open ones, and
+    the watch ends the runs left RUNNING once the cluster is silent. Returns at once when the
+    cluster answers (a stop that leaves it up) or this process is in none (``gcs_address``: that
+    cluster's, default this process's). Whether the cluster answered."""
+    import ray
+
+    if gcs_address is None:
+        try:
+            gcs_address = ray.get_runtime_context().gcs_address if ray.is_initialized() else ""
+        except Exception:  # noqa: BLE001 - no Ray to ask
+            gcs_address = ""
+    host, _, port = gcs_address.rpartition(":")
+    if not port:
+        return True
+    deadline = time.monotonic() + seconds
+    while answers(host, int(port), timeout=1) is not None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def cluster_lost(gcs_address: str, silent_s: float) -> None:
     """The end of a command whose Ray cluster went away (see ``watch_cluster``)."""
     reason = f"the Ray cluster at {gcs_address} went away (its GCS silent for {silent_s:.0f} s)"

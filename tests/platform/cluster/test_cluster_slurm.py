@@ -307,9 +307,10 @@ def test_a_preemptions_sigterm_to_the_tasks_ends_the_running_trials_killed_with_
     the batch stops the command as Ctrl-C does: each trial run it left open ends KILLED (to be
     resumed), none FAILED, and Tune's state is saved after the signal."""
     preempted, text = requeued["preempted"], requeued["log"]
-    assert re.search(r"^slurm: the job's tasks got SIGTERM \(n[12]'s first", text, re.M), text[-6000:]
-    assert "KILLED" in preempted.values() and not {"FAILED", "RUNNING"} & set(preempted.values()), (preempted,
-                                                                                                  text[-6000:])
+    found = re.search(r"^slurm: the job's tasks got SIGTERM \(n[12]'s first", text, re.M)
+    assert found, text[-6000:]
+    stop = text[found.start():].split("slurm: running", 1)[0]  # the stop, up to the next start
+    assert "KILLED" in preempted.values() and not {"FAILED", "RUNNING"} & set(preempted.values()), (preempted, stop)
     assert requeued["tune_saved"] >= requeued["signalled"], (requeued["tune_saved"], requeued["signalled"])
 
 

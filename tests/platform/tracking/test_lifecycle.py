@@ -164,6 +164,59 @@ def test_an_interrupted_sweep_stays_open_until_its_trials_end_for_the_lost_clust
     assert (_status(parent), _status(cut)) == ("KILLED", "KILLED")
 
 
+def test_a_trial_that_opens_its_run_after_the_interrupted_sweep_closed_them_ends_killed(mlflow_uri, tmp_path,
+                                                                                         monkeypatch):
+    """Stopped by SIGTERM, the sweep closes its open trials' runs; a trial process the preemption
+    has not ended yet opens its run after that. The sweep waits, still among the runs the process
+    works in, for the lost cluster's watch, which ends that run KILLED too."""
+    from platform import errors, sweep_runs
+    from platform.run import ray_env
+    from platform.tracking import recorder
+
+    monkeypatch.setattr(errors, "_terminating", [15])
+    monkeypatch.setattr(recorder, "OPEN", {})
+    monkeypatch.setattr(recorder, "FAILED_HERE", {})
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    trials = _sweep(mlflow_uri, parent, tmp_path / "sweep")
+    closed = trials.close_open
+    late = []
+
+    def then_a_trial_opens_its_run(states):
+        closed(states)
+        late.append(Run.create(mlflow_uri, "una", "trial-late", {"trial_id": "late"}, parent=parent, in_trial=True))
+
+    def the_watch_fires(seconds=None, gcs_address=None):  # as ray_env.cluster_lost does, before its os._exit(130)
+        recorder.abandon_open_runs("the Ray cluster went away", "interrupted")
+        raise SystemExit(130)
+
+    monkeypatch.setattr(trials, "close_open", then_a_trial_opens_its_run)
+    monkeypatch.setattr(ray_env, "await_loss", the_watch_fires)
+    with pytest.raises(SystemExit), sweep_runs.sweep_closing(parent, trials.sweep, lambda: {}):
+        raise KeyboardInterrupt
+    assert (_status(parent), _status(late[0])) == ("KILLED", "KILLED")
+
+
+def test_a_stopping_command_waits_for_its_cluster_only_while_it_is_going_away():
+    """``await_loss`` returns at once while the GCS answers (a Ctrl-C that leaves the cluster up)
+    and waits out its bound while it does not (the watch ends the process meanwhile)."""
+    import socket
+    import time
+
+    from platform.run import ray_env
+
+    with socket.socket() as up:
+        up.bind(("127.0.0.1", 0))
+        up.listen()
+        started = time.monotonic()
+        assert ray_env.await_loss(5.0, f"127.0.0.1:{up.getsockname()[1]}") is True
+        assert time.monotonic() - started < 1.0
+        gone = up.getsockname()[1]
+    started = time.monotonic()
+    assert ray_env.await_loss(1.0, f"127.0.0.1:{gone}") is False
+    assert time.monotonic() - started >= 1.0
+    assert ray_env.await_loss(1.0, "") is True  # no cluster: nothing to wait for
+
+
 def test_a_stopped_trial_ends_from_the_best_checkpoint_in_storage_when_its_tag_is_stale(mlflow_uri, tmp_path):
     """ASHA stopped the trial just after its step-16 checkpoint, a new best, was persisted: the tag
     naming it had not reached MLflow, and Ray had removed the step-8 checkpoint the tag still named
