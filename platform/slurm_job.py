@@ -32,6 +32,9 @@ from platform.mlflow_backup import copy_database
 from platform.run.ray_env import answers, free_port
 from platform.slurm_sizing import command_arguments, fits, platform_command, run_needs
 from platform.slurm_status import ask
+from platform.sweep_runs import SWEEP_STATE
+from platform.tracking import recorder
+from platform.tracking.recorder import Run
 
 RAY_LOGS = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "monitor.log", "dashboard.log",
             "python-core-driver-*.log", "worker-*.err", "worker-*.out")  # what a node keeps of Ray's session logs
@@ -472,6 +475,8 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         print(f"slurm: running {shlex.join(command)}", flush=True)
         code = run_command(command, env, stop, server, walltime_stop_s=signal_s / 2, attempt=attempt)
         print(f"slurm: the command ended ({code}); stopping MLflow and Ray", flush=True)
+        if code not in (0, 130) and (stop.tasks or stop.terminated):
+            end_left_open(env, lineage.sweep_record, code)
         if server is not None:
             server.snapshot(force=True)  # before a requeue: Slurm's SIGTERM and SIGKILL follow it
         if requeue_decision(code, stop, lineage.starts, max_requeues,
@@ -486,6 +491,32 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         lineage.end(code)
         print(f"slurm: the command exited {code}", flush=True)
     return code
+
+
+def end_left_open(env: dict[str, str], record: Path, code: int) -> None:
+    """A sweep's runs the command left RUNNING as Slurm stopped the job, ended KILLED (the sweep's
+    run and its trials' still open; ``--resume`` reopens them). Slurm's SIGTERM stops the head's
+    raylet at once, and Ray terminates the driver whose plasma store is gone before any of its
+    Python runs: the batch, the last process of the job alive for them, ends them as the command's
+    own stop would have."""
+    try:
+        folder = record.read_text(encoding="utf-8").strip() if record.is_file() else ""
+        state = storage.read_text(storage.join(folder, SWEEP_STATE)) if folder else None
+        uri = env.get("MLFLOW_TRACKING_URI")
+        if not state or not uri:
+            return
+        os.environ.update({k: v for k, v in env.items() if k.startswith("MLFLOW_TRACKING_")})  # its account
+        parent = Run(uri, json.loads(state)["parent_run_id"])
+        if parent.info().info.status != "RUNNING":
+            return
+        recorder.OPEN[parent.id] = parent
+        ended = recorder.abandon_open_runs(f"the command died with Ray's processes (exit {code}) as Slurm stopped "
+                                           "the job", "interrupted")
+        print(f"slurm: the command died with Ray's processes (exit {code}); its runs left open ended KILLED: "
+              f"{', '.join(ended)}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the requeue goes on; the next start's --resume closes them
+        print(f"slurm: the runs the command left open were not ended ({' '.join(str(exc).split())[:160]}); the "
+              "next start's --resume closes them", flush=True)
 
 
 def job_environment(out: Path, name: str, token: Path, lineage: Lineage, interface: str | None) -> dict[str, str]:
