@@ -182,6 +182,30 @@ def test_the_job_requeues_itself_only_for_unfinished_work_it_can_resume(code, si
     assert bool(requeue_decision(code, stop, starts, 3, progress)) is requeued
 
 
+def test_the_runs_a_driver_that_died_with_ray_left_open_are_ended_killed_by_the_job(tmp_path, mlflow_uri, capsys):
+    """Ray terminated the driver with its node's raylet as Slurm stopped the job: the job's process
+    ends the recorded sweep's run and its trials' still open KILLED; a finished trial stays so."""
+    import json
+
+    from platform.slurm_job import end_left_open
+    from platform.sweep_runs import SWEEP_STATE
+    from platform.tracking.recorder import Run
+
+    parent = Run.create(mlflow_uri, "una", "una-sweep-x", {"sweep": "true"})
+    running = Run.create(mlflow_uri, "una", "trial-a", {"trial_id": "a"}, parent=parent, in_trial=True)
+    done = Run.create(mlflow_uri, "una", "trial-b", {"trial_id": "b"}, parent=parent, in_trial=True)
+    done.end("interrupted")
+    folder = tmp_path / "una-sweep-x"
+    folder.mkdir()
+    (folder / SWEEP_STATE).write_text(json.dumps({"parent_run_id": parent.id}))
+    record = tmp_path / "sweep"
+    record.write_text(str(folder))
+    end_left_open({"MLFLOW_TRACKING_URI": mlflow_uri}, record, 1)
+    assert [r.info().info.status for r in (parent, running)] == ["KILLED", "KILLED"]
+    assert "its runs left open ended KILLED: trial-a, una-sweep-x" in capsys.readouterr().out
+    end_left_open({"MLFLOW_TRACKING_URI": mlflow_uri}, tmp_path / "no-record", 1)  # no sweep: nothing to end
+
+
 def test_a_sigterm_to_the_tasks_alone_stops_the_command_as_soon_as_a_node_relays_it(tmp_path, monkeypatch, capsys):
     """A preemption with a grace time: Slurm signals the job's tasks, not the batch, and Ray goes
     with them. A node's task leaves the relay in the start's folder; the batch passes SIGTERM on to
