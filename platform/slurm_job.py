@@ -27,7 +27,7 @@ from platform import settings, storage
 from platform.cluster_files import write_mlflow_auth, write_private
 from platform.cluster_slurm import JOIN_TIMEOUT_S, MAX_REQUEUES, SIGNAL_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal
 from platform.config import build_config
-from platform.errors import UserError, cli_main
+from platform.errors import UserError, cli_main, one_line
 from platform.mlflow_backup import copy_database
 from platform.run.ray_env import answers, free_port
 from platform.slurm_sizing import command_arguments, fits, platform_command, run_needs
@@ -509,14 +509,13 @@ def end_left_open(env: dict[str, str], record: Path, code: int) -> None:
         parent = Run(uri, json.loads(state)["parent_run_id"])
         if parent.info().info.status != "RUNNING":
             return
-        recorder.OPEN[parent.id] = parent
-        ended = recorder.abandon_open_runs(f"the command died with Ray's processes (exit {code}) as Slurm stopped "
-                                           "the job", "interrupted")
+        ended = recorder.end_with_children(parent, "interrupted", f"the command died with Ray's processes (exit {code}) "
+                                           "as Slurm stopped the job")
         print(f"slurm: the command died with Ray's processes (exit {code}); its runs left open ended KILLED: "
               f"{', '.join(ended)}", flush=True)
     except Exception as exc:  # noqa: BLE001 - the requeue goes on; the next start's --resume closes them
-        print(f"slurm: the runs the command left open were not ended ({' '.join(str(exc).split())[:160]}); the "
-              "next start's --resume closes them", flush=True)
+        print(f"slurm: the runs the command left open were not ended ({one_line(exc, 160)}); the next start's "
+              "--resume closes them", flush=True)
 
 
 def job_environment(out: Path, name: str, token: Path, lineage: Lineage, interface: str | None) -> dict[str, str]:

@@ -227,13 +227,21 @@ def abandon_open_runs(reason: str, outcome: str = "failed") -> list[str]:
             run.end(outcome, tags={END_REASON_TAG: reason})
         ended.append(run.info().info.run_name)
     for run in list(OPEN.values()):
-        for child in store.child_runs(run.uri, run.id, "attributes.status = 'RUNNING'"):
-            Run(run.uri, child.info.run_id).end(outcome, tags={END_REASON_TAG: reason})
-            ended.append(child.info.run_name)
-        run.end(outcome, tags={END_REASON_TAG: reason})
-        ended.append(run.info().info.run_name)
+        ended += end_with_children(run, outcome, reason)
         OPEN.pop(run.id, None)
     return ended
+
+
+def end_with_children(run: Run, outcome: str, reason: str) -> list[str]:
+    """End ``run`` and its runs still RUNNING (a sweep's trials, a configuration's seeds) with
+    ``outcome`` and ``reason``, for a process that ends them in place of the one that worked in
+    them; the names of them all."""
+    ended = []
+    for child in store.child_runs(run.uri, run.id, "attributes.status = 'RUNNING'"):
+        Run(run.uri, child.info.run_id).end(outcome, tags={END_REASON_TAG: reason})
+        ended.append(child.info.run_name)
+    run.end(outcome, tags={END_REASON_TAG: reason})
+    return [*ended, run.info().info.run_name]
 
 
 # ------------------------------------------------------------------------------------------------
