@@ -93,6 +93,7 @@ class SlurmJob:
     setup: list[str] = field(default_factory=list)  # shell lines before the venv (module load, conda)
     max_requeues: int = MAX_REQUEUES
     node_interface: str | None = None
+    container: tuple[str, str] | None = None  # ("pyxis", IMAGE) or ("apptainer", IMAGE): where the nodes and command run
     sized: str = ""  # how --cpus-per-task and --mem were chosen, when the render chose them
 
     @property
@@ -151,6 +152,14 @@ def check(job: SlurmJob, offer=None) -> SlurmJob:
         raise ConfigError(f"--gpus-per-node {job.gpus_per_node or job.gres}, but {job.venv} holds torch's CPU build "
                           f"({installed_torch(job.venv)}): install the CUDA lock there (pip install --require-hashes "
                           "-r requirements/cuda.txt; docs/cluster.md, 'On a Slurm cluster')")
+    if job.container is not None:
+        kind, image = job.container
+        local = kind == "apptainer" and "://" not in image or image.startswith(("/", "./", "../", "~"))
+        if local and not Path(image).expanduser().is_file():
+            raise ConfigError(f"the {kind} image {image} is not a file here (the nodes read it from the shared "
+                              "filesystem): give its path, or a registry URI")
+        if local:
+            job.container = (kind, str(Path(image).expanduser().absolute()))  # the job runs from the repository
     cfg, needs = run_needs(job.command)
     if needs is not None:
         cpus, mem_mb, why = size(needs, job.nodes, job.gpus, job.cpus_per_task, offer)
@@ -237,6 +246,9 @@ def render(job: SlurmJob) -> str:
     lines += [f"export {key}={shlex.quote(value)}" for key, value in job.env.items()]
     options = [f"--max-requeues={job.max_requeues}", f"--signal-seconds={job.signal_s}", f"--script={job.script}"]
     options += [f"--node-interface={job.node_interface}"] * bool(job.node_interface)
+    if job.container is not None:
+        kind, image = job.container
+        options += [f"--{'apptainer' if kind == 'apptainer' else 'container-image'}={image}", *["--gpus"] * bool(job.gpus)]
     lines.append(f"exec {shlex.quote(str(job.venv / 'bin' / 'python'))} -m platform.slurm_job --out "
                  f"{shlex.quote(str(job.out))} --name {job.name} {shlex.join(options)} -- " + shlex.join(job.command))
     return "\n".join(lines) + "\n"
@@ -247,6 +259,9 @@ def submit(job: SlurmJob, dry: bool) -> int:
     script = job.script
     if not dry and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on the cluster's login node (or --print to render only)")
+    if not dry and job.container is not None and job.container[0] == "pyxis" and not pyxis_loaded():
+        raise ConfigError("--container-image needs pyxis, and this cluster's srun has no --container-image (srun "
+                          "--help): ask the site, or use --apptainer IMAGE")
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(render(job), encoding="utf-8")
     if dry:
@@ -266,6 +281,15 @@ def submit(job: SlurmJob, dry: bool) -> int:
         print(f"MLflow: on the job's first node once it runs; its address and the tunnel lines: python -m "
               f"platform.cluster slurm status {job_id} (also in the log and {job.out}/job-{job_id}/where.json)")
     return 0
+
+
+def pyxis_loaded() -> bool:
+    """Whether this cluster's ``srun`` takes pyxis's options (its SPANK plugin adds them to ``--help``)."""
+    try:
+        proc = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--container-image" in proc.stdout
 
 
 def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
@@ -293,6 +317,10 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
                    help="any other sbatch option, as one #SBATCH line (repeatable), e.g. --sbatch-arg=--reservation=lab")
     p.add_argument("--setup", action="append", default=[], metavar="LINE",
                    help="a shell line run before the venv is activated (repeatable): module load ..., conda activate ...")
+    p.add_argument("--container-image", default=None, metavar="IMAGE",
+                   help="run every Ray node and the command in this image with pyxis (srun --container-image)")
+    p.add_argument("--apptainer", default=None, metavar="IMAGE",
+                   help="run every Ray node and the command in this image with apptainer exec (--nv with GPUs)")
     p.add_argument("--max-requeues", type=int, default=MAX_REQUEUES,
                    help=f"how often the job requeues itself at the walltime or on preemption (default {MAX_REQUEUES})")
     p.add_argument("--node-interface", default=None, metavar="IFACE",
@@ -305,6 +333,8 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
     p.add_argument("--print", action="store_true", help="render the script and print it; submit nothing")
     p.add_argument("--env-file", type=Path, default=None, help="the settings' file (default cluster.env)")
     args = p.parse_args(argv)
+    if args.container_image and args.apptainer:
+        raise ConfigError("--container-image (pyxis) and --apptainer name two launchers: give one")
     env = {key: value for key in ("PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE")
            if (value := os.environ.get(key) or values.get(key))}
     for key in ("PLATFORM_DATA_DIR", "HF_HOME"):  # the job runs elsewhere: folders named as the shared filesystem has them
@@ -313,7 +343,9 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
     out = (args.output or ROOT / ".cluster" / f"slurm-{args.name}").expanduser().resolve()
     return SlurmJob(args.name, command, out, Path(sys.prefix), args.nodes, args.gpus_per_node, args.cpus_per_task,
                     args.mem, args.time, args.partition, args.account, args.qos, args.signal_seconds, env, args.gres,
-                    args.constraint, args.exclusive, args.sbatch_args, args.setup, args.max_requeues, args.node_interface)
+                    args.constraint, args.exclusive, args.sbatch_args, args.setup, args.max_requeues, args.node_interface,
+                    ("apptainer", args.apptainer) if args.apptainer else ("pyxis", args.container_image)
+                    if args.container_image else None)
 
 
 def main(argv: list[str], env_file: Path) -> int:

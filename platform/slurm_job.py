@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from platform import settings, storage
@@ -86,6 +87,49 @@ def gpu_check() -> str | None:
                           text=True)
     driver = (proc.stdout.split() or ["unknown"])[0]
     return driver_refusal(driver, torch.version.cuda, torch.__version__)
+
+
+@dataclass(frozen=True)
+class Container:
+    """The image every Ray node and the command run in; the batch's own process (``srun``, the
+    requeue, MLflow's server and copy) stays on the host. pyxis takes its options on ``srun``, so the
+    command is an ``srun`` step of its own on this node; Apptainer wraps the process
+    (``apptainer exec``). Either way the folders the job reads and writes are mounted at their own
+    paths, and the image must run the venv there (docs/slurm.md, 'Containers')."""
+    kind: str  # "pyxis" or "apptainer"
+    image: str
+    gpus: bool
+    binds: tuple[str, ...]
+
+    @staticmethod
+    def of(container: tuple[str, str] | None, gpus: bool, env: dict[str, str], out: Path,
+           command: list[str]) -> "Container | None":
+        """The job's container (``(kind, image)`` or None), mounting the repository, the venv, ``out``,
+        the temp folder, the folders ``env`` names and those of the paths ``command`` names
+        (``--set model=/lab/models/x``)."""
+        if container is None:
+            return None
+        named = [Path(p) for arg in command for p in re.findall(r"(?:^|=)(/[^,\s]+)", arg) if Path(p).exists()]
+        wanted = [os.getcwd(), sys.prefix, str(out), tempfile.gettempdir(), *(str(p if p.is_dir() else p.parent) for p in named),
+                  *(env[k] for k in ("PLATFORM_DATA_DIR", "HF_HOME", "PLATFORM_CACHE_DIR", "PLATFORM_OUTPUT_DIR") if env.get(k))]
+        paths = sorted({os.path.abspath(p) for p in wanted})
+        binds = tuple(p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths))
+        return Container(*container, gpus, binds)
+
+    def step(self, args: list[str]) -> list[str]:
+        """An ``srun`` step's options and task (``args`` after ``srun``'s own)."""
+        if self.kind == "pyxis":
+            return [f"--container-image={self.image}", "--container-mounts=" + ",".join(f"{b}:{b}" for b in self.binds),
+                    f"--container-workdir={os.getcwd()}", *args]
+        return self.wrap(args)
+
+    def wrap(self, args: list[str]) -> list[str]:
+        """A process of the batch's own run in the image."""
+        if self.kind == "pyxis":
+            node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+            return ["srun", "--export=ALL", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", *self.step(args)]
+        return ["apptainer", "exec", *["--nv"] * self.gpus, "--bind", ",".join(self.binds), "--pwd", os.getcwd(),
+                self.image, *args]
 
 
 def node_task(attempt: Path, interface: str | None = None) -> int:
@@ -432,7 +476,8 @@ def requeue(job_id: str, lineage: Lineage) -> None:
 
 
 def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_REQUEUES, script: Path | None = None,
-             interface: str | None = None, signal_s: int = SIGNAL_S) -> int:
+             interface: str | None = None, signal_s: int = SIGNAL_S, container: tuple[str, str] | None = None,
+             gpus: bool = False) -> int:
     """The job's one process on its first node: Ray on every node, MLflow, the command, the end."""
     job_id = os.environ["SLURM_JOB_ID"]
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
@@ -453,10 +498,11 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         lineage.end(4)
         return 4
     lineage.wait_previous()
+    image = Container.of(container, gpus, env, out, command)
     node = [sys.executable, "-m", "platform.slurm_job", "node", str(attempt), *([interface] if interface else [])]
     # --export=ALL: a site's SBATCH_EXPORT=NONE reaches the step as SLURM_EXPORT_ENV=NONE otherwise.
     step = subprocess.Popen(["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
-                             "--overlap", "--kill-on-bad-exit=1", *node], env=env)
+                             "--overlap", "--kill-on-bad-exit=1", *(image.step(node) if image else node)], env=env)
     local = Path(tempfile.gettempdir()) / f"platform-mlflow-{job_id}"
     server = None
     code = 1
@@ -472,8 +518,10 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         command = named_run(command, name, folder.name.removeprefix("job-"))
         if lineage.starts:
             command = [*command, *resume_arguments(command, lineage.sweep_record)]
-        print(f"slurm: running {shlex.join(command)}", flush=True)
-        code = run_command(command, env, stop, server, walltime_stop_s=signal_s / 2, attempt=attempt)
+        print(f"slurm: running {shlex.join(command)}{f' in {image.kind} image {image.image}' if image else ''}",
+              flush=True)
+        code = run_command(image.wrap(command) if image else command, env, stop, server,
+                           walltime_stop_s=signal_s / 2, attempt=attempt)
         print(f"slurm: the command ended ({code}); stopping MLflow and Ray", flush=True)
         if code not in (0, 130) and (stop.tasks or stop.terminated):
             end_left_open(env, lineage.sweep_record, code)
@@ -676,10 +724,15 @@ def main(argv=None) -> int:
     p.add_argument("--script", type=Path, default=None)
     p.add_argument("--node-interface", default=None)
     p.add_argument("--signal-seconds", type=int, default=SIGNAL_S)
+    p.add_argument("--container-image", default=None)
+    p.add_argument("--apptainer", default=None)
+    p.add_argument("--gpus", action="store_true")
     at = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:at])
+    container = ("apptainer", args.apptainer) if args.apptainer else ("pyxis", args.container_image) \
+        if args.container_image else None
     return job_main(args.out, args.name, argv[at + 1:], args.max_requeues, args.script, args.node_interface,
-                    args.signal_seconds)
+                    args.signal_seconds, container, args.gpus)
 
 
 if __name__ == "__main__":

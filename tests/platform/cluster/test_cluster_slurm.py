@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, sets, wait_for
+from tests.helpers import ROOT, assert_user_error, sets, wait_for
 
 pytestmark = pytest.mark.scenario
 
@@ -346,20 +346,57 @@ def test_a_job_whose_nodes_cannot_hold_a_trial_ends_at_once_with_one_line(requeu
     assert time.mktime(time.strptime(state["EndTime"], "%Y-%m-%dT%H:%M:%S")) - started < 120, state
 
 
+# Stands in for Apptainer, which this machine cannot install: it takes `apptainer exec` as the job
+# renders it, refuses a missing image or a path the process uses outside what is mounted, records
+# the call and runs the process here.
+APPTAINER = r"""#!/bin/bash
+set -eu
+echo "$*" >> "$(dirname "$0")/../apptainer-calls.txt"
+[ "$1" = exec ] || { echo "apptainer: $1: only exec" >&2; exit 64; }
+shift
+binds= workdir=
+while [ "${1#--}" != "$1" ]; do
+  case "$1" in --nv) shift ;; --bind) binds=$2; shift 2 ;; --pwd) workdir=$2; shift 2 ;; *) exit 64 ;; esac
+done
+[ -f "$1" ] || { echo "apptainer: no image $1" >&2; exit 65; }
+shift
+for path in "$workdir" $(printf '%s\n' "$@" | grep -oE '(^|=)/[^ ,]+' | sed 's/^=//'); do
+  found=
+  for b in ${binds//,/ }; do case "$path/" in "$b"/*) found=1 ;; esac; done
+  [ -n "$found" ] || { echo "apptainer: $path is not mounted ($binds)" >&2; exit 66; }
+done
+cd "$workdir"
+exec "$@"
+"""
+
+
 def test_two_jobs_of_the_default_name_each_keep_their_own_runs(slurm, shared, requeued):
     """Two `train` jobs submitted at once with the default name (one output folder): each ends
     COMPLETED with its run FINISHED in its own MLflow copy, and neither copy holds the other's run.
     The first gets the walltime warning (SIGUSR1 to its batch, as ``--signal=B:USR1`` sends it)
-    just after its command exited 0, during its teardown: it still ends COMPLETED, not requeued."""
+    just after its command exited 0, during its teardown: it still ends COMPLETED, not requeued.
+    The second runs its Ray node and its command in an Apptainer image (``--apptainer``; a stand-in
+    for apptainer that checks what is mounted); pyxis's ``--container-image`` is refused in one line
+    where srun does not take it."""
     folder, model, corpus = shared
     out = folder / "default-name"
     command = ["python", "-m", "platform.train", "simcse",
                *sets(model=model, corpus=corpus, batch_size=8, max_steps=4, eval_steps=2, log_steps=2, num_workers=1,
                      cpus_per_worker=1, augment_cpus=0.25, use_gpu="false")]
+    (folder / "bin").mkdir()
+    (folder / "bin" / "apptainer").write_text(APPTAINER)
+    (folder / "bin" / "apptainer").chmod(0o755)
+    (folder / "platform.sif").write_bytes(b"")
+    boxed = login_env(slurm, folder)
+    boxed["PATH"] = f"{folder / 'bin'}:{boxed['PATH']}"
+    pyxis = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "--output", str(out), "--container-image",
+                            "nvcr.io#nvidia/pytorch:24.01-py3", "--", *command], cwd=ROOT, env=boxed, capture_output=True,
+                           text=True, timeout=120)
+    assert_user_error(pyxis, "--container-image needs pyxis")
     jobs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "--output", str(out), "--", *command],
-                              cwd=ROOT, env=login_env(slurm, folder), capture_output=True, text=True, timeout=120)
+    for extra, env in (([], login_env(slurm, folder)), (["--apptainer", str(folder / "platform.sif")], boxed)):
+        proc = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "--output", str(out), *extra, "--",
+                               *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
         jobs.append(re.search(r"^submitted job (\d+)", proc.stdout, re.M).group(1))
     (ROOT / ".cluster" / "slurm-platform.sbatch").unlink(missing_ok=True)
@@ -378,3 +415,7 @@ def test_two_jobs_of_the_default_name_each_keep_their_own_runs(slurm, shared, re
         assert run["status"] == "FINISHED", run
         others = [r for r in runs(out / f"job-{job}") if r["tags"].get("mlflow.runName", "").startswith("platform-")]
         assert others == [run], others
+    calls = (folder / "apptainer-calls.txt").read_text().splitlines()
+    assert len(calls) == 2 and "-m platform.slurm_job node" in calls[0] and "-m platform.train simcse" in calls[1] \
+        and all(c.startswith("exec --bind ") and " --nv " not in c for c in calls), calls
+    assert f"in apptainer image {folder / 'platform.sif'}" in log(out, jobs[1])

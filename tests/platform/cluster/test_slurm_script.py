@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,6 +77,8 @@ def test_gpus_are_asked_per_node_and_the_defaults_are_slurms(tmp_path):
     (["--", "bash", "-c", "rm -rf ~"], ["COMMAND must be a platform command", "bash -c"]),
     (["--", "python", "-m", "platform.cluster", "up"], ["COMMAND must be a platform command"]),
     (["--nodes", "2"], ["COMMAND must be a platform command", "got nothing"]),
+    (["--apptainer", "no-such.sif", *SWEEP], ["apptainer image no-such.sif is not a file here"]),
+    (["--apptainer", "a.sif", "--container-image", "nvcr.io#nvidia/pytorch:24.01-py3", *SWEEP], ["two launchers"]),
 ])
 def test_bad_input_is_one_line(args, needles, tmp_path):
     assert_user_error(slurm("--output", str(tmp_path), "--print", *args), *needles)
@@ -209,3 +213,41 @@ def test_resume_names_a_sweep_folder_or_refuses_one_without_a_sweep(tmp_path, ti
     (tmp_path / f"una-sweep-{time.strftime('%Y%m%d-%H%M%S')}").mkdir()
     with pytest.raises(UserError, match=r"--resume .*/empty: no sweep there"):
         resumable_sweep("sqlite:///unused.db", base, {}, folder=str(tmp_path / "empty"))
+
+
+def test_a_container_holds_every_ray_node_and_the_command_with_the_jobs_folders_mounted(tmp_path, monkeypatch):
+    """pyxis: srun's options on the nodes' step, and the command an srun step of its own on this
+    node; Apptainer: ``apptainer exec`` around both, ``--nv`` where the job has GPUs. Either way the
+    repository, the venv, the output, the data, the caches and the temp folder are mounted at their own paths."""
+    from platform.cluster_slurm import SlurmJob, render
+    from platform.slurm_job import Container
+
+    image = tmp_path / "platform.sif"
+    image.write_bytes(b"")
+    monkeypatch.chdir(ROOT)
+    job = SlurmJob("boxed", SWEEP[1:], tmp_path / "out", Path(sys.prefix), gpus_per_node="a100:2",
+                   container=("apptainer", str(image)))
+    assert f"--apptainer={image} --gpus --" in render(job)
+    env = {"PLATFORM_DATA_DIR": "/shared/lab/data", "HF_HOME": "/shared/lab/out/hf"}  # the cache within the output
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    models = Path(tempfile.mkdtemp(dir="/var/tmp"))  # a folder the command names, outside every other mount
+    (models / "bert").mkdir()
+    try:
+        boxed = Container.of(("apptainer", str(image)), True, env, Path("/shared/lab/out"),
+                             ["python", "-m", "platform.train", "simcse", "--set", f"model={models / 'bert'}",
+                              "--set", "corpus=/nowhere/corpus.txt"])  # not there: nothing to mount
+    finally:
+        shutil.rmtree(models)
+    mounted = (str(ROOT), "/shared/lab/data", "/shared/lab/out", tempfile.gettempdir(), str(models / "bert"))
+    assert set(boxed.binds) == {*mounted, *[sys.prefix] * (not sys.prefix.startswith(str(ROOT) + "/"))}, boxed.binds
+    assert boxed.wrap(["python", "-m", "platform.tune"]) == [
+        "apptainer", "exec", "--nv", "--bind", ",".join(boxed.binds), "--pwd", str(ROOT), str(image), "python", "-m",
+        "platform.tune"]
+    assert boxed.step(["python", "-m", "platform.slurm_job", "node"]) == boxed.wrap(["python", "-m", "platform.slurm_job",
+                                                                                      "node"])
+    pyxis = Container.of(("pyxis", "nvcr.io#nvidia/pytorch:24.01-py3"), True, env, Path("/shared/lab/out"), [])
+    options = ["--container-image=nvcr.io#nvidia/pytorch:24.01-py3",
+               "--container-mounts=" + ",".join(f"{b}:{b}" for b in pyxis.binds), f"--container-workdir={ROOT}"]
+    assert pyxis.step(["ray"]) == [*options, "ray"]
+    assert pyxis.wrap(["python"]) == ["srun", "--export=ALL", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n1",
+                                      *options, "python"]
