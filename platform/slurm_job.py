@@ -499,13 +499,9 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         return 4
     lineage.wait_previous()
     image = Container.of(container, gpus, env, out, command)
-    node = [sys.executable, "-m", "platform.slurm_job", "node", str(attempt), *([interface] if interface else [])]
-    # --export=ALL: a site's SBATCH_EXPORT=NONE reaches the step as SLURM_EXPORT_ENV=NONE otherwise.
-    step = subprocess.Popen(["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
-                             "--overlap", "--kill-on-bad-exit=1", *(image.step(node) if image else node)], env=env)
+    step = start_nodes(nodes, attempt, interface, env, image)
     local = Path(tempfile.gettempdir()) / f"platform-mlflow-{job_id}"
-    server = None
-    code = 1
+    server, code = None, 1
     try:
         head = ready_nodes(attempt, nodes, env, step, stop, command)
         if isinstance(head, int):
@@ -539,6 +535,15 @@ def job_main(out: Path, name: str, command: list[str], max_requeues: int = MAX_R
         lineage.end(code)
         print(f"slurm: the command exited {code}", flush=True)
     return code
+
+
+def start_nodes(nodes: int, attempt: Path, interface: str | None, env: dict[str, str],
+                image: Container | None) -> subprocess.Popen:
+    """The step of the job's Ray nodes: ``node_task`` on every node of the allocation."""
+    node = [sys.executable, "-m", "platform.slurm_job", "node", str(attempt), *([interface] if interface else [])]
+    # --export=ALL: a site's SBATCH_EXPORT=NONE reaches the step as SLURM_EXPORT_ENV=NONE otherwise.
+    return subprocess.Popen(["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+                             "--overlap", "--kill-on-bad-exit=1", *(image.step(node) if image else node)], env=env)
 
 
 def end_left_open(env: dict[str, str], record: Path, code: int) -> None:

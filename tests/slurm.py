@@ -42,6 +42,8 @@ DIFFERENCES = (
     "wait for every node; a site's nodes are slow by chance",
     "the walltime warning is sent with scancel --signal=USR1 --batch, as Slurm's --signal=B:USR1 sends it, "
     "not by waiting for the time limit",
+    "no container runtime: Apptainer and pyxis cannot be installed here, so apptainer is a stand-in that checks "
+    "the call and its mounts and runs the process on the host, and pyxis is shown only refused",
 )
 
 
