@@ -159,7 +159,7 @@ def check(job: SlurmJob, offer=None) -> SlurmJob:
             raise ConfigError(f"the {kind} image {image} is not a file here (the nodes read it from the shared "
                               "filesystem): give its path, or a registry URI")
         if local:
-            job.container = (kind, str(Path(image).expanduser().absolute()))  # the job runs from the repository
+            job.container = (kind, os.path.abspath(os.path.expanduser(image)))  # the job runs from the repository
     cfg, needs = run_needs(job.command)
     if needs is not None:
         cpus, mem_mb, why = size(needs, job.nodes, job.gpus, job.cpus_per_task, offer)
