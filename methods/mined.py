@@ -11,9 +11,9 @@ cosine similarity, without any whose similarity exceeds the positive's times ``1
 positive's score; sentence-transformers' ``relative_margin``), and of those the ones from rank
 ``mine_range_min`` on. The positive is the sentence itself (SimCSE's dropout positive), whose
 similarity is 1, so the filter drops the corpus's near-copies of a sentence, the likeliest false
-negatives. The first
-``mine_negatives`` kept candidates stay; each epoch draws one of them per sentence from the run's
-seed (``Draws``), and it is encoded in the anchors' pass as UNA's and SAN's negatives are.
+negatives. The first ``mine_negatives`` kept candidates stay; each epoch draws one of them per
+sentence from the run's seed (``Draws``), and it is encoded in the anchors' pass as UNA's and SAN's
+negatives are.
 """
 
 from __future__ import annotations

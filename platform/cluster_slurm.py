@@ -67,6 +67,15 @@ MIN_DRIVER = {11: 450, 12: 525, 13: 580}
 VERBS = ("status", "logs", "tunnel", "cancel")  # python -m platform.cluster slurm VERB JOBID
 MAX_REQUEUES = 3  # requeues of one job (walltime, preemption) before it ends as it is
 GPUS = re.compile(r"(?:[A-Za-z0-9_.-]+:)?\d+")  # Slurm's --gpus-per-node: N or TYPE:N
+LAUNCHERS = {"pyxis": "container-image", "apptainer": "apptainer"}  # a container's kind: its option, here and in the job
+
+
+def launcher(options) -> tuple[str, str] | None:
+    """The container named by parsed options (``container_image``, ``apptainer``): (kind, image), or None."""
+    named = [(kind, image) for kind, option in LAUNCHERS.items() if (image := getattr(options, option.replace("-", "_")))]
+    if len(named) > 1:
+        raise ConfigError("--container-image (pyxis) and --apptainer name two launchers: give one")
+    return named[0] if named else None
 
 
 @dataclass
@@ -154,7 +163,7 @@ def check(job: SlurmJob, offer=None) -> SlurmJob:
                           "-r requirements/cuda.txt; docs/cluster.md, 'On a Slurm cluster')")
     if job.container is not None:
         kind, image = job.container
-        local = kind == "apptainer" and "://" not in image or image.startswith(("/", "./", "../", "~"))
+        local = (kind == "apptainer" and "://" not in image) or image.startswith(("/", "./", "../", "~"))
         if local and not Path(image).expanduser().is_file():
             raise ConfigError(f"the {kind} image {image} is not a file here (the nodes read it from the shared "
                               "filesystem): give its path, or a registry URI")
@@ -248,7 +257,7 @@ def render(job: SlurmJob) -> str:
     options += [f"--node-interface={job.node_interface}"] * bool(job.node_interface)
     if job.container is not None:
         kind, image = job.container
-        options += [f"--{'apptainer' if kind == 'apptainer' else 'container-image'}={image}", *["--gpus"] * bool(job.gpus)]
+        options += [f"--{LAUNCHERS[kind]}={image}", *["--gpus"] * bool(job.gpus)]
     lines.append(f"exec {shlex.quote(str(job.venv / 'bin' / 'python'))} -m platform.slurm_job --out "
                  f"{shlex.quote(str(job.out))} --name {job.name} {shlex.join(options)} -- " + shlex.join(job.command))
     return "\n".join(lines) + "\n"
@@ -333,8 +342,6 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
     p.add_argument("--print", action="store_true", help="render the script and print it; submit nothing")
     p.add_argument("--env-file", type=Path, default=None, help="the settings' file (default cluster.env)")
     args = p.parse_args(argv)
-    if args.container_image and args.apptainer:
-        raise ConfigError("--container-image (pyxis) and --apptainer name two launchers: give one")
     env = {key: value for key in ("PLATFORM_DATA_DIR", "MLFLOW_TRACKING_URI", "HF_HOME", "HF_HUB_OFFLINE")
            if (value := os.environ.get(key) or values.get(key))}
     for key in ("PLATFORM_DATA_DIR", "HF_HOME"):  # the job runs elsewhere: folders named as the shared filesystem has them
@@ -344,8 +351,7 @@ def parse(argv: list[str], values: dict[str, str]) -> SlurmJob:
     return SlurmJob(args.name, command, out, Path(sys.prefix), args.nodes, args.gpus_per_node, args.cpus_per_task,
                     args.mem, args.time, args.partition, args.account, args.qos, args.signal_seconds, env, args.gres,
                     args.constraint, args.exclusive, args.sbatch_args, args.setup, args.max_requeues, args.node_interface,
-                    ("apptainer", args.apptainer) if args.apptainer else ("pyxis", args.container_image)
-                    if args.container_image else None)
+                    launcher(args))
 
 
 def main(argv: list[str], env_file: Path) -> int:

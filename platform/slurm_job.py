@@ -26,7 +26,8 @@ from pathlib import Path
 
 from platform import settings, storage
 from platform.cluster_files import write_mlflow_auth, write_private
-from platform.cluster_slurm import JOIN_TIMEOUT_S, MAX_REQUEUES, SIGNAL_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS, driver_refusal
+from platform.cluster_slurm import (JOIN_TIMEOUT_S, LAUNCHERS, MAX_REQUEUES, SIGNAL_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS,
+                                    driver_refusal, launcher)
 from platform.config import build_config
 from platform.errors import UserError, cli_main, one_line
 from platform.mlflow_backup import copy_database
@@ -729,15 +730,13 @@ def main(argv=None) -> int:
     p.add_argument("--script", type=Path, default=None)
     p.add_argument("--node-interface", default=None)
     p.add_argument("--signal-seconds", type=int, default=SIGNAL_S)
-    p.add_argument("--container-image", default=None)
-    p.add_argument("--apptainer", default=None)
+    for option in LAUNCHERS.values():
+        p.add_argument(f"--{option}", default=None)
     p.add_argument("--gpus", action="store_true")
     at = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:at])
-    container = ("apptainer", args.apptainer) if args.apptainer else ("pyxis", args.container_image) \
-        if args.container_image else None
     return job_main(args.out, args.name, argv[at + 1:], args.max_requeues, args.script, args.node_interface,
-                    args.signal_seconds, container, args.gpus)
+                    args.signal_seconds, launcher(args), args.gpus)
 
 
 if __name__ == "__main__":

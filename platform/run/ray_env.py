@@ -250,7 +250,7 @@ def await_loss(seconds: float = LOST_AFTER_S + 5.0, gcs_address: str | None = No
     trial process still dying may open or write its run after the command closed the open ones, and
     the watch ends the runs left RUNNING once the cluster is silent. Returns at once when the
     cluster answers (a stop that leaves it up) or this process is in none (``gcs_address``: that
-    cluster's, default this process's). Whether the cluster answered."""
+    cluster's, default this process's). False when it waited out ``seconds``."""
     import ray
 
     if gcs_address is None:

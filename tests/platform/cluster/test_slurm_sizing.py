@@ -194,14 +194,14 @@ def test_the_runs_a_driver_that_died_with_ray_left_open_are_ended_killed_by_the_
     parent = Run.create(mlflow_uri, "una", "una-sweep-x", {"sweep": "true"})
     running = Run.create(mlflow_uri, "una", "trial-a", {"trial_id": "a"}, parent=parent, in_trial=True)
     done = Run.create(mlflow_uri, "una", "trial-b", {"trial_id": "b"}, parent=parent, in_trial=True)
-    done.end("interrupted")
+    done.end("completed", needs_checkpoint=False)
     folder = tmp_path / "una-sweep-x"
     folder.mkdir()
     (folder / SWEEP_STATE).write_text(json.dumps({"parent_run_id": parent.id}))
     record = tmp_path / "sweep"
     record.write_text(str(folder))
     end_left_open({"MLFLOW_TRACKING_URI": mlflow_uri}, record, 1)
-    assert [r.info().info.status for r in (parent, running)] == ["KILLED", "KILLED"]
+    assert [r.info().info.status for r in (parent, running, done)] == ["KILLED", "KILLED", "FINISHED"]
     assert "its runs left open ended KILLED: trial-a, una-sweep-x" in capsys.readouterr().out
     end_left_open({"MLFLOW_TRACKING_URI": mlflow_uri}, tmp_path / "no-record", 1)  # no sweep: nothing to end
 
