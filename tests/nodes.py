@@ -80,16 +80,30 @@ def available() -> str | None:
     """None when nodes can be made here, else why not."""
     if os.geteuid() != 0:
         return "fresh-OS nodes need root (namespaces, mounts, chroot, a bridge)"
-    missing = [pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None]
-    if missing:
-        proc = subprocess.run(["bash", "-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                               + " ".join(sorted(set(missing)))], capture_output=True, text=True)
-        if proc.returncode != 0:
-            return f"could not install {' '.join(missing)}: {proc.stderr.strip()[-300:]}"
+    why = install_missing(HOST_TOOLS)
+    if why:
+        return why
     probe = subprocess.run(["unshare", "--mount", "--pid", "--net", "--fork", "--", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"namespaces are not permitted here ({probe.stderr.strip() or probe.returncode})"
     return None
+
+
+def install_missing(tools: dict[str, str]) -> str | None:
+    """Debian's packages for the ``{tool: package}`` not on ``PATH``; None when all are there, else
+    why not. The suite's processes install at once on a fresh machine (the boot rehearsal's tools
+    beside Slurm's): one at a time under a file lock, and apt's own lock waited on, not refused."""
+    import fcntl
+
+    with open("/tmp/platform-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+        if not missing:
+            return None
+        wait = "-o DPkg::Lock::Timeout=300"
+        proc = subprocess.run(["bash", "-c", f"apt-get {wait} update -qq && DEBIAN_FRONTEND=noninteractive apt-get "
+                               f"{wait} install -y -qq {' '.join(missing)}"], capture_output=True, text=True)
+    return f"could not install {' '.join(missing)}: {proc.stderr.strip()[-300:]}" if proc.returncode != 0 else None
 
 
 def _run(*cmd: str, **kw) -> subprocess.CompletedProcess:

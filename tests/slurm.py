@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.nodes import Network
+from tests.nodes import Network, install_missing
 
 PACKAGES = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "munged": "munge"}
 DIFFERENCES = (
@@ -51,13 +51,7 @@ def available() -> str | None:
     """None when a Slurm can be started here, else why not."""
     if os.geteuid() != 0:
         return "a Slurm with node namespaces needs root"
-    missing = sorted({pkg for tool, pkg in PACKAGES.items() if shutil.which(tool) is None})
-    if missing:
-        proc = subprocess.run(["bash", "-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y "
-                               f"-qq {' '.join(missing)}"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            return f"could not install {' '.join(missing)}: {proc.stderr.strip()[-300:]}"
-    return None
+    return install_missing(PACKAGES)
 
 
 class Slurm:
