@@ -92,7 +92,8 @@ def available() -> str | None:
 def install_missing(tools: dict[str, str]) -> str | None:
     """Debian's packages for the ``{tool: package}`` not on ``PATH``; None when all are there, else
     why not. The suite's processes install at once on a fresh machine (the boot rehearsal's tools
-    beside Slurm's): one at a time under a file lock, and apt's own lock waited on, not refused."""
+    beside Slurm's): one at a time under a file lock. Another apt-get's hold on dpkg's lock is
+    waited out (``DPkg::Lock::Timeout``, which ``apt-get update``'s lists lock does not honour)."""
     import fcntl
 
     with open("/tmp/platform-tests-apt.lock", "w") as lock:
