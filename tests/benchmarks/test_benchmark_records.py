@@ -35,11 +35,9 @@ def _write(folder, records: list[dict]) -> None:
 
 
 def _page(folder) -> None:
-    """The folder's page, as ``report --results FOLDER`` writes it (the command's own function; one
-    interpreter start less per test)."""
-    from benchmarks import harness
-
-    (folder / "RESULTS.md").write_text(harness.report(folder), encoding="utf-8")
+    """The folder's page, written by ``report --results FOLDER``."""
+    subprocess.run([sys.executable, "-m", "benchmarks", "report", "--results", str(folder)], cwd=ROOT,
+                   capture_output=True, text=True, timeout=300, check=True)
 
 
 def _check(folder, *extra: dict) -> list[str]:
