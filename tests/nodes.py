@@ -15,6 +15,7 @@ Needs root (namespaces, mounts, chroot, bridges): ``available()`` says why not w
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import ipaddress
@@ -94,8 +95,6 @@ def install_missing(tools: dict[str, str]) -> str | None:
     why not. The suite's processes install at once on a fresh machine (the boot rehearsal's tools
     beside Slurm's): one at a time under a file lock. Another apt-get's hold on dpkg's lock is
     waited out (``DPkg::Lock::Timeout``, which ``apt-get update``'s lists lock does not honour)."""
-    import fcntl
-
     with open("/tmp/platform-tests-apt.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
