@@ -408,18 +408,23 @@ def test_ci_runs_the_suite_then_the_scenarios_and_every_failure_counts(tmp_path)
     assert proc.returncode == 3 and log.read_text().split("\n") == ["suite", "scenarios 1", ""], proc.stderr
 
 
-_MARKS_OF_THE_SCENARIOS = """
+_MARKS_OF_THE_TIERS = """
 import json, sys
 import pytest
 
 class Marks:
+    def __init__(self, path):
+        self.path = path
+
     def pytest_collection_finish(self, session):
-        with open(sys.argv[1], "w") as out:
+        with open(self.path, "w") as out:
             json.dump({i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}, out)
 
-code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-W", "error::pytest.PytestUnknownMarkWarning",
-                    *sys.argv[2:]], plugins=[Marks()])
-sys.exit(int(code))
+for tier in json.loads(sys.argv[1]):  # one process: the imports that collection pays for, paid once
+    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-W", "error::pytest.PytestUnknownMarkWarning",
+                        *tier["args"]], plugins=[Marks(tier["out"])])
+    if code:
+        sys.exit(int(code))
 """
 
 
@@ -428,13 +433,12 @@ def test_a_bare_pytest_runs_the_fast_tier_and_the_two_commands_run_the_rest(tmp_
     (pyproject's addopts); the README's test command (``-m "not scenario"``) adds the ``e2e`` ones and
     its scenario command (``-m scenario``) runs the rest, every test once. Collected by pytest
     itself, so that a mark spelt wrong fails here."""
-    tiers = {}
-    for name, marks in (("bare", []), ("suite", ["-m", "not scenario"]), ("scenarios", ["-m", "scenario"])):
-        found = tmp_path / f"{name}.json"
-        proc = subprocess.run([sys.executable, "-c", _MARKS_OF_THE_SCENARIOS, str(found), *marks], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120, env=_outside_this_pytest())
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        tiers[name] = json.loads(found.read_text())
+    marks = {"bare": [], "suite": ["-m", "not scenario"], "scenarios": ["-m", "scenario"]}
+    asked = [{"args": args, "out": str(tmp_path / f"{name}.json")} for name, args in marks.items()]
+    proc = subprocess.run([sys.executable, "-c", _MARKS_OF_THE_TIERS, json.dumps(asked)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180, env=_outside_this_pytest())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    tiers = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in marks}
     assert len(tiers["bare"]) >= 400 and not [t for t, m in tiers["bare"].items() if {"e2e", "scenario"} & set(m)]
     assert len(tiers["scenarios"]) >= 20 and all("scenario" in m for m in tiers["scenarios"].values())
     assert not [t for t, m in tiers["suite"].items() if "scenario" in m]

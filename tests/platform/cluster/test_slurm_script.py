@@ -187,7 +187,7 @@ def test_the_command_waits_until_every_node_of_the_allocation_has_joined(monkeyp
         waiting = threading.Thread(target=lambda: found.update(
             ok=slurm_job.joined(cluster.address, 2, env, step, slurm_job.Stop())))
         waiting.start()
-        waiting.join(timeout=15)
+        waiting.join(timeout=8)
         assert waiting.is_alive()  # one node of two: still waiting
         cluster.add_node(num_cpus=1)
         waiting.join(timeout=120)
