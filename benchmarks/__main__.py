@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "list":
         for name in harness.CASES:
-            print(f"{name:20} {harness.load(name).measures}")
+            print(f"{name:20} {harness.about(name).measures}")
         return 0
     results = harness.RESULTS
     if "--results" in rest:

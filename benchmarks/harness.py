@@ -104,6 +104,38 @@ def load(name: str) -> Case:
     return importlib.import_module(f"benchmarks.cases.{name.replace('-', '_')}").CASE
 
 
+@dataclasses.dataclass(frozen=True)
+class About:
+    """What ``list`` and ``report`` print of a case."""
+
+    measures: str
+    meaning: str = ""
+    gpu: bool = False
+
+
+def about(name: str) -> About:
+    """A case's description, read from its module's ``CASE = Case(...)`` without importing it: the
+    module imports what it measures with (torch, transformers, Ray: 5 s a start), and listing the
+    cases or writing the page needs none of it. A case whose description is not literal text is
+    imported."""
+    import ast
+
+    if name not in CASES:
+        raise SystemExit(f"no case {name!r}; `python -m benchmarks list` lists them")
+    source = ROOT / "benchmarks" / "cases" / f"{name.replace('-', '_')}.py"
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["CASE"]:
+            call = node.value
+            given = {**dict(zip(["name", "measures"], getattr(call, "args", []))),
+                     **{k.arg: k.value for k in getattr(call, "keywords", [])}}
+            try:
+                return About(**{k: ast.literal_eval(v) for k, v in given.items() if k in ("measures", "meaning", "gpu")})
+            except (ValueError, TypeError, SyntaxError):
+                break
+    case = load(name)
+    return About(case.measures, case.meaning, case.gpu)
+
+
 def environment() -> dict[str, Any]:
     """Where a record was measured: commit, machine, Python, torch, CUDA and driver, packages."""
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
@@ -302,7 +334,7 @@ def defects(results: Path = RESULTS) -> list[str]:
             words = shlex.split(r.get("command", ""))
             if words[:5] != ["python", "-m", "benchmarks", "run", name]:
                 problems.append(f"{name}: a record ({r['date'][:10]}) whose command is not this case's: {r.get('command')!r}")
-            elif r.get("imported") and not (load(name).gpu and on_gpu(r)):
+            elif r.get("imported") and not (about(name).gpu and on_gpu(r)):
                 problems.append(f"{name}: an imported record ({r['date'][:10]}) that is not a GPU case's GPU "
                                 "measurement: re-run it with the harness")
     problems += [f"{name}: no full-size record (`python -m benchmarks run {name}`)" for name in CASES
@@ -321,15 +353,15 @@ def report(results: Path = RESULTS) -> str:
     names = CASES + sorted(set(everything) - set(CASES))
     for name in names:
         full = [r for r in everything.get(name, []) if not r.get("smoke")]
-        measures = load(name).measures if name in CASES else "a dropped case: its records are kept"
-        out += [f"## {name}", "", measures, ""]
-        if name in CASES and load(name).meaning:
-            out += [load(name).meaning, ""]
+        case = about(name) if name in CASES else About("a dropped case: its records are kept")
+        out += [f"## {name}", "", case.measures, ""]
+        if case.meaning:
+            out += [case.meaning, ""]
         if not full:
             out += ["No full-size record yet.", ""]
             continue
         latest = full[-1]
-        if name in CASES and load(name).gpu and not on_gpu(latest):
+        if case.gpu and not on_gpu(latest):
             out += [f"A GPU case with no GPU record yet; on a GPU machine: `python -m benchmarks run {name}`.", ""]
         out += _render(latest)
         if len(full) > 1:

@@ -57,6 +57,24 @@ def test_a_record_of_every_case_and_nothing_else_passes(tmp_path):
     assert len(_cases()) >= 15 and _check(tmp_path) == []
 
 
+def test_listing_and_the_page_import_nothing_a_case_measures_with(tmp_path):
+    """``list`` and ``report`` read each case's description from its source (a start, not 5 s of
+    torch, transformers and Ray); what they read is what the imported case says."""
+    for command in (["list"], ["report", "--results", str(tmp_path)]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "benchmarks", *command], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()}
+        assert not imported & {"torch", "transformers", "ray", "mlflow", "methods", "platform"}, command
+    compare = ("from benchmarks import harness\n"
+               "for name in harness.CASES:\n"
+               "    case = harness.load(name)\n"
+               "    assert harness.about(name) == harness.About(case.measures, case.meaning, case.gpu), name\n"
+               "print(len(harness.CASES))")
+    proc = subprocess.run([sys.executable, "-c", compare], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and int(proc.stdout) == len(_cases()), proc.stderr[-2000:]
+
+
 def test_a_stale_page_is_refused(tmp_path):
     _write(tmp_path, [_record(case) for case in _cases()])
     _page(tmp_path)
