@@ -21,11 +21,10 @@ def test_a_trial_stopped_mid_backward_prints_no_abort(tiny_model, small_corpus, 
     space = tmp_path / "space.yaml"
     space.write_text(ASHA_GRID_SPACE)
     # 16 steps, STS-B dev every 2: ASHA stops the second trial at its second evaluation (it falls
-    # far below the first), while its worker trains on through 0.4 s backward passes. No final
-    # evaluation: the stop is what this test is about (16 s of the 7 STS tasks, export and registry).
+    # far below the first), while its worker trains on through 0.4 s backward passes.
     args = sets(model=tiny_model, corpus=small_corpus, batch_size=16, max_steps=16, eval_steps=2, log_steps=1,
                 seed=42, num_workers=2, cpus_per_worker=0.5, data_pipeline="local", output_dir=tmp_path / "runs", aux="barrier",
-                barrier_dir=tmp_path, barrier_backward_s=0.4, final_eval="false")
+                barrier_dir=tmp_path, barrier_backward_s=0.4)
     proc = run_cli("tune", "simcse", "--space", str(space), *args, env={"MLFLOW_TRACKING_URI": mlflow_uri}, cwd=repo)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, runs = runs_of(mlflow_uri, "simcse")
