@@ -24,7 +24,12 @@ pytestmark = pytest.mark.scenario
 REPEATS, DELAY_S = int(os.environ.get("SLOW_TRACKING_REPEATS", 20)), 2.0
 # Each trial's STS-B dev at its four evaluations (steps 2, 4, 6, 8), and the pause before each.
 GOOD, BAD = (50.0, 60.0, 70.0, 80.0), (10.0, 12.0, 14.0, 16.0)
-PAUSES = {GOOD: 0.7, BAD: 1.0}  # the good trial reaches ASHA's rung first, the bad one is stopped there
+PAUSES = {GOOD: 0.7, BAD: 1.0}
+# ASHA keeps whatever reaches a rung first. Its first rung is a trial's second result (grace period
+# 2, in Tune's training iterations): the bad trial reports its second evaluation only once the
+# driver has taken the good one's (a bad trial that started early, beside other tests, once reached
+# the rung first and was not stopped).
+RUNG, RUNG_TAKEN = 2, "good-at-the-first-rung"
 BOUND_S = 150.0  # one sweep: the trials' runs opened and ended through the slow server, ~30 requests
 
 
@@ -44,6 +49,10 @@ def reporting_trial():
         best = float("-inf")
         for i, dev in enumerate(devs, 1):
             time.sleep(PAUSES[devs])
+            waited = time.monotonic()
+            while devs == BAD and i == RUNG and not (Path(sweep.folder) / RUNG_TAKEN).exists():
+                assert time.monotonic() - waited < BOUND_S, "the good trial never reached ASHA's first rung"
+                time.sleep(0.05)
             step, now, best = 2 * i, int(time.time() * 1000), max(best, dev)
             folder = Path(sweep.folder) / "trials" / trial_id / f"checkpoint_{step:06d}"
             folder.mkdir(parents=True)
@@ -54,6 +63,21 @@ def reporting_trial():
                              PROGRESS_LINE: f"[trial {trial_id}] step {step}/8"})
 
     return trial
+
+
+def rung_taken(folder):
+    """A driver callback (after the scheduler's decision): marks that ASHA holds the good trial's first score."""
+    from ray import tune
+
+    from platform.tracking.names import DEV_METRIC
+
+    class Taken(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if result.get(DEV_METRIC) == GOOD[RUNG - 1]:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / RUNG_TAKEN).touch()
+
+    return Taken()
 
 
 def one_sweep(uri: str, direct: str, base, folder) -> tuple[float, list]:
@@ -73,7 +97,7 @@ def one_sweep(uri: str, direct: str, base, folder) -> tuple[float, list]:
         param_space={"lr": tune.grid_search([1e-3, 2e-3])},  # a searched key; the trial's scores are GOOD or BAD
         tune_config=tune.TuneConfig(metric=DEV_METRIC, mode="max", max_concurrent_trials=2,
                                     scheduler=ASHAScheduler(max_t=5, grace_period=2, reduction_factor=2)),
-        run_config=tune.RunConfig(name="tune", storage_path=str(folder), callbacks=[TrialRuns(sweep).callback()],
+        run_config=tune.RunConfig(name="tune", storage_path=str(folder), callbacks=[TrialRuns(sweep).callback(), rung_taken(folder)],
                                   verbose=0))
     results = tuner.fit()
     return time.monotonic() - started, [r.metrics_dataframe for r in results]
