@@ -98,10 +98,15 @@ class Bench:
         self.figure(name, time.perf_counter() - start)
 
 
-def load(name: str) -> Case:
+def _module(name: str) -> str:
+    """The module of the case ``name`` under ``benchmarks/cases/``."""
     if name not in CASES:
         raise SystemExit(f"no case {name!r}; `python -m benchmarks list` lists them")
-    return importlib.import_module(f"benchmarks.cases.{name.replace('-', '_')}").CASE
+    return name.replace("-", "_")
+
+
+def load(name: str) -> Case:
+    return importlib.import_module(f"benchmarks.cases.{_module(name)}").CASE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +125,7 @@ def about(name: str) -> About:
     imported."""
     import ast
 
-    if name not in CASES:
-        raise SystemExit(f"no case {name!r}; `python -m benchmarks list` lists them")
-    source = ROOT / "benchmarks" / "cases" / f"{name.replace('-', '_')}.py"
+    source = ROOT / "benchmarks" / "cases" / f"{_module(name)}.py"
     for node in ast.parse(source.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["CASE"]:
             call = node.value

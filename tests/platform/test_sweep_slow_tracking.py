@@ -66,7 +66,7 @@ def reporting_trial():
 
 
 def rung_taken(folder):
-    """A driver callback (after the scheduler's decision): marks that ASHA holds the good trial's first score."""
+    """A driver callback (after the scheduler's decision): marks that ASHA holds the good trial's score at its first rung."""
     from ray import tune
 
     from platform.tracking.names import DEV_METRIC
