@@ -31,7 +31,7 @@ from platform.cluster_slurm import (JOIN_TIMEOUT_S, LAUNCHERS, MAX_REQUEUES, SIG
 from platform.config import build_config
 from platform.errors import UserError, cli_main, one_line
 from platform.mlflow_backup import copy_database
-from platform.run.ray_env import answers, free_port
+from platform.run.ray_env import answers, free_port, raylet_env
 from platform.slurm_sizing import command_arguments, fits, platform_command, run_needs
 from platform.slurm_status import ask
 from platform.sweep_runs import SWEEP_STATE
@@ -171,7 +171,7 @@ def node_task(attempt: Path, interface: str | None = None) -> int:
             return 3
         args.append(f"--address={head['address']}")
     log = open(attempt / f"ray-node-{rank}.log", "ab")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **raylet_env()})
 
     def on_signal(signum, frame) -> None:
         if signum == signal.SIGTERM and not (attempt / "stop").exists():

@@ -153,6 +153,17 @@ def init_ray(num_cpus: int | None = None) -> None:
 # test suite) it can miss that once. A local start that timed out is ended and made again.
 LOCAL_START_TRIES = 2
 
+# A raylet starts one worker per CPU when its node's first driver connects, whether or not a task
+# ever takes them, and ends those left idle once the job's own workers run; Ray 2.60's worker now
+# and then aborts in that exit (an abseil "Mutex corrupt" check, SIGABRT), and log_to_driver puts
+# its "Fatal Python error" on the command's console. The job's tasks and actors start their own.
+RAYLET_CONFIG = {"prestart_worker_first_driver": False}
+
+
+def raylet_env() -> dict[str, str]:
+    """:data:`RAYLET_CONFIG` as the environment a ``ray start`` reads it from."""
+    return {f"RAY_{name}": str(int(value)) for name, value in RAYLET_CONFIG.items()}
+
 
 def _start(ray, address: str | None, num_cpus: int | None, job_env: dict | None):
     """One ``ray.init``: ``(the workers' env, the local GCS port or None, Ray's context, None)``, or
@@ -179,6 +190,7 @@ def _start(ray, address: str | None, num_cpus: int | None, job_env: dict | None)
                 log_to_driver=True,
                 logging_level=logging.WARNING,  # its start-up and packaging notes: one line of ours below
                 runtime_env=runtime_env,
+                _system_config=None if address else RAYLET_CONFIG,
             )
     except Exception as exc:
         return env, port, None, exc

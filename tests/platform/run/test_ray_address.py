@@ -77,3 +77,49 @@ def test_a_local_start_whose_raylet_misses_rays_30_seconds_is_made_again(tmp_pat
     assert timed_out and int(timed_out.group(1)) >= 2, proc.stdout  # its GCS and raylet at least
     assert "first raylet alive: False" in proc.stdout and "CPUs: 1.0" in proc.stdout, proc.stdout
     assert "Ray: a local instance (RAY_ADDRESS=local), 1 CPUs" in proc.stdout.split("starting again", 1)[1], proc.stdout
+
+
+# A driver that counts its node's worker processes for a few seconds after it connects, no task
+# submitted (a worker no task took is titled ``ray::IDLE``): the most it saw. ``MODE`` picks how Ray starts: as the commands start it (init_ray),
+# Ray's default with the environment a ``ray start`` gets from the Slurm job, or Ray's default.
+IDLE_WORKERS = """
+import os, sys, time, psutil, ray
+from platform.run import ray_env
+mode = sys.argv[1]
+if mode == "init_ray":
+    ray_env.init_ray(num_cpus=2)
+else:
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+seen, end = 0, time.monotonic() + 6
+while time.monotonic() < end:
+    seen = max(seen, sum(p.name() == "ray::IDLE" for p in psutil.Process().children(recursive=True)))
+    time.sleep(0.2)
+print("workers:", seen)
+ray.shutdown()
+"""
+
+
+def test_a_new_driver_leaves_no_idle_workers_for_ray_to_end():
+    """Ray's raylet starts a worker per CPU for its node's first driver, and ends those no task took
+    once the job's own run; Ray 2.60's worker now and then aborts in that exit (SIGABRT, a "Fatal
+    Python error" on the sweep's console, seen in a clean-clone CI run). The commands' local start
+    and the Slurm job's ``ray start`` (``raylet_env``) ask for none; Ray's default, the control,
+    starts them."""
+    import subprocess
+    import sys
+
+    from platform.run.ray_env import raylet_env
+    from tests.helpers import ROOT
+
+    base = {**os.environ, "RAY_ADDRESS": "local"}
+    starts = {"init_ray": base, "ray start's environment": {**base, **raylet_env()}, "Ray's default": base}
+    procs = {name: subprocess.Popen([sys.executable, "-c", IDLE_WORKERS, "init_ray" if name == "init_ray" else "ray"],
+                                    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, env in starts.items()}
+    seen = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, (name, err[-3000:])
+        seen[name] = int(re.search(r"workers: (\d+)", out).group(1))
+    assert seen["init_ray"] == 0 and seen["ray start's environment"] == 0, seen
+    assert seen["Ray's default"] >= 1, seen
