@@ -25,7 +25,7 @@ from platform.config import TrainConfig, add_run_arguments, build_config, parse_
 from platform.console import command_parser
 from platform.errors import ConfigError, UserError, cli_main
 from platform.run import ray_env, unit
-from platform.run.loop import total_steps
+from platform.run.loop import quiet_when_killed, total_steps
 from platform.space import MAX_SAMPLES, SearchSpace, load_space
 from platform.sweep_runs import (Sweep, TrialRuns, new_sweep, open_trial_run, resumable_sweep, sweep_closing,
                                  sweep_identity)
@@ -51,6 +51,7 @@ def trial(config: dict[str, Any], sweep: Sweep) -> None:
     # One line per evaluation: no Ray Data progress bars from inside trials (this context
     # travels with the datasets the trial makes).
     ray.data.DataContext.get_current().enable_progress_bars = False
+    quiet_when_killed()
     cfg = sweep.base.with_values(config, source="search space")
     run, found = open_trial_run(sweep, ray.tune.get_context().get_trial_id(), cfg)
     if run is None:  # it finished just before the sweep stopped: reported again, not trained twice

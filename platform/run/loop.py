@@ -588,6 +588,7 @@ class RayTrainRuntime(Runtime):
         # A worker Ray ends mid-fit (a trial the scheduler stopped) exits at once: the interpreter's
         # finalization would abort a training thread that is inside a backward pass, loudly.
         atexit.register(os._exit, 0)
+        quiet_when_killed()
 
     def wrap(self, model):
         import ray.train.torch
@@ -706,6 +707,24 @@ class RayTrainRuntime(Runtime):
         super().close()
         self._committer.shutdown(wait=True)
         atexit.unregister(os._exit)
+
+
+def quiet_when_killed() -> None:
+    """In a Ray actor's process (a trial, a Train worker): its kill (ASHA's stop) prints nothing.
+    Ray's SIGTERM handler raises SystemExit wherever the main thread is; inside a finalizer (a
+    weakref callback, a ``__del__``) Python cannot raise it and prints "Exception ignored in ...
+    Traceback" instead, which Ray forwards to the sweep's console. Ray ends the process anyway
+    (its raylet follows the SIGTERM with a SIGKILL); other unraisable exceptions print as before."""
+    hook = sys.unraisablehook
+    if getattr(hook, "quiet_when_killed", False):
+        return
+
+    def quiet(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, SystemExit):
+            hook(unraisable)
+
+    quiet.quiet_when_killed = True
+    sys.unraisablehook = quiet
 
 
 def make_runtime(ctx: WorkerContext, cfg: TrainConfig) -> Runtime:
