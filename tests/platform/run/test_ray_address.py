@@ -79,11 +79,11 @@ def test_a_local_start_whose_raylet_misses_rays_30_seconds_is_made_again(tmp_pat
     assert "Ray: a local instance (RAY_ADDRESS=local), 1 CPUs" in proc.stdout.split("starting again", 1)[1], proc.stdout
 
 
-# A driver that counts its node's worker processes for a few seconds after it connects, no task
-# submitted (a worker no task took is titled ``ray::IDLE``): the most it saw. ``MODE`` picks how Ray starts: as the commands start it (init_ray),
-# Ray's default with the environment a ``ray start`` gets from the Slurm job, or Ray's default.
+# A driver that counts its node's idle workers (titled ``ray::IDLE``) for a few seconds after it
+# connects, no task submitted: the most it saw. Its argument picks how Ray starts: ``init_ray`` as
+# the commands start it, else Ray's default (with the caller's environment).
 IDLE_WORKERS = """
-import os, sys, time, psutil, ray
+import sys, time, psutil, ray
 from platform.run import ray_env
 mode = sys.argv[1]
 if mode == "init_ray":
@@ -101,8 +101,8 @@ ray.shutdown()
 
 def test_a_new_driver_leaves_no_idle_workers_for_ray_to_end():
     """Ray's raylet starts a worker per CPU for its node's first driver, and ends those no task took
-    once the job's own run; Ray 2.60's worker now and then aborts in that exit (SIGABRT, a "Fatal
-    Python error" on the sweep's console, seen in a clean-clone CI run). The commands' local start
+    once the job's own workers run; Ray 2.60's worker now and then aborts in that exit (SIGABRT, a
+    "Fatal Python error" on the sweep's console). The commands' local start
     and the Slurm job's ``ray start`` (``raylet_env``) ask for none; Ray's default, the control,
     starts them."""
     import subprocess
