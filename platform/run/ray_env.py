@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 from platform import settings
@@ -157,7 +158,9 @@ LOCAL_START_TRIES = 2
 # ever takes them, and ends those left idle once the job's own workers run; Ray 2.60's worker now
 # and then aborts in that exit (an abseil "Mutex corrupt" check, SIGABRT), and log_to_driver puts
 # its "Fatal Python error" on the command's console. The job's tasks and actors start their own.
-RAYLET_CONFIG = {"prestart_worker_first_driver": False}
+# Read-only: ray.init writes its session's spilling folder into the dict it is given, which a later
+# start in the same process (a retried one) would then inherit; each start gets a copy.
+RAYLET_CONFIG = types.MappingProxyType({"prestart_worker_first_driver": False})
 
 
 def raylet_env() -> dict[str, str]:
@@ -190,7 +193,7 @@ def _start(ray, address: str | None, num_cpus: int | None, job_env: dict | None)
                 log_to_driver=True,
                 logging_level=logging.WARNING,  # its start-up and packaging notes: one line of ours below
                 runtime_env=runtime_env,
-                _system_config=None if address else RAYLET_CONFIG,
+                _system_config=None if address else dict(RAYLET_CONFIG),
             )
     except Exception as exc:
         return env, port, None, exc

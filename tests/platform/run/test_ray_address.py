@@ -123,3 +123,37 @@ def test_a_new_driver_leaves_no_idle_workers_for_ray_to_end():
         seen[name] = int(re.search(r"workers: (\d+)", out).group(1))
     assert seen["init_ray"] == 0 and seen["ray start's environment"] == 0, seen
     assert seen["Ray's default"] >= 1, seen
+
+
+# Two local starts in one process, as a retried start makes them: where each session's raylet
+# spills objects, beside that session's folder.
+TWO_STARTS = """
+import json, ray
+from platform.run import ray_env
+for _ in range(2):
+    ray_env.init_ray(num_cpus=1)
+    node = ray._private.worker.global_worker.node
+    spill = json.loads(node._config["object_spilling_config"])["params"]["directory_path"]
+    print("session:", node.get_session_dir_path(), "spills:", spill)
+    ray.shutdown()
+print("config:", dict(ray_env.RAYLET_CONFIG), ray_env.raylet_env())
+"""
+
+
+def test_a_second_local_start_in_one_process_spills_into_its_own_session():
+    """``ray.init`` writes its session's spilling folder into the ``_system_config`` it is given; a
+    second start in the same process (a retried one, or a test's) handed the same dict spilled into
+    the first session's folder and made ``raylet_env`` fail. Each start gets its own copy."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    proc = subprocess.run([sys.executable, "-c", TWO_STARTS], cwd=ROOT, env={**os.environ, "RAY_ADDRESS": "local"},
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sessions = re.findall(r"session: (\S+) spills: (\S+)", proc.stdout)
+    assert len(sessions) == 2 and sessions[0][0] != sessions[1][0], proc.stdout
+    assert all(spill.startswith(session) for session, spill in sessions), proc.stdout
+    assert ("config: {'prestart_worker_first_driver': False} "
+            "{'RAY_prestart_worker_first_driver': '0'}") in proc.stdout, proc.stdout
