@@ -52,6 +52,9 @@ class StepInputs:
 
     def collate(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         types = "token_type_ids" in shared_tokenizer(self.tokenizer).model_input_names
+        # Ray hands a batch's arrays zero-copy from its object store, read-only: a tensor made on
+        # one would share that memory, and a step's in-place write would land in Ray's block.
+        arrays = {k: v if v.flags.writeable else v.copy() for k, v in arrays.items()}
         out: dict[str, torch.Tensor] = {}
         for column in self.recipe.text_columns:
             made = batch_tokens(arrays[f"{column}{self.SEP}input_ids"], arrays[f"{column}{self.SEP}length"], types,

@@ -104,3 +104,30 @@ def test_corpus_rejects_huge_lines(tmp_path, monkeypatch):
         read_corpus(path)
     path.write_bytes(b"fine\n" + b"x" * 64 + b"\n")  # exactly at the limit is accepted
     assert read_corpus(path) == ["fine", "x" * 64]
+
+
+def test_the_steps_tensors_own_their_memory_when_ray_hands_read_only_arrays(tiny_model):
+    """Ray Data's batches arrive as read-only views of its object store: every tensor the step gets
+    is its own, writable without a warning, and a write to it leaves the batch's arrays as they were."""
+    import warnings
+
+    import numpy as np
+
+    from methods.recipe import Recipe
+    from platform.data.pipeline import StepInputs
+
+    for static in (False, True):
+        inputs = StepInputs(Recipe.named("simcse"), str(tiny_model), 16, static=static)
+        arrays = inputs.arrays({"sentence": np.array(["a cat sat", "a dog sat on the mat"], dtype=object)})
+        arrays["rank_teacher_0"] = np.arange(6, dtype=np.float32).reshape(2, 3)  # a tensor column, as RankCSE's
+        before = {k: v.copy() for k, v in arrays.items()}
+        for a in arrays.values():
+            a.setflags(write=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tensors = inputs.collate(arrays)
+        assert set(tensors) >= {"sentence/input_ids", "sentence/attention_mask", "rank_teacher_0"}
+        for t in tensors.values():
+            t.add_(1)
+        for key, value in arrays.items():
+            assert np.array_equal(value, before[key]), (static, key)
