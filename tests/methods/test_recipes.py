@@ -108,6 +108,6 @@ def test_una_negatives_under_hince_train_on_the_steps_between_them(tiny_model):
     with torch.no_grad():
         e = model(encoder.tokenize(COLUMNS["sentence"], max_len=32))
         z = model.project({"x": e}, ["x"])["x"]
-    assert float(loss) == pytest.approx(float(info_nce(z, z, 0.05)), rel=1e-5)
+    assert loss.item() == pytest.approx(float(info_nce(z, z, 0.05)), rel=1e-5)
     with_negatives, metrics = loss_fn(model, COLUMNS, 2)
-    assert metrics["una_negatives"] == 1.0 and float(with_negatives) != float(loss)
+    assert metrics["una_negatives"] == 1.0 and with_negatives.item() != loss.item()
