@@ -26,6 +26,9 @@ class Teacher:
     a sentence-transformers model (its own pooling and normalisation)."""
 
     def __init__(self, teacher: str, pooler: str | None = None, device: str | None = None, batch_size: int = 128):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a bar per actor of the pool, on the run's console
         self.batch_size = batch_size
         if pooler is not None:
             self.encoder = Encoder.from_pretrained(teacher, pooler=pooler)

@@ -316,12 +316,52 @@ def embed(texts: list[str], teacher: str, use_ray: bool, use_gpu: bool = False, 
     ds = arrow_blocks(table, blocks).map_batches(
         Teacher, fn_constructor_kwargs={**kwargs, "device": "cuda" if gpu else "cpu"}, batch_size=256,
         batch_format="numpy", compute=ray.data.ActorPoolStrategy(min_size=min(lo, hi), max_size=hi),
-        num_gpus=1 if gpu else 0, num_cpus=cpus)
+        num_gpus=1 if gpu else 0, num_cpus=cpus, memory=teacher_memory(kwargs["teacher"]))
     blocks = [ray.get(ref) for ref in ds.to_numpy_refs()]
     index = np.concatenate([b["index"] for b in blocks if len(b["index"])])
     if not np.array_equal(index, np.arange(len(texts))):
         raise RuntimeError(f"the teacher's embeddings came back out of order or incomplete ({len(index)} of {len(texts)})")
     return np.concatenate([b["vector"] for b in blocks if len(b["index"])]).astype(np.float32)
+
+
+# A teacher actor's peak memory (USS) is a process of about 860 MiB plus its weights: 946 MiB with
+# the packaged MiniLM's 87 MiB, 1,294 MiB with a BERT-base-sized model's 418 MiB (CPU build, 256-sentence
+# batches); rounded up for the Ray worker's own share.
+TEACHER_PROCESS_BYTES = 900 * 2**20
+WEIGHT_FILES = (".safetensors", ".bin")
+
+
+def teacher_memory(model: str) -> int:
+    """The memory one teacher actor asks Ray for: its peak (``TEACHER_PROCESS_BYTES`` and the
+    weights' files) with Ray Data's own 25 % headroom, so that Ray places no more of them on a node
+    than its memory holds (a fractional ``augment_cpus`` would otherwise put 1/augment_cpus of them
+    on each CPU); at most the largest node's memory, so that the pool is never unschedulable."""
+    import ray
+
+    request = int(1.25 * (TEACHER_PROCESS_BYTES + weight_bytes(model)))
+    largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n["Alive"]), default=0)
+    return int(min(request, largest)) if largest else request
+
+
+def weight_bytes(model: str) -> int:
+    """The size of a model's weight files (safetensors, else PyTorch's; a sentence-transformers
+    model's modules included, its ONNX and OpenVINO exports not): a local folder, a packaged alias
+    or a Hugging Face model in the local cache; a BERT-base's where the weights are not here yet."""
+    from methods.encoder import pretrained_source
+
+    path, pinned = pretrained_source(model)
+    folder = Path(path)
+    if not folder.is_dir():
+        with contextlib.suppress(Exception):
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(path, revision=pinned.get("revision"), local_files_only=True))
+    files = [p for p in (*folder.glob("*"), *folder.glob("[0-9]*_*/*")) if p.is_file()] if folder.is_dir() else []
+    for suffix in WEIGHT_FILES:
+        found = sum(p.stat().st_size for p in files if p.suffix == suffix)
+        if found:
+            return found
+    return 440 * 10**6
 
 
 def actor_bounds(gpu: bool, cpu_bound: bool, most: dict[str, float] | None = None) -> tuple[int, int]:
