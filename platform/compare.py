@@ -13,7 +13,9 @@ after Holm's correction over the 7 tasks, and what it rests on
   (``uncertainty.two_level``: the pairs STS-B shares with STS12-16 drawn jointly, STS12-16 within
   their subsets), the seeds' share of its variance, and Cohen's d;
 - otherwise, a claim about two checkpoints (a run's best; of a run with seeds, its best seed by
-  STS-B dev, said so): both embedded on the same test pairs, and a paired bootstrap over the pairs.
+  STS-B dev, said so): both checkpoints' similarities on the same test pairs (a run's, as its final
+  evaluation logged them: nothing is encoded again; a path's or model's, encoded now), and a paired
+  bootstrap over the pairs.
   It says nothing about the recipes: two seeds of one recipe often differ "significantly" so.
 
 The two kinds of claim are printed as two tables and drawn with their own markers.
@@ -46,8 +48,8 @@ from platform.evaluation import significance, uncertainty
 from platform.evaluation.sts import STSEvaluator
 from platform.run.final_evaluation import PAIRS_ARTIFACT
 from platform.tracking import store
-from platform.tracking.names import (BEST_CHECKPOINT_TAG, WINNER_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG, SWEEP_TAG, pairs_at,
-                                     sts_at, supervision_note)
+from platform.tracking.names import (BEST_CHECKPOINT_TAG, BEST_SEED_TAG, WINNER_RUN_ID_TAG, MODEL_TAG, PARENT_TAG, SEED_TAG,
+                                     SWEEP_TAG, pairs_at, sts_at, supervision_note)
 from platform.tracking.recorder import Run
 
 COMPARISONS_EXPERIMENT = "comparisons"
@@ -68,6 +70,7 @@ class Result:
     seed_runs: dict[int, str] = dataclasses.field(default_factory=dict)  # seed -> its MLflow run
     uri: str | None = None
     dims: int | None = None  # a Matryoshka prefix: the embeddings' first coordinates compared (None: all)
+    scored_by: str | None = None  # the run whose final evaluation scored ``checkpoint`` (its best seed's)
 
 
 def _scores(metrics: dict[str, float], dims: int | None = None) -> dict[str, float]:
@@ -101,8 +104,10 @@ def from_run(uri: str, run, label: str, dims: int | None = None) -> Result:
         runs = {int(run.data.params.get("seed", 0)): run.info.run_id}
     model = run.data.tags.get(MODEL_TAG) or run.data.params.get("model", "")
     label += supervision_note(run.data.tags)  # a teacher-assisted side is labelled as such in every table and plot
+    best = run.data.tags.get(BEST_SEED_TAG)
+    scored_by = runs.get(int(best)) if best else next(iter(runs.values())) if len(runs) == 1 else None
     return Result(label, model.rpartition("@")[0] or model, seeds, run.data.tags.get(BEST_CHECKPOINT_TAG),
-                  int(run.data.params.get("seed", 0) or 0), runs, uri, dims)
+                  int(run.data.params.get("seed", 0) or 0), runs, uri, dims, scored_by)
 
 
 def resolve(reference: str, stack: contextlib.ExitStack, dims: int | None = None) -> Result:
@@ -181,24 +186,36 @@ def similarities(checkpoint_path: str, dims: int | None = None) -> dict[str, np.
     return evaluator.similarities(evaluator.encode(encoder, progress="embedding the 7 STS tasks"))
 
 
-def seed_similarities(result: Result) -> list[dict[str, np.ndarray]] | None:
-    """Each seed's per-pair similarities, as its final evaluation logged them (``sts_pairs.npz``);
-    None when a seed's run lacks them (a run from before they were kept, or scores alone)."""
+def logged_similarities(uri: str, run_id: str, dims: int | None = None) -> dict[str, np.ndarray] | None:
+    """A run's per-pair similarities of the 7 tasks (at a Matryoshka prefix ``dims``), as its final
+    evaluation logged them (``sts_pairs.npz``); None when it lacks them (a run from before they were
+    kept, or a prefix it did not train)."""
     import mlflow
 
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=PAIRS_ARTIFACT, dst_path=tmp,
+                                                       tracking_uri=uri)
+        except Exception:  # noqa: BLE001 - not logged: the caller goes on without them
+            return None
+        with np.load(path) as found:
+            out = {t: found[pairs_at(t, dims)] for t in STS_TASKS if pairs_at(t, dims) in found}
+    return out if set(out) == set(STS_TASKS) else None
+
+
+def seed_similarities(result: Result) -> list[dict[str, np.ndarray]] | None:
+    """Each seed's per-pair similarities (``logged_similarities``); None when a seed's run lacks them."""
     if not result.uri or set(result.seed_runs) != set(result.seeds):
         return None
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed, run_id in sorted(result.seed_runs.items()):
-            try:
-                path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=PAIRS_ARTIFACT,
-                                                           dst_path=str(Path(tmp) / str(seed)), tracking_uri=result.uri)
-            except Exception:  # noqa: BLE001 - not logged: the comparison goes on over seeds alone
-                return None
-            with np.load(path) as found:
-                out.append({t: found[pairs_at(t, result.dims)] for t in STS_TASKS if pairs_at(t, result.dims) in found})
-    return out if all(set(s) == set(STS_TASKS) for s in out) else None
+    out = [logged_similarities(result.uri, run_id, result.dims) for _, run_id in sorted(result.seed_runs.items())]
+    return None if any(s is None for s in out) else out
+
+
+def checkpoint_similarities(result: Result) -> dict[str, np.ndarray]:
+    """The per-pair similarities of ``result``'s checkpoint: those its run's final evaluation logged
+    (the checkpoint need not be reachable from here, and nothing is encoded again), else encoded now."""
+    logged = logged_similarities(result.uri, result.scored_by, result.dims) if result.uri and result.scored_by else None
+    return logged if logged is not None else similarities(result.checkpoint, result.dims)
 
 
 def by_seeds_and_pairs(first: Result, other: Result, seed: int, resamples: int) -> dict[str, uncertainty.Interval] | None:
@@ -260,7 +277,7 @@ def table(first: Result, others: list[Result], seed: int, resamples: int):
                 if r.checkpoint is None:
                     raise UserError(f"{r.label} has one seed and names no checkpoint: nothing to resample")
                 if r.label not in cache:
-                    cache[r.label] = similarities(r.checkpoint, r.dims)
+                    cache[r.label] = checkpoint_similarities(r)
             found = by_pairs(cache[first.label], cache[other.label], seed, resamples)
         claim = RECIPES if len(first.seeds) >= 2 and len(other.seeds) >= 2 else CHECKPOINTS
         adjusted = uncertainty.holm({t: found[t].p for t in STS_TASKS})

@@ -5,6 +5,8 @@ table and forest plot; bad input in one line; the report's uncertainty sections.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
@@ -92,6 +94,34 @@ def test_two_checkpoints_are_compared_over_the_test_pairs(three_seeds, tmp_path)
                      env=three_seeds["env"])
     assert again.returncode == 0, again.stderr[-3000:]
     pd.testing.assert_frame_equal(frame, pd.read_csv(tmp_path / "again" / "comparison.csv"))  # the same seed
+
+
+def test_a_runs_side_is_its_logged_pairs_and_needs_no_checkpoint_here(three_seeds, tmp_path):
+    """Two runs compared as checkpoints read the per-pair similarities their final evaluations
+    logged: the same table as their checkpoints encoded again, and it holds where the checkpoints
+    are not reachable from here (a cluster's storage, compared from a laptop)."""
+    runs, c, env = three_seeds["runs"], three_seeds["client"], three_seeds["env"]
+    seed_runs = {m: next(r for r in c.search_runs([runs[m].info.experiment_id],
+                                                  f"tags.`mlflow.parentRunId` = '{runs[m].info.run_id}'")
+                         if r.data.tags["seed"] == "43") for m in ("simcse", "una")}
+    folders = [Path(seed_runs[m].data.tags["best_checkpoint"]) for m in ("simcse", "una")]
+    args = ("--resamples", "300", "--seed", "0", "--no-log")
+    encoded = run_main("compare", *map(str, folders), *args, "--out", str(tmp_path / "encoded"), env=env)
+    assert encoded.returncode == 0, encoded.stderr[-3000:]
+    for folder in folders:
+        folder.rename(folder.with_name(folder.name + ".away"))
+    try:
+        logged = run_main("compare", *(f"runs:/{seed_runs[m].info.run_id}" for m in ("simcse", "una")), *args,
+                          "--out", str(tmp_path / "logged"), env=env)
+    finally:
+        for folder in folders:
+            folder.with_name(folder.name + ".away").rename(folder)
+    assert logged.returncode == 0, logged.stderr[-3000:]
+    assert "embedding the 7 STS tasks" not in logged.stdout + logged.stderr
+    a, b = (pd.read_csv(tmp_path / kind / "comparison.csv") for kind in ("encoded", "logged"))
+    assert set(b["claim"]) == {CHECKPOINTS} and set(b["sides"]) == {"its checkpoint against its checkpoint"}
+    numbers = ["delta", "ci_low", "ci_high", "p", "p_holm", "n"]
+    pd.testing.assert_frame_equal(a[numbers], b[numbers], rtol=1e-6)
 
 
 def test_bad_references_get_one_line(three_seeds):
