@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from methods.ingredients import epoch_permutation, import_by_name
-from methods.encoder import batch_tokens, shared_tokenizer, token_arrays
+from methods.encoder import batch_tokens, pretrained_source, shared_tokenizer, token_arrays
 from methods.recipe import Recipe
 from methods.teachers import Teacher
 from platform import checkpoint, settings
@@ -347,8 +347,6 @@ def weight_bytes(model: str) -> int:
     """The size of a model's weight files (safetensors, else PyTorch's; a sentence-transformers
     model's modules included, its ONNX and OpenVINO exports not): a local folder, a packaged alias
     or a Hugging Face model in the local cache; a BERT-base's where the weights are not here yet."""
-    from methods.encoder import pretrained_source
-
     path, pinned = pretrained_source(model)
     folder = Path(path)
     if not folder.is_dir():

@@ -75,6 +75,11 @@ def test_a_teacher_pool_asks_ray_for_the_memory_its_actors_use(local_ray, small_
 
     from platform.data.pipeline import embed, teacher_memory
 
+    def pools():
+        return list_actors(address=local_ray.get_runtime_context().gcs_address, limit=100, detail=True,
+                           filters=[("class_name", "=", "MapWorker(MapBatches(Teacher))")])
+
+    before = {a.actor_id for a in pools()}  # other tests' pools in this Ray session
     sentences = [s for s in small_corpus.read_text(encoding="utf-8").splitlines() if s.strip()] * 4
     detector = ray.data.DataContext.get_current().issue_detectors_config.high_memory_detector_config
     interval, detector.detection_time_interval_s = detector.detection_time_interval_s, 1
@@ -83,9 +88,7 @@ def test_a_teacher_pool_asks_ray_for_the_memory_its_actors_use(local_ray, small_
     finally:
         detector.detection_time_interval_s = interval
     assert vectors.shape == (len(sentences), 384)
-    pools = list_actors(address=local_ray.get_runtime_context().gcs_address, limit=100, detail=True,
-                        filters=[("class_name", "=", "MapWorker(MapBatches(Teacher))")])
-    asked = {a.required_resources.get("memory") for a in pools}
+    asked = {a.required_resources.get("memory") for a in pools() if a.actor_id not in before}
     assert asked == {teacher_memory("minilm")} and 1.0e9 < asked.pop() < 1.5e9, asked
     out = capfd.readouterr()
     assert "of memory per worker" not in out.out + out.err, out.err
