@@ -8,7 +8,7 @@ from __future__ import annotations
 # from their sums in a clean clone's `--durations=0` run of each; each runs its modules
 # in parallel processes (pytest-xdist, one module to a process), and handing these out first lets
 # the processes finish together. Modules with tests in both are placed by their share in each.
-SLOWEST_FIRST = ["test_cluster_aws", "test_sweep_in_mlflow", "test_seeds", "test_benchmark_records", "test_quiet_stop",
+SLOWEST_FIRST = ["test_cluster_aws", "test_sweep_in_mlflow", "test_seeds", "test_benchmark_records",
                  "test_esimcse_cli", "test_slurm_script", "test_cli", "test_slurm_sizing", "test_matryoshka_cli",
                  "test_recipe_cli", "test_san_cli", "test_report", "test_postgres", "test_shim", "test_registry",
                  "test_prompt_evaluation", "test_transfer", "test_sweep_stall", "test_una_cli", "test_teachers",
@@ -16,7 +16,7 @@ SLOWEST_FIRST = ["test_cluster_aws", "test_sweep_in_mlflow", "test_seeds", "test
                  "test_cluster_config", "test_shuffle"]
 SCENARIOS_SLOWEST_FIRST = ["test_cluster_boot", "test_cluster_slurm", "test_benchmarks", "test_sweep_slow_tracking",
                            "test_prompt_cli", "test_multinode", "test_interrupts", "test_grid", "test_cluster_join",
-                           "test_recipe_cli", "test_tracking_outage", "test_cluster_job", "test_cluster_lost",
+                           "test_recipe_cli", "test_quiet_stop", "test_tracking_outage", "test_cluster_job", "test_cluster_lost",
                            "test_reliability", "test_cluster_aws", "test_compare", "test_ray_address",
                            "test_prompt_checkpoints"]
 

@@ -14,7 +14,7 @@ from tests.helpers import ASHA_GRID_SPACE, repo_with_barrier, run_cli, runs_of, 
 ABORT = re.compile(r"SIGABRT|Fatal Python error|Aborted|\*\*\* .* received|Traceback|Stack \(most recent")
 
 
-@pytest.mark.e2e
+@pytest.mark.scenario  # a 2-minute sweep: with the other sweeps, not in the test command
 def test_a_trial_stopped_mid_backward_prints_no_abort(tiny_model, small_corpus, tmp_path, mlflow_uri):
     repo = repo_with_barrier(tmp_path / "repo")
     space = tmp_path / "space.yaml"
