@@ -56,9 +56,10 @@ MEMORY = re.compile(r"\d+[KMGT]?")
 SIGNAL_S = 300  # the walltime warning: time for a sweep to save its state and MLflow's copy to be made
 SNAPSHOT_S = 30  # the most MLflow's shared copy lags behind the store
 JOIN_TIMEOUT_S = 600  # how long the nodes get to join the head
-# Each job's Ray workers take ports from a window of Ray's default range, chosen by the job's id
-# (two jobs of one user on one node must not share one).
-WORKER_PORTS, WINDOWS = (10002, 19999), 24
+# Each job's Ray workers take ports from a window of Ray's default range, and its services (Ray's
+# GCS, raylets and agents, MLflow) from a window below Linux's ephemeral range, both chosen by the
+# job's id (two jobs of one user on one node must not share one).
+WORKER_PORTS, SERVICE_PORTS, WINDOWS = (10002, 19999), (20000, 32767), 24
 SETTINGS = {"SBATCH_PARTITION": "partition", "SBATCH_ACCOUNT": "account", "SBATCH_QOS": "qos",
             "SBATCH_TIMELIMIT": "time"}
 # The lowest Linux driver each CUDA major release runs on (NVIDIA's CUDA toolkit release notes,

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from platform import settings, storage
 from platform.cluster_files import write_mlflow_auth, write_private
-from platform.cluster_slurm import (JOIN_TIMEOUT_S, LAUNCHERS, MAX_REQUEUES, SIGNAL_S, SNAPSHOT_S, WINDOWS, WORKER_PORTS,
-                                    driver_refusal, launcher)
+from platform.cluster_slurm import (JOIN_TIMEOUT_S, LAUNCHERS, MAX_REQUEUES, SERVICE_PORTS, SIGNAL_S, SNAPSHOT_S, WINDOWS,
+                                    WORKER_PORTS, driver_refusal, launcher)
 from platform.config import build_config
 from platform.errors import UserError, cli_main, one_line
 from platform.mlflow_backup import copy_database
@@ -156,13 +156,14 @@ def node_task(attempt: Path, interface: str | None = None) -> int:
     args = [ray, "start", "--block", "--disable-usage-stats", f"--node-ip-address={ip}", f"--num-cpus={cpus}",
             f"--num-gpus={gpus}", f"--temp-dir={temp}", f"--min-worker-port={low}",
             f"--max-worker-port={low + (WORKER_PORTS[1] - WORKER_PORTS[0]) // WINDOWS - 1}"]
-    args += [f"--{name}={free_port()}" for name in ("node-manager-port", "object-manager-port", "metrics-export-port",
+    ports = iter(service_ports(job_id, 9 if rank == 0 else 6))
+    args += [f"--{name}={next(ports)}" for name in ("node-manager-port", "object-manager-port", "metrics-export-port",
                                                      "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                                                      "runtime-env-agent-port")]
     head_file = attempt / "head.json"
     if rank == 0:
-        port, dashboard = free_port(), free_port()
-        args += ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}", "--dashboard-host=127.0.0.1",
+        port, dashboard = next(ports), next(ports)
+        args += ["--head", f"--port={port}", f"--ray-client-server-port={next(ports)}", "--dashboard-host=127.0.0.1",
                  f"--dashboard-port={dashboard}"]
     else:
         head = wait_for(head_file, JOIN_TIMEOUT_S, lambda: True)
@@ -186,15 +187,42 @@ def node_task(attempt: Path, interface: str | None = None) -> int:
     if rank == 0:
         while proc.poll() is None and answers(ip, port, timeout=2) is not None:
             time.sleep(0.5)
-        storage.write_json(head_file, {"address": hostport(ip, port), "node": socket.gethostname(),
-                                       "dashboard_port": dashboard})
+        if proc.poll() is None:
+            storage.write_json(head_file, {"address": hostport(ip, port), "node": socket.gethostname(),
+                                           "dashboard_port": dashboard})
     print(f"{socket.gethostname()}: Ray node {rank} ({ip}, {cpus} CPUs, {gpus} GPUs)", flush=True)
-    return watch(proc, attempt, temp)
+    return watch(proc, attempt, temp, rank)
 
 
-def watch(proc: subprocess.Popen, attempt: Path, temp: Path) -> int:
+def service_ports(job_id: int, count: int) -> list[int]:
+    """``count`` ports for the job's services on this node: from its window of ``SERVICE_PORTS``,
+    ones nothing holds now, outside the kernel's ephemeral range. A port from that range (what
+    ``free_port`` gives) can be taken by any outbound connection or ``bind(0)`` on the node before
+    Ray binds it, and the node's Ray then fails to start."""
+    width = (SERVICE_PORTS[1] - SERVICE_PORTS[0] + 1) // WINDOWS
+    low = SERVICE_PORTS[0] + (job_id % WINDOWS) * width
+    try:
+        first, last = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        first, last = 32768, 60999  # Linux's default
+    ports = []
+    for port in range(low, low + width):
+        if len(ports) == count:
+            break
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:  # held, or closed so recently that the kernel keeps it
+                continue
+        if not first <= port <= last:
+            ports.append(port)
+    return ports + [free_port() for _ in range(count - len(ports))]  # a site whose ephemeral range takes the window
+
+
+def watch(proc: subprocess.Popen, attempt: Path, temp: Path, rank: int) -> int:
     """This node's Ray until it ends: its logs copied into the attempt's folder as it runs and at its
-    end; stopped at the job's stop marker (its normal end), and then the task exits 0."""
+    end; stopped at the job's stop marker (its normal end), and then the task exits 0. A Ray that
+    ends unasked is recorded for the job's line (``fail_start``) if the command had not begun."""
     kept = attempt / "ray-logs" / socket.gethostname()
     copied = time.monotonic()
     stopping = False
@@ -208,6 +236,9 @@ def watch(proc: subprocess.Popen, attempt: Path, temp: Path) -> int:
             copied = time.monotonic()
     keep_logs(temp, kept)
     shutil.rmtree(temp, ignore_errors=True)
+    if not stopping:
+        storage.write_json(attempt / f"refused-{rank}.json", {"node": socket.gethostname(), "why": (
+            f"its Ray ended (exit {proc.returncode}; its log: {attempt}/ray-node-{rank}.log)")})
     return 0 if stopping else proc.returncode  # `ray start --block` exits 1 when stopped, asked or not
 
 
@@ -256,7 +287,7 @@ class MlflowServer:
                    "MLFLOW_TRACKING_PASSWORD": self.password_file.read_text(encoding="utf-8").strip()}
         auth = write_mlflow_auth(self.store.parent / "basic_auth.ini", account["MLFLOW_TRACKING_USERNAME"],
                                  account["MLFLOW_TRACKING_PASSWORD"])
-        ip, port = node_ip(self.interface), free_port()
+        ip, port = node_ip(self.interface), service_ports(int(os.environ.get("SLURM_JOB_ID", "0")), 1)[0]
         env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(auth), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.proc = subprocess.Popen(
@@ -594,7 +625,8 @@ def ready_nodes(attempt: Path, nodes: int, env: dict[str, str], step: subprocess
     env["RAY_ADDRESS"] = head["address"]
     table = joined(head["address"], nodes, env, step, stop)
     if table is None:
-        return fail_start(attempt, f"{nodes} node(s) did not all join the head within {JOIN_TIMEOUT_S} s "
+        ended = "the job's Ray step ended before" if step.poll() is not None else "not"
+        return fail_start(attempt, f"{ended} all {nodes} node(s) joined the head within {JOIN_TIMEOUT_S} s "
                                    f"(their logs: {attempt}/ray-node-*.log)")
     storage.write_json(attempt / "nodes.json", table)
     refusal = feasible(command, [n["Resources"] for n in table])

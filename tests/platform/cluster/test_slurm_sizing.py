@@ -398,3 +398,48 @@ def test_a_nodes_address_comes_from_its_interface_and_loopback_is_refused():
     with pytest.raises(UserError, match="--node-interface lo: .* no such interface with a global address"):
         node_ip("lo")
     assert hostport("10.0.0.2", 6379) == "10.0.0.2:6379" and hostport("fd00::2", 6379) == "[fd00::2]:6379"
+
+
+def test_a_nodes_ray_and_mlflow_ports_are_ones_no_connection_or_bind_on_the_node_can_take():
+    """The ports a node's Ray and the job's MLflow listen on come from the job's window, outside the
+    kernel's ephemeral range: a port from that range, free when chosen, is often taken by an outbound
+    connection or another bind(0) before Ray binds it, and the node's Ray then fails to start."""
+    import socket
+
+    from platform.cluster_slurm import SERVICE_PORTS, WINDOWS
+    from platform.slurm_job import service_ports
+
+    first, last = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    width = (SERVICE_PORTS[1] - SERVICE_PORTS[0] + 1) // WINDOWS
+    low = SERVICE_PORTS[0] + (7 % WINDOWS) * width
+    with socket.socket() as listener, socket.socket() as server, socket.socket() as client:
+        listener.bind(("127.0.0.1", low))  # held by a listener, and by a connection's local end
+        listener.listen()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client.bind(("127.0.0.1", low + 1))
+        client.connect(server.getsockname())
+        ports = service_ports(7, 9)
+    assert len(set(ports)) == 9 and low not in ports and low + 1 not in ports, ports
+    assert all(low <= p < low + width and not first <= p <= last for p in ports), (ports, first, last)
+    assert not set(ports) & set(service_ports(8, 9))  # another job's window
+
+
+def test_a_node_whose_ray_ends_before_the_job_starts_is_named_with_its_log(tmp_path, capsys):
+    """A node's Ray that ends unasked (here: the head's, on a CPU count Ray refuses) is named in the
+    job's one line with its log, not reported as nodes that did not join within JOIN_TIMEOUT_S."""
+    import socket
+
+    from platform.slurm_job import fail_start
+
+    attempt = tmp_path / "attempt-0"
+    attempt.mkdir()
+    env = {**os.environ, "SLURM_NODEID": "0", "SLURM_JOB_ID": "5", "SLURM_CPUS_ON_NODE": "-1"}
+    proc = subprocess.run([sys.executable, "-m", "platform.slurm_job", "node", str(attempt)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    assert fail_start(attempt, "not all 2 node(s) joined the head") == 3
+    line = capsys.readouterr().err
+    assert line == (f"error: {socket.gethostname()}: its Ray ended (exit {proc.returncode}; its log: "
+                    f"{attempt}/ray-node-0.log)\n"), line
+    assert "must be nonnegative" in (attempt / "ray-node-0.log").read_text()
