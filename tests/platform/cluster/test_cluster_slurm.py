@@ -237,7 +237,10 @@ def requeued(slurm, shared, small):
            1200)
     status = subprocess.run([sys.executable, "-m", "platform.cluster", "slurm", "status", successor], cwd=ROOT,
                             env=login_env(slurm, shared[0]), capture_output=True, text=True, timeout=120)
+    last = max(folder.glob("attempt-*"), key=lambda p: int(p.name.split("-")[-1]))  # the successor's start
+    node_logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(last.glob("*.log")))
     return {"job": job, "successor": successor, "out": out, "folder": folder, "first": first, "second": second,
+            "node_logs": node_logs,
             "state": state, "successor_state": job_state(slurm, successor), "log": log(out, job),
             "successor_log": log(out, successor), "script": script, "status": status, "small_state": small_state,
             "small_log": log(small_out, small_job), "preempted": preempted, "signalled": signalled,
@@ -246,8 +249,8 @@ def requeued(slurm, shared, small):
 
 def test_the_readme_line_is_sized_from_the_run_and_the_sweep_runs_across_the_allocation(slurm, shared, requeued):
     text = requeued["log"] + requeued["successor_log"]
-    assert requeued["successor_state"]["JobState"] == "COMPLETED", (requeued["successor_state"], text[-6000:],
-                                                                   slurm.log()[-3000:])
+    assert requeued["successor_state"]["JobState"] == "COMPLETED", (  # text, not a tuple pytest would cut short
+        f"{requeued['successor_state']}\n{requeued['node_logs']}\n{text[-6000:]}\n{slurm.log()[-3000:]}")
     # No --cpus-per-task on the line: the script asks for what a trial needs on a node, under Slurm's default of 1.
     assert "#SBATCH --cpus-per-task=2\n" in requeued["script"] and "#SBATCH --mem=14336M\n" in requeued["script"]
     # Each start's command began once both nodes had joined: its Ray line counts their CPUs.
