@@ -625,9 +625,9 @@ def ready_nodes(attempt: Path, nodes: int, env: dict[str, str], step: subprocess
     env["RAY_ADDRESS"] = head["address"]
     table = joined(head["address"], nodes, env, step, stop)
     if table is None:
-        ended = "the job's Ray step ended before" if step.poll() is not None else "not"
-        return fail_start(attempt, f"{ended} all {nodes} node(s) joined the head within {JOIN_TIMEOUT_S} s "
-                                   f"(their logs: {attempt}/ray-node-*.log)")
+        why = (f"the job's Ray nodes ended before all {nodes} had joined the head" if step.poll() is not None
+               else f"not all {nodes} node(s) joined the head within {JOIN_TIMEOUT_S} s")
+        return fail_start(attempt, f"{why} (their logs: {attempt}/ray-node-*.log)")
     storage.write_json(attempt / "nodes.json", table)
     refusal = feasible(command, [n["Resources"] for n in table])
     if refusal:
