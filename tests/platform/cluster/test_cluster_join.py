@@ -111,7 +111,9 @@ def test_the_sweep_on_the_head_joins_the_cluster_and_its_trials_finish_on_added_
     assert drivers and all(j["status"] == "SUCCEEDED" for j in drivers), _jobs(head)
     _, runs = runs_of(head.uri, "una")
     trials = [r for r in runs if r.data.tags.get("trial_id")]
-    assert len(trials) == 2 and all(r.info.status == "FINISHED" for r in trials)
+    ended = {r.data.tags["trial_id"]: (r.info.status, r.data.tags.get("best_checkpoint")) for r in trials}
+    assert len(trials) == 2 and all(status == "FINISHED" for status, _ in ended.values()), (ended, proc.stdout[-3000:],
+                                                                                          proc.stderr[-3000:])
 
 
 def test_the_code_map_is_what_the_sweep_ran(head, sweep):
