@@ -368,7 +368,7 @@ DRIVER_NOTES = {
                                     "Progress will be logged because stdout"),
     # Its progress, logged in place of the bar when stdout is no terminal: every record ("" is in each).
     "ray.data._internal.progress.logging_progress": ("",),
-    # Tune timing the sweep's own callback (which asks MLflow and Ray whether a trial's sender ended).
+    # Tune timing the sweep's own callback, whose calls only queue work for the trials' writers.
     "ray.tune.utils.util": ("`callbacks.on_step_begin` operation took",),
 }
 
