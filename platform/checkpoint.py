@@ -14,7 +14,7 @@ A checkpoint is a folder ``checkpoint_<step>_<id>`` under its fit's folder, of o
                       is sent once the checkpoint is persisted, and again after a restart
 
 A fit keeps its latest state, its best model, and the best model as of that state (what a
-restart from it falls back to): ``keep``. A restart removes what the abandoned attempt wrote
+restart from it falls back to), a Tune trial also the best before its best: ``Kept``. A restart removes what the abandoned attempt wrote
 after the state it starts from.
 
 Everything resumable is read with ``weights_only=True``: tensors and plain values, never code.
@@ -101,19 +101,23 @@ class Policy:
 
 class Kept:
     """The checkpoints a fit keeps (names under its folder): the latest state, the best model, and
-    the best model as of that state."""
+    the best model as of that state. ``behind``: also the best before the best, for a fit whose
+    scheduler decides on reports that lag its workers (a Tune trial: the driver names the best
+    as of the last report Tune received, while the workers, until Ray ends them, go on training
+    and may already have written a better one)."""
 
-    def __init__(self, state: str = "", best: str = ""):
+    def __init__(self, state: str = "", best: str = "", behind: bool = False):
         self.state, self.best, self.settled = state, best, best
+        self.behind, self.previous = behind, ""
 
     def wrote(self, name: str, kind: str, improved: bool) -> None:
         if improved:
-            self.best = name
+            self.previous, self.best = self.best, name
         if kind == STATE_KIND:
             self.state, self.settled = name, self.best
 
     def names(self) -> set[str]:
-        return {n for n in (self.state, self.best, self.settled) if n}
+        return {n for n in (self.state, self.best, self.settled, self.previous if self.behind else "") if n}
 
 
 def prune(location: str, keep: set[str], whole: bool = False, up_to: int | None = None) -> None:

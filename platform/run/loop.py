@@ -427,14 +427,15 @@ class Runtime:
     def __init__(self, ctx: WorkerContext, cfg: TrainConfig):
         self.ctx, self.cfg = ctx, cfg
         self.rank, self.world, self.device = 0, 1, torch.device("cpu")
-        self.policy, self.kept = checkpoint.Policy(cfg.checkpoint_minutes), checkpoint.Kept()
+        self.policy, self.kept = checkpoint.Policy(cfg.checkpoint_minutes), checkpoint.Kept(behind=ctx.to_tune)
         self.writer = checkpoint.ModelWriter()  # rank 0's new best models, written in the background
 
     def restored(self, name: str, pos: Position, latest: str = "") -> Position:
         """Started again from the state checkpoint ``name``: what the abandoned attempt wrote after
         it goes, but for ``latest`` (what Ray Train restarts from again, should this attempt die
         before it reports)."""
-        self.policy, self.kept = checkpoint.Policy(self.cfg.checkpoint_minutes, pos.epoch), checkpoint.Kept(name, pos.best_name)
+        self.policy = checkpoint.Policy(self.cfg.checkpoint_minutes, pos.epoch)
+        self.kept = checkpoint.Kept(name, pos.best_name, self.ctx.to_tune)
         if self.is_chief and self.ctx.run_dir:
             checkpoint.prune(self.ctx.run_dir, self.kept.names() | {latest}, whole=self.prunes_whole)
         return pos

@@ -138,6 +138,33 @@ def test_pruning_empties_what_is_not_kept_up_to_the_committed_step(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_00000003_c"]
 
 
+def test_a_trials_workers_keep_the_best_the_scheduler_stopped_it_on_while_they_go_on(tmp_path):
+    """Tune stops a trial on a report, and its driver names the best checkpoint up to that report
+    at once, while the trial's workers go on until Ray ends them: they commit the next, better
+    evaluation and prune. The best the driver named is still in storage after that commit;
+    a fit outside Tune keeps only its best."""
+    from platform.checkpoint import Kept, best_under, exists, prune
+
+    def fit(behind: bool, folder: Path) -> str:
+        kept = Kept(behind=behind)
+        for step, dev in ((2, 40.0), (4, 41.0)):  # the scheduler decides on step 2; the workers commit step 4
+            name = f"checkpoint_{step:08d}_x"
+            (folder / name / "model").mkdir(parents=True)
+            (folder / name / "state.json").write_text(json.dumps({"step": step, "stsb_dev_spearman": dev}))
+            kept.wrote(name, "model", improved=True)
+            if step == 2:
+                named = best_under(str(folder), up_to=2).checkpoint  # the driver's choice, as the stop comes
+            prune(str(folder), kept.names() | {name}, up_to=step)  # the workers' commit of step 4
+        return named
+
+    assert exists(fit(True, tmp_path / "trial"))
+    assert not exists(fit(False, tmp_path / "fit"))
+    kept = Kept(behind=True)
+    for name in ("m2", "m4", "m6"):
+        kept.wrote(name, "model", improved=True)
+    assert kept.names() == {"m4", "m6"}  # one best behind, no more
+
+
 def test_a_step_reads_from_the_device_only_when_it_logs_or_evaluates(tiny_model, small_corpus, tmp_path, monkeypatch):
     """The step gets tensors and keeps its numbers on the device: over 8 steps that log every 4th
     and evaluate at the 8th, the project's code reads values back to Python twice (steps 4 and 8,
