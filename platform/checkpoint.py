@@ -14,8 +14,8 @@ A checkpoint is a folder ``checkpoint_<step>_<id>`` under its fit's folder, of o
                       is sent once the checkpoint is persisted, and again after a restart
 
 A fit keeps its latest state, its best model, and the best model as of that state (what a
-restart from it falls back to), a Tune trial also the best before its best: ``Kept``. A restart removes what the abandoned attempt wrote
-after the state it starts from.
+restart from it falls back to), a Tune trial also the best before its best: ``Kept``. A restart
+removes what the abandoned attempt wrote after the state it starts from.
 
 Everything resumable is read with ``weights_only=True``: tensors and plain values, never code.
 """
