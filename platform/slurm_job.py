@@ -654,7 +654,7 @@ def say_where(address: str, server: "MlflowServer", folder: Path, head: dict, to
     where = {"mlflow": address, "user": "platform", "password_file": str(server.password_file),
              "mlflow_tunnel": f"ssh -N -L 5000:{host}:{port} LOGIN-NODE",
              "dashboard_tunnel": f"ssh -N -L 8265:127.0.0.1:{head.get('dashboard_port', 8265)} -J LOGIN-NODE {node}",
-             "ray_token_file": str(token)}
+             "ray_token_file": str(token), "start": token.parent.name}
     storage.write_json(folder / "where.json", where)
     print(f"slurm: MLflow at {address} (user platform, password in {server.password_file}); from your machine: "
           f"{where['mlflow_tunnel']}, then http://127.0.0.1:5000", flush=True)

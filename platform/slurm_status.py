@@ -99,9 +99,10 @@ def status(job: str, state: dict[str, str], folder: Path | None) -> None:
 
 
 def tunnels(folder: Path) -> None:
-    where = read_json(folder / "where.json")
-    if not where:
-        print("mlflow: not started yet (the job's first node prints its address once it runs)")
+    where, starts = read_json(folder / "where.json"), attempts(folder)
+    if not where or (starts and where.get("start", starts[-1].name) != starts[-1].name):  # an earlier start's
+        print(f"mlflow: not started yet{' in this start' if where else ''} (the job's first node prints its address "
+              "once it runs)")
         return
     print(f"mlflow: {where['mlflow']} (user {where['user']}, password in {where['password_file']})")
     print(f"mlflow tunnel: {where['mlflow_tunnel']}, then http://127.0.0.1:5000")

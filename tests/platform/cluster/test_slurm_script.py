@@ -251,3 +251,23 @@ def test_a_container_holds_every_ray_node_and_the_command_with_the_jobs_folders_
     assert pyxis.step(["ray"]) == [*options, "ray"]
     assert pyxis.wrap(["python"]) == ["srun", "--export=ALL", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n1",
                                       *options, "python"]
+
+
+def test_a_successor_that_has_not_started_mlflow_does_not_show_the_last_starts_address(tmp_path):
+    """``slurm status`` and ``slurm tunnel`` of a job whose second start has not reached its MLflow
+    yet say so, instead of the first start's address and token; once it has, they show its own."""
+    from platform.slurm_job import MlflowServer, say_where
+
+    folder = tmp_path / "job-7"
+    for n in (0, 1):
+        (folder / f"attempt-{n}").mkdir(parents=True)
+        (folder / f"attempt-{n}" / "slurm-job-id").write_text(f"{7 + n}\n")
+    server = MlflowServer(tmp_path, folder, tmp_path / "local", "lo")
+    say_where("http://198.18.7.1:20001", server, folder, {"node": "n1"}, folder / "attempt-0" / "ray_token")
+    for verb in ("status", "tunnel"):
+        proc = slurm(verb, "8", "--output", str(tmp_path))
+        assert proc.returncode == 0 and "mlflow: not started yet in this start" in proc.stdout, proc.stdout + proc.stderr
+        assert "198.18.7.1" not in proc.stdout and "attempt-0" not in proc.stdout, proc.stdout
+    say_where("http://198.18.7.2:20001", server, folder, {"node": "n2"}, folder / "attempt-1" / "ray_token")
+    proc = slurm("tunnel", "8", "--output", str(tmp_path))
+    assert "mlflow: http://198.18.7.2:20001" in proc.stdout and "attempt-1/ray_token" in proc.stdout, proc.stdout
