@@ -129,7 +129,9 @@ class GeneratedColumn:
     ``file``: the column comes from a user's Parquet file (columns ``sentence`` and the column)
     instead. ``group``: the missing columns of one generator with the same group are made in one
     pass by ``Class(columns=[...], **group)`` (one spaCy parse for many augmentations).
-    ``cpu_bound``: one actor per CPU rather than per two CPUs (pure-Python generators)."""
+    ``cpu_bound``: one actor per CPU rather than per two CPUs (pure-Python generators).
+    ``models``: the pretrained models the generator loads (their weights size the memory each of
+    its actors asks Ray for)."""
 
     column: str
     generator: str = ""
@@ -137,6 +139,7 @@ class GeneratedColumn:
     file: str = ""
     group: dict | None = None
     cpu_bound: bool = False
+    models: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,7 +71,8 @@ class ParaphrasePositives(Positives):
         if p.paraphrase_cache:
             return [GeneratedColumn("paraphrase", file=p.paraphrase_cache)]
         kwargs = {"model": p.paraphraser, "num_beams": p.paraphrase_beams, "max_length": p.paraphrase_max_length}
-        return [GeneratedColumn("paraphrase", generator="methods.positives:Paraphraser", kwargs=kwargs)]
+        return [GeneratedColumn("paraphrase", generator="methods.positives:Paraphraser", kwargs=kwargs,
+                                models=(p.paraphraser,))]
 
     def text_columns(self) -> tuple[str, ...]:
         return ("paraphrase",)

@@ -420,4 +420,5 @@ class SAN(NegativesSource):
         kwargs: dict[str, Any] = {"params": {k: getattr(self.params, k) for k in _GENERATION_KEYS}, "seed": seed}
         if self.shared is not None and self.shared.fidelity == "authors_code":
             kwargs["fidelity"] = "authors_code"  # negatives of their own, cached under their own key
-        return [GeneratedColumn(self.column, generator="methods.san:SANNegatives", kwargs=kwargs)]
+        return [GeneratedColumn(self.column, generator="methods.san:SANNegatives", kwargs=kwargs,
+                                models=(self.params.mlm,))]

@@ -129,13 +129,14 @@ def missing_generations(recipes: list[Recipe], digest: str) -> list[Pending]:
             continue
         if spec.group is None:
             key = json.dumps(_key(spec), sort_keys=True, default=str)
-            jobs.setdefault(key, (Generation(spec.generator, spec.kwargs, (spec.column,), spec.cpu_bound),
+            jobs.setdefault(key, (Generation(spec.generator, spec.kwargs, (spec.column,), spec.cpu_bound, spec.models),
                                   {spec.column: spec}))
             continue
         key = json.dumps([spec.generator, spec.group], sort_keys=True, default=str)
         made = {**(jobs[key][1] if key in jobs else {}), spec.column: spec}
-        jobs[key] = (Generation(spec.generator, {"columns": list(made), **spec.group}, tuple(made), spec.cpu_bound),
-                     made)
+        models = tuple(dict.fromkeys(m for s in made.values() for m in s.models))
+        jobs[key] = (Generation(spec.generator, {"columns": list(made), **spec.group}, tuple(made), spec.cpu_bound,
+                                models), made)
     return list(jobs.values())
 
 

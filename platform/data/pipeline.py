@@ -190,12 +190,14 @@ BOOTSTRAP_CONFIG = settings.READ_DEFAULTS[settings.AUTOSCALING_CONFIG]
 class Generation:
     """One generator's pass over the corpus: ``generator(**kwargs)`` (a ``"module:Class"`` whose
     instances map ``{"sentence": [...]}`` batches) adds ``columns``. ``cpu_bound``: pure Python, one
-    CPU each; otherwise a model (a GPU where the run has them, else a few threads)."""
+    CPU each; otherwise a model (a GPU where the run has them, else a few threads). ``models``: the
+    pretrained models it loads."""
 
     generator: str
     kwargs: dict
     columns: tuple[str, ...]
     cpu_bound: bool = False
+    models: tuple[str, ...] = ()
 
 
 class Generators:
@@ -284,6 +286,7 @@ def _generate_on_ray(sentences: list[str], jobs: list[Generation], use_gpu: bool
         compute=ray.data.ActorPoolStrategy(min_size=lo, max_size=hi),
         num_gpus=1 if gpu else 0,
         num_cpus=cpus,  # fractional inside sweeps, where trials' Train workers may hold every CPU
+        memory=actor_memory(*dict.fromkeys(m for job in jobs for m in job.models)),
     )
     # Arrow (C++) blocks, never all in the driver at once: on a 1M-sentence corpus it holds one
     # block of outputs, not every column of every row.
@@ -316,7 +319,7 @@ def embed(texts: list[str], teacher: str, use_ray: bool, use_gpu: bool = False, 
     ds = arrow_blocks(table, blocks).map_batches(
         Teacher, fn_constructor_kwargs={**kwargs, "device": "cuda" if gpu else "cpu"}, batch_size=256,
         batch_format="numpy", compute=ray.data.ActorPoolStrategy(min_size=min(lo, hi), max_size=hi),
-        num_gpus=1 if gpu else 0, num_cpus=cpus, memory=teacher_memory(kwargs["teacher"]))
+        num_gpus=1 if gpu else 0, num_cpus=cpus, memory=actor_memory(kwargs["teacher"]))
     blocks = [ray.get(ref) for ref in ds.to_numpy_refs()]
     index = np.concatenate([b["index"] for b in blocks if len(b["index"])])
     if not np.array_equal(index, np.arange(len(texts))):
@@ -324,21 +327,24 @@ def embed(texts: list[str], teacher: str, use_ray: bool, use_gpu: bool = False, 
     return np.concatenate([b["vector"] for b in blocks if len(b["index"])]).astype(np.float32)
 
 
-# A teacher actor's peak memory (USS) is a process of about 860 MiB plus its weights: 946 MiB with
-# the packaged MiniLM's 87 MiB, 1,294 MiB with a BERT-base-sized model's 418 MiB (CPU build, 256-sentence
-# batches); rounded up for the Ray worker's own share.
-TEACHER_PROCESS_BYTES = 900 * 2**20
+# An actor's peak memory (USS) is a process of at most about 900 MiB plus its models' weights. A
+# teacher: 946 MiB with the packaged MiniLM's 87 MiB, 1,294 MiB with a BERT-base-sized model's 418 MiB
+# (CPU build, 256-sentence batches). Generators, 256-sentence batches: AugCSE's augmentations 881 MiB
+# (spaCy, WordNet), SNCSE's 432 MiB, SAN's with a 5 MiB MLM 716 MiB. Rounded up for the Ray worker's
+# own share.
+PROCESS_BYTES = 900 * 2**20
 WEIGHT_FILES = (".safetensors", ".bin")
 
 
-def teacher_memory(model: str) -> int:
-    """The memory one teacher actor asks Ray for: its peak (``TEACHER_PROCESS_BYTES`` and the
-    weights' files) with Ray Data's own 25 % headroom, so that Ray places no more of them on a node
-    than its memory holds (a fractional ``augment_cpus`` would otherwise put 1/augment_cpus of them
-    on each CPU); at most the largest node's memory, so that the pool is never unschedulable."""
+def actor_memory(*models: str) -> int:
+    """The memory one actor of a pool that loads ``models`` asks Ray for: its peak (``PROCESS_BYTES``
+    and the weights' files) with Ray Data's own 25 % headroom, so that Ray places no more of them
+    on a node than its memory holds (a fractional ``augment_cpus`` would otherwise put
+    1/augment_cpus of them on each CPU); at most the largest node's memory, so that the pool is
+    never unschedulable."""
     import ray
 
-    request = int(1.25 * (TEACHER_PROCESS_BYTES + weight_bytes(model)))
+    request = int(1.25 * (PROCESS_BYTES + sum(weight_bytes(m) for m in models)))
     largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n["Alive"]), default=0)
     return int(min(request, largest)) if largest else request
 

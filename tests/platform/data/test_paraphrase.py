@@ -114,3 +114,33 @@ def test_augment_cli_with_ray_actors_and_mismatch(tiny_seq2seq, small_corpus, tm
     proc = cli("augment", "una", "--corpus", str(small_corpus), "--out", str(tmp_path / "o2"),  # refused before Ray starts
                "--set", "positives=paraphrase", "--set", f"paraphrase_cache={cache}", "--set", "r=20", env=env)
     assert_user_error(proc, "does not match the corpus")
+
+
+@pytest.mark.e2e
+def test_a_generator_pool_asks_ray_for_the_memory_of_its_process_and_models(tiny_seq2seq, tmp_path, monkeypatch):
+    """The paraphrase pass of a recipe on Ray Data: each actor asks Ray for its process and the
+    paraphraser's weights (as a teacher's pool does), so that a fractional ``augment_cpus`` never
+    puts more of them on a node than its memory holds."""
+    import ray
+    from ray.util.state import list_actors
+
+    from platform.data.columns import missing_generations
+    from platform.data.pipeline import PROCESS_BYTES, actor_memory, generate_columns, weight_bytes
+    from platform.run.ray_env import init_ray
+
+    monkeypatch.setenv("PLATFORM_CACHE_DIR", str(tmp_path / "cache"))
+    method = Recipe.named("una", positives="paraphrase", paraphraser=str(tiny_seq2seq), paraphrase_beams=2,
+                          paraphrase_max_length=12)
+    jobs = [job for job, _ in missing_generations([method], "0" * 64)]
+    assert [job.models for job in jobs] == [(str(tiny_seq2seq),)]
+    init_ray(num_cpus=2)
+    try:
+        made = generate_columns(SENTS * 8, jobs, use_ray=True, use_gpu=False, cpus=0.2)
+        pools = list_actors(address=ray.get_runtime_context().gcs_address, limit=100, detail=True,
+                            filters=[("class_name", "=", "MapWorker(MapBatches(Generators))")])
+        asked, expected = {a.required_resources.get("memory") for a in pools}, actor_memory(str(tiny_seq2seq))
+    finally:
+        ray.shutdown()
+    assert len(made[0]["paraphrase"]) == 32
+    weights = weight_bytes(str(tiny_seq2seq))
+    assert weights > 0 and asked == {expected} == {int(1.25 * (PROCESS_BYTES + weights))}, asked

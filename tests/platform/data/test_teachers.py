@@ -73,7 +73,7 @@ def test_a_teacher_pool_asks_ray_for_the_memory_its_actors_use(local_ray, small_
     import ray.data
     from ray.util.state import list_actors
 
-    from platform.data.pipeline import embed, teacher_memory
+    from platform.data.pipeline import actor_memory, embed
 
     def pools():
         return list_actors(address=local_ray.get_runtime_context().gcs_address, limit=100, detail=True,
@@ -89,7 +89,7 @@ def test_a_teacher_pool_asks_ray_for_the_memory_its_actors_use(local_ray, small_
         detector.detection_time_interval_s = interval
     assert vectors.shape == (len(sentences), 384)
     asked = {a.required_resources.get("memory") for a in pools() if a.actor_id not in before}
-    assert asked == {teacher_memory("minilm")} and 1.0e9 < asked.pop() < 1.5e9, asked
+    assert asked == {actor_memory("minilm")} and 1.0e9 < asked.pop() < 1.5e9, asked
     out = capfd.readouterr()
     assert "of memory per worker" not in out.out + out.err, out.err
     assert "Loading weights" not in out.out + out.err, out.err
