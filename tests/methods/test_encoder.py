@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from methods.encoder import Encoder, WeightLoadError, pool, resolve_backbone
-from methods.recipe import Recipe
+from methods.recipe import NAMED, Recipe
 from platform.data.pipeline import StepInputs
 
 SENTS = ["a man is playing a guitar .", "the weather is nice today", "ok"]
@@ -107,9 +107,11 @@ def test_a_hub_model_at_a_pinned_revision(tmp_path):
     folder.mkdir()
     assert pretrained_source(str(folder)) == (str(folder), {})
     assert pretrained_source("minilm")[0].endswith("model")
-    for method in ("simcse", "una", "san", "augcse"):
-        assert TrainConfig.build(method, "paper").model == "bert-base-uncased@86b5e0934494bd15c9632b12f734a8a67f723594"
-    assert TrainConfig.build("vascl", "paper").model == "roberta-base@e2da8e2f811d1448a5b465c236feacd80ffbac7b"
+    bert, roberta = ("bert-base-uncased@86b5e0934494bd15c9632b12f734a8a67f723594",
+                     "roberta-base@e2da8e2f811d1448a5b465c236feacd80ffbac7b")
+    for method in NAMED:  # every named recipe's paper profiles pin their backbone (VaSCL's paper is RoBERTa's)
+        assert TrainConfig.build(method, "paper").model == (roberta if method == "vascl" else bert), method
+        assert TrainConfig.build(method, "paper-roberta").model == roberta, method
     assert TrainConfig.build("san", "paper").params["san"].mlm.endswith("@86b5e0934494bd15c9632b12f734a8a67f723594")
 
 

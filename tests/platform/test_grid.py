@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from methods.augmentations import AUGMENTATION_SETS, NO_AUGMENTATION
+from methods.recipe import NAMED
 from platform.config import TrainConfig
 from platform.space import load_space
 from platform.tracking.names import winner_key
@@ -36,7 +37,7 @@ def test_the_paper_profiles_first_rung_is_an_eighth_of_a_trial_or_more():  # the
     wiki1m's 10^6 sentences (the local profile keeps 1: its trials are a few evaluations long)."""
     from platform.run.loop import total_steps
 
-    for method in ("simcse", "una", "san", "augcse", "vascl"):
+    for method in NAMED:  # every named recipe: a new one's profile and space are held to the same rungs
         for profile in ("paper", "paper-roberta"):
             cfg = TrainConfig.build(method, profile)
             evaluations = total_steps(cfg, 1_000_000) // cfg.eval_steps

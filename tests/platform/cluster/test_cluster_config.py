@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from methods.recipe import NAMED
 from tests.helpers import ROOT
 from tests.services import throwaway_head
 
@@ -163,7 +164,7 @@ def test_cluster_sized_to_the_paper_sweeps_and_head_runs_no_training():
     cfg = _config()
     gpu_nodes = cfg["available_node_types"]["gpu_worker"]["max_workers"]
     assert cfg["max_workers"] == gpu_nodes + cfg["available_node_types"]["cpu_worker"]["max_workers"]
-    for method in ("simcse", "una", "san", "augcse", "vascl"):
+    for method in NAMED:  # every named recipe's paper sweep fills the cluster's GPU nodes
         base = TrainConfig.build(method, "paper")
         spec = load_space(base, None)
         assert spec.max_concurrent_trials * base.num_workers == gpu_nodes, method
