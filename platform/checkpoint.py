@@ -44,6 +44,7 @@ MODEL = "model"
 TRAIN_STATE = "train_state.pt"
 POINTS = "metrics.json"
 PREFIX = "checkpoint_"
+PRUNER = "PRUNER"  # in a Tune trial's fit folder: the id of the Ray actor (rank 0) that prunes it
 STATE_KIND, MODEL_KIND = "state", "model"
 
 
@@ -300,6 +301,17 @@ def load_points(location: str) -> list[tuple]:
     """The step metrics kept in the checkpoint at ``location`` (a folder or a storage URI)."""
     text = storage.read_text(storage.join(location, POINTS))
     return [tuple(p) for p in json.loads(text)] if text else []
+
+
+def name_pruner(location: str, actor_id: str) -> None:
+    """Say which Ray actor prunes the fit under ``location`` (``PRUNER``): a sweep's driver waits
+    for its end before it names the best of a trial the scheduler stopped (``pruner``)."""
+    storage.write_text(storage.join(location, PRUNER), actor_id)
+
+
+def pruner(location: str) -> str:
+    """The Ray actor that prunes the fit under ``location`` (its id; "" where none said)."""
+    return (storage.read_text(storage.join(location, PRUNER)) or "").strip()
 
 
 def exists(location: str | None) -> bool:

@@ -218,14 +218,21 @@ class TrialRuns:
         if result.get("done"):  # the scheduler's decision: Tune marks the result it stops a trial on
             self.stopped.add(trial_id)
 
-    def ended(self, trial_id: str, outcome: str | None = None) -> None:
-        """Tune ended the trial: its runs end once its points are sent, without waiting here."""
+    def ended(self, trial_id: str, outcome: str | None = None, actor: str = "") -> None:
+        """Tune ended the trial (Ray's ``actor``): its runs end once its points are sent, without
+        waiting here; a stopped trial's once Ray has also ended the actor and then its fit's rank 0
+        (they train on until then, and rank 0's pruning could empty the best named before)."""
         self.progress.pop(trial_id, None)
         outcome = outcome or ("stopped" if trial_id in self.stopped else "completed")
-        up_to = self.last_step.get(trial_id)
-        # A trial that fails while the command stops (SIGTERM) went with the stop (Slurm takes Ray down with it).
-        self.writer(trial_id).call(lambda: self.close(trial_id, "interrupted" if outcome == "failed" and stopping()
-                                                      else outcome, up_to, say=True), f"ending trial {trial_id}'s run")
+        up_to, fit = self.last_step.get(trial_id), storage.join(self.sweep.folder, "trials", trial_id)
+
+        def end() -> None:
+            if outcome == "stopped" and ray_env.await_actors_end([actor], ray_env.ACTOR_END_WAIT_S):
+                ray_env.await_actors_end([checkpoint.pruner(fit)], ray_env.ACTOR_END_WAIT_S)
+            # A trial that fails while the command stops (SIGTERM) went with the stop (Slurm takes Ray down with it).
+            self.close(trial_id, "interrupted" if outcome == "failed" and stopping() else outcome, up_to, say=True)
+
+        self.writer(trial_id).call(end, f"ending trial {trial_id}'s run")
 
     def flush(self, seconds: float) -> bool:
         """Wait, at most ``seconds`` in all, until every trial's points are sent and its end done."""
@@ -317,7 +324,7 @@ class TrialRuns:
                 runs.received(trial.trial_id, result)
 
             def on_trial_complete(self, iteration, trials, trial, **info):
-                runs.ended(trial.trial_id)
+                runs.ended(trial.trial_id, actor=ray_env.actor_id(trial.temporary_state.ray_actor))
 
             def on_trial_error(self, iteration, trials, trial, **info):
                 runs.ended(trial.trial_id, "failed")

@@ -573,6 +573,7 @@ class RayTrainRuntime(Runtime):
 
     def __init__(self, ctx: WorkerContext, cfg: TrainConfig):
         super().__init__(ctx, cfg)
+        import ray
         import ray.train
         import ray.train.torch
 
@@ -590,6 +591,8 @@ class RayTrainRuntime(Runtime):
         # finalization would abort a training thread that is inside a backward pass, loudly.
         atexit.register(os._exit, 0)
         quiet_when_killed()
+        if ctx.to_tune and self.is_chief and ctx.run_dir:  # a stopped trial trains on until Ray ends this actor
+            checkpoint.name_pruner(ctx.run_dir, ray.get_runtime_context().get_actor_id())
 
     def wrap(self, model):
         import ray.train.torch

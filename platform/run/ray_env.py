@@ -303,6 +303,35 @@ def cluster_lost(gcs_address: str, silent_s: float) -> None:
     os._exit(130 if stopping() else 2)
 
 
+ACTOR_END_WAIT_S = 60.0  # a stopped trial's actor and workers: Ray ends them within seconds
+
+
+def actor_id(actor) -> str:
+    """A Ray actor handle's id ("" for None), without keeping the handle (which keeps the actor)."""
+    return actor._actor_id.hex() if actor is not None else ""
+
+
+def await_actors_end(actor_ids: list[str], seconds: float) -> bool:
+    """Wait, at most ``seconds``, until Ray's GCS has none of ``actor_ids`` ("": none) alive or
+    still to start; whether it has none (False too where the GCS did not answer)."""
+    import ray
+    from ray.util.state import list_actors
+
+    ids = [a for a in actor_ids if a]
+    if not ids:
+        return True
+    deadline, gcs = time.monotonic() + seconds, ray.get_runtime_context().gcs_address
+    try:
+        while any(list_actors(address=gcs, filters=[("actor_id", "=", a), ("state", "!=", "DEAD")],
+                              raise_on_missing_output=False) for a in ids):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+    except Exception:  # noqa: BLE001 - a GCS that does not answer: the caller goes on as it would have
+        return False
+    return True
+
+
 def free_reservations(settle_s: float = 20.0, grace_s: float = CLEANER_GRACE_S, say: bool = False) -> list[str]:
     """Once a sweep's trials have ended: remove the placement groups its job still holds on the
     cluster; the ids removed. A trial stopped while Ray Train restarts its worker group can leave

@@ -75,6 +75,10 @@ def test_a_trial_asha_stops_between_states_holds_every_evaluation(sweep):
     # Its one resumable state is its first evaluation's (the next was due 15 minutes later): the
     # second evaluation reached MLflow without a state behind it.
     assert "/checkpoint_00000002_" in stopped.data.tags["best_checkpoint"], stopped.data.tags
+    # Named once Ray had ended the trial's rank 0, which said it prunes the fit's checkpoints: still in storage.
+    fit = Path(stopped.data.tags["best_checkpoint"]).parent
+    assert re.fullmatch(r"[0-9a-f]{32}", (fit / "PRUNER").read_text()) and (fit.parent / stopped.data.tags["trial_id"]) == fit
+    assert (Path(stopped.data.tags["best_checkpoint"]) / "state.json").is_file()
     for run in (finished, stopped):
         dev = [m.value for m in c.get_metric_history(run.info.run_id, "stsb_dev_spearman")]
         assert run.data.metrics["best_stsb_dev_spearman"] == pytest.approx(max(dev))

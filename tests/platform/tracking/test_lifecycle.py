@@ -398,3 +398,55 @@ def test_a_trial_the_scheduler_stops_between_states_keeps_every_evaluation_it_re
     note = info.data.tags["mlflow.note.content"]
     assert "**Best STS-B dev** (Spearman x100): 82.00 at step 16, 3 evaluation(s)." in note
     assert "stopped early by the scheduler (ASHA)" in note
+
+
+def test_a_stopped_trial_is_named_once_ray_has_ended_its_actor_and_the_rank_0_that_prunes_it(mlflow_uri, tmp_path):
+    """ASHA stops a trial on its step-2 report; its actor and the fit's workers train on until Ray
+    ends them, and rank 0 (the actor its fit's PRUNER names) may commit two better evaluations and
+    empty the step-2 checkpoint. The driver ends the run only once Ray has ended both actors (real
+    ones here, killed by the test), from what is then in storage: never FINISHED with a checkpoint
+    emptied after it was named. A wait has a bound."""
+    import time
+
+    import ray
+
+    from platform.checkpoint import name_pruner, prune
+    from platform.run import ray_env
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def prune(self, folder: str, keep: list[str], up_to: int) -> None:  # rank 0's commit of a step
+            prune(folder, set(keep), up_to=up_to)
+
+        def id(self) -> str:
+            return ray.get_runtime_context().get_actor_id()
+
+    parent = Run.create(mlflow_uri, "una", "sweep", {"sweep": "true"})
+    trial = Run.create(mlflow_uri, "una", "trial-t1", {"trial_id": "t1"}, parent=parent, in_trial=True)
+    fit = tmp_path / "sweep" / "trials" / "t1"
+    _checkpoint(fit / "checkpoint_00000002", 40.0, 2)
+    ray_env.init_ray(num_cpus=2)
+    try:
+        trial_actor, rank0 = Worker.remote(), Worker.remote()
+        name_pruner(str(fit), ray.get(rank0.id.remote()))
+        started = time.monotonic()
+        assert ray_env.await_actors_end([ray.get(trial_actor.id.remote())], 1.0) is False
+        assert time.monotonic() - started >= 1.0 and ray_env.await_actors_end(["", ""], 1.0) is True
+        runs = _sweep(mlflow_uri, parent, tmp_path / "sweep")
+        runs.received("t1", {"step": 2, "done": True})
+        runs.ended("t1", actor=ray_env.actor_id(trial_actor))
+        time.sleep(3)
+        assert _status(trial) == "RUNNING"  # its actors train on: nothing named yet
+        for step in (4, 6):  # two better evaluations, each committed and pruned by rank 0
+            _checkpoint(fit / f"checkpoint_{step:08d}", 40.0 + step, step)
+            ray.get(rank0.prune.remote(str(fit), [f"checkpoint_{step:08d}"], step))
+        ray.kill(trial_actor)
+        time.sleep(2)
+        assert _status(trial) == "RUNNING"  # rank 0 still trains on
+        ray.kill(rank0)
+        assert runs.flush(60)
+    finally:
+        ray.shutdown()
+    info = trial.info()
+    assert info.info.status == "KILLED" and "not in storage" in info.data.tags["platform.end_reason"], info.data.tags
+    assert not (fit / "checkpoint_00000002" / "state.json").exists()
