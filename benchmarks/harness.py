@@ -30,7 +30,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 REPORT = ROOT / "benchmarks" / "RESULTS.md"
 CASES = ["train-step", "loop-host-share", "ray-train-overhead", "eval-cost", "sts-evaluator", "transfer",
          "una", "san", "san-mask-predict", "augcse", "vascl", "fp32-logits", "paper-precision", "checkpoint-cost", "reliability",
-         "shuffle", "corpus-1m", "mlflow-auth", "report-poll", "asha-rungs", "uncertainty", "esimcse"]
+         "shuffle", "corpus-1m", "mlflow-auth", "report-poll", "asha-rungs", "uncertainty", "esimcse", "actor-memory"]
 PACKAGES = ["torch", "ray", "transformers", "mlflow", "sentence-transformers", "scikit-learn", "scipy", "numpy",
             "spacy", "nlpaug", "optuna"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from methods.ingredients import CorpusStatistics, Draws, NegativesSource, Params, check, cited
 from methods.teachers import Embed, embed_here
 
-MINED_VERSION = 2  # of ``mine``: bump when what it keeps changes
+MINED_VERSION = 3  # of ``mine``: bump when what it keeps changes
 DRAW_STREAM = 41  # the epoch's draw among a sentence's kept candidates
 
 

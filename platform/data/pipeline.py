@@ -327,11 +327,9 @@ def embed(texts: list[str], teacher: str, use_ray: bool, use_gpu: bool = False, 
     return np.concatenate([b["vector"] for b in blocks if len(b["index"])]).astype(np.float32)
 
 
-# An actor's peak memory (USS) is a process of at most about 900 MiB plus its models' weights. A
-# teacher: 946 MiB with the packaged MiniLM's 87 MiB, 1,294 MiB with a BERT-base-sized model's 418 MiB
-# (CPU build, 256-sentence batches). Generators, 256-sentence batches: AugCSE's augmentations 881 MiB
-# (spaCy, WordNet), SNCSE's 432 MiB, SAN's with a 5 MiB MLM 716 MiB. Rounded up for the Ray worker's
-# own share.
+# An actor's peak memory (USS) is a process of at most about 900 MiB plus its models' weights: each
+# pool's actors against their requests in `python -m benchmarks run actor-memory` (the teacher's, and
+# the generators' of AugCSE, SNCSE, SAN and paraphrases). Rounded up for the Ray worker's own share.
 PROCESS_BYTES = 900 * 2**20
 WEIGHT_FILES = (".safetensors", ".bin")
 
