@@ -30,8 +30,8 @@ class Teacher:
 
         hf_logging.disable_progress_bar()  # a bar per actor of the pool, on the run's console
         # On a CPU, batches of 32: a pool actor's peak memory and its time both grow with the batch
-        # (the packaged MiniLM over the wiki1m file's 11,914 sentences, one thread an actor: 128 peaked
-        # at 1,321 MiB, above what the actor asks Ray for, in 185 s; 32 at 924 MiB in 107 s). A GPU takes 128.
+        # (at 128, over the wiki1m file, it went above what the actor asks Ray for, and took longer;
+        # `python -m benchmarks run actor-memory` measures the pool). A GPU takes 128.
         self.batch_size = batch_size or (128 if device and device.startswith("cuda") else 32)
         if pooler is not None:
             self.encoder = Encoder.from_pretrained(teacher, pooler=pooler)

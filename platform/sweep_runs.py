@@ -227,8 +227,8 @@ class TrialRuns:
         up_to, fit = self.last_step.get(trial_id), storage.join(self.sweep.folder, "trials", trial_id)
 
         def end() -> None:
-            if outcome == "stopped" and ray_env.await_actors_end([actor], ray_env.ACTOR_END_WAIT_S):
-                ray_env.await_actors_end([checkpoint.pruner(fit)], ray_env.ACTOR_END_WAIT_S)
+            if outcome == "stopped" and ray_env.await_actor_end(actor, ray_env.ACTOR_END_WAIT_S):
+                ray_env.await_actor_end(checkpoint.pruner(fit), ray_env.ACTOR_END_WAIT_S)
             # A trial that fails while the command stops (SIGTERM) went with the stop (Slurm takes Ray down with it).
             self.close(trial_id, "interrupted" if outcome == "failed" and stopping() else outcome, up_to, say=True)
 

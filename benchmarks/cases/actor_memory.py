@@ -5,8 +5,9 @@ request below the use would let a fractional ``augment_cpus`` pack more of them 
 memory holds.
 
 Each pool runs alone in a local Ray (2 CPUs, an actor per CPU) over the corpus's first ``--n``
-sentences (seconds: the pool's whole run, its actors' start included); a thread here reads every live actor's USS (``psutil``, by the pid Ray's state API
-gives) every 0.1 s and keeps each pool's peak. The pools: the teacher's (the packaged MiniLM, as
+sentences (seconds: the pool's whole run, its actors' start included); a thread here reads every
+live actor's USS (``psutil``, by the pid Ray's state API gives) every 0.1 s and keeps each pool's
+peak. The pools: the teacher's (the packaged MiniLM, as
 mined negatives and ranking distillation use it) and the generators' of AugCSE's augmentations,
 SNCSE's soft negatives, SAN's negatives (the local profile's tiny random MLM: no bert-base here) and
 UNA's paraphrases (a 1-layer random BART, 2 beams to 24 tokens, over a sixth of the sentences).

@@ -311,19 +311,18 @@ def actor_id(actor) -> str:
     return actor._actor_id.hex() if actor is not None else ""
 
 
-def await_actors_end(actor_ids: list[str], seconds: float) -> bool:
-    """Wait, at most ``seconds``, until Ray's GCS has none of ``actor_ids`` ("": none) alive or
-    still to start; whether it has none (False too where the GCS did not answer)."""
+def await_actor_end(actor: str, seconds: float) -> bool:
+    """Wait, at most ``seconds``, until Ray's GCS has the actor ``actor`` ("": none) neither alive
+    nor still to start; whether it has (False too where the GCS did not answer)."""
     import ray
     from ray.util.state import list_actors
 
-    ids = [a for a in actor_ids if a]
-    if not ids:
+    if not actor:
         return True
     deadline, gcs = time.monotonic() + seconds, ray.get_runtime_context().gcs_address
     try:
-        while any(list_actors(address=gcs, filters=[("actor_id", "=", a), ("state", "!=", "DEAD")],
-                              raise_on_missing_output=False) for a in ids):
+        while list_actors(address=gcs, filters=[("actor_id", "=", actor), ("state", "!=", "DEAD")],
+                          raise_on_missing_output=False):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.5)

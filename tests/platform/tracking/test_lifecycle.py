@@ -430,8 +430,8 @@ def test_a_stopped_trial_is_named_once_ray_has_ended_its_actor_and_the_rank_0_th
         trial_actor, rank0 = Worker.remote(), Worker.remote()
         name_pruner(str(fit), ray.get(rank0.id.remote()))
         started = time.monotonic()
-        assert ray_env.await_actors_end([ray.get(trial_actor.id.remote())], 1.0) is False
-        assert time.monotonic() - started >= 1.0 and ray_env.await_actors_end(["", ""], 1.0) is True
+        assert ray_env.await_actor_end(ray.get(trial_actor.id.remote()), 1.0) is False
+        assert time.monotonic() - started >= 1.0 and ray_env.await_actor_end("", 1.0) is True
         runs = _sweep(mlflow_uri, parent, tmp_path / "sweep")
         runs.received("t1", {"step": 2, "done": True})
         runs.ended("t1", actor=ray_env.actor_id(trial_actor))
