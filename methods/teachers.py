@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from methods.encoder import Encoder, pretrained_source
 
@@ -29,10 +30,6 @@ class Teacher:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a bar per actor of the pool, on the run's console
-        # On a CPU, batches of 32: a pool actor's peak memory and its time both grow with the batch
-        # (at 128, over the wiki1m file, it went above what the actor asks Ray for, and took longer;
-        # `python -m benchmarks run actor-memory` measures the pool). A GPU takes 128.
-        self.batch_size = batch_size or (128 if device and device.startswith("cuda") else 32)
         if pooler is not None:
             self.encoder = Encoder.from_pretrained(teacher, pooler=pooler)
             if device:
@@ -43,6 +40,15 @@ class Teacher:
 
             source, kwargs = pretrained_source(teacher)
             self.model, self.encoder = SentenceTransformer(source, device=device, **kwargs), None
+        # On a CPU, batches of 32: a pool actor's peak memory and its time both grow with the batch
+        # (at 128, over the wiki1m file, it went above what the actor asks Ray for, and took longer;
+        # `python -m benchmarks run actor-memory` measures the pool). A GPU takes 128. Where the
+        # model landed decides, not ``device``: None puts a sentence-transformers model on a GPU.
+        self.batch_size = batch_size or (128 if self.device.type == "cuda" else 32)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device if self.model is not None else next(self.encoder.parameters()).device
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Each text's embedding, float32, in input order."""

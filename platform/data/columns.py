@@ -254,6 +254,24 @@ def build_tiny_bert(path: Path) -> Path:
     return path
 
 
+
+def build_tiny_bart(path: Path) -> Path:
+    """A randomly initialised 1-layer 16-d BART (seed 0) with the packaged MiniLM tokenizer, saved
+    at ``path``: the tests' and benchmarks' paraphraser (real generation, noise text)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    tok = load_tokenizer("minilm")
+    config = BartConfig(
+        vocab_size=tok.vocab_size, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+        decoder_start_token_id=tok.cls_token_id, forced_bos_token_id=None, forced_eos_token_id=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        BartForConditionalGeneration(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
 def ensure_tiny_mlm() -> Path:
     def build(tmp: Path) -> None:
         from transformers import BertConfig, BertForMaskedLM

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods.recipe import Recipe
-from platform.data.columns import TextRows, corpus_columns, statistics_input
+from platform.data.columns import TextRows, build_tiny_bart, corpus_columns, statistics_input
 from platform.data import DataError
 from tests.helpers import assert_user_error, run_cli
 
@@ -18,23 +18,7 @@ SENTS = ["a man plays the guitar .", "the cat sleeps on the mat .", "rain is exp
 
 @pytest.fixture(scope="module")
 def tiny_seq2seq(tmp_path_factory):
-    """A 1-layer BART with random weights and the packaged (BERT) tokenizer: real generation, noise text."""
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    from methods.encoder import load_tokenizer
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-bart")
-    tok = load_tokenizer("minilm")
-    config = BartConfig(
-        vocab_size=tok.vocab_size, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
-        decoder_start_token_id=tok.cls_token_id, forced_bos_token_id=None, forced_eos_token_id=None,
-    )
-    BartForConditionalGeneration(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return build_tiny_bart(tmp_path_factory.mktemp("tiny-bart"))
 
 
 def test_generation_in_process_is_cached_and_feeds_statistics(tiny_seq2seq, tmp_path, monkeypatch):
