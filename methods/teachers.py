@@ -22,7 +22,8 @@ Embed = Callable[[list[str], str], np.ndarray]  # (texts, teacher) -> one float3
 
 
 class Teacher:
-    """One teacher, loaded once on ``device`` (None: torch's default, the CPU here). ``pooler``: the
+    """One teacher, loaded once on ``device`` (None: a GPU where there is one, else the CPU, as
+    sentence-transformers chooses for either kind of teacher). ``pooler``: the
     model is a checkpoint's folder of this platform, embedded by ``Encoder`` with that pooler; None:
     a sentence-transformers model (its own pooling and normalisation)."""
 
@@ -32,8 +33,7 @@ class Teacher:
         hf_logging.disable_progress_bar()  # a bar per actor of the pool, on the run's console
         if pooler is not None:
             self.encoder = Encoder.from_pretrained(teacher, pooler=pooler)
-            if device:
-                self.encoder.to(device)
+            self.encoder.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             self.model = None
         else:
             from sentence_transformers import SentenceTransformer
@@ -42,8 +42,7 @@ class Teacher:
             self.model, self.encoder = SentenceTransformer(source, device=device, **kwargs), None
         # On a CPU, batches of 32: a pool actor's peak memory and its time both grow with the batch
         # (at 128, over the wiki1m file, it went above what the actor asks Ray for, and took longer;
-        # `python -m benchmarks run actor-memory` measures the pool). A GPU takes 128. Where the
-        # model landed decides, not ``device``: None puts a sentence-transformers model on a GPU.
+        # `python -m benchmarks run actor-memory` measures the pool). A GPU takes 128.
         self.batch_size = batch_size or (128 if self.device.type == "cuda" else 32)
 
     @property

@@ -116,22 +116,22 @@ def test_the_teachers_embed_each_distinct_row_once_as_sentence_transformers_does
     assert np.allclose(mine, encoder.encode(rows).numpy(), atol=1e-5)
 
 
-
 @pytest.mark.parametrize("device", [None, "cpu", "cuda"])
-def test_a_teacher_batches_by_the_device_its_model_landed_on(tiny_model, tmp_path, device):
+def test_a_teacher_lands_where_it_is_told_a_gpu_where_untold_and_batches_by_where_it_landed(tiny_model, tmp_path,
+                                                                                           device):
     """32 sentences a batch on a CPU (a pool actor stays within its memory request), 128 on a GPU;
-    a sentence-transformers teacher named with no device lands on the GPU where there is one."""
+    a teacher named with no device, either kind, lands on the GPU where there is one."""
     from methods.encoder import Encoder
 
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no GPU here")
     Encoder.from_pretrained(str(tiny_model), pooler="avg").save_pretrained(tmp_path / "model")
     on_gpu = device == "cuda" or (device is None and torch.cuda.is_available())
-    named = Teacher("minilm", device=device)
-    assert named.device.type == ("cuda" if on_gpu else "cpu") and named.batch_size == (128 if on_gpu else 32)
-    checkpoint = Teacher(str(tmp_path / "model"), pooler="avg", device=device)  # None: torch's default, the CPU
-    assert checkpoint.batch_size == (128 if device == "cuda" else 32)
+    for teacher in (Teacher("minilm", device=device), Teacher(str(tmp_path / "model"), pooler="avg", device=device)):
+        assert teacher.device.type == ("cuda" if on_gpu else "cpu") and teacher.batch_size == (128 if on_gpu else 32)
+        assert teacher.encode(["a man plays a guitar ."]).dtype == np.float32
     assert Teacher("minilm", device=device, batch_size=7).batch_size == 7
+
 
 def test_the_recipe_is_teacher_assisted_and_bad_settings_are_one_line():
     recipe = Recipe.named("simcse", aux="rank_distill", rank_teachers="minilm,sentence-transformers/all-mpnet-base-v2")
