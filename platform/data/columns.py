@@ -254,7 +254,6 @@ def build_tiny_bert(path: Path) -> Path:
     return path
 
 
-
 def build_tiny_bart(path: Path) -> Path:
     """A randomly initialised 1-layer 16-d BART (seed 0) with the packaged MiniLM tokenizer, saved
     at ``path``: the tests' and benchmarks' paraphraser (real generation, noise text)."""
@@ -271,6 +270,7 @@ def build_tiny_bart(path: Path) -> Path:
         BartForConditionalGeneration(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
 
 def ensure_tiny_mlm() -> Path:
     def build(tmp: Path) -> None:
